@@ -1,0 +1,27 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both create .venv when it is missing.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+# The CPU build of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
+TORCH   := torch==2.13.0
+STAMP   := $(VENV)/.installed
+
+.PHONY: install test demo clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	$(BIN)/moespec demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,54 @@
+"""The `moespec` command: a thin dispatcher. Each subcommand lives in its own module, which defines
+`add_arguments(parser)` and `run(args) -> int`. Bad input ends with one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from moespec import MoespecError, __version__
+
+# subcommand -> (module, one-line help). Modules are imported only when their command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "staircase": ("moespec.staircase", "best draft length k*(a), step points and speedup for a step-time vector"),
+    "demo": ("moespec.demo", "the main job on the built-in default (what `make demo` runs)"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line (no usage dump) and exits with 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="moespec", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"moespec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except MoespecError as e:
+        print(f"moespec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"moespec {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Small I/O helpers every stage shares: atomic writes (temp file + rename, so a crash never leaves a
+half-written result) and the provenance block every result file carries (device, dtype, versions, time,
+the exact command)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from moespec import __version__
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a temporary path in the target's folder, then rename it onto `path`.
+
+    The rename is atomic on POSIX, so readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomically write `obj` as indented JSON."""
+    return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=1) + "\n"))
+
+
+def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
+    """Who made a result and how: device, dtype, library versions, UTC timestamp and the exact command."""
+    versions = {"moespec": __version__, "python": platform.python_version()}
+    for name in ("numpy", "torch", "transformers"):
+        module = sys.modules.get(name)
+        if module is not None:
+            versions[name] = getattr(module, "__version__", "?")
+    return {
+        "device": device,
+        "host": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores",
+        "dtype": dtype,
+        "versions": versions,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
