@@ -1,0 +1,120 @@
+"""The time model (5)-(7) and the deduplicating engine (11)-(16) (paper Sections 3.1 and 3.4, Appendix B.2).
+
+Physics first. A verification pass of n tokens reads D(n) bytes whatever the routing (attention, dense parts,
+key-value cache) at bandwidth beta_D, and E_p(n) expert bytes at the effective bandwidth beta_p(n) of its
+expert kernel p: per-slot requests m n W bytes, deduplicating requests only the union of the experts the n
+tokens select, E_dedup(n) = sum_l w_l U_l(n). Fewer bytes do not make a faster pass by themselves: the saving
+(6) changes sign where the byte share u(n) = E_dedup/E_slot crosses the bandwidth ratio r(n) (7).
+
+For a deduplicating engine (f_l = 1, h = 0) routing enters the step time only through the byte-weighted mean
+reuse of the drafted tokens rho_bar_k (11), and draft length k beats plain decoding exactly when rho_bar_k
+exceeds the reuse threshold rho*_k(a) (14); with one bandwidth and no fixed work that threshold is a pure byte
+count (16). Exact on Fractions, plain arithmetic on floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+from moespec.theory.core import Number, geometric_sum, q
+
+
+def verify_time(t0: Number, D_n: Number, beta_D: Number, E_n: Number, beta_n: Number, phi: Number = 0) -> Number:
+    """tau_p(n) = t0 + D(n)/beta_D + E_p(n)/beta_p(n) + phi_p(n) (5)."""
+    return t0 + D_n / q(beta_D) + E_n / q(beta_n) + phi
+
+
+def saving(E_slot: Number, beta_slot: Number, u: Number, r: Number, dphi: Number = 0) -> Number:
+    """S(n) = tau_slot(n) - tau_dedup(n) = (E_slot/beta_slot)(1 - u/r) - (phi_dedup - phi_slot) (6), f_l = 1."""
+    return E_slot / q(beta_slot) * (1 - u / q(r)) - dphi
+
+
+def dedup_faster(u: Number, r: Number) -> bool:
+    """(7): with f_l = 1 and equal fixed work the deduplicating kernel is faster exactly when u(n) < r(n)."""
+    return u < r
+
+
+def mean_drafted_reuse(rho: Sequence[Sequence[Number]], w: Sequence[Number], k: int) -> Number:
+    """rho_bar_k = (1/(kW)) sum_{j=2..k+1} sum_l w_l rho_l(j) (11).
+
+    rho[l][n] is layer l's reuse at n consecutive tokens (entry 0 unused, rho[l][1] = 0); w[l] = w_l."""
+    if k < 1:
+        raise ValueError("rho_bar_k needs k >= 1")
+    W = sum(w)
+    total = sum(w_l * sum(rho_l[j] for j in range(2, k + 2)) for w_l, rho_l in zip(w, rho, strict=True))
+    return total / q(k * W)
+
+
+def union_bytes(mW: Number, k: int, rho_bar_k: Number) -> Number:
+    """E_dedup(k+1) = mW + mW k (1 - rho_bar_k) (12): one token's experts plus the new experts of k drafts."""
+    return mW + mW * k * (1 - rho_bar_k)
+
+
+@dataclass(frozen=True)
+class DedupEngine:
+    """A deduplicating engine's time model for the results of Section 3.4 (f_l = 1, h = 0).
+
+    Per-k sequences are indexed by k = 0..kmax (entry 0 is the plain step: dD[0] = dphi[0] = 0).
+      mW    bytes of one token's experts, m sum_l w_l
+      tau1  V(0) = tau(1), the time of a plain one-token step
+      beta1 beta(1), the expert bandwidth of a one-token pass (both kernels run the same one there)
+      betaD bandwidth of the bytes read once per pass
+      B     B_k = beta_dedup(k+1)
+      dD    dD_k = D(k+1) - D(1)
+      dphi  dphi_k = phi_dedup(k+1) - phi(1)
+    """
+
+    mW: Number
+    tau1: Number
+    beta1: Number
+    betaD: Number
+    B: Sequence[Number]
+    dD: Sequence[Number]
+    dphi: Sequence[Number]
+
+    def __post_init__(self) -> None:  # ints become Fractions so that every result stays exact
+        for f in fields(self):
+            value = getattr(self, f.name)
+            object.__setattr__(self, f.name, [q(x) for x in value] if isinstance(value, (list, tuple)) else q(value))
+
+    def step_increase(self, k: int, rho_bar_k: Number) -> Number:
+        """V(k) - V(0) = dD_k/beta_D + dphi_k + E_dedup(k+1)/B_k - mW/beta(1) (13), E_dedup from (12)."""
+        if k == 0:
+            return 0 * self.tau1
+        E = union_bytes(self.mW, k, rho_bar_k)
+        return self.dD[k] / self.betaD + self.dphi[k] + E / self.B[k] - self.mW / self.beta1
+
+    def step_times(self, rho_bars: Sequence[Number]) -> list[Number]:
+        """V(0..kmax) for the drafted reuse rho_bars = [rho_bar_1, ..., rho_bar_kmax]."""
+        return [self.tau1] + [self.tau1 + self.step_increase(k, rb) for k, rb in enumerate(rho_bars, start=1)]
+
+    def threshold(self, a: Number, k: int) -> Number:
+        """Reuse threshold in time form (14): T_a(k) > T_a(0) <=> rho_bar_k > rho*_k(a), with
+        rho*_k(a) = 1 - (B_k/(mW k)) [(G_a(k) - 1) tau(1) - dD_k/beta_D - dphi_k] - (1/k)(B_k/beta(1) - 1)."""
+        if k < 1:
+            raise ValueError("the reuse threshold needs k >= 1")
+        B = self.B[k]
+        slack = (geometric_sum(a, k) - 1) * self.tau1 - self.dD[k] / self.betaD - self.dphi[k]
+        return 1 - B / (self.mW * k) * slack - (B / self.beta1 - 1) / k
+
+    def speedup(self, a: Number, k: int, rho_bar_k: Number) -> Number:
+        """T_a(k)/T_a(0) = G_a(k) V(0) / (V(0) + dD_k/beta_D + dphi_k + E_dedup(k+1)/B_k - mW/beta(1)) (15)."""
+        return geometric_sum(a, k) * self.tau1 / (self.tau1 + self.step_increase(k, rho_bar_k))
+
+
+def byte_step_times(mW: Number, D: Number, kv: Sequence[Number], rho_bars: Sequence[Number]) -> list[Number]:
+    """One-bandwidth byte cost V_dedup(k) = D + E_dedup(k+1) + kv(k) (Appendix B.2), for k = 0..kmax.
+
+    Any common bandwidth divides every V(k) alike and changes no comparison of throughputs."""
+    return [D + mW + kv[0]] + [D + union_bytes(mW, k, rb) + kv[k] for k, rb in enumerate(rho_bars, start=1)]
+
+
+def reuse_threshold_bytes(a: Number, k: int, mW: Number, D: Number, kv: Sequence[Number]) -> Number:
+    """Reuse threshold with one bandwidth and t0 = phi = 0 (16):
+    rho*_k(a) = 1 - [(G_a(k) - 1) V_dedup(0) - (kv(k) - kv(0))]/(mW k), V_dedup(0) = D + mW + kv(0);
+    kv = [kv(0), ..., kv(kmax)] bytes of key-value cache a step verifying k+1 tokens reads."""
+    if k < 1:
+        raise ValueError("the reuse threshold needs k >= 1")
+    V0 = D + mW + kv[0]
+    return 1 - ((geometric_sum(a, k) - 1) * V0 - (kv[k] - kv[0])) / q(mW * k)
