@@ -13,6 +13,8 @@ from moespec import MoespecError, __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "staircase": ("moespec.staircase", "best draft length k*(a), step points and speedup for a step-time vector"),
     "demo": ("moespec.demo", "the main job on the built-in default (what `make demo` runs)"),
+    "spec": ("moespec.spec", "model shapes and bytes per weight format: w_l, W, D, kv(k); --list the presets"),
+    "trace": ("moespec.tracer", "record the experts a local Hugging Face MoE checkpoint routes each token to"),
 }
 
 
@@ -23,22 +25,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="moespec", description=__doc__.splitlines()[0] if __doc__ else None)
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """All subcommands are listed; only the one named in argv imports its module and adds its arguments, so
+    `moespec --help` stays fast and one command's heavy imports never slow down another."""
+    parser = _Parser(prog="moespec", description="moespec: speculative decoding on mixture-of-experts models")
     parser.add_argument("--version", action="version", version=f"moespec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        build_parser([]).print_help()
         return 2
     try:
         return int(importlib.import_module(args._module).run(args) or 0)

@@ -54,3 +54,11 @@ def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
+
+
+def console():
+    """A rich console at least 120 columns wide when output is not a terminal (logs, CI), so tables don't wrap."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=max(c.width, 120))
