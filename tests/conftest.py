@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny random checkpoints of the five supported MoE classes, saved with a word-level
+tokenizer built on the fly (nothing can be downloaded). Used by test_spec (configs) and test_tracer (models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+# A word-level vocabulary from this corpus; unknown words map to [UNK]. The configs' vocab_size covers it.
+CORPUS = """the cat sat on the mat and the dog ran to the park . a bird sang in the tall tree while rain fell
+experts route tokens to layers of a model ; each layer picks a few of many experts for every token
+valkyria chronicles is a game about war , soldiers and tanks in a small country = 1 2 3 4 5 6 7 8 9 0"""
+VOCAB_SIZE = 96
+# Router weights drawn with std 0.2 on hidden 32 give logits spread near 1, far from exact ties.
+INIT_STD = 0.2
+
+
+@pytest.fixture(scope="session")
+def tiny_configs() -> dict:
+    """model_type -> one tiny config per supported class, exercising each routing rule and layer layout."""
+    from transformers import DeepseekV2Config, GptOssConfig, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+
+    common = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB_SIZE,
+                  max_position_embeddings=256, initializer_range=INIT_STD, tie_word_embeddings=False,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return {
+        "olmoe": OlmoeConfig(**common, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
+                             intermediate_size=16),
+        # layer 1 dense via mlp_only_layers; renormalized top-k weights
+        "qwen3_moe": Qwen3MoeConfig(**common, num_hidden_layers=3, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=16, intermediate_size=48, head_dim=8,
+                                    mlp_only_layers=[1], norm_topk_prob=True),
+        # a 4-token sliding window on alternate layers, so chunks cross windows
+        "gpt_oss": GptOssConfig(**common, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2,
+                                intermediate_size=16, head_dim=8, sliding_window=4,
+                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        # dense first layer, one shared expert, MLA; group-limited greedy top-3 from the best 2 of 4 groups
+        # of 2 experts, which differs from plain greedy top-3 on about half the tokens
+        "deepseek_v2": DeepseekV2Config(**common | {"num_key_value_heads": 4}, num_hidden_layers=3,
+                                        n_routed_experts=8, num_experts_per_tok=3,
+                                        moe_intermediate_size=16, intermediate_size=48, first_k_dense_replace=1,
+                                        n_shared_experts=1, q_lora_rank=None, kv_lora_rank=16,
+                                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                                        topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                                        routed_scaling_factor=1.5),
+        "mixtral": MixtralConfig(**common, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                                 intermediate_size=16),
+    }
+
+
+def save_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([CORPUS], trainers.WordLevelTrainer(special_tokens=["[UNK]", "<s>", "</s>"]))
+    assert tok.get_vocab_size() <= VOCAB_SIZE
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tiny_configs, tmp_path_factory) -> Iterator[dict[str, Path]]:
+    """model_type -> folder holding a random tiny checkpoint and the tokenizer. Torch runs one thread
+    meanwhile: tiny matrices gain nothing from intra-op threads and lose several-fold to a busy core."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("checkpoints")
+    folders = {}
+    for i, (name, config) in enumerate(tiny_configs.items()):
+        torch.manual_seed(i)
+        folder = root / name
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        save_tokenizer(folder)
+        folders[name] = folder
+    yield folders
+    torch.set_num_threads(threads)
