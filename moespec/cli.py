@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("moespec.demo", "the main job on the built-in default (what `make demo` runs)"),
     "spec": ("moespec.spec", "model shapes and bytes per weight format: w_l, W, D, kv(k); --list the presets"),
     "trace": ("moespec.tracer", "record the experts a local Hugging Face MoE checkpoint routes each token to"),
+    "synth": ("moespec.synth", "synthetic routing trace: stationary seeded uniform, popularity or calibrated process"),
+    "reuse": ("moespec.reuse", "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)"),
 }
 
 

@@ -1,16 +1,18 @@
 """`moespec demo`: the main job on the built-in default (what `make demo` runs).
 
 The built-in default is OLMoE-1B-7B's shape (16 MoE layers, N = 64 experts, top m = 8, expert width 1024,
-hidden 2048) in bf16 at context depth 512. This stage of the project is THEORY ON STATED ASSUMPTIONS, not a
-measurement:
-- one bandwidth for every byte and no fixed work, so a step time is its bytes (any common bandwidth divides
-  every V(k) alike and leaves k*(a) and every speedup unchanged, Section 3.5);
-- per-slot kernel: a step drafting k tokens reads D(k+1) + m (k+1) W + kv(k) bytes, linear in k+1;
-- deduplicating kernel under uniform iid routing: 1 - rho(n) = q^(n-1) with q = 1 - m/N, so by (2) each layer
-  selects U(n) = N (1 - q^n) distinct experts and the step reads D(k+1) + E_dedup(k+1) + kv(k) bytes,
-  E_dedup(k+1) = mW + mWk(1 - rho_bar_k) by (12).
-It prints both staircases side by side (k*(a), speedup (9), step points (B.31)) and the reuse threshold
-rho*_k(a) of (16) against the drafted reuse rho_bar_k (11) of uniform routing.
+hidden 2048) in bf16 at context depth 512, with routing from the calibrated `paper-wikitext` OLMoE profile
+(a synthetic stationary process whose layer-mean reuse hits the paper's rho(2) = 0.363 and rho(9) = 0.762).
+
+1. Routing: synthesize the default trace and print its reuse summary (rho(n), U(n), u(n), bytes; App. D.2).
+2. Theory ON STATED ASSUMPTIONS (no kernel is timed yet):
+   - one bandwidth for every byte and no fixed work, so a step time is its bytes (any common bandwidth
+     divides every V(k) alike and leaves k*(a) and every speedup unchanged, Section 3.5);
+   - per-slot kernel: a step drafting k tokens reads D(k+1) + m (k+1) W + kv(k) bytes, linear in k+1;
+   - deduplicating kernel: D(k+1) + E_dedup(k+1) + kv(k) with E_dedup(k+1) = mW + mWk(1 - rho_bar_k) (12),
+     once under uniform iid routing (1 - rho(n) = q^(n-1), q = 1 - m/N) and once with the trace's rho_bar_k.
+   It prints the staircases side by side (k*(a), speedup (9), step points (B.31)) and the reuse threshold
+   rho*_k(a) of (16) against the drafted reuse rho_bar_k (11) of uniform and of the traced routing.
 """
 
 from __future__ import annotations
@@ -20,14 +22,22 @@ import json
 from fractions import Fraction
 from typing import Any
 
-from moespec import theory
+from pathlib import Path
+
+from moespec import MoespecError, theory
 from moespec.io import console, provenance, write_json
+from moespec.reuse import print_summary, reuse_stats, trace_expert_bytes
 from moespec.spec import ModelSpec
+from moespec.synth import synthesize
 
 DEFAULT_MODEL = "olmoe-1b-7b"
 DEFAULT_FORMAT = "bf16"
 DEFAULT_DEPTH = 512  # the paper's shorter context depth (Section 4)
 DEFAULT_KMAX = 8  # the paper verifies up to 9 tokens per pass
+# 50k tokens in 50 documents: bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second.
+DEFAULT_TOKENS, DEFAULT_DOCS = 50_000, 50
+DEFAULT_OUT_DIR = "out/demo"
+KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,59 +45,74 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default=DEFAULT_FORMAT, help=f"weight format (default {DEFAULT_FORMAT})")
     p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help=f"context depth d (default {DEFAULT_DEPTH})")
     p.add_argument("--kmax", type=int, default=DEFAULT_KMAX, help=f"largest draft length (default {DEFAULT_KMAX})")
+    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"trace tokens (default {DEFAULT_TOKENS})")
+    p.add_argument("--docs", type=int, default=DEFAULT_DOCS, help=f"trace documents (default {DEFAULT_DOCS})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing (default 0)")
+    p.add_argument("--out-dir", default=DEFAULT_OUT_DIR,
+                   help=f"where trace.npz and demo.json go (default {DEFAULT_OUT_DIR})")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON result (with provenance) to FILE")
 
 
-def uniform_profile(spec: ModelSpec, fmt: str, depth: int, kmax: int) -> dict[str, Any]:
-    """Byte step times of both kernels under one bandwidth and uniform iid routing, exact on Fractions."""
-    N, m = spec.N, spec.m
-    q = 1 - Fraction(m, N)
+def byte_profile(spec: ModelSpec, fmt: str, depth: int, rho: list[list], kmax: int) -> dict[str, Any]:
+    """Byte step times of both kernels under one bandwidth, for per-layer reuse rho[l][n] (index n, n <= kmax+1)."""
     w = [spec.expert_bytes(layer, fmt) for layer in range(spec.L)]
-    W = sum(w)
+    W, m = sum(w), spec.m
     kv = [spec.kv_bytes(k, depth) for k in range(kmax + 1)]
     D = [spec.dense_bytes(fmt, tokens=k + 1) for k in range(kmax + 1)]  # D(k+1) without the cache
-    rho = [[None] + [1 - q ** (n - 1) for n in range(1, kmax + 2)] for _ in w]  # rho_l(n), index n
     rho_bars = [theory.mean_drafted_reuse(rho, w, k) for k in range(1, kmax + 1)]
-    V_slot = [D[k] + m * (k + 1) * W + kv[k] for k in range(kmax + 1)]
-    V_dedup = [D[k] + theory.union_bytes(m * W, k, rb) + kv[k] for k, rb in enumerate([0, *rho_bars])]
-    return {"w": w, "W": W, "mW": m * W, "D": D, "kv": kv, "q": q, "rho_bars": rho_bars,
-            "V_slot": V_slot, "V_dedup": V_dedup}
+    return {"w": w, "W": W, "mW": m * W, "D": D, "kv": kv, "rho_bars": rho_bars,
+            "V_slot": [D[k] + m * (k + 1) * W + kv[k] for k in range(kmax + 1)],
+            "V_dedup": [D[k] + theory.union_bytes(m * W, k, rb) + kv[k] for k, rb in enumerate([0, *rho_bars])]}
 
 
-def run_demo(model: str, fmt: str, depth: int, kmax: int) -> dict[str, Any]:
-    spec = ModelSpec.from_name(model)
-    prof = uniform_profile(spec, fmt, depth, kmax)
-    acc = theory.PAPER_ACCEPTANCES
-    kernels = {}
-    for name in ("slot", "dedup"):
-        V = prof[f"V_{name}"]
-        points = theory.step_points(V)
-        kernels[name] = {
-            "step_bytes": [int(v) for v in V],
-            "a0": float(theory.first_draft_threshold(V)),
+def uniform_rho(spec: ModelSpec, kmax: int) -> list[list]:
+    """Exact rho_l(n) = 1 - q^(n-1), q = 1 - m/N, of uniform iid routing, every layer alike."""
+    q = 1 - Fraction(spec.m, spec.N)
+    return [[None] + [1 - q ** (n - 1) for n in range(1, kmax + 2)] for _ in range(spec.L)]
+
+
+def kernel_summary(V: list) -> dict[str, Any]:
+    points = theory.step_points(V)
+    return {"step_bytes": [int(v) for v in V], "a0": float(theory.first_draft_threshold(V)),
             "step_points": [float(p) for p in points],
             "table": [{"a": float(a), "k_star": (k := theory.best_draft_length(V, a)),
-                       "speedup": float(theory.speedup(V, a, k))} for a in acc],
-        }
-    # Reuse threshold (16): byte form with D(1) = D + kv(0) folded in; D(k+1) - D(1) joins the kv growth.
-    D0, mW = prof["D"][0], prof["mW"]
-    growth = [prof["kv"][k] + prof["D"][k] - D0 for k in range(kmax + 1)]
+                       "speedup": float(theory.speedup(V, a, k))} for a in theory.PAPER_ACCEPTANCES]}
+
+
+def run_demo(model: str, fmt: str, depth: int, kmax: int, tokens: int, docs: int, seed: int,
+             out_dir: Path) -> tuple[dict[str, Any], Any, Any]:
+    """Synthesize the default trace, measure its reuse, and apply the theory; returns (result, trace, stats)."""
+    spec = ModelSpec.from_name(model)
+    trace = synthesize(model, "calibrated", tokens, docs, seed=seed, profile="paper-wikitext")
+    trace.save(out_dir / "trace.npz")
+    w, units = trace_expert_bytes(trace, fmt)
+    stats = reuse_stats(trace, kmax + 1, expert_bytes=w, units=units, seed=seed)
+    traced = [[None, *row[1:]] for row in stats.rho.tolist()]
+    uniform = byte_profile(spec, fmt, depth, uniform_rho(spec, kmax), kmax)
+    routed = byte_profile(spec, fmt, depth, traced, kmax)
+    kernels = {"slot": kernel_summary(uniform["V_slot"]), "dedup_uniform": kernel_summary(uniform["V_dedup"]),
+               "dedup_trace": kernel_summary(routed["V_dedup"])}
+    # Reuse threshold (16): D(1) = D + kv(0); the growth D(k+1) - D(1) joins kv(k) - kv(0).
+    D0, mW = uniform["D"][0], uniform["mW"]
+    growth = [uniform["kv"][k] + uniform["D"][k] - D0 for k in range(kmax + 1)]
     thresholds = [{"a": float(a), "rho_star": [float(theory.reuse_threshold_bytes(a, k, mW, D0, growth))
-                                              for k in range(1, kmax + 1)]} for a in acc]
-    return {
+                                              for k in range(1, kmax + 1)]} for a in theory.PAPER_ACCEPTANCES]
+    result = {
         "model": spec.name, "format": fmt, "depth": depth, "kmax": kmax,
+        "trace": {"path": str(out_dir / "trace.npz"), "tokens": trace.num_tokens, "documents": trace.num_documents,
+                  "calibrated_to": trace.meta.get("calibrated_to"),
+                  "rho_mean": stats.rho_mean.tolist(), "u": stats.u.tolist()},
         "assumptions": ["one bandwidth for every byte, no fixed work: step time = bytes",
-                        "uniform iid routing: 1 - rho(n) = q^(n-1), q = 1 - m/N",
+                        "per-slot bytes m(k+1)W; dedup bytes from uniform routing and from the synthetic trace",
                         "theory on stated assumptions, not a measurement"],
         "shape": {"L": spec.L, "N": spec.N, "m": spec.m, "hidden": spec.hidden, "expert_width": spec.expert_width},
-        "bytes": {"w_l": prof["w"][0], "W": prof["W"], "mW": mW, "D": D0, "kv0": prof["kv"][0]},
-        "byte_share_u": [float(prof["V_dedup"][k] - prof["D"][k] - prof["kv"][k]) / float((k + 1) * mW)
-                         for k in range(kmax + 1)],
+        "bytes": {"w_l": uniform["w"][0], "W": uniform["W"], "mW": mW, "D": D0, "kv0": uniform["kv"][0]},
         "kernels": kernels,
-        "rho_bar_uniform": [float(x) for x in prof["rho_bars"]],
+        "rho_bar": {"uniform": [float(x) for x in uniform["rho_bars"]],
+                    "trace": [float(x) for x in routed["rho_bars"]]},
         "reuse_threshold": thresholds,
     }
+    return result, trace, stats
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -95,49 +120,64 @@ def print_report(r: dict[str, Any]) -> None:
 
     c = console()
     b, s = r["bytes"], r["shape"]
-    c.print(f"[bold]moespec demo[/bold]: {r['model']} shapes (L={s['L']} MoE layers, N={s['N']}, m={s['m']}, "
+    c.print(f"[bold]2. theory[/bold] on {r['model']} shapes (L={s['L']} MoE layers, N={s['N']}, m={s['m']}, "
             f"hidden {s['hidden']}, expert width {s['expert_width']}), {r['format']}, context depth {r['depth']}")
     c.print("[yellow]Theory on stated assumptions, not a measurement:[/yellow] " + "; ".join(r["assumptions"][:2]))
     c.print(f"bytes: w_l = {b['w_l'] / 1e6:.2f} MB, W = {b['W'] / 1e9:.3f} GB, mW = {b['mW'] / 1e9:.3f} GB, "
             f"D = {b['D'] / 1e9:.3f} GB, kv(0) = {b['kv0'] / 1e6:.1f} MB")
-    t = Table(title="step bytes V(k) and byte share u(k+1) = E_dedup/E_slot", title_justify="left")
-    for col in ("k", "V_slot (GB)", "V_dedup (GB)", "u(k+1)"):
-        t.add_column(col, justify="right")
+    names = list(KERNEL_LABELS)
+    t = Table(title="step bytes V(k) in GB", title_justify="left")
+    t.add_column("k", justify="right")
+    for name in names:
+        t.add_column(KERNEL_LABELS[name], justify="right")
     for k in range(r["kmax"] + 1):
-        t.add_row(str(k), f"{r['kernels']['slot']['step_bytes'][k] / 1e9:.3f}",
-                  f"{r['kernels']['dedup']['step_bytes'][k] / 1e9:.3f}", f"{r['byte_share_u'][k]:.3f}")
+        t.add_row(str(k), *[f"{r['kernels'][name]['step_bytes'][k] / 1e9:.3f}" for name in names])
     c.print(t)
-    for name in ("slot", "dedup"):
+    for name in names:
         pts = ", ".join(f"{p:.4f}" for p in r["kernels"][name]["step_points"])
-        c.print(f"{name:>5}: a0 = {r['kernels'][name]['a0']:.4f}; step points a_1..a_{r['kmax']} = {pts}")
+        c.print(f"{KERNEL_LABELS[name]:>22}: a0 = {r['kernels'][name]['a0']:.4f}; step points a_1..a_{r['kmax']} = {pts}")
     t = Table(title="staircases side by side: k*(a) and speedup (9)", title_justify="left")
-    for col in ("a", "k* slot", "speedup slot", "k* dedup", "speedup dedup"):
-        t.add_column(col, justify="right")
-    for rs, rd in zip(r["kernels"]["slot"]["table"], r["kernels"]["dedup"]["table"]):
-        t.add_row(f"{rs['a']:g}", str(rs["k_star"]), f"{rs['speedup']:.3f}", str(rd["k_star"]), f"{rd['speedup']:.3f}")
+    t.add_column("a", justify="right")
+    for name in names:
+        t.add_column(f"k* {KERNEL_LABELS[name]}", justify="right")
+        t.add_column("speedup", justify="right")
+    for i, a in enumerate(theory.PAPER_ACCEPTANCES):
+        cells = []
+        for name in names:
+            row = r["kernels"][name]["table"][i]
+            cells += [str(row["k_star"]), f"{row['speedup']:.3f}"]
+        t.add_row(f"{float(a):g}", *cells)
     c.print(t)
-    t = Table(title="reuse threshold rho*_k(a) (16); * where uniform rho_bar_k exceeds it (dedup beats plain)",
-              title_justify="left")
+    t = Table(title="reuse threshold rho*_k(a) (16): dedup at k beats plain decoding exactly when rho_bar_k > rho*_k(a)"
+                    "; u = uniform routing beats it, t = traced routing beats it", title_justify="left")
     t.add_column("a", justify="right")
     for k in range(1, r["kmax"] + 1):
         t.add_column(f"k={k}", justify="right")
-    t.add_row("rho_bar_k", *[f"{x:.3f}" for x in r["rho_bar_uniform"]])
+    rb_u, rb_t = r["rho_bar"]["uniform"], r["rho_bar"]["trace"]
+    t.add_row("rho_bar_k uniform", *[f"{x:.3f}" for x in rb_u])
+    t.add_row("rho_bar_k traced", *[f"{x:.3f}" for x in rb_t])
     for row in r["reuse_threshold"]:
-        cells = [f"{x:+.3f}{'*' if rb > x else ' '}" for x, rb in zip(row["rho_star"], r["rho_bar_uniform"])]
+        cells = [f"{x:+.3f} {'u' if u > x else ' '}{'t' if tr > x else ' '}"
+                 for x, u, tr in zip(row["rho_star"], rb_u, rb_t)]
         t.add_row(f"{row['a']:g}", *cells)
     c.print(t)
 
 
 def run(args: argparse.Namespace) -> int:
-    from moespec import MoespecError
-
     if args.kmax < 1 or args.depth < 0:
         raise MoespecError(f"need --kmax >= 1 and --depth >= 0, got {args.kmax} and {args.depth}")
-    result = run_demo(args.model, args.format, args.depth, args.kmax)
-    if args.out:
-        write_json(args.out, {**result, "provenance": provenance(dtype=args.format)})
+    if args.docs < 1 or args.tokens < args.docs * (args.kmax + 1):
+        raise MoespecError(f"need --docs >= 1 and at least kmax+1 = {args.kmax + 1} tokens per document, "
+                           f"got --tokens {args.tokens} --docs {args.docs}")
+    out_dir = Path(args.out_dir)
+    result, trace, stats = run_demo(args.model, args.format, args.depth, args.kmax, args.tokens, args.docs,
+                                    args.seed, out_dir)
+    write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=args.format)})
     if args.json:
         print(json.dumps(result))
-    else:
-        print_report(result)
+        return 0
+    console().print(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> {out_dir / 'trace.npz'}")
+    print_summary(stats, trace, str(out_dir / "trace.npz"))
+    print_report(result)
+    console().print(f"results: {out_dir / 'demo.json'}")
     return 0

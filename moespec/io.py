@@ -4,6 +4,7 @@ the exact command)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from moespec import __version__
 
@@ -62,3 +63,19 @@ def console():
 
     c = Console()
     return c if c.is_terminal else Console(width=max(c.width, 120))
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int, enabled: bool = True) -> Iterator[Any]:
+    """A rich progress bar on stderr (transient); yields advance(count). Disabled: a no-op."""
+    if not enabled:
+        yield lambda count: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda count: bar.advance(task, count)
