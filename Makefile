@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# Optional peers (mlx-lm's SwitchGLU, ggml's MUL_MAT_ID): installed where they install, so CI exercises them.
+	$(BIN)/python -m pip install -q -e ".[peers]" || echo "make: optional peer kernels not installed; their tests skip"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("moespec.tracer", "record the experts a local Hugging Face MoE checkpoint routes each token to"),
     "synth": ("moespec.synth", "synthetic routing trace: stationary seeded uniform, popularity or calibrated process"),
     "reuse": ("moespec.reuse", "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)"),
+    "bench": ("moespec.bench", "time the expert kernels on a layer's real shapes: beta(n), fits (4)/(E.1), r(n), crossover"),
 }
 
 

@@ -79,3 +79,16 @@ def progress(description: str, total: int, enabled: bool = True) -> Iterator[Any
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda count: bar.advance(task, count)
+
+
+PLOT_FORMATS = ("png", "pdf", "svg")  # what matplotlib writes without extra backends
+
+
+def plot_format(path: str) -> str:
+    """The image format named by a --plot path's suffix; one clear error line for anything else."""
+    from moespec import MoespecError
+
+    fmt = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+    if fmt not in PLOT_FORMATS:
+        raise MoespecError(f"--plot {path}: the file name must end in one of .{', .'.join(PLOT_FORMATS)}")
+    return fmt

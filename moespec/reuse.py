@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from moespec import MoespecError
-from moespec.io import atomic_write, progress, provenance
+from moespec.io import atomic_write, plot_format, progress, provenance
 from moespec.spec import ModelSpec, check_format
 from moespec.trace import Trace, chunk_masks, load_trace, popcount
 
@@ -345,14 +345,11 @@ def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:
         console.print(f"calibrated to: {json.dumps(meta['calibrated_to'])}")
 
 
-_PLOT_FORMATS = ("png", "pdf", "svg")
 
 
 def plot_reuse(stats: ReuseStats, path: str, label: str) -> None:
     """The paper's Figure 1: layer-mean rho(n) with its interval band, each layer faint, uniform routing dotted."""
-    fmt = path.rsplit(".", 1)[-1].lower() if "." in path else ""
-    if fmt not in _PLOT_FORMATS:
-        raise MoespecError(f"--plot {path}: the file name must end in one of .{', .'.join(_PLOT_FORMATS)}")
+    fmt = plot_format(path)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,0 +1,541 @@
+"""`moespec bench`: the benchmark of one MoE layer's expert operation (paper Section 2, Table 1, Figure 2,
+Appendix E; DESIGN.md "Measurement protocol").
+
+Physics. The expert operation is memory-bound (moespec.kernels), so a kernel is judged by its effective
+bandwidth beta_p(n) = requested expert bytes / time: n m b for a per-slot kernel, U b for a deduplicating one
+(b = w_l, the bytes of one expert; U distinct experts among the pass's n m slots). The deduplicating kernel is
+faster exactly where the byte share u(n) = E_dedup/E_slot lies below the bandwidth ratio r(n) = beta_dedup /
+beta_slot (7), so both are measured here on the model's real per-layer shapes and dtype (random weights).
+
+Two kinds of expert ids are timed, each after a cache flush (a write larger than the last-level cache) so every
+first read of an expert comes from DRAM:
+- chosen ids: for each n, passes whose n m slots name exactly U distinct experts, U over the reachable range
+  m .. min(n m, N) (every token still names m distinct experts). At fixed n the per-slot kernel requests the
+  same n m b bytes whatever U, so how its time moves with U separates the first read of an expert (U slots)
+  from a repeated slot (n m - U), which a cache may serve: fit (4) t = t_op + c_u U b + c_re (n m - U) b and
+  the re-read cost c_re/c_u. The deduplicating kernel gets (E.1) t = t_op + c_g U b + c_t n (moespec.fits).
+- windows of recorded routing: n consecutive tokens of one document at one layer of a trace, the routing the
+  model really produces. The fits never see them, so their median relative error on the windows is an honest
+  bandwidth error eps (Section 3.5, 4); beta_p(n) is the median over these windows, pooled over the layers.
+Kernels are interleaved per pass (and their order rotated per repetition) so drift on a shared machine hits all
+of them alike; each figure is a median over repetitions with its interquartile range. The machine's streaming
+read bandwidth (kernels.measure_stream_read) is the ceiling every bandwidth is printed beside.
+
+Work is split into units, one (layer, n, kernel set) each; each finished unit is saved atomically to
+`OUT.partial`, so `--resume` after an interruption re-times nothing already done.
+
+bench.json: its keys are documented in moespec.benchfile, which reads, validates and reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from moespec import MoespecError
+from moespec.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians, requested_bytes
+from moespec.benchfile import DTYPES, FORMAT_NAME, FORMAT_VERSION, plot_bandwidth, print_tables
+from moespec.io import console, plot_format, progress, provenance, write_json
+from moespec.spec import ModelSpec, resolve
+from moespec.trace import Trace, load_trace
+
+if TYPE_CHECKING:
+    import torch
+
+    from moespec.kernels import Activation
+
+PARTIAL_FORMAT = "moespec-bench-partial"
+DEFAULT_MODEL = "olmoe-1b-7b"
+DEFAULT_KERNELS = "slot,dedup"  # the hf-* peers run 10-20x slower on this CPU: opt in with --kernels all
+# Defaults sized so two OLMoE layers at n = 1..9 with our two kernels take about 2 min on this 2-core machine at
+# ~20 GB/s (5 reps x (1 + 8 x 8 chosen + 9 x 16 window passes) per layer), inside 5 minutes even at half that.
+DEFAULT_REPS = 5
+DEFAULT_WINDOWS = 16  # recorded windows per layer and n: enough for a median and a median relative error
+DEFAULT_U_VALUES = 8  # chosen U per n (all when fewer reach): ~60 passes at n = 2..9 for each 3-coefficient fit
+WEIGHT_STD = 0.02  # random weights ~ a trained expert's entries: keeps activations finite; time is value-blind
+NOISY_SHARE = 0.1  # a run with more than 10% noisy timings (IQR > fits.NOISY_IQR x median) gets a warning
+FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the last-level cache, so no expert byte survives in it ...
+FLUSH_MIN_BYTES = 64 << 20  # ... and at least 64 MiB when the cache size cannot be read
+# The default trace: the calibrated process at the paper's WikiText-103 reuse, as the demo; synthesized in ~1 s,
+# and its 50k tokens pin u(n) to ~0.01 with far more windows than are timed.
+DEFAULT_PROFILE = "paper-wikitext"
+DEFAULT_TRACE_TOKENS, DEFAULT_TRACE_DOCS = 50_000, 50
+
+
+# ---- chosen ids ------------------------------------------------------------------------------------------
+def union_range(n: int, m: int, N: int) -> range:  # noqa: N803
+    """Reachable U for n tokens of m distinct experts among N: m (all tokens alike) .. min(n m, N) (none repeat)."""
+    return range(m, min(n * m, N) + 1)
+
+
+def union_grid(n: int, m: int, N: int, size: int) -> list[int]:  # noqa: N803
+    """`size` reachable U values evenly spread over the range, both ends included (all when fewer)."""
+    lo, hi = m, min(n * m, N)
+    if hi - lo + 1 <= size:
+        return list(range(lo, hi + 1))
+    return np.rint(np.linspace(lo, hi, size)).astype(int).tolist()  # step > 1: rounding keeps them distinct
+
+
+def chosen_ids(n: int, m: int, N: int, U: int, rng: np.random.Generator) -> np.ndarray:  # noqa: N803
+    """ids [n, m] (int64) whose n m slots name exactly U distinct experts, each token m distinct ones.
+
+    A random set of U experts is laid out cyclically over the first ceil(U/m) tokens (m consecutive positions
+    mod U are distinct because m <= U, and they cover all U because n m >= U); the other tokens draw random
+    m-subsets of the same U; tokens and slots are then shuffled."""
+    if not (1 <= m < N and n >= 1):
+        raise MoespecError(f"chosen ids need n >= 1 and 1 <= m < N, got n={n}, m={m}, N={N}")
+    if U not in union_range(n, m, N):
+        raise MoespecError(f"U = {U} distinct experts is unreachable for n={n} tokens of m={m} among N={N}: "
+                           f"need {m} <= U <= {min(n * m, N)}")
+    experts = rng.permutation(N)[:U]
+    cover = -(-U // m)
+    first = experts[(np.arange(cover * m) % U).reshape(cover, m)]
+    rest = experts[np.argsort(rng.random((n - cover, U)), axis=1)[:, :m]]
+    ids = np.concatenate([first, rest])[rng.permutation(n)]
+    return rng.permuted(ids, axis=1).astype(np.int64)
+
+
+# ---- the plan: which passes each (layer, n) unit times ----------------------------------------------------
+@dataclass(frozen=True)
+class Pass:
+    """One pass to time: ids [n, m] with U distinct experts; `start` is a recorded window's first token."""
+
+    source: str  # "chosen" or "window"
+    ids: np.ndarray
+    U: int  # noqa: N815
+    start: int | None = None
+
+
+def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u_values: int,
+              seed: int) -> list[Pass]:
+    """Chosen passes over the U grid, then up to `windows` recorded windows sampled without replacement."""
+    rng = np.random.default_rng([seed, layer, n])
+    passes = [Pass("chosen", chosen_ids(n, spec.m, spec.N, U, rng), U)
+              for U in union_grid(n, spec.m, spec.N, u_values)]
+    starts = trace.window_starts(n)
+    if starts.size == 0:
+        raise MoespecError(f"the trace has no window of {n} tokens inside one document (longest document: "
+                           f"{int(trace.document_lengths.max())} tokens); lower --n")
+    for start in np.sort(rng.choice(starts, size=min(windows, starts.size), replace=False)).tolist():
+        ids = trace.experts[start:start + n, layer].astype(np.int64)
+        passes.append(Pass("window", ids, int(np.unique(ids).size), start))
+    return passes
+
+
+# ---- inputs: model, trace, weights -------------------------------------------------------------------------
+def parse_ns(text: str) -> list[int]:
+    """'1-9' or '1,2,9' -> sorted distinct pass sizes n >= 1."""
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-"))
+            if lo > hi:
+                raise MoespecError(f"--n {text}: empty range (start above end)")
+            ns = list(range(lo, hi + 1))
+        else:
+            ns = sorted({int(v) for v in text.split(",")})
+    except ValueError:
+        raise MoespecError(f"--n {text!r}: give a range like 1-9 or a list like 1,2,9") from None
+    if ns[0] < 1:
+        raise MoespecError(f"--n {text}: pass sizes n must be >= 1")
+    return ns
+
+
+def parse_layers(text: str | None, spec: ModelSpec) -> list[int]:
+    """MoE layer indices (0..L-1); default: the first and the one before the middle (OLMoE: 0, 7)."""
+    if text is None:
+        return sorted({0, max(spec.L // 2 - 1, 0)})
+    try:
+        layers = sorted({int(v) for v in text.split(",")})
+    except ValueError:
+        raise MoespecError(f"--layers {text!r}: give MoE layer indices like 0,7") from None
+    bad = [layer for layer in layers if not 0 <= layer < spec.L]
+    if bad:
+        raise MoespecError(f"--layers: layer {bad[0]} outside 0..{spec.L - 1} ({spec.name} has {spec.L} MoE layers)")
+    return layers
+
+
+def bench_kernels() -> dict[str, str]:
+    """name -> kind of every kernel worth timing (the float64 reference is the tests' ground truth, not a kernel)."""
+    from moespec.kernels import KERNELS
+
+    return {name: k.kind for name, k in KERNELS.items() if name != "reference"}
+
+
+def parse_kernels(text: str, spec: ModelSpec, dtype: str) -> tuple[list[str], dict[str, str]]:
+    """The kernels to time and, for `all`, those left out because they cannot run this layer at `dtype` (with
+    why); a kernel named explicitly that cannot run is an error, found before anything is timed."""
+    known = bench_kernels()
+    names = list(known) if text == "all" else list(dict.fromkeys(text.split(",")))
+    for name in names:
+        if name not in known:
+            raise MoespecError(f"unknown kernel {name!r}; choose from {', '.join(known)}, or all")
+    failing = _cannot_run(names, spec, dtype)
+    if failing and text != "all":
+        name, why = next(iter(failing.items()))
+        raise MoespecError(f"kernel {name} cannot run {spec.name} experts in {dtype} here: {why}")
+    return [name for name in names if name not in failing], failing
+
+
+def _cannot_run(names: list[str], spec: ModelSpec, dtype: str) -> dict[str, str]:
+    """kernel -> why it fails on a tiny layer with this model's structure (N, m, biases, activation) at dtype."""
+    layer = layer_weights(dataclasses.replace(spec, hidden=8, expert_width=8), 0, dtype, seed=0)
+    ids = chosen_ids(2, spec.m, spec.N, spec.m + 1, np.random.default_rng(0))
+    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], 8, layer.gate_up.dtype)[0]
+    failing = {}
+    for name in names:
+        try:
+            layer.run(name, *inputs)
+        except Exception as e:  # noqa: BLE001 - a peer library may fail in its own ways; all mean "not here"
+            failing[name] = " ".join(str(e).split())[:200] or type(e).__name__
+    return failing
+
+
+def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, dict[str, Any]]:
+    """The trace to sample windows from and u(n), with a description; synthesizes the default without --trace."""
+    from moespec.synth import PROFILES, synthesize
+
+    if path is None:
+        if spec.name not in PROFILES[DEFAULT_PROFILE]:
+            raise MoespecError(f"no --trace given and no calibrated default routing for {spec.name} (the "
+                               f"{DEFAULT_PROFILE} profile covers {', '.join(PROFILES[DEFAULT_PROFILE])}); pass "
+                               f"--trace from `moespec trace` or `moespec synth`")
+        trace = synthesize(spec.name, "calibrated", DEFAULT_TRACE_TOKENS, DEFAULT_TRACE_DOCS, seed, DEFAULT_PROFILE)
+        note = (f"no --trace given: synthesized the calibrated default trace ({DEFAULT_PROFILE} profile, "
+                f"{DEFAULT_TRACE_TOKENS} tokens in {DEFAULT_TRACE_DOCS} documents, seed {seed})")
+    else:
+        trace = load_trace(path)
+        named = trace.meta.get("model")
+        if named and named != spec.name:
+            raise MoespecError(f"{path}: a trace of {named}, not of {spec.name}")
+        if (trace.num_experts, trace.m, trace.num_layers) != (spec.N, spec.m, spec.L):
+            raise MoespecError(f"{path}: routes N={trace.num_experts}, m={trace.m}, L={trace.num_layers} but "
+                               f"{spec.name} has N={spec.N}, m={spec.m}, L={spec.L}")
+        note = f"{'synthetic' if trace.meta.get('synthetic') else 'recorded'} trace {path}"
+    digest = hashlib.sha1(trace.experts.tobytes() + trace.doc_starts.tobytes()).hexdigest()
+    return trace, {"path": path, "synthetic": bool(trace.meta.get("synthetic")), "source": trace.meta.get("source"),
+                   "note": note, "num_tokens": trace.num_tokens, "num_documents": trace.num_documents, "sha1": digest}
+
+
+@dataclass
+class LayerWeights:
+    """Random expert weights of one MoE layer in the kernels' layout (moespec.kernels shape legend)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    act: Activation
+
+    def run(self, kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        from moespec.kernels import expert_op
+
+        return expert_op(kernel, x, ids, weights, self.gate_up, self.down, self.gate_up_bias, self.down_bias,
+                         self.act)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int) -> LayerWeights:
+    """Seeded random weights of the layer's real shape and dtype; biases and the clamped SwiGLU for gpt-oss."""
+    import torch
+
+    from moespec.kernels import GPT_OSS, SILU
+
+    gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, layer]).generate_state(1)[0]))
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.empty(*shape, dtype=torch_dtype(dtype)).normal_(0.0, WEIGHT_STD, generator=gen)
+
+    N, d, f = spec.N, spec.hidden, spec.expert_width  # noqa: N806
+    biases = (normal(N, 2 * f), normal(N, d)) if spec.expert_bias else (None, None)
+    return LayerWeights(normal(N, 2 * f, d), normal(N, d, f), *biases,
+                        GPT_OSS if spec.model_type == "gpt_oss" else SILU)
+
+
+def flush_bytes() -> int:
+    """FLUSH_LLC_MULTIPLE x the last-level cache (from sysfs), at least FLUSH_MIN_BYTES."""
+    llc = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+            llc = max(llc, int(size.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(size[-1:], 0))
+        except (OSError, ValueError):
+            continue
+    return max(FLUSH_LLC_MULTIPLE * llc, FLUSH_MIN_BYTES)
+
+
+def device_name() -> str:
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"cpu: {name}, {torch.get_num_threads()} threads"
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each repetition
+
+
+def _inputs(passes: list[Pass], d: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(x, ids, router weights) per pass; values are seeded and do not change a memory-bound time."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for p in passes:
+        n, m = p.ids.shape
+        x = torch.randn(n, d, generator=gen).to(dtype)
+        weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(dtype)
+        out.append((x, torch.from_numpy(p.ids), weights))
+    return out
+
+
+def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, flush: Callable[[], None],
+               advance: Callable[[int], None]) -> Timings:
+    """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
+    flush, in an order rotated per round, so drift and order effects hit all kernels alike."""
+    inputs = _inputs(passes, layer.gate_up.shape[2], layer.gate_up.dtype)
+    for kernel in kernels:
+        layer.run(kernel, *inputs[0])
+    samples: Timings = [{kernel: [] for kernel in kernels} for _ in passes]
+    for rep in range(reps):
+        order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
+        for inp, times in zip(inputs, samples):
+            for kernel in order:
+                flush()
+                start = time.perf_counter()
+                layer.run(kernel, *inp)
+                times[kernel].append(time.perf_counter() - start)
+            advance(1)
+    return samples
+
+
+def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings) -> dict[str, Any]:
+    """A finished unit as saved in the checkpoint: per pass its source, U, a window's start, median/IQR per kernel."""
+    from moespec.kernels import median_iqr
+
+    rows = []
+    for p, times in zip(passes, samples):
+        stats = {kernel: median_iqr(t) for kernel, t in times.items()}
+        rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
+                     "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()}})
+    return {"layer": layer, "n": n, "kernels": kernels, "passes": rows}
+
+
+class Checkpoint:
+    """Finished units of one configuration in OUT.partial, rewritten atomically after every unit."""
+
+    def __init__(self, out: str, config: dict[str, Any], resume: bool) -> None:
+        self.path = Path(f"{out}.partial")
+        self.config = config
+        self.units: dict[str, dict[str, Any]] = {}
+        if resume and self.path.exists():
+            try:
+                saved = json.loads(self.path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise MoespecError(f"{self.path}: unreadable checkpoint ({type(e).__name__}); rerun without "
+                                   f"--resume") from None
+            if not isinstance(saved, dict) or saved.get("format") != PARTIAL_FORMAT \
+                    or not isinstance(saved.get("config"), dict) or not isinstance(saved.get("units"), dict):
+                raise MoespecError(f"{self.path}: not a moespec bench checkpoint; rerun without --resume")
+            if saved["config"] != config:
+                diff = sorted(k for k in config | saved["config"] if config.get(k) != saved["config"].get(k))
+                raise MoespecError(f"{self.path}: made with other settings ({', '.join(diff)} differ); rerun "
+                                   f"with those settings or without --resume")
+            self.units = saved["units"]
+
+    @staticmethod
+    def key(layer: int, n: int, kernels: list[str]) -> str:
+        return f"layer {layer} n {n} kernels {','.join(kernels)}"
+
+    def save(self, key: str, unit: dict[str, Any]) -> None:
+        self.units[key] = unit
+        write_json(self.path, {"format": PARTIAL_FORMAT, "config": self.config, "units": self.units})
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+# ---- command: moespec bench --------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset or config path (default {DEFAULT_MODEL})")
+    p.add_argument("--layers", help="MoE layers to time, e.g. 0,7 (default: the first and L/2 - 1)")
+    p.add_argument("--dtype", default="bf16", choices=DTYPES, help="expert weight dtype (default bf16)")
+    p.add_argument("--kernels", default=DEFAULT_KERNELS,
+                   help=f"comma-separated kernels, or all (default {DEFAULT_KERNELS}; peers: hf-batched_mm, "
+                        f"hf-grouped_mm, hf-eager, and mlx-gather, mlx-sorted when mlx-lm is installed)")
+    p.add_argument("--trace", help="routing trace (.npz) for the recorded windows and u(n) (default: synthesize "
+                                   "the calibrated default for the model)")
+    p.add_argument("--n", default="1-9", help="pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-9)")
+    p.add_argument("--out", default="bench.json", help="results file (default bench.json)")
+    p.add_argument("--reps", type=int, default=DEFAULT_REPS,
+                   help=f"timed repetitions per pass (default {DEFAULT_REPS})")
+    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS,
+                   help=f"recorded windows per layer and n (default {DEFAULT_WINDOWS})")
+    p.add_argument("--u-values", type=int, default=DEFAULT_U_VALUES,
+                   help=f"chosen U values per n, evenly spread with both ends (default {DEFAULT_U_VALUES})")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
+    p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
+
+
+def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float, reps: int,
+              flush: Callable[[], None]) -> tuple[float, dict[str, float]]:
+    """Seconds the timed calls of `passes` will take, from one probe of each kernel on the smallest and the largest
+    pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
+    small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
+    start = time.perf_counter()
+    flush()
+    total, speeds = reps * len(passes) * len(kinds) * (time.perf_counter() - start), {}
+    probe = _time_unit([small, large], list(kinds), layer, 1, flush, lambda count: None)
+    for kernel, kind in kinds.items():
+        (t_lo,), (t_hi,) = probe[0][kernel], probe[1][kernel]
+        lo, hi = (requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
+        per_byte = (t_hi - t_lo) / (hi - lo) if hi > lo else 0.0
+        per_byte = per_byte if per_byte > 0 else t_hi / hi  # a noisy probe: no fixed time
+        fixed = max(t_lo - per_byte * lo, 0.0)
+        speeds[kernel] = hi / t_hi / 1e9
+        total += reps * sum(fixed + per_byte * requested_bytes(kind, len(p.ids), p.U, m, b) for p in passes)
+    return total, speeds
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, value, least in (("--reps", args.reps, 1), ("--windows", args.windows, 1),
+                               ("--u-values", args.u_values, 2)):
+        if value < least:
+            raise MoespecError(f"{flag} must be >= {least}, got {value}")
+    if args.plot:
+        plot_format(args.plot)
+
+
+def _measure(spec: ModelSpec, args: argparse.Namespace, kinds: dict[str, str], plan: dict[tuple[int, int], list[Pass]],
+             checkpoint: Checkpoint, ceiling: float, out: Any) -> int:
+    """Time every unit the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
+    printing the estimated time; returns the flush size in bytes."""
+    from moespec.kernels import CacheFlusher
+
+    kernels = list(kinds)
+    pending = [key for key in plan if Checkpoint.key(*key, kernels) not in checkpoint.units]
+    nbytes = flush_bytes()
+    flush = CacheFlusher(nbytes)
+    out.print(f"plan: {len(plan)} units (layer, n), {len(plan) - len(pending)} done; each up to {args.u_values} "
+              f"chosen U values and {args.windows} recorded windows, {args.reps} reps, every timed call after a "
+              f"{nbytes >> 20} MiB cache flush")
+    if not pending:
+        return nbytes
+    layers = sorted({layer for layer, _ in pending})
+    start = time.perf_counter()
+    weights: LayerWeights | None = layer_weights(spec, layers[0], args.dtype, args.seed)
+    generate = time.perf_counter() - start
+    seconds, speeds = _estimate(kinds, weights, [p for key in pending for p in plan[key]], spec.m,
+                                spec.expert_bytes(layers[0], args.dtype), args.reps, flush)
+    seconds += generate * (len(layers) - 1)
+    estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+    out.print(f"estimated time: {estimate} (probe on requested bytes: "
+              f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in speeds.items())}; ceiling {ceiling:.1f} GB/s)")
+    with progress("bench", sum(len(plan[key]) for key in pending) * args.reps,
+                  enabled=sys.stderr.isatty()) as advance:
+        for layer in layers:
+            weights = weights or layer_weights(spec, layer, args.dtype, args.seed)
+            for n in [n for lay, n in pending if lay == layer]:
+                samples = _time_unit(plan[layer, n], kernels, weights, args.reps, flush, advance)
+                checkpoint.save(Checkpoint.key(layer, n, kernels),
+                                unit_record(layer, n, kernels, plan[layer, n], samples))
+            weights = None  # frees the layer (and the peers' modules cached on its tensors)
+    return nbytes
+
+
+def _report(doc: dict[str, Any], args: argparse.Namespace, out: Any) -> None:
+    """Table 1 and the fits, the noise warning, Figure 2, and one closing JSON line."""
+    print_tables(doc)
+    before, after = doc["ceiling_before_after_gbps"]
+    out.print(f"ceiling: streaming read {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
+    drift = doc["ceiling_iqr_gbps"] > NOISY_IQR * doc["ceiling_gbps"]
+    noisy = drift or doc["noisy"]["count"] > NOISY_SHARE * doc["noisy"]["total"]
+    if noisy:
+        out.print(f"[bold red]warning: noisy run[/]: {doc['noisy']['count']} of {doc['noisy']['total']} timings have "
+                  f"an IQR above {NOISY_IQR:.0%} of their median (widest {doc['noisy']['worst']:.0%})"
+                  f"{'; the ceiling drifted' if drift else ''}; rerun on a quiet machine")
+    if args.plot:
+        plot_bandwidth(doc, args.plot)
+    out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {doc['elapsed_s']:.0f} s")
+    rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
+    print(json.dumps({"model": doc["model"], "dtype": doc["dtype"], "ceiling_gbps": round(doc["ceiling_gbps"], 2),
+                      "beta_gbps": {k: rounded(v["beta_gbps"], 2) for k, v in doc["kernels"].items()},
+                      "r": rounded(doc["r"], 3), "u": rounded(doc["u"], 3), "eps": rounded(doc["eps"], 4),
+                      "crossover": doc["crossover"], "noisy": noisy, "out": args.out}))
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    _check_numbers(args)
+    spec = resolve(args.model)
+    ns, layers = parse_ns(args.n), parse_layers(args.layers, spec)
+    names, skipped = parse_kernels(args.kernels, spec, args.dtype)
+    kinds = {k: bench_kernels()[k] for k in names}
+    trace, trace_info = bench_trace(spec, args.trace, args.seed)
+    plan = {(layer, n): plan_unit(trace, spec, layer, n, args.windows, args.u_values, args.seed)
+            for layer in layers for n in ns}
+    config = {"model": spec.to_dict(), "dtype": args.dtype, "reps": args.reps, "windows": args.windows,
+              "u_values": args.u_values, "seed": args.seed, "trace_sha1": trace_info["sha1"]}
+    checkpoint = Checkpoint(args.out, config, args.resume)
+
+    from moespec.kernels import implementation, measure_stream_read, median_iqr
+    from moespec.reuse import reuse_stats
+
+    u = reuse_stats(trace, max(ns), bootstrap=0,
+                    expert_bytes=[spec.expert_bytes(layer, args.dtype) for layer in range(spec.L)]).u
+    device = device_name()
+    impl = {k: implementation(k, torch_dtype(args.dtype)) if engine_of(k) == "moespec" else engine_of(k)
+            for k in kinds}
+    out = console()
+    out.print(f"moespec bench: {spec.name} {args.dtype} on {device}; MoE layers {', '.join(map(str, layers))}; "
+              f"n = {', '.join(map(str, ns))}; kernels {', '.join(f'{k} ({impl[k]})' for k in kinds)}")
+    for name, why in skipped.items():
+        out.print(f"skipped {name}: it cannot run {args.dtype} here ({why})")
+    out.print(f"trace: {trace_info['note']}")
+    if not args.resume and checkpoint.path.exists():
+        out.print(f"starting over: {checkpoint.path} holds units of an earlier run (--resume continues it)")
+    before = measure_stream_read()
+    first, first_iqr = median_iqr(before)
+    out.print(f"ceiling: streaming read {first:.1f} GB/s (IQR {first_iqr:.1f})")
+    nbytes = _measure(spec, args, kinds, plan, checkpoint, first, out)
+    after = measure_stream_read()  # the ceiling is the median over reads before and after: drift shows in its IQR
+    ceiling, ceiling_iqr = median_iqr(before + after)
+
+    units = {key: checkpoint.units[Checkpoint.key(*key, list(kinds))] for key in plan}
+    b = {layer: spec.expert_bytes(layer, args.dtype) for layer in layers}
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
+           "device": device, "dtype": args.dtype, "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
+           "ceiling_before_after_gbps": [first, median_iqr(after)[0]],
+           "layers": layers, "n": ns, "expert_bytes": {str(layer): b[layer] for layer in layers},
+           **analyze(units, kinds, spec.m, b, layers, ns, {n: float(u[n]) for n in ns}),
+           "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
+           "protocol": {"reps": args.reps, "windows": args.windows, "u_values": args.u_values, "seed": args.seed,
+                        "flush_bytes": nbytes, "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
+           "skipped_kernels": skipped, "noisy": noise(units), "provenance": provenance(device, args.dtype)}
+    for kernel in kinds:
+        doc["kernels"][kernel]["implementation"] = impl[kernel]
+    doc["elapsed_s"] = time.perf_counter() - started
+    write_json(args.out, doc)
+    checkpoint.remove()
+    _report(doc, args, out)
+    return 0

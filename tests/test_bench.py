@@ -1,0 +1,396 @@
+"""moespec bench: chosen ids, fits on synthetic timings, crossover, bench.json round trip and validation, and an
+end-to-end run on a tiny model (with interrupt and resume). No assertion depends on how fast anything runs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from moespec import MoespecError, bench, cli
+from moespec.benchfile import load_bench
+from moespec.fits import analyze, crossover, engine_of, fit_time, requested_bytes
+from moespec.io import write_json
+from moespec.spec import ModelSpec, resolve
+from moespec.synth import synthesize
+from moespec.trace import Trace
+
+# A tiny OLMoE-class layer: N = 8 experts, m = 2, hidden 64, width 32 (an expert is 12 KiB in bf16).
+TINY_CONFIG = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "num_experts": 8,
+               "num_experts_per_tok": 2, "intermediate_size": 32, "vocab_size": 100, "num_attention_heads": 4}
+# Few reps, windows and U values keep the smoke run to ~1 s of timed calls (each after a 64 MiB flush).
+SMOKE_ARGS = ["--n", "1-3", "--layers", "0,1", "--reps", "1", "--windows", "2", "--u-values", "3"]
+SMOKE_UNITS = 6  # 2 layers x 3 pass sizes
+
+
+# ---- chosen ids ------------------------------------------------------------------------------------------
+@st.composite
+def union_cases(draw: st.DrawFn) -> tuple[int, int, int, int]:
+    N = draw(st.integers(2, 70))  # noqa: N806
+    m = draw(st.integers(1, N - 1))
+    n = draw(st.integers(1, 12))
+    return n, m, N, draw(st.sampled_from(bench.union_range(n, m, N)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(union_cases(), st.integers(0, 2**32 - 1))
+@example((9, 6, 7, 7), 0)  # m = N - 1, prime N, every expert named
+@example((9, 6, 7, 6), 1)  # m = N - 1, all tokens on the same experts
+@example((5, 4, 13, 13), 2)  # prime N, U = N < n m
+@example((1, 8, 64, 8), 3)  # n = 1
+@example((9, 8, 64, 64), 4)  # OLMoE's largest pass naming all experts
+def test_chosen_ids_name_exactly_u_experts_with_valid_tokens(case: tuple[int, int, int, int], seed: int) -> None:
+    n, m, N, U = case  # noqa: N806
+    ids = bench.chosen_ids(n, m, N, U, np.random.default_rng(seed))
+    assert ids.shape == (n, m) and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < N
+    assert all(len(set(row)) == m for row in ids.tolist())  # every token names m distinct experts
+    assert np.unique(ids).size == U
+
+
+@settings(max_examples=100, deadline=None)
+@given(union_cases())
+def test_chosen_ids_reject_unreachable_u(case: tuple[int, int, int, int]) -> None:
+    n, m, N, _ = case  # noqa: N806
+    for U in (m - 1, min(n * m, N) + 1, 0):  # noqa: N806
+        with pytest.raises(MoespecError, match="unreachable"):
+            bench.chosen_ids(n, m, N, U, np.random.default_rng(0))
+
+
+def test_chosen_ids_randomize_which_experts() -> None:
+    rng = np.random.default_rng(0)
+    sets = {frozenset(bench.chosen_ids(3, 8, 64, 12, rng).ravel().tolist()) for _ in range(20)}
+    assert len(sets) > 10
+
+
+@pytest.mark.parametrize("n, m, N, size, expected", [
+    (2, 8, 64, 8, [8, 9, 10, 11, 13, 14, 15, 16]),  # 9 reachable values, 8 asked: spread, both ends
+    (2, 8, 64, 20, list(range(8, 17))),  # fewer reachable than asked: all of them
+    (9, 8, 64, 3, [8, 36, 64]),
+    (1, 8, 64, 8, [8]),  # one token: U = m only
+])
+def test_union_grid_spreads_evenly_with_both_ends(n: int, m: int, N: int, size: int,  # noqa: N803
+                                                   expected: list[int]) -> None:
+    assert bench.union_grid(n, m, N, size) == expected
+
+
+# ---- fits on synthetic timings ----------------------------------------------------------------------------
+M, N_EXPERTS, B = 8, 64, 12_582_912  # OLMoE: one bf16 expert is 12.6 MB
+SLOT_TRUE = (2e-4, 1 / 25e9, 0.3 / 25e9)  # t_op, c_u, c_re: first reads at 25 GB/s, re-read cost 0.3
+DEDUP_TRUE = (3e-4, 1 / 20e9, 5e-5)  # t_op, c_g, c_t: union bytes at 20 GB/s, 50 us per token
+
+
+def _chosen_passes(ns: range) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [(n, U) for n in ns for U in bench.union_grid(n, M, N_EXPERTS, 8)]  # noqa: N806
+    return np.array([p[0] for p in pairs], float), np.array([p[1] for p in pairs], float)
+
+
+def _true_time(kind: str, n: np.ndarray, U: np.ndarray) -> np.ndarray:  # noqa: N803
+    t_op, c1, c2 = SLOT_TRUE if kind == "slot" else DEDUP_TRUE
+    return t_op + c1 * U * B + c2 * ((n * M - U) * B if kind == "slot" else n)
+
+
+@pytest.mark.parametrize("kind, truth", [("slot", SLOT_TRUE), ("dedup", DEDUP_TRUE)])
+def test_fits_recover_known_constants(kind: str, truth: tuple[float, float, float]) -> None:
+    n, U = _chosen_passes(range(2, 10))  # noqa: N806
+    noise = 1 + 0.002 * np.random.default_rng(0).standard_normal(n.size)  # 0.2% timing noise
+    fit = fit_time(kind, n, U, _true_time(kind, n, U) * noise, M, B)
+    assert fit is not None and fit.passes == n.size
+    assert fit.coef[1] == pytest.approx(truth[1], rel=0.02)
+    assert fit.coef[2] == pytest.approx(truth[2], rel=0.1)
+    assert fit.coef[0] == pytest.approx(truth[0], abs=2e-4)  # t_op is small beside ~30 ms passes
+    if kind == "slot":
+        assert fit.to_json()["re_read_cost"] == pytest.approx(0.3, abs=0.03)
+    exact = fit_time(kind, n, U, _true_time(kind, n, U), M, B)
+    assert np.allclose(exact.coef, truth, rtol=1e-6, atol=1e-12)
+    assert exact.median_relative_error(n, U, _true_time(kind, n, U)) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["slot", "dedup"])
+def test_fit_needs_two_pass_sizes(kind: str) -> None:
+    n, U = _chosen_passes(range(4, 5))  # noqa: N806
+    assert fit_time(kind, n, U, _true_time(kind, n, U), M, B) is None
+
+
+@pytest.mark.parametrize("u, r, expected", [
+    ({1: 1.0, 2: 0.8, 3: 0.7, 4: 0.6, 5: 0.5}, {1: 1.0, 2: 0.6, 3: 0.6, 4: 0.61, 5: 0.6}, 4),
+    ({2: 0.8, 3: 0.7, 4: 0.6, 5: 0.5}, {2: 0.75, 3: 0.6, 4: 0.65, 5: 0.45}, None),  # fails again at n = 5
+    ({2: 0.8, 3: 0.5, 4: 0.6, 5: 0.5}, {2: 0.6, 3: 0.6, 4: 0.55, 5: 0.6}, 5),  # holds at 3, fails at 4
+    ({1: 1.0, 2: 0.8, 3: 0.7}, {1: 1.2, 2: 0.9, 3: 0.9}, 2),  # n = 1 never counts
+    ({1: 1.0, 2: 0.8}, {1: 1.2, 2: 0.8}, None),  # equality is not faster
+    ({2: 0.8}, {}, None),
+])
+def test_crossover(u: dict[int, float], r: dict[int, float], expected: int | None) -> None:
+    assert crossover(u, r) == expected
+
+
+def _synthetic_units(layers: list[int], ns: list[int], slow_dedup: float) -> dict:
+    """Timed units whose every time follows the true fits exactly (dedup scaled by slow_dedup on windows)."""
+    rng = np.random.default_rng(1)
+    units = {}
+    for layer in layers:
+        for n in ns:
+            rows = [("chosen", U) for U in bench.union_grid(n, M, N_EXPERTS, 8)]  # noqa: N806
+            rows += [("window", int(U)) for U in rng.integers(M, min(n * M, N_EXPERTS) + 1, size=4)]  # noqa: N806
+            passes = []
+            for source, U in rows:  # noqa: N806
+                t = {k: float(_true_time(k, np.array(n), np.array(U))) for k in ("slot", "dedup")}
+                if source == "window":
+                    t["dedup"] *= slow_dedup
+                passes.append({"source": source, "U": U, "median_s": t, "iqr_s": {k: 0.0 for k in t}}
+                              | ({"start": 0} if source == "window" else {}))
+            units[layer, n] = {"passes": passes}
+    return units
+
+
+def test_analyze_on_exact_timings() -> None:
+    layers, ns = [0, 7], list(range(1, 10))
+    u = {n: 1.0 if n == 1 else 1.0 - 0.06 * n for n in ns}
+    doc = analyze(_synthetic_units(layers, ns, 1.0), {"slot": "slot", "dedup": "dedup"}, M, {0: B, 7: B}, layers,
+                  ns, u)
+    assert doc["eps"] == pytest.approx({"slot": 0.0, "dedup": 0.0}, abs=1e-9)
+    assert doc["eps_engine"]["moespec"] == pytest.approx(0.0, abs=1e-9)
+    fit = doc["fits"]["7"]["slot"]
+    assert fit["equation"] == "(4)" and fit["re_read_cost"] == pytest.approx(0.3)
+    assert doc["fits"]["0"]["dedup"]["c_t_s_per_token"] == pytest.approx(DEDUP_TRUE[2])
+    # beta on requested bytes at n = 1 (U = m): m b / (t_op + c_u m b), the same for both byte models there
+    t1 = SLOT_TRUE[0] + SLOT_TRUE[1] * M * B
+    assert doc["kernels"]["slot"]["beta_gbps"]["1"] == pytest.approx(M * B / t1 / 1e9)
+    r = {int(n): v for n, v in doc["r"].items()}
+    assert doc["crossover"] == crossover(u, r)
+    per = doc["per_layer"]["0"]
+    assert per["one_token_s"] == {"kernel": "slot", "measured_s": pytest.approx(t1), "predicted_s": pytest.approx(t1)}
+    assert per["kernels"]["dedup"]["5"]["predicted_mean_s"] == pytest.approx(per["kernels"]["dedup"]["5"][
+        "measured_mean_s"])
+
+
+def test_analyze_scores_fits_on_windows_they_did_not_see() -> None:
+    layers, ns = [0], list(range(1, 6))
+    doc = analyze(_synthetic_units(layers, ns, 1.1), {"slot": "slot", "dedup": "dedup"}, M, {0: B}, layers, ns,
+                  {n: 0.5 for n in ns})
+    assert doc["eps"]["dedup"] == pytest.approx(0.1 / 1.1)  # windows run 10% slower than the fit predicts
+    assert doc["eps"]["slot"] == pytest.approx(0.0, abs=1e-9)
+    assert doc["eps_engine"]["moespec"] == pytest.approx(0.1 / 1.1)
+
+
+def test_requested_bytes() -> None:
+    assert requested_bytes("slot", 3, 10, M, B) == 3 * M * B
+    assert requested_bytes("dedup", 3, 10, M, B) == 10 * B
+
+
+# ---- arguments -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [("1-9", list(range(1, 10))), ("2", [2]), ("9,1,2,2", [1, 2, 9])])
+def test_parse_ns(text: str, expected: list[int]) -> None:
+    assert bench.parse_ns(text) == expected
+
+
+def test_kernels_that_cannot_run_are_skipped_by_all_and_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from moespec import kernels
+
+    def fp32_only(x, ids, weights, gate_up, *rest):
+        if gate_up.dtype != torch.float32:
+            raise MoespecError("runs float32 only")
+        return kernels.KERNELS["slot"].run(x, ids, weights, gate_up, *rest)
+
+    ours = {k: v for k, v in kernels.KERNELS.items() if engine_of(k) == "moespec"}
+    monkeypatch.setattr(kernels, "KERNELS", ours | {"fake-fp32": kernels.Kernel("fake-fp32", "slot", fp32_only, "")})
+    spec = ModelSpec.from_name("olmoe-1b-7b")  # probed on a tiny layer of its structure, not its real size
+    assert bench.parse_kernels("all", spec, "bf16") == (["slot", "dedup"], {"fake-fp32": "runs float32 only"})
+    assert bench.parse_kernels("all", spec, "fp32") == (["slot", "dedup", "fake-fp32"], {})
+    with pytest.raises(MoespecError, match="kernel fake-fp32 cannot run olmoe-1b-7b experts in bf16 here"):
+        bench.parse_kernels("dedup,fake-fp32", spec, "bf16")
+
+
+def test_engine_of() -> None:
+    assert [engine_of(k) for k in ("slot", "dedup", "hf-eager", "mlx-sorted", "ggml-mul_mat_id")] == \
+        ["moespec", "moespec", "transformers", "mlx-lm", "llama.cpp ggml"]
+
+
+def test_default_layers_are_first_and_before_middle() -> None:
+    assert bench.parse_layers(None, ModelSpec.from_name("olmoe-1b-7b")) == [0, 7]
+    assert bench.parse_layers(None, ModelSpec.from_name("deepseek-v2-lite")) == [0, 12]  # decoder layers 1, 13
+
+
+def test_default_trace_is_synthesized_and_says_so() -> None:
+    spec = ModelSpec.from_name("olmoe-1b-7b")
+    trace, info = bench.bench_trace(spec, None, 0)
+    assert trace.meta["model"] == spec.name and info["synthetic"] and info["path"] is None
+    assert "no --trace given: synthesized the calibrated default" in info["note"]
+    with pytest.raises(MoespecError, match="no --trace given"):
+        bench.bench_trace(ModelSpec.from_name("mixtral-8x7b"), None, 0)
+
+
+# ---- end to end on a tiny model ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    model = root / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_CONFIG))
+    synthesize(str(model), "uniform", 300, 3, seed=0).save(root / "trace.npz")
+    other = root / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(TINY_CONFIG))
+    synthesize(str(other), "uniform", 100, 2, seed=0).save(root / "other.npz")
+    big = synthesize("olmoe-1b-7b", "uniform", 100, 2, seed=0)  # N = 64, 16 layers, named by no model
+    Trace.from_arrays(big.experts, big.doc_starts, big.num_experts).save(root / "big.npz")
+    return {"root": root, "model": model, "trace": root / "trace.npz", "other": root / "other.npz",
+            "big": root / "big.npz"}
+
+
+def _bench(tiny: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return ["bench", "--model", str(tiny["model"]), "--trace", str(tiny["trace"]), *SMOKE_ARGS, "--out", str(out),
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def smoke(tiny: dict[str, Path]) -> dict[str, object]:
+    out = tiny["root"] / "bench.json"
+    plot = tiny["root"] / "figure2.png"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = cli.main(_bench(tiny, out, "--plot", str(plot)))
+    return {"rc": rc, "out": out, "plot": plot, "last": stdout.getvalue().strip().splitlines()[-1]}
+
+
+def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str, Path]) -> None:
+    assert smoke["rc"] == 0
+    doc = load_bench(smoke["out"])
+    assert doc["model"] == "tiny" and doc["dtype"] == "bf16" and doc["layers"] == [0, 1] and doc["n"] == [1, 2, 3]
+    assert doc["ceiling_gbps"] > 0 and doc["device"].startswith("cpu")
+    assert set(doc["kernels"]) == {"slot", "dedup"} and set(doc["r"]) == {"1", "2", "3"}
+    assert doc["u"]["1"] == 1.0 and doc["u"]["3"] < doc["u"]["2"] < 1
+    assert set(doc["eps"]) <= {"slot", "dedup"} and set(doc["fits"]) == {"0", "1"}
+    assert doc["crossover"] in (None, 2, 3)
+    assert [row["U"] for row in doc["chosen"]["0"]["3"]] == bench.union_grid(3, 2, 8, 3)
+    windows = doc["windows"]["1"]["2"]
+    assert len(windows) == 2 and all(row["U"] in bench.union_range(2, 2, 8) for row in windows)
+    assert doc["trace"]["path"] == str(tiny["trace"]) and doc["provenance"]["dtype"] == "bf16"
+    assert not Path(f"{smoke['out']}.partial").exists()
+    assert Path(smoke["plot"]).stat().st_size > 0
+    summary = json.loads(smoke["last"])  # the command ends with one JSON line
+    assert summary["out"] == str(smoke["out"]) and set(summary["beta_gbps"]) == {"slot", "dedup"}
+
+
+def test_bench_json_round_trips(smoke: dict[str, object], tmp_path: Path) -> None:
+    doc = load_bench(smoke["out"])
+    write_json(tmp_path / "again.json", doc)
+    assert load_bench(tmp_path / "again.json") == doc
+    assert (tmp_path / "again.json").read_text() == Path(smoke["out"]).read_text()
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda d: d.pop("ceiling_gbps"), "missing key 'ceiling_gbps'"),
+    (lambda d: d.update(format_version=99), "version 99 is not supported"),
+    (lambda d: d.update(format="other"), "not a moespec bench file"),
+    (lambda d: d["kernels"]["slot"]["beta_gbps"].update({"2": -1.0}), "must be a positive number"),
+    (lambda d: d["r"].update({"0": 1.0}), "not a timed pass size"),
+    (lambda d: d["u"].update({"x": 0.5}), "not a timed pass size"),
+    (lambda d: d.update(model="olmoe-1b-7b"), "differs from its spec"),
+    (lambda d: d.update(dtype="int4"), "dtype 'int4'"),
+    (lambda d: d.update(crossover="3"), "crossover has the wrong type"),
+    (lambda d: d.update(crossover=7), "crossover 7 is not a timed pass size"),
+    (lambda d: d.update(n=[0, 1]), "pass sizes >= 1"),
+    (lambda d: d.update(eps={"slot": -0.1}), "must be a number >= 0"),
+])
+def test_load_bench_rejects(smoke: dict[str, object], tmp_path: Path, change, problem: str) -> None:
+    doc = json.loads(Path(smoke["out"]).read_text())
+    change(doc)
+    path = tmp_path / "bad.json"
+    write_json(path, doc)
+    with pytest.raises(MoespecError, match=problem) as err:
+        load_bench(path)
+    assert str(path) in str(err.value)
+
+
+def test_load_bench_rejects_non_json(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(MoespecError, match="not readable JSON"):
+        load_bench(tmp_path / "x.json")
+    with pytest.raises(MoespecError, match="no such bench file"):
+        load_bench(tmp_path / "missing.json")
+
+
+def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "bench.json"
+    timed: list[tuple[int, int]] = []  # (layer, n) of every unit timed to the end
+    record, time_unit = bench.unit_record, bench._time_unit
+    monkeypatch.setattr(bench, "unit_record", lambda layer, n, *rest: timed.append((layer, n)) or
+                        record(layer, n, *rest))
+
+    def interrupt_after_two_units(*args, **kwargs):
+        if len(timed) == 2:
+            raise KeyboardInterrupt
+        return time_unit(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_unit", interrupt_after_two_units)
+    assert cli.main(_bench(tiny, out)) == 130
+    partial = json.loads(Path(f"{out}.partial").read_text())
+    assert len(partial["units"]) == 2 and not out.exists()
+
+    first, timed[:] = list(timed), []
+    monkeypatch.setattr(bench, "_time_unit", time_unit)
+    assert cli.main(_bench(tiny, out, "--resume")) == 0
+    assert len(timed) == SMOKE_UNITS - 2 and not set(first) & set(timed)  # finished units are not re-timed
+    doc = load_bench(out)
+    assert len(doc["windows"]["0"]) == 3 and not Path(f"{out}.partial").exists()
+
+
+def test_resume_refuses_other_settings(tiny: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    write_json(f"{out}.partial", {"format": bench.PARTIAL_FORMAT, "config": {"reps": 9}, "units": {}})
+    assert cli.main(_bench(tiny, out, "--resume")) == 2
+    assert "made with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--kernels", "slot,fast"], "unknown kernel 'fast'"),
+    (["--kernels", "reference"], "unknown kernel 'reference'"),
+    (["--n", "0-3"], "must be >= 1"),
+    (["--n", "5-2"], "empty range"),
+    (["--n", "1-x"], "give a range like 1-9"),
+    (["--layers", "0,2"], "layer 2 outside 0..1"),
+    (["--trace", "/nonexistent/trace.npz"], "no such trace file"),
+    (["--trace", "OTHER"], "a trace of other, not of tiny"),
+    (["--trace", "BIG"], "routes N=64, m=8, L=16 but tiny has N=8, m=2, L=2"),
+    (["--n", "1-200"], "no window of 101 tokens"),
+    (["--reps", "0"], "--reps must be >= 1"),
+    (["--plot", "figure.gif"], "must end in"),
+])
+def test_bad_input_exits_2_with_one_line(tiny: dict[str, Path], tmp_path: Path, capsys, args: list[str],
+                                         problem: str) -> None:
+    args = [{"OTHER": str(tiny["other"]), "BIG": str(tiny["big"])}.get(a, a) for a in args]
+    assert cli.main(_bench(tiny, tmp_path / "b.json", *args)) == 2
+    err = capsys.readouterr().err
+    assert problem in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_unknown_model_or_dtype_exits_2(capsys) -> None:
+    assert cli.main(["bench", "--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "neither a preset" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--dtype", "int4"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_weights_have_the_spec_bytes() -> None:
+    tiny_oss = dataclasses.replace(resolve("gpt-oss-20b"), name="tiny-oss", hidden=16, expert_width=8)
+    layer = bench.layer_weights(tiny_oss, 0, "bf16", seed=0)
+    from moespec.kernels import GPT_OSS, expert_bytes
+
+    assert layer.act == GPT_OSS and layer.gate_up_bias is not None
+    assert expert_bytes(layer.gate_up, layer.down, layer.gate_up_bias, layer.down_bias) == \
+        tiny_oss.expert_bytes(0, "bf16")

@@ -1,0 +1,296 @@
+"""Every expert kernel (ours, native and fallback, and the installed peers) against the float64 reference on
+edge shapes, plus the byte model, the layout conversion of transformers' experts modules and the helpers.
+
+Tolerances, on the largest absolute error divided by the largest absolute reference output:
+- fp32: 1e-5 for every kernel (all accumulate in fp32; observed ~4e-7);
+- bf16, our native kernels: 8e-3 (fp32 accumulation, one rounding of the output to bf16: <= 2^-9 each);
+- bf16, pure-torch fallback and HF peers: 3e-2 (they round the gate/up products, h and each slot's output
+  to bf16 on the way, a few 2^-9 roundings compounded).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moespec import MoespecError, kernels as K, native
+
+TOL = {
+    ("native", torch.float32): 1e-5, ("native", torch.bfloat16): 8e-3,
+    ("torch", torch.float32): 1e-5, ("torch", torch.bfloat16): 3e-2,
+    ("peer", torch.float32): 1e-5, ("peer", torch.bfloat16): 3e-2,
+}
+DTYPES = [torch.float32, torch.bfloat16]
+HF = ["hf-batched_mm", "hf-grouped_mm", "hf-eager"]
+
+# (name, n, m, N, d, f, same_ids): n = 1; all tokens on the same experts; m = N - 1; prime N; up to n = 9;
+# d and f not multiples of the SIMD width; a shape with several row tasks and chunks per matrix; a hidden
+# size wide enough to be split in column blocks; OLMoE's ratios at small size.
+SHAPES = [
+    ("n1_prime7", 1, 2, 7, 37, 13, False),
+    ("same_experts", 9, 4, 13, 48, 24, True),
+    ("m_is_N_minus_1", 5, 6, 7, 40, 16, False),
+    ("prime13_odd", 9, 3, 13, 67, 29, False),
+    ("n9_olmoe_like", 9, 8, 64, 64, 32, False),
+    ("many_tasks", 4, 2, 5, 1030, 515, True),
+    ("wide_hidden", 7, 2, 3, 3000, 24, True),
+]
+
+
+def make(n, m, N, d, f, dtype, same=False, bias=False, seed=0):
+    """Random inputs with unit-scale activations: x ~ N(0, 1), weights ~ N(0, 1/fan_in)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(N, generator=g)[:m] for _ in range(n)])
+    if same:
+        ids = ids[:1].repeat(n, 1)
+    weights = torch.rand(n, m, generator=g).to(dtype)
+    gate_up = (torch.randn(N, 2 * f, d, generator=g) / d**0.5).to(dtype)
+    down = (torch.randn(N, d, f, generator=g) / f**0.5).to(dtype)
+    gub = torch.randn(N, 2 * f, generator=g).to(dtype) if bias else None
+    db = torch.randn(N, d, generator=g).to(dtype) if bias else None
+    return x, ids, weights, gate_up, down, gub, db
+
+
+def ours_tol(dtype: torch.dtype) -> float:
+    """Our kernels' tolerance: native when the library runs here, else the torch fallback's."""
+    return TOL[K.implementation("slot", dtype), dtype]
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def run_hf(kernel, *args, act=K.SILU):
+    """A peer's output, or a skip when torch's CPU grouped_mm refuses the shape (its own limitation:
+    operand strides must be multiples of 16 bytes, so d and f must be multiples of 8 in bf16, 4 in fp32)."""
+    try:
+        return K.expert_op(kernel, *args, act=act)
+    except RuntimeError as err:
+        if kernel == "hf-grouped_mm" and "multiple of 16" in str(err):
+            pytest.skip(f"torch grouped_mm on CPU: {err}")
+        raise
+
+
+@pytest.fixture
+def torch_fallback(monkeypatch):
+    """Runs our kernels as if the native library were unavailable."""
+    monkeypatch.setattr(native, "load", lambda: None)
+    assert K.implementation("slot") == "torch"
+
+
+def test_native_builds_here():
+    if native._cpu_supported() or native._compiler() is None or os.environ.get("MOESPEC_NATIVE") == "0":
+        pytest.skip(f"no native kernels on this machine: {native.status()}")
+    assert native.load() is not None, native.status()
+    assert K.implementation("slot", torch.bfloat16) == "native"
+    assert K.implementation("dedup", torch.float32) == "native"
+    assert K.implementation("dedup", torch.float16) == "torch"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+def test_ours_native_match_reference(kernel, shape, dtype):
+    _, n, m, N, d, f, same = shape
+    args = make(n, m, N, d, f, dtype, same)
+    ref = K.reference_float64(*args)
+    y = K.expert_op(kernel, *args)
+    assert y.dtype == dtype and y.shape == (n, d)
+    assert rel_err(y, ref) < ours_tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", [K.SILU, K.GPT_OSS], ids=["silu", "gpt-oss"])
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+def test_ours_native_biases_and_activations(kernel, act, dtype):
+    args = make(6, 3, 7, 45, 21, dtype, bias=True, seed=3)
+    ref = K.reference_float64(*args, act=act)
+    assert rel_err(K.expert_op(kernel, *args, act=act), ref) < ours_tol(dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_native_thread_counts_agree(threads):
+    args = make(9, 4, 11, 1030, 200, torch.float32, seed=5)
+    ref = K.reference_float64(*args)
+    for kernel in ("slot", "dedup"):
+        assert rel_err(K.expert_op(kernel, *args, threads=threads), ref) < ours_tol(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=[s[0] for s in SHAPES[:5]])
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+def test_ours_fallback_match_reference(torch_fallback, kernel, shape, dtype):
+    _, n, m, N, d, f, same = shape
+    args = make(n, m, N, d, f, dtype, same, bias=True)
+    for act in (K.SILU, K.GPT_OSS):
+        ref = K.reference_float64(*args, act=act)
+        assert rel_err(K.expert_op(kernel, *args, act=act), ref) < TOL["torch", dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=[s[0] for s in SHAPES[:5]])
+@pytest.mark.parametrize("kernel", HF)
+def test_hf_peers_match_reference(kernel, shape, dtype):
+    _, n, m, N, d, f, same = shape
+    args = make(n, m, N, d, f, dtype, same)
+    ref = K.reference_float64(*args)
+    assert rel_err(run_hf(kernel, *args), ref) < TOL["peer", dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kernel", HF)
+def test_hf_peers_gpt_oss_with_biases(kernel, dtype):
+    args = make(5, 2, 7, 40, 24, dtype, bias=True, seed=1)
+    ref = K.reference_float64(*args, act=K.GPT_OSS)
+    assert rel_err(run_hf(kernel, *args, act=K.GPT_OSS), ref) < TOL["peer", dtype]
+
+
+def test_hf_silu_peers_refuse_biases():
+    with pytest.raises(MoespecError, match="biases"):
+        K.expert_op("hf-eager", *make(2, 2, 5, 16, 8, torch.float32, bias=True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 9), N=st.integers(2, 17), d=st.integers(1, 70), f=st.integers(1, 40),
+       bf16=st.booleans(), dedup=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_native_random_shapes(n, N, d, f, bf16, dedup, bias, seed):
+    m = 1 + seed % (N - 1)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    args = make(n, m, N, d, f, dtype, same=seed % 3 == 0, bias=bias, seed=seed)
+    act = K.GPT_OSS if seed % 2 else K.SILU
+    ref = K.reference_float64(*args, act=act)
+    if ref.abs().max() == 0:
+        return
+    y = K.expert_op("dedup" if dedup else "slot", *args, act=act)
+    assert rel_err(y, ref) < ours_tol(dtype)
+
+
+def test_mixed_dtypes_and_int32_ids():
+    x, ids, w, gu, dn, _, _ = make(4, 3, 9, 33, 17, torch.bfloat16)
+    ref = K.reference_float64(x.float(), ids, w.float(), gu, dn)
+    for kernel in ("slot", "dedup"):
+        y = K.expert_op(kernel, x.float(), ids.to(torch.int32), w.float(), gu, dn)
+        assert y.dtype == torch.float32
+        assert rel_err(y, ref) < ours_tol(torch.bfloat16)
+
+
+@pytest.mark.parametrize("kernel", list(K.KERNELS))
+def test_bad_ids_and_shapes_are_rejected(kernel):
+    x, ids, w, gu, dn, _, _ = make(2, 2, 5, 16, 8, torch.float32)
+    with pytest.raises(MoespecError, match="ids"):
+        K.expert_op(kernel, x, ids + 5, w, gu, dn)
+    with pytest.raises(MoespecError):
+        K.expert_op(kernel, x, ids, w, gu, dn[:, :, :7])
+    with pytest.raises(MoespecError):
+        K.expert_op(kernel, x, ids.float(), w, gu, dn)
+
+
+def test_unknown_kernel_and_activation():
+    with pytest.raises(MoespecError, match="unknown kernel"):
+        K.expert_op("nope", *make(1, 1, 2, 4, 4, torch.float32))
+    with pytest.raises(MoespecError, match="activation"):
+        K.Activation("relu")
+
+
+def test_requested_bytes():
+    x, ids, w, gu, dn, gub, db = make(3, 2, 6, 16, 8, torch.bfloat16, bias=True)
+    ids = torch.tensor([[0, 1], [1, 2], [0, 1]])
+    b = (2 * 8 * 16 + 16 * 8 + 2 * 8 + 16) * 2
+    assert K.expert_bytes(gu, dn, gub, db) == b
+    assert K.distinct_experts(ids) == 3
+    for kernel in ("slot", "hf-batched_mm", "reference"):
+        assert K.requested_bytes(kernel, ids, gu, dn, gub, db) == 6 * b
+    for kernel in ("dedup", "hf-grouped_mm", "hf-eager"):
+        assert K.requested_bytes(kernel, ids, gu, dn, gub, db) == 3 * b
+
+
+def test_registry():
+    assert {"reference", "slot", "dedup", "hf-batched_mm", "hf-grouped_mm", "hf-eager"} <= set(K.KERNELS)
+    assert all(k.kind in ("slot", "dedup") for k in K.KERNELS.values())
+
+
+def test_from_hf_experts_olmoe_shares_weights():
+    from transformers import OlmoeConfig
+    from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
+
+    torch.manual_seed(0)
+    module = OlmoeExperts(OlmoeConfig(hidden_size=24, intermediate_size=8, num_experts=5))
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    gate_up, down, gub, db, act = K.from_hf_experts(module)
+    assert gate_up.data_ptr() == module.gate_up_proj.data_ptr() and gub is None and db is None and act == K.SILU
+    x, ids, w = torch.randn(4, 24), torch.tensor([[0, 1], [2, 4], [1, 3], [4, 0]]), torch.rand(4, 2)
+    with torch.no_grad():
+        hf = module(x, ids, w)
+    assert rel_err(hf, K.reference_float64(x, ids, w, gate_up, down, act=act)) < 1e-5
+
+
+def test_from_hf_experts_gpt_oss_layout():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    torch.manual_seed(0)
+    config = GptOssConfig(hidden_size=24, intermediate_size=8, num_local_experts=5)
+    config._experts_implementation = "eager"
+    module = GptOssExperts(config)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    gate_up, down, gub, db, act = K.from_hf_experts(module)
+    assert gate_up.shape == (5, 16, 24) and down.shape == (5, 24, 8) and act.kind == "gpt-oss"
+    x, ids, w = torch.randn(4, 24), torch.tensor([[0, 1], [2, 4], [1, 3], [4, 0]]), torch.rand(4, 2)
+    with torch.no_grad():
+        hf = module(x, ids, w)
+    ref = K.reference_float64(x, ids, w, gate_up, down, gub, db, act=act)
+    assert rel_err(hf, ref) < 1e-5
+    assert rel_err(K.expert_op("dedup", x, ids, w, gate_up, down, gub, db, act=act), ref) < 1e-5
+
+
+def test_measurement_helpers():
+    samples = K.measure_stream_read(nbytes=8 << 20, repeats=3)
+    assert len(samples) == 3 and all(s > 0 for s in samples)
+    K.CacheFlusher(nbytes=1 << 20)()
+    assert K.median_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0)
+
+
+MLX = [k for k in ("mlx-gather", "mlx-sorted") if k in K.KERNELS]
+
+
+@pytest.mark.skipif(not MLX, reason="optional peer: pip install 'mlx[cpu]' mlx-lm")
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=[s[0] for s in SHAPES[:5]])
+@pytest.mark.parametrize("kernel", MLX or ["mlx"])
+def test_mlx_peers_match_reference(kernel, shape):
+    _, n, m, N, d, f, same = shape
+    for act, bias in ((K.SILU, False), (K.GPT_OSS, True)):
+        args = make(n, m, N, d, f, torch.float32, same, bias=bias)
+        ref = K.reference_float64(*args, act=act)
+        assert rel_err(K.expert_op(kernel, *args, act=act), ref) < TOL["peer", torch.float32]
+
+
+@pytest.mark.skipif(not MLX, reason="optional peer: pip install 'mlx[cpu]' mlx-lm")
+def test_mlx_peers_refuse_bf16_on_cpu():
+    with pytest.raises(MoespecError, match="float32"):
+        K.expert_op(MLX[0], *make(2, 2, 5, 16, 8, torch.bfloat16))
+
+
+@pytest.mark.skipif("ggml-mul_mat_id" not in K.KERNELS, reason="optional peer: pip install ggml-python")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=[s[0] for s in SHAPES[:5]])
+def test_ggml_peer_matches_reference(shape, dtype):
+    _, n, m, N, d, f, same = shape
+    for act, bias in ((K.SILU, False), (K.GPT_OSS, True)):
+        args = make(n, m, N, d, f, dtype, same, bias=bias)
+        ref = K.reference_float64(*args, act=act)
+        assert rel_err(K.expert_op("ggml-mul_mat_id", *args, act=act), ref) < TOL["peer", dtype]
+
+
+def test_biases_in_another_dtype_are_converted():
+    x, ids, w, gu, dn, gub, db = make(3, 2, 5, 24, 16, torch.bfloat16, bias=True, seed=2)
+    ref = K.reference_float64(x, ids, w, gu, dn, gub, db)
+    for kernel in ("slot", "dedup"):
+        y = K.expert_op(kernel, x, ids, w, gu, dn, gub.float(), db.double())
+        assert rel_err(y, ref) < ours_tol(torch.bfloat16)
