@@ -41,6 +41,7 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.io import atomic_write, plot_format, progress, provenance
+from moespec.io import console as console_
 from moespec.spec import ModelSpec, check_format
 from moespec.trace import Trace, chunk_masks, load_trace, popcount
 
@@ -53,7 +54,6 @@ _CHUNK_TOKENS = 2048
 # Bootstrap resamples per matrix product: caps the [resamples, D] count matrix at 2^24 entries (128 MB).
 _BOOT_ENTRIES = 1 << 24
 DEFAULT_FORMAT = "bf16"  # weight format for byte quantities when a trace names a model
-_PIPE_WIDTH = 120  # columns of the summary table when stdout is not a terminal (rich would assume 80 and wrap)
 
 
 # quantities derived from rho and union by `derive`, in the order they are reported
@@ -311,7 +311,6 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:
     """A rich table: per n, the layer-mean reuse with its interval, the uniform value and the byte quantities."""
-    from rich.console import Console
     from rich.table import Table
 
     meta = trace.meta
@@ -334,7 +333,7 @@ def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:
         table.add_row(str(n), f"{stats.rho_mean[n]:.3f}", interval, f"{uniform[n]:.3f}", f"{stats.union_mean[n]:.2f}",
                       f"{stats.u[n]:.3f}", f"{stats.E_slot[n] / scale:.4g}", f"{stats.E_dedup[n] / scale:.4g}",
                       f"{stats.gap[n] / scale:.4g}", rho_bar)
-    console = Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
+    console = console_()
     console.print(table)
     for n in sorted({2, stats.n_max}):
         if n <= stats.n_max:
