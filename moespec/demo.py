@@ -13,6 +13,9 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
      once under uniform iid routing (1 - rho(n) = q^(n-1), q = 1 - m/N) and once with the trace's rho_bar_k.
    It prints the staircases side by side (k*(a), speedup (9), step points (B.31)) and the reuse threshold
    rho*_k(a) of (16) against the drafted reuse rho_bar_k (11) of uniform and of the traced routing.
+3. Measurement: a short bench of one MoE layer's expert operation with our per-slot and deduplicating kernels on
+   this machine (`moespec bench` with fewer repetitions), which replaces the one-bandwidth assumption by the
+   measured bandwidth ratio r(n): dedup is faster where u(n) < r(n) (7), and the crossover is printed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from pathlib import Path
 
 from moespec import MoespecError, theory
+from moespec.benchfile import DTYPES
 from moespec.io import console, provenance, write_json
 from moespec.reuse import print_summary, reuse_stats, trace_expert_bytes
 from moespec.spec import ModelSpec
@@ -37,6 +41,8 @@ DEFAULT_KMAX = 8  # the paper verifies up to 9 tokens per pass
 # 50k tokens in 50 documents: bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second.
 DEFAULT_TOKENS, DEFAULT_DOCS = 50_000, 50
 DEFAULT_OUT_DIR = "out/demo"
+# The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
+BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
@@ -50,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing (default 0)")
     p.add_argument("--out-dir", default=DEFAULT_OUT_DIR,
                    help=f"where trace.npz and demo.json go (default {DEFAULT_OUT_DIR})")
+    p.add_argument("--bench-reps", type=int, default=BENCH_REPS,
+                   help=f"repetitions of the short bench (default {BENCH_REPS}; 0 skips the measurement)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
@@ -163,21 +171,53 @@ def print_report(r: dict[str, Any]) -> None:
     c.print(t)
 
 
+def run_bench(model: str, fmt: str, out_dir: Path, reps: int) -> dict[str, Any]:
+    """Step 3: the short bench through the same command a user runs; returns the bench document."""
+    from moespec import bench
+    from moespec.benchfile import load_bench
+
+    spec = ModelSpec.from_name(model)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--model", model, "--layers", str(min(BENCH_LAYER, spec.L - 1)), "--dtype", fmt,
+                              "--trace", str(out_dir / "trace.npz"), "--out", str(out_dir / "bench.json"),
+                              "--reps", str(reps), "--windows", str(BENCH_WINDOWS), "--u-values", str(BENCH_U_VALUES),
+                              "--plot", str(out_dir / "fig2.png")])
+    bench.run(args)
+    return load_bench(out_dir / "bench.json")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.kmax < 1 or args.depth < 0:
-        raise MoespecError(f"need --kmax >= 1 and --depth >= 0, got {args.kmax} and {args.depth}")
+    if args.kmax < 1 or args.depth < 0 or args.bench_reps < 0:
+        raise MoespecError(f"need --kmax >= 1, --depth >= 0 and --bench-reps >= 0, got {args.kmax}, {args.depth} "
+                           f"and {args.bench_reps}")
+    if args.bench_reps and args.format not in DTYPES:
+        raise MoespecError(f"--format {args.format}: the bench times {' or '.join(DTYPES)} weights "
+                           f"(--bench-reps 0 skips it)")
     if args.docs < 1 or args.tokens < args.docs * (args.kmax + 1):
         raise MoespecError(f"need --docs >= 1 and at least kmax+1 = {args.kmax + 1} tokens per document, "
                            f"got --tokens {args.tokens} --docs {args.docs}")
     out_dir = Path(args.out_dir)
     result, trace, stats = run_demo(args.model, args.format, args.depth, args.kmax, args.tokens, args.docs,
                                     args.seed, out_dir)
+    if not args.json:
+        console().print(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> "
+                        f"{out_dir / 'trace.npz'}")
+        print_summary(stats, trace, str(out_dir / "trace.npz"))
+        print_report(result)
+    if args.bench_reps:
+        if not args.json:
+            console().print("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
+        doc = run_bench(args.model, args.format, out_dir, args.bench_reps)
+        result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": doc["ceiling_gbps"],
+                           "r": doc["r"], "u": doc["u"], "crossover": doc["crossover"]}
+        if not args.json:
+            r = ", ".join(f"{n}: {v:.2f}" for n, v in doc["r"].items())
+            console().print(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. "
+                            f"Measured crossover (u(n) < r(n) from there on): n = {doc['crossover']}")
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=args.format)})
     if args.json:
         print(json.dumps(result))
-        return 0
-    console().print(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> {out_dir / 'trace.npz'}")
-    print_summary(stats, trace, str(out_dir / "trace.npz"))
-    print_report(result)
-    console().print(f"results: {out_dir / 'demo.json'}")
+    else:
+        console().print(f"results: {out_dir / 'demo.json'}")
     return 0
