@@ -59,7 +59,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from moespec import MoespecError, native
+from moespec import MoespecError, fits, native
 
 __all__ = [
     "Activation", "SILU", "GPT_OSS", "Kernel", "KERNELS", "expert_op", "reference_float64", "implementation",
@@ -155,9 +155,9 @@ def distinct_experts(ids: torch.Tensor) -> int:
 def requested_bytes(kernel: str, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                     gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> int:
     """Expert bytes the kernel requests for this pass: n*m*b for a per-slot kernel, U*b for a deduplicating one."""
+    n, m = ids.shape
     b = expert_bytes(gate_up, down, gate_up_bias, down_bias)
-    kind = _kernel(kernel).kind
-    return ids.numel() * b if kind == "slot" else distinct_experts(ids) * b
+    return int(fits.requested_bytes(_kernel(kernel).kind, n, distinct_experts(ids), m, b))
 
 
 # ---------------------------------------------------------------- reference
