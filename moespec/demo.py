@@ -5,7 +5,7 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
 (a synthetic stationary process whose layer-mean reuse hits the paper's rho(2) = 0.363 and rho(9) = 0.762).
 
 1. Routing: synthesize the default trace and print its reuse summary (rho(n), U(n), u(n), bytes; App. D.2).
-2. Theory ON STATED ASSUMPTIONS (no kernel is timed yet):
+2. Theory ON STATED ASSUMPTIONS (this step times nothing; step 3 measures):
    - one bandwidth for every byte and no fixed work, so a step time is its bytes (any common bandwidth
      divides every V(k) alike and leaves k*(a) and every speedup unchanged, Section 3.5);
    - per-slot kernel: a step drafting k tokens reads D(k+1) + m (k+1) W + kv(k) bytes, linear in k+1;
