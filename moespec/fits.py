@@ -17,7 +17,7 @@ A fit's error is scored on windows of recorded routing it never saw: the median,
 |predicted - measured| / measured. eps_p is the median of that over layers and engine eps the max over the
 engine's kernels (Section 4). The bytes-over-bandwidth prediction (22) uses the fits at each window's (n, U).
 
-`analyze` turns a bench's timed units into the derived keys of bench.json (documented in moespec.bench):
+`analyze` turns a bench's timed units into the derived keys of bench.json (documented in moespec.benchfile):
 pure functions of the medians, so they are tested on synthetic timings with known constants.
 """
 
