@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("moespec.synth", "synthetic routing trace: stationary seeded uniform, popularity or calibrated process"),
     "reuse": ("moespec.reuse", "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)"),
     "bench": ("moespec.bench", "time the expert kernels on a layer's real shapes: beta(n), fits (4)/(E.1), r(n), crossover"),
+    "plan": ("moespec.plan", "verify time (22), saving and band (18), crossover, AUTO kernel, k_hat*(a), speedup (21)"),
 }
 
 
