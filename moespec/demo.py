@@ -64,13 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def byte_profile(spec: ModelSpec, fmt: str, depth: int, rho: list[list], kmax: int) -> dict[str, Any]:
     """Byte step times of both kernels under one bandwidth, for per-layer reuse rho[l][n] (index n, n <= kmax+1)."""
     w = [spec.expert_bytes(layer, fmt) for layer in range(spec.L)]
-    W, m = sum(w), spec.m
-    kv = [spec.kv_bytes(k, depth) for k in range(kmax + 1)]
-    D = [spec.dense_bytes(fmt, tokens=k + 1) for k in range(kmax + 1)]  # D(k+1) without the cache
+    mW, D, kv = spec.byte_model(fmt, depth, kmax)
     rho_bars = [theory.mean_drafted_reuse(rho, w, k) for k in range(1, kmax + 1)]
-    return {"w": w, "W": W, "mW": m * W, "D": D, "kv": kv, "rho_bars": rho_bars,
-            "V_slot": [D[k] + m * (k + 1) * W + kv[k] for k in range(kmax + 1)],
-            "V_dedup": [D[k] + theory.union_bytes(m * W, k, rb) + kv[k] for k, rb in enumerate([0, *rho_bars])]}
+    return {"w": w, "W": sum(w), "mW": mW, "D": D, "kv": kv, "rho_bars": rho_bars,
+            "V_slot": [D + mW * (k + 1) + kv[k] for k in range(kmax + 1)],
+            "V_dedup": theory.byte_step_times(mW, D, kv, rho_bars)}
 
 
 def uniform_rho(spec: ModelSpec, kmax: int) -> list[list]:
@@ -100,10 +98,8 @@ def run_demo(model: str, fmt: str, depth: int, kmax: int, tokens: int, docs: int
     routed = byte_profile(spec, fmt, depth, traced, kmax)
     kernels = {"slot": kernel_summary(uniform["V_slot"]), "dedup_uniform": kernel_summary(uniform["V_dedup"]),
                "dedup_trace": kernel_summary(routed["V_dedup"])}
-    # Reuse threshold (16): D(1) = D + kv(0); the growth D(k+1) - D(1) joins kv(k) - kv(0).
-    D0, mW = uniform["D"][0], uniform["mW"]
-    growth = [uniform["kv"][k] + uniform["D"][k] - D0 for k in range(kmax + 1)]
-    thresholds = [{"a": float(a), "rho_star": [float(theory.reuse_threshold_bytes(a, k, mW, D0, growth))
+    D0, mW = uniform["D"], uniform["mW"]  # reuse threshold (16) in the same byte model
+    thresholds = [{"a": float(a), "rho_star": [float(theory.reuse_threshold_bytes(a, k, mW, D0, uniform["kv"]))
                                               for k in range(1, kmax + 1)]} for a in theory.PAPER_ACCEPTANCES]
     result = {
         "model": spec.name, "format": fmt, "depth": depth, "kmax": kmax,

@@ -212,9 +212,7 @@ def build_plan(bench: dict[str, Any], trace: Trace, tau1: float, kmax: int = DEF
             s = float(theory.speedup(V[p], a, k))
             lo, hi = theory.speedup_band(s, delta)
             table.append({"a": a, "policy": p, "k_hat": k, "speedup": s, "speedup_lo": lo, "speedup_hi": hi})
-    mW = spec.m * float(w.sum())
-    D = float(spec.dense_bytes(fmt))
-    kv = [float(spec.kv_bytes(k, depth)) for k in range(kmax + 1)]
+    mW, D, kv = spec.byte_model(fmt, depth, kmax)
     rho_bar = [float(stats.rho_bar[k]) for k in range(1, kmax + 1)]
     V_bytes = theory.byte_step_times(mW, D, kv, rho_bar)
     grid = [float(a) for a in theory.PAPER_ACCEPTANCES]

@@ -252,6 +252,14 @@ class ModelSpec:
             total += positions * per_token
         return total
 
+    def byte_model(self, fmt: str, depth: int, kmax: int, kv_dtype: str = "bf16") -> tuple[int, int, list[int]]:
+        """(mW, D, kv) of the one-bandwidth byte model (16) at context depth d: mW bytes of one token's experts,
+        D the fixed bytes of a one-token pass, kv[k] what a step verifying k+1 tokens reads beyond D: its cache
+        bytes plus the growth of D with k (one embedding row per extra token), so D + kv[k] = D(k+1) + kv(k)."""
+        D = [self.dense_bytes(fmt, tokens=k + 1) for k in range(kmax + 1)]
+        kv = [self.kv_bytes(k, depth, kv_dtype) + D[k] - D[0] for k in range(kmax + 1)]
+        return self.m * self.W(fmt), D[0], kv
+
     # -- pieces ------------------------------------------------------------------------------------
     def _ffn_bytes(self, width: int, layer: int, fmt: str, bias: bool) -> int:
         up_fmt = _matrix_format(fmt, "ffn_up", layer, self.layers)

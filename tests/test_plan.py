@@ -123,7 +123,8 @@ def test_best_draft_length_and_speedup_band(trace: Trace) -> None:
 def test_byte_model_comparison(plan: dict[str, Any]) -> None:
     spec = ModelSpec.from_name(MODEL)
     mW, D = spec.m * spec.W("bf16"), spec.dense_bytes("bf16")
-    kv = [spec.kv_bytes(k, 512) for k in range(9)]
+    # beyond D, a step verifying k+1 tokens reads its cache and one embedding row per extra token
+    kv = [spec.kv_bytes(k, 512) + spec.dense_bytes("bf16", tokens=k + 1) - D for k in range(9)]
     assert plan["reuse_threshold"]["rho_star"]["0.5"]["2"] == pytest.approx(
         float(theory.reuse_threshold_bytes(0.5, 2, mW, D, kv)))
     for s in plan["saving"].values():  # uniform routing of 8 of 64: u(n) > r = 0.5 at small n, below 1 everywhere

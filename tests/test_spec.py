@@ -192,3 +192,12 @@ def test_spec_command(capsys, tmp_path):
     assert cli.main(["spec", str(folder)]) == 0 and "mixtral-8x7b" in capsys.readouterr().out
     assert cli.main(["spec", "nonesuch"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_byte_model_folds_the_growth_of_D_into_kv():
+    spec = ModelSpec.from_name("olmoe-1b-7b")
+    mW, D, kv = spec.byte_model("bf16", depth=512, kmax=3)
+    assert mW == 8 * spec.W("bf16") and D == spec.dense_bytes("bf16")
+    for k in range(4):  # D + kv[k] is every non-expert byte of a step verifying k+1 tokens
+        assert D + kv[k] == spec.dense_bytes("bf16", tokens=k + 1) + spec.kv_bytes(k, 512)
+    assert kv[1] - kv[0] == spec.kv_bytes(1, 512) - spec.kv_bytes(0, 512) + 2048 * 2  # one bf16 embedding row
