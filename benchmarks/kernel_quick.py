@@ -23,6 +23,7 @@ import torch
 
 from moespec import MoespecError, native
 from moespec import kernels as K
+from moespec.timing import CacheFlusher, StreamRead, median_iqr
 
 # OLMoE-1B-7B's MoE layer shape (DESIGN.md, reference facts).
 N_EXPERTS, TOP_M, HIDDEN, WIDTH = 64, 8, 2048, 1024
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.threads or torch.get_num_threads()} threads")
     print(f"{'n':>2} {'U':>3} {'kernel':<14} {'ms':>8} {'IQR ms':>7} {'GB/s':>6} {'%ceil':>6}")
 
-    flush, read = K.CacheFlusher(), K.StreamRead(threads=args.threads)
+    flush, read = CacheFlusher(), StreamRead(threads=args.threads)
     read()
     ceiling_samples: list[float] = []
     results: dict[str, dict] = {k: {"beta_gbps": {}, "median_ms": {}, "iqr_ms": {}} for k in kernels}
@@ -94,9 +95,9 @@ def main(argv: list[str] | None = None) -> dict:
                 start = time.perf_counter()
                 K.expert_op(name, x, ids, weights, gate_up, down, threads=args.threads)
                 times[name].append(time.perf_counter() - start)
-        ceiling = K.median_iqr(ceiling_samples)[0]  # so far: the %ceil column uses the current median
+        ceiling = median_iqr(ceiling_samples)[0]  # so far: the %ceil column uses the current median
         for name in kernels:
-            med, iqr = K.median_iqr(times[name])
+            med, iqr = median_iqr(times[name])
             beta = K.requested_bytes(name, ids, gate_up, down) / med / 1e9
             results[name]["beta_gbps"][n] = round(beta, 2)
             results[name]["median_ms"][n] = round(med * 1e3, 3)
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{n:>2} {K.distinct_experts(ids):>3} {name:<14} {med * 1e3:8.2f} {iqr * 1e3:7.2f} {beta:6.1f} "
                   f"{100 * beta / ceiling:5.0f}%{flag}", flush=True)
 
-    ceiling, ceiling_iqr = K.median_iqr(ceiling_samples)
+    ceiling, ceiling_iqr = median_iqr(ceiling_samples)
     print(f"# streaming read (ceiling, flushed, interleaved with the kernels): {ceiling:.1f} GB/s (IQR {ceiling_iqr:.1f})")
     summary = {
         "device": "cpu", "dtype": args.dtype, "threads": args.threads or torch.get_num_threads(),

@@ -7,8 +7,8 @@ bandwidth beta_p(n) = requested expert bytes / time: n m b for a per-slot kernel
 faster exactly where the byte share u(n) = E_dedup/E_slot lies below the bandwidth ratio r(n) = beta_dedup /
 beta_slot (7), so both are measured here on the model's real per-layer shapes and dtype (random weights).
 
-Two kinds of expert ids are timed, each after a cache flush (a write larger than the last-level cache) so every
-first read of an expert comes from DRAM:
+Two kinds of expert ids are timed, each after a cache flush (moespec.timing: a write larger than the last-level
+cache, then a clean read) so every first read of an expert comes from DRAM:
 - chosen ids: for each n, passes whose n m slots name exactly U distinct experts, U over the reachable range
   m .. min(n m, N) (every token still names m distinct experts). At fixed n the per-slot kernel requests the
   same n m b bytes whatever U, so how its time moves with U separates the first read of an expert (U slots)
@@ -18,8 +18,11 @@ first read of an expert comes from DRAM:
   model really produces. The fits never see them, so their median relative error on the windows is an honest
   bandwidth error eps (Section 3.5, 4); beta_p(n) is the median over these windows, pooled over the layers.
 Kernels are interleaved per pass (and their order rotated per repetition) so drift on a shared machine hits all
-of them alike; each figure is a median over repetitions with its interquartile range. The machine's streaming
-read bandwidth (kernels.measure_stream_read) is the ceiling every bandwidth is printed beside.
+of them alike; each figure is a median over repetitions with its interquartile range. The device's ceiling
+(moespec.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is printed beside every bandwidth.
+
+`--device cuda` runs the kernels on a GPU (slot and dedup as our Triton kernels) and times them with CUDA
+events; weights and inputs are drawn on the CPU and then copied, so every device times the same values.
 
 Work is split into units, one (layer, n, kernel set) each; each finished unit is saved atomically to
 `OUT.partial`, so `--resume` after an interruption re-times nothing already done.
@@ -33,10 +36,10 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import platform
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
     import torch
 
     from moespec.kernels import Activation
+    from moespec.timing import Timer
 
 PARTIAL_FORMAT = "moespec-bench-partial"
 DEFAULT_MODEL = "olmoe-1b-7b"
@@ -64,8 +68,6 @@ DEFAULT_WINDOWS = 16  # recorded windows per layer and n: enough for a median an
 DEFAULT_U_VALUES = 8  # chosen U per n (all when fewer reach): ~60 passes at n = 2..9 for each 3-coefficient fit
 WEIGHT_STD = 0.02  # random weights ~ a trained expert's entries: keeps activations finite; time is value-blind
 NOISY_SHARE = 0.1  # a run with more than 10% noisy timings (IQR > fits.NOISY_IQR x median) gets a warning
-FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the last-level cache, so no expert byte survives in it ...
-FLUSH_MIN_BYTES = 64 << 20  # ... and at least 64 MiB when the cache size cannot be read
 # The default trace: the calibrated process at the paper's WikiText-103 reuse, as the demo; synthesized in ~1 s,
 # and its 50k tokens pin u(n) to ~0.01 with far more windows than are timed.
 DEFAULT_PROFILE = "paper-wikitext"
@@ -171,26 +173,27 @@ def bench_kernels() -> dict[str, str]:
     return {name: k.kind for name, k in KERNELS.items() if name != "reference"}
 
 
-def parse_kernels(text: str, spec: ModelSpec, dtype: str) -> tuple[list[str], dict[str, str]]:
-    """The kernels to time and, for `all`, those left out because they cannot run this layer at `dtype` (with
-    why); a kernel named explicitly that cannot run is an error, found before anything is timed."""
+def parse_kernels(text: str, spec: ModelSpec, dtype: str, device: str = "cpu") -> tuple[list[str], dict[str, str]]:
+    """The kernels to time and, for `all`, those left out because they cannot run this layer at `dtype` on
+    `device` (with why); a kernel named explicitly that cannot run is an error, found before anything is timed."""
     known = bench_kernels()
     names = list(known) if text == "all" else list(dict.fromkeys(text.split(",")))
     for name in names:
         if name not in known:
             raise MoespecError(f"unknown kernel {name!r}; choose from {', '.join(known)}, or all")
-    failing = _cannot_run(names, spec, dtype)
+    failing = _cannot_run(names, spec, dtype, device)
     if failing and text != "all":
         name, why = next(iter(failing.items()))
-        raise MoespecError(f"kernel {name} cannot run {spec.name} experts in {dtype} here: {why}")
+        raise MoespecError(f"kernel {name} cannot run {spec.name} experts in {dtype} on {device}: {why}")
     return [name for name in names if name not in failing], failing
 
 
-def _cannot_run(names: list[str], spec: ModelSpec, dtype: str) -> dict[str, str]:
-    """kernel -> why it fails on a tiny layer with this model's structure (N, m, biases, activation) at dtype."""
-    layer = layer_weights(dataclasses.replace(spec, hidden=8, expert_width=8), 0, dtype, seed=0)
+def _cannot_run(names: list[str], spec: ModelSpec, dtype: str, device: str) -> dict[str, str]:
+    """kernel -> why it fails on a tiny layer with this model's structure (N, m, biases, activation) at dtype
+    on device."""
+    layer = layer_weights(dataclasses.replace(spec, hidden=8, expert_width=8), 0, dtype, 0, device)
     ids = chosen_ids(2, spec.m, spec.N, spec.m + 1, np.random.default_rng(0))
-    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], 8, layer.gate_up.dtype)[0]
+    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], 8, layer.gate_up.dtype, device)[0]
     failing = {}
     for name in names:
         try:
@@ -249,8 +252,9 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int) -> LayerWeights:
-    """Seeded random weights of the layer's real shape and dtype; biases and the clamped SwiGLU for gpt-oss."""
+def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: str = "cpu") -> LayerWeights:
+    """Seeded random weights of the layer's real shape and dtype on `device`; biases and the clamped SwiGLU for
+    gpt-oss. Drawn by the CPU generator whatever the device, so every device gets the same values."""
     import torch
 
     from moespec.kernels import GPT_OSS, SILU
@@ -258,7 +262,7 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int) -> LayerWe
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, layer]).generate_state(1)[0]))
 
     def normal(*shape: int) -> torch.Tensor:
-        return torch.empty(*shape, dtype=torch_dtype(dtype)).normal_(0.0, WEIGHT_STD, generator=gen)
+        return torch.empty(*shape, dtype=torch_dtype(dtype)).normal_(0.0, WEIGHT_STD, generator=gen).to(device)
 
     N, d, f = spec.N, spec.hidden, spec.expert_width  # noqa: N806
     biases = (normal(N, 2 * f), normal(N, d)) if spec.expert_bias else (None, None)
@@ -266,36 +270,14 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int) -> LayerWe
                         GPT_OSS if spec.model_type == "gpt_oss" else SILU)
 
 
-def flush_bytes() -> int:
-    """FLUSH_LLC_MULTIPLE x the last-level cache (from sysfs), at least FLUSH_MIN_BYTES."""
-    llc = 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            size = (index / "size").read_text().strip()
-            llc = max(llc, int(size.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(size[-1:], 0))
-        except (OSError, ValueError):
-            continue
-    return max(FLUSH_LLC_MULTIPLE * llc, FLUSH_MIN_BYTES)
-
-
-def device_name() -> str:
-    import torch
-
-    name = platform.processor() or platform.machine()
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu: {name}, {torch.get_num_threads()} threads"
-
-
 # ---- timing ------------------------------------------------------------------------------------------------
 Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each repetition
 
 
-def _inputs(passes: list[Pass], d: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(x, ids, router weights) per pass; values are seeded and do not change a memory-bound time."""
+def _inputs(passes: list[Pass], d: int, dtype: torch.dtype,
+            device: str | torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(x, ids, router weights) per pass on `device`; values are seeded on the CPU (the same on every device)
+    and do not change a memory-bound time."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
@@ -304,15 +286,15 @@ def _inputs(passes: list[Pass], d: int, dtype: torch.dtype) -> list[tuple[torch.
         n, m = p.ids.shape
         x = torch.randn(n, d, generator=gen).to(dtype)
         weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(dtype)
-        out.append((x, torch.from_numpy(p.ids), weights))
+        out.append((x.to(device), torch.from_numpy(p.ids).to(device), weights.to(device)))
     return out
 
 
-def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, flush: Callable[[], None],
+def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, timer: Timer,
                advance: Callable[[int], None]) -> Timings:
     """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
     flush, in an order rotated per round, so drift and order effects hit all kernels alike."""
-    inputs = _inputs(passes, layer.gate_up.shape[2], layer.gate_up.dtype)
+    inputs = _inputs(passes, layer.gate_up.shape[2], layer.gate_up.dtype, layer.gate_up.device)
     for kernel in kernels:
         layer.run(kernel, *inputs[0])
     samples: Timings = [{kernel: [] for kernel in kernels} for _ in passes]
@@ -320,17 +302,15 @@ def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps
         order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
         for inp, times in zip(inputs, samples):
             for kernel in order:
-                flush()
-                start = time.perf_counter()
-                layer.run(kernel, *inp)
-                times[kernel].append(time.perf_counter() - start)
+                timer.flush()
+                times[kernel].append(timer.time(partial(layer.run, kernel, *inp)))
             advance(1)
     return samples
 
 
 def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings) -> dict[str, Any]:
     """A finished unit as saved in the checkpoint: per pass its source, U, a window's start, median/IQR per kernel."""
-    from moespec.kernels import median_iqr
+    from moespec.timing import median_iqr
 
     rows = []
     for p, times in zip(passes, samples):
@@ -377,6 +357,7 @@ class Checkpoint:
 # ---- command: moespec bench --------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset or config path (default {DEFAULT_MODEL})")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where the kernels run (cuda: our Triton kernels)")
     p.add_argument("--layers", help="MoE layers to time, e.g. 0,7 (default: the first and L/2 - 1)")
     p.add_argument("--dtype", default="bf16", choices=DTYPES, help="expert weight dtype (default bf16)")
     p.add_argument("--kernels", default=DEFAULT_KERNELS,
@@ -398,14 +379,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float, reps: int,
-              flush: Callable[[], None]) -> tuple[float, dict[str, float]]:
+              timer: Timer) -> tuple[float, dict[str, float]]:
     """Seconds the timed calls of `passes` will take, from one probe of each kernel on the smallest and the largest
     pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
-    start = time.perf_counter()
-    flush()
-    total, speeds = reps * len(passes) * len(kinds) * (time.perf_counter() - start), {}
-    probe = _time_unit([small, large], list(kinds), layer, 1, flush, lambda count: None)
+    total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
+    probe = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None)
     for kernel, kind in kinds.items():
         (t_lo,), (t_hi,) = probe[0][kernel], probe[1][kernel]
         lo, hi = (requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
@@ -427,26 +406,22 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _measure(spec: ModelSpec, args: argparse.Namespace, kinds: dict[str, str], plan: dict[tuple[int, int], list[Pass]],
-             checkpoint: Checkpoint, ceiling: float, out: Any) -> int:
+             checkpoint: Checkpoint, ceiling: float, timer: Timer, out: Any) -> None:
     """Time every unit the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
-    printing the estimated time; returns the flush size in bytes."""
-    from moespec.kernels import CacheFlusher
-
+    printing the estimated time."""
     kernels = list(kinds)
     pending = [key for key in plan if Checkpoint.key(*key, kernels) not in checkpoint.units]
-    nbytes = flush_bytes()
-    flush = CacheFlusher(nbytes)
     out.print(f"plan: {len(plan)} units (layer, n), {len(plan) - len(pending)} done; each up to {args.u_values} "
               f"chosen U values and {args.windows} recorded windows, {args.reps} reps, every timed call after a "
-              f"{nbytes >> 20} MiB cache flush")
+              f"{timer.flush_bytes >> 20} MiB cache flush, timed by {timer.timer_name}")
     if not pending:
-        return nbytes
+        return
     layers = sorted({layer for layer, _ in pending})
     start = time.perf_counter()
-    weights: LayerWeights | None = layer_weights(spec, layers[0], args.dtype, args.seed)
+    weights: LayerWeights | None = layer_weights(spec, layers[0], args.dtype, args.seed, timer.device)
     generate = time.perf_counter() - start
     seconds, speeds = _estimate(kinds, weights, [p for key in pending for p in plan[key]], spec.m,
-                                spec.expert_bytes(layers[0], args.dtype), args.reps, flush)
+                                spec.expert_bytes(layers[0], args.dtype), args.reps, timer)
     seconds += generate * (len(layers) - 1)
     estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
     out.print(f"estimated time: {estimate} (probe on requested bytes: "
@@ -454,20 +429,19 @@ def _measure(spec: ModelSpec, args: argparse.Namespace, kinds: dict[str, str], p
     with progress("bench", sum(len(plan[key]) for key in pending) * args.reps,
                   enabled=sys.stderr.isatty()) as advance:
         for layer in layers:
-            weights = weights or layer_weights(spec, layer, args.dtype, args.seed)
+            weights = weights or layer_weights(spec, layer, args.dtype, args.seed, timer.device)
             for n in [n for lay, n in pending if lay == layer]:
-                samples = _time_unit(plan[layer, n], kernels, weights, args.reps, flush, advance)
+                samples = _time_unit(plan[layer, n], kernels, weights, args.reps, timer, advance)
                 checkpoint.save(Checkpoint.key(layer, n, kernels),
                                 unit_record(layer, n, kernels, plan[layer, n], samples))
             weights = None  # frees the layer (and the peers' modules cached on its tensors)
-    return nbytes
 
 
 def _report(doc: dict[str, Any], args: argparse.Namespace, out: Any) -> None:
     """Table 1 and the fits, the noise warning, Figure 2, and one closing JSON line."""
     print_tables(doc)
     before, after = doc["ceiling_before_after_gbps"]
-    out.print(f"ceiling: streaming read {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
+    out.print(f"ceiling: {doc['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
     drift = doc["ceiling_iqr_gbps"] > NOISY_IQR * doc["ceiling_gbps"]
     noisy = drift or doc["noisy"]["count"] > NOISY_SHARE * doc["noisy"]["total"]
     if noisy:
@@ -478,60 +452,66 @@ def _report(doc: dict[str, Any], args: argparse.Namespace, out: Any) -> None:
         plot_bandwidth(doc, args.plot)
     out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {doc['elapsed_s']:.0f} s")
     rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
-    print(json.dumps({"model": doc["model"], "dtype": doc["dtype"], "ceiling_gbps": round(doc["ceiling_gbps"], 2),
+    print(json.dumps({"model": doc["model"], "device_kind": doc["device_kind"], "dtype": doc["dtype"],
+                      "ceiling_gbps": round(doc["ceiling_gbps"], 2),
                       "beta_gbps": {k: rounded(v["beta_gbps"], 2) for k, v in doc["kernels"].items()},
                       "r": rounded(doc["r"], 3), "u": rounded(doc["u"], 3), "eps": rounded(doc["eps"], 4),
                       "crossover": doc["crossover"], "noisy": noisy, "out": args.out}))
 
 
 def run(args: argparse.Namespace) -> int:
+    from moespec.timing import median_iqr, resolve_device, timer_for
+
     started = time.perf_counter()
+    device = resolve_device(args.device)
     _check_numbers(args)
     spec = resolve(args.model)
     ns, layers = parse_ns(args.n), parse_layers(args.layers, spec)
-    names, skipped = parse_kernels(args.kernels, spec, args.dtype)
+    names, skipped = parse_kernels(args.kernels, spec, args.dtype, device)
     kinds = {k: bench_kernels()[k] for k in names}
     trace, trace_info = bench_trace(spec, args.trace, args.seed)
     plan = {(layer, n): plan_unit(trace, spec, layer, n, args.windows, args.u_values, args.seed)
             for layer in layers for n in ns}
-    config = {"model": spec.to_dict(), "dtype": args.dtype, "reps": args.reps, "windows": args.windows,
-              "u_values": args.u_values, "seed": args.seed, "trace_sha1": trace_info["sha1"]}
+    timer = timer_for(device)
+    config = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": args.dtype, "reps": args.reps,
+              "windows": args.windows, "u_values": args.u_values, "seed": args.seed, "trace_sha1": trace_info["sha1"]}
     checkpoint = Checkpoint(args.out, config, args.resume)
 
-    from moespec.kernels import implementation, measure_stream_read, median_iqr
+    from moespec.kernels import implementation
     from moespec.reuse import reuse_stats
 
     u = reuse_stats(trace, max(ns), bootstrap=0,
                     expert_bytes=[spec.expert_bytes(layer, args.dtype) for layer in range(spec.L)]).u
-    device = device_name()
-    impl = {k: implementation(k, torch_dtype(args.dtype)) if engine_of(k) == "moespec" else engine_of(k)
+    impl = {k: implementation(k, torch_dtype(args.dtype), device) if engine_of(k) == "moespec" else engine_of(k)
             for k in kinds}
     out = console()
-    out.print(f"moespec bench: {spec.name} {args.dtype} on {device}; MoE layers {', '.join(map(str, layers))}; "
+    out.print(f"moespec bench: {spec.name} {args.dtype} on {timer.name}; MoE layers {', '.join(map(str, layers))}; "
               f"n = {', '.join(map(str, ns))}; kernels {', '.join(f'{k} ({impl[k]})' for k in kinds)}")
     for name, why in skipped.items():
-        out.print(f"skipped {name}: it cannot run {args.dtype} here ({why})")
+        out.print(f"skipped {name}: it cannot run {args.dtype} on {device} ({why})")
     out.print(f"trace: {trace_info['note']}")
     if not args.resume and checkpoint.path.exists():
         out.print(f"starting over: {checkpoint.path} holds units of an earlier run (--resume continues it)")
-    before = measure_stream_read()
+    before = timer.ceiling()
     first, first_iqr = median_iqr(before)
-    out.print(f"ceiling: streaming read {first:.1f} GB/s (IQR {first_iqr:.1f})")
-    nbytes = _measure(spec, args, kinds, plan, checkpoint, first, out)
-    after = measure_stream_read()  # the ceiling is the median over reads before and after: drift shows in its IQR
+    out.print(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
+    _measure(spec, args, kinds, plan, checkpoint, first, timer, out)
+    after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 
     units = {key: checkpoint.units[Checkpoint.key(*key, list(kinds))] for key in plan}
     b = {layer: spec.expert_bytes(layer, args.dtype) for layer in layers}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
-           "device": device, "dtype": args.dtype, "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
+           "device": timer.name, "device_kind": timer.kind, "dtype": args.dtype, "ceiling_kind": timer.ceiling_kind,
+           "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
            "ceiling_before_after_gbps": [first, median_iqr(after)[0]],
            "layers": layers, "n": ns, "expert_bytes": {str(layer): b[layer] for layer in layers},
            **analyze(units, kinds, spec.m, b, layers, ns, {n: float(u[n]) for n in ns}),
            "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
            "protocol": {"reps": args.reps, "windows": args.windows, "u_values": args.u_values, "seed": args.seed,
-                        "flush_bytes": nbytes, "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
-           "skipped_kernels": skipped, "noisy": noise(units), "provenance": provenance(device, args.dtype)}
+                        "flush_bytes": timer.flush_bytes, "timer": timer.timer_name, "weight_std": WEIGHT_STD,
+                        "noisy_iqr": NOISY_IQR},
+           "skipped_kernels": skipped, "noisy": noise(units), "provenance": provenance(timer.name, args.dtype)}
     for kernel in kinds:
         doc["kernels"][kernel]["implementation"] = impl[kernel]
     doc["elapsed_s"] = time.perf_counter() - started

@@ -3,9 +3,12 @@ Figure 2). Later stages (the plan) read a bench only through `load_bench`.
 
 bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U are strings):
   format, format_version, model, spec     model name and ModelSpec fields
-  device, dtype                           "cpu: <model name>, <threads> threads"; "bf16" or "fp32"
-  ceiling_gbps, ceiling_iqr_gbps          measured streaming read in GB/s (1e9 B/s): median and IQR over the
-                                          reads before and after the timing; ceiling_before_after_gbps: each
+  device, device_kind, dtype              "cpu: <model name>, <threads> threads" or "cuda: <GPU name>, sm<major><minor>,
+                                          <memory> GiB"; "cpu" or "cuda" (bench --device); "bf16" or "fp32"
+  ceiling_kind                            what the ceiling measures (moespec.timing): "streaming read" (cpu) or
+                                          "device-to-device copy" (cuda; bytes read + written)
+  ceiling_gbps, ceiling_iqr_gbps          the measured ceiling in GB/s (1e9 B/s): median and IQR over the
+                                          samples before and after the timing; ceiling_before_after_gbps: each
   layers, n                               MoE layers (trace layer index) and pass sizes timed
   expert_bytes                            {layer: b}
   kernels  {name: {kind, implementation, beta_gbps: {n: v}, beta_iqr_gbps: {n: v}}}  on requested bytes;
@@ -25,10 +28,13 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   chosen   {layer: {n: [{U, median_s: {kernel: s}, iqr_s: {kernel: s}}]}}   raw medians on chosen ids
   windows  {layer: {n: [{start, U, median_s, iqr_s}]}}   raw medians on recorded windows (start: first token)
   trace    {path, synthetic, source, note, num_tokens, num_documents, sha1}
-  protocol {reps, windows, u_values, seed, flush_bytes, weight_std, noisy_iqr}
+  protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr}  timer: "perf_counter" (cpu)
+           or "cuda events"
   skipped_kernels {kernel: why}: kernels `--kernels all` left out because they cannot run at this dtype
   noisy    {threshold, count, total, worst}: timings whose IQR exceeds threshold x median
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
+Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on
+the CPU against a streaming read, and load_bench fills in those two keys (LEGACY_KEYS).
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ from moespec.io import atomic_write, console, plot_format
 FORMAT_NAME = "moespec-bench"
 FORMAT_VERSION = 1
 DTYPES = ("bf16", "fp32")  # weight formats our native kernels stream
+DEVICE_KINDS = ("cpu", "cuda")  # where `bench --device` runs the kernels
+# what a file written before `bench --device` was measured on: every such bench ran on the CPU
+LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read"}
 
 
 # ---- bench.json --------------------------------------------------------------------------------------------
@@ -71,7 +80,8 @@ def _check_n_map(path: str, name: str, values: Any, ns: list[int]) -> None:
 
 def load_bench(path: str | Path) -> dict[str, Any]:
     """Read and validate a bench.json (format, version, required keys and types, n ranges, positive bandwidths,
-    model name); returns the document as stored (n keys are strings). Raises MoespecError naming the file."""
+    model name, device kind); returns the document as stored (n keys are strings), an older file with the
+    LEGACY_KEYS it lacks. Raises MoespecError naming the file."""
     where = str(path)
     try:
         doc = json.loads(Path(path).read_text())
@@ -93,6 +103,12 @@ def load_bench(path: str | Path) -> dict[str, Any]:
         raise _fail(where, f"model name {doc['model']!r} is empty or differs from its spec's")
     if doc["dtype"] not in DTYPES:
         raise _fail(where, f"dtype {doc['dtype']!r} is not one of {', '.join(DTYPES)}")
+    for key, value in LEGACY_KEYS.items():
+        doc.setdefault(key, value)
+    if doc["device_kind"] not in DEVICE_KINDS:
+        raise _fail(where, f"device_kind {doc['device_kind']!r} is not one of {', '.join(DEVICE_KINDS)}")
+    if not isinstance(doc["ceiling_kind"], str) or not doc["ceiling_kind"]:
+        raise _fail(where, f"ceiling_kind {doc['ceiling_kind']!r} must name what the ceiling measures")
     ns = doc["n"]
     if not ns or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in ns):
         raise _fail(where, f"n must list pass sizes >= 1, got {ns!r}")
@@ -173,7 +189,7 @@ def plot_bandwidth(doc: dict[str, Any], path: str) -> None:
         ax.errorbar(ns, med, yerr=half, fmt="o-" if slot else "o--", color=f"C{i}", capsize=2,
                     markerfacecolor=f"C{i}" if slot else "white", label=f"{name} ({k['kind']})")
     ax.axhline(doc["ceiling_gbps"], linestyle=":", color="black",
-               label=f"streaming read (ceiling) {doc['ceiling_gbps']:.1f} GB/s")
+               label=f"{doc['ceiling_kind']} (ceiling) {doc['ceiling_gbps']:.1f} GB/s")
     ax.set(xlabel="tokens per pass n", ylabel="effective bandwidth (GB/s)", xticks=ns, ylim=(0, None),
            title=f"{doc['model']} {doc['dtype']}, MoE layers {', '.join(map(str, doc['layers']))}")
     ax.legend(fontsize=7, loc="best")

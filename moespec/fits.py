@@ -113,7 +113,7 @@ Units = dict[tuple[int, int], dict[str, Any]]
 
 
 # peer kernel name prefix -> the engine it belongs to; kernels without a prefix are moespec's own
-ENGINES = {"hf": "transformers", "mlx": "mlx-lm", "ggml": "llama.cpp ggml"}
+ENGINES = {"hf": "transformers", "mlx": "mlx-lm", "ggml": "llama.cpp ggml", "torch": "torch"}
 
 
 def engine_of(kernel: str) -> str:

@@ -43,10 +43,12 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
     """Who made a result and how: device, dtype, library versions, UTC timestamp and the exact command."""
     versions = {"moespec": __version__, "python": platform.python_version()}
-    for name in ("numpy", "torch", "transformers"):
+    for name in ("numpy", "torch", "transformers", "triton"):
         module = sys.modules.get(name)
         if module is not None:
             versions[name] = getattr(module, "__version__", "?")
+    if "torch" in sys.modules and sys.modules["torch"].version.cuda:
+        versions["cuda"] = sys.modules["torch"].version.cuda
     return {
         "device": device,
         "host": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores",

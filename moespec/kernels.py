@@ -34,11 +34,14 @@ gpt-oss stores its experts transposed with gate and up interleaved (`gate_up_pro
 g0 u0 g1 u1 ..., `down_proj` [N, f, d]) and uses a clamped SwiGLU; `from_hf_experts` converts any of these
 modules to the layout above once, and `Activation` carries the activation (`SILU` or `GPT_OSS`).
 
-Implementations. `slot` and `dedup` run the native AVX2/FMA kernels of moespec/csrc (fp32 or bf16 weights,
-fp32 accumulation, the threads sharing the rows of every weight matrix; see moespec.native) and fall back
-to a pure-torch loop with the same results when the native library is unavailable or the weights are
-neither fp32 nor bf16; `implementation(kernel, dtype)` says which runs. `reference` is a float64 loop, the
-ground truth of every test. The other kernels are peers run through their own code:
+Implementations. On the CPU `slot` and `dedup` run the native AVX2/FMA kernels of moespec/csrc (fp32 or bf16
+weights, fp32 accumulation, the threads sharing the rows of every weight matrix; see moespec.native) and fall
+back to a pure-torch loop with the same results when the native library is unavailable or the weights are
+neither fp32 nor bf16; on a CUDA device they run the Triton kernels of moespec.triton_kernels.
+`implementation(kernel, dtype, device)` says which runs. `reference` is a float64 loop, the ground truth of
+every test. The other kernels are peers run through their own code:
+- `torch-slot`, `torch-dedup`: the plain torch loops (one F.linear per slot, or per distinct expert on its
+  tokens) on any device: what an engine without expert kernels does;
 - `hf-batched_mm` (per-slot), `hf-grouped_mm`, `hf-eager` (dedup): transformers' experts implementations,
   called on a real experts module of the model's class (OlmoeExperts; GptOssExperts for the gpt-oss
   activation) that shares our weight tensors (gpt-oss's layout: converted once);
@@ -50,8 +53,6 @@ ground truth of every test. The other kernels are peers run through their own co
 from __future__ import annotations
 
 import importlib.util
-import statistics
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -63,8 +64,7 @@ from moespec import MoespecError, fits, native
 
 __all__ = [
     "Activation", "SILU", "GPT_OSS", "Kernel", "KERNELS", "expert_op", "reference_float64", "implementation",
-    "expert_bytes", "distinct_experts", "requested_bytes", "from_hf_experts", "StreamRead", "measure_stream_read",
-    "CacheFlusher", "median_iqr",
+    "expert_bytes", "distinct_experts", "requested_bytes", "from_hf_experts",
 ]
 
 
@@ -165,8 +165,10 @@ def requested_bytes(kernel: str, ids: torch.Tensor, gate_up: torch.Tensor, down:
 def reference_float64(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                       down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
                       down_bias: torch.Tensor | None = None, act: Activation = SILU) -> torch.Tensor:
-    """The definition, slot by slot, in float64 throughout; returns float64 [n, d]."""
+    """The definition, slot by slot, in float64 throughout on the CPU; returns float64 [n, d] on the CPU."""
     n, m, N, d, f = _check(x, ids, weights, gate_up, down, gate_up_bias, down_bias)
+    x, ids, weights, gate_up, down, gate_up_bias, down_bias = (
+        None if t is None else t.cpu() for t in (x, ids, weights, gate_up, down, gate_up_bias, down_bias))
     _check_ids(ids, N)
     out = torch.zeros(n, d, dtype=torch.float64)
     for t in range(n):
@@ -194,10 +196,13 @@ _MODE = {"slot": 0, "dedup": 1}
 _ACT_CODE = {"silu": 0, "gpt-oss": 1}
 
 
-def implementation(kernel: str, dtype: torch.dtype = torch.bfloat16) -> str:
-    """'native' when `kernel` runs the compiled AVX2 code for weights of `dtype`, else 'torch' (its fallback)."""
+def implementation(kernel: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> str:
+    """What runs our `kernel` for weights of `dtype` on `device`: 'triton' on CUDA; on the CPU 'native' (the
+    compiled AVX2 code) or 'torch' (its fallback); 'torch' for the torch-* loops."""
     if kernel not in _MODE:
         return "torch"
+    if torch.device(device).type == "cuda":
+        return "triton"
     return "native" if dtype in _NATIVE_DTYPES and native.load() is not None else "torch"
 
 
@@ -241,7 +246,7 @@ def _expert_apply(xs, e, gate_up, down, gate_up_bias, down_bias, act, f):
 
 def _slot_torch(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act):
     (n, d), f = x.shape, down.shape[2]
-    out = torch.zeros(n, d, dtype=torch.float32)
+    out = torch.zeros(n, d, dtype=torch.float32, device=x.device)
     for t, row in enumerate(ids.tolist()):
         for j, e in enumerate(row):
             y = _expert_apply(x[t:t + 1], e, gate_up, down, gate_up_bias, down_bias, act, f)
@@ -251,7 +256,7 @@ def _slot_torch(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act):
 
 def _dedup_torch(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act):
     (n, d), m, f = x.shape, ids.shape[1], down.shape[2]
-    out = torch.zeros(n, d, dtype=torch.float32)
+    out = torch.zeros(n, d, dtype=torch.float32, device=x.device)
     flat = ids.reshape(-1)
     w = weights.reshape(-1).float()
     for e in torch.unique(flat).tolist():
@@ -266,10 +271,27 @@ def _ours(mode: str) -> Callable[..., torch.Tensor]:
     fallback = _slot_torch if mode == "slot" else _dedup_torch
 
     def run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
+        if gate_up.is_cuda:  # ids already on the device are not checked: that would synchronize with the host
+            if not ids.is_cuda:
+                _check_ids(ids, gate_up.shape[0])
+            from moespec import triton_kernels
+
+            return triton_kernels.expert_op(mode, x, ids.to(gate_up.device), weights, gate_up, down, gate_up_bias,
+                                            down_bias, act.kind, act.alpha, act.limit)
         if implementation(mode, gate_up.dtype) == "native":  # ids are range-checked in C++
             return _native_op(mode, x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads)
         _check_ids(ids, gate_up.shape[0])
         return fallback(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act)
+
+    return run
+
+
+def _torch_loop(mode: str) -> Callable[..., torch.Tensor]:
+    loop = _slot_torch if mode == "slot" else _dedup_torch
+
+    def run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
+        _check_ids(ids, gate_up.shape[0])
+        return loop(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act)
 
     return run
 
@@ -341,8 +363,9 @@ def _hf_module(impl, gate_up, down, gate_up_bias, down_bias, act):
         config._experts_implementation = impl
         with torch.device("meta"):
             module = GptOssExperts(config)
-        gb = torch.zeros(N, 2 * f, dtype=gate_up.dtype) if gate_up_bias is None else gate_up_bias.to(gate_up.dtype)
-        db = torch.zeros(N, d, dtype=gate_up.dtype) if down_bias is None else down_bias.to(gate_up.dtype)
+        zeros = lambda *shape: torch.zeros(*shape, dtype=gate_up.dtype, device=gate_up.device)  # noqa: E731
+        gb = zeros(N, 2 * f) if gate_up_bias is None else gate_up_bias.to(gate_up.dtype)
+        db = zeros(N, d) if down_bias is None else down_bias.to(gate_up.dtype)
         inter = torch.stack([gate_up[:, :f], gate_up[:, f:]], dim=2).reshape(N, 2 * f, d)  # g0 u0 g1 u1 ...
         module.gate_up_proj = param(inter.transpose(1, 2).contiguous())
         module.gate_up_proj_bias = param(torch.stack([gb[:, :f], gb[:, f:]], dim=2).reshape(N, 2 * f))
@@ -494,6 +517,9 @@ KERNELS: dict[str, Kernel] = {
     "reference": Kernel("reference", "slot", _reference, "float64 loop over slots: the ground truth"),
     "slot": Kernel("slot", "slot", _ours("slot"), "ours, per-slot: each slot streams its expert"),
     "dedup": Kernel("dedup", "dedup", _ours("dedup"), "ours, deduplicating: each distinct expert streamed once"),
+    "torch-slot": Kernel("torch-slot", "slot", _torch_loop("slot"), "torch loop: one F.linear pair per slot"),
+    "torch-dedup": Kernel("torch-dedup", "dedup", _torch_loop("dedup"),
+                          "torch loop: one F.linear pair per distinct expert on its tokens"),
     "hf-batched_mm": Kernel("hf-batched_mm", "slot", _hf("batched_mm"),
                             "transformers batched_mm: gathers each slot's weights, then bmm"),
     "hf-grouped_mm": Kernel("hf-grouped_mm", "dedup", _hf("grouped_mm"),
@@ -525,61 +551,3 @@ def expert_op(kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
     `threads` applies to our native kernels (default: torch.get_num_threads())."""
     _check(x, ids, weights, gate_up, down, gate_up_bias, down_bias)
     return _kernel(kernel).run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads)
-
-
-# ---------------------------------------------------------------- measurement helpers
-
-class StreamRead:
-    """The device ceiling: each call reads a fixed nbytes buffer once, start to end, and returns GB/s.
-
-    The native AVX2 reader runs on all threads when available (each thread one contiguous part), else a
-    torch integer sum."""
-
-    def __init__(self, nbytes: int = 256 << 20, threads: int | None = None) -> None:
-        self._buf = torch.ones(nbytes // 8, dtype=torch.int64)
-        self._threads = threads
-
-    def __call__(self) -> float:
-        lib, nbytes = native.load(), self._buf.numel() * 8
-        start = time.perf_counter()
-        if lib is not None:
-            lib.moespec_stream_read(self._buf.data_ptr(), nbytes, self._threads or torch.get_num_threads())
-        else:
-            self._buf.sum()
-        return nbytes / (time.perf_counter() - start) / 1e9
-
-
-def measure_stream_read(nbytes: int = 256 << 20, repeats: int = 7, threads: int | None = None) -> list[float]:
-    """GB/s of `repeats` streaming reads of one nbytes buffer, after one untimed read."""
-    read = StreamRead(nbytes, threads)
-    read()
-    return [read() for _ in range(repeats)]
-
-
-class CacheFlusher:
-    """Call it before a timed call so that call finds no expert weights in any cache.
-
-    It writes a buffer larger than the last-level cache (default 64 MiB, twice this machine's 32 MiB L3),
-    which evicts everything, then reads a second buffer of the same size, which replaces the dirty lines
-    by clean ones. Without the read, the timed call would pay for writing the flush buffer back to DRAM
-    while it streams its weights (up to an L3 of extra traffic), which the ceiling does not pay."""
-
-    def __init__(self, nbytes: int = 64 << 20) -> None:
-        self._dirty = torch.empty(nbytes // 4, dtype=torch.float32)
-        self._clean = torch.ones(nbytes // 8, dtype=torch.int64)
-        self._value = 0.0
-
-    def __call__(self) -> None:
-        self._value += 1.0
-        self._dirty.fill_(self._value)
-        lib = native.load()
-        if lib is not None:
-            lib.moespec_stream_read(self._clean.data_ptr(), self._clean.numel() * 8, torch.get_num_threads())
-        else:
-            self._clean.sum()
-
-
-def median_iqr(samples: list[float]) -> tuple[float, float]:
-    """(median, interquartile range) of timing samples."""
-    q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else [samples[0]] * 3
-    return q[1], q[2] - q[0]

@@ -22,7 +22,8 @@ published cost models: reuse threshold rho*_k(a) (16) against the trace's rho_ba
 wherever u(n) < 1", which bytes alone cannot decide (the two-bandwidth sign is that of r(n) - u(n), (7)).
 
 plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
-  model, device, dtype, eps (engine eps: max over slot and dedup), delta, kmax, tau1_s, draft_time_s [h(0..kmax)]
+  model, device, device_kind, dtype   the bench's ("cpu" or "cuda": a plan holds for the device its bench timed)
+  eps (engine eps: max over slot and dedup), delta, kmax, tau1_s, draft_time_s [h(0..kmax)]
   coverage     {timed_layers, num_moe_layers, scale, rule}: how untimed MoE layers are covered
   crossover    n or null;  crossover_measured: the same on the measured-time version
   kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
@@ -45,7 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from moespec import MoespecError, theory
-from moespec.benchfile import load_bench
+from moespec.benchfile import DEVICE_KINDS, load_bench
 from moespec.io import console as console_
 from moespec.io import provenance, write_json
 from moespec.reuse import reuse_stats
@@ -218,8 +219,8 @@ def build_plan(bench: dict[str, Any], trace: Trace, tau1: float, kmax: int = DEF
     grid = [float(a) for a in theory.PAPER_ACCEPTANCES]
     return {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": bench["model"],
-        "device": bench["device"], "dtype": fmt, "eps": eps, "delta": delta, "kmax": kmax, "tau1_s": tau1,
-        "draft_time_s": h,
+        "device": bench["device"], "device_kind": bench["device_kind"], "dtype": fmt, "eps": eps, "delta": delta,
+        "kmax": kmax, "tau1_s": tau1, "draft_time_s": h,
         "coverage": {"timed_layers": bench["layers"], "num_moe_layers": spec.L, "scale": scale,
                      "rule": "each untimed MoE layer takes the timed layers' op time per expert byte times its "
                              "w_l: sum over all layers = (W / W_timed) x sum over timed layers"},
@@ -298,6 +299,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bench", required=True, help="bench.json from `moespec bench`")
     parser.add_argument("--trace", required=True, help="routing trace (.npz) of the same model")
     parser.add_argument("--tau1", type=float, required=True, help="measured one-token pass time tau(1), seconds")
+    parser.add_argument("--device", choices=DEVICE_KINDS,
+                        help="the device the plan is for; must be the one the bench timed (default: the bench's)")
     parser.add_argument("--out", help="write plan.json here")
     parser.add_argument("--kmax", type=int, default=DEFAULT_KMAX, help="largest draft length k (default 8)")
     parser.add_argument("--draft-time", default="0", metavar="H",
@@ -308,6 +311,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     bench = load_bench(args.bench)
+    if args.device is not None and args.device != bench["device_kind"]:
+        raise MoespecError(f"{args.bench} was measured on {bench['device_kind']}; a {args.device} plan needs a "
+                           f"bench run with --device {args.device}")
     trace = load_trace(args.trace)
     plan = build_plan(bench, trace, args.tau1, args.kmax, _draft_times(args.draft_time, args.kmax), args.depth,
                       bench_path=args.bench, trace_path=args.trace)

@@ -3,10 +3,15 @@ tokenizer built on the fly (nothing can be downloaded). Used by test_spec (confi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+# Without a CUDA device the Triton kernels run in Triton's CPU interpreter (set before anything imports them).
+if not __import__("torch").cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # A word-level vocabulary from this corpus; unknown words map to [UNK]. The configs' vocab_size covers it.
 CORPUS = """the cat sat on the mat and the dog ran to the park . a bird sang in the tall tree while rain fell

@@ -206,7 +206,7 @@ def test_kernels_that_cannot_run_are_skipped_by_all_and_refused_by_name(monkeypa
     spec = ModelSpec.from_name("olmoe-1b-7b")  # probed on a tiny layer of its structure, not its real size
     assert bench.parse_kernels("all", spec, "bf16") == (["slot", "dedup"], {"fake-fp32": "runs float32 only"})
     assert bench.parse_kernels("all", spec, "fp32") == (["slot", "dedup", "fake-fp32"], {})
-    with pytest.raises(MoespecError, match="kernel fake-fp32 cannot run olmoe-1b-7b experts in bf16 here"):
+    with pytest.raises(MoespecError, match="kernel fake-fp32 cannot run olmoe-1b-7b experts in bf16 on cpu"):
         bench.parse_kernels("dedup,fake-fp32", spec, "bf16")
 
 
@@ -266,7 +266,8 @@ def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str
     assert smoke["rc"] == 0
     doc = load_bench(smoke["out"])
     assert doc["model"] == "tiny" and doc["dtype"] == "bf16" and doc["layers"] == [0, 1] and doc["n"] == [1, 2, 3]
-    assert doc["ceiling_gbps"] > 0 and doc["device"].startswith("cpu")
+    assert doc["ceiling_gbps"] > 0 and doc["device"].startswith("cpu: ") and doc["device_kind"] == "cpu"
+    assert doc["ceiling_kind"] == "streaming read" and doc["protocol"]["timer"] == "perf_counter"
     assert set(doc["kernels"]) == {"slot", "dedup"} and set(doc["r"]) == {"1", "2", "3"}
     assert doc["u"]["1"] == 1.0 and doc["u"]["3"] < doc["u"]["2"] < 1
     assert set(doc["eps"]) <= {"slot", "dedup"} and set(doc["fits"]) == {"0", "1"}
@@ -301,6 +302,8 @@ def test_bench_json_round_trips(smoke: dict[str, object], tmp_path: Path) -> Non
     (lambda d: d.update(crossover=7), "crossover 7 is not a timed pass size"),
     (lambda d: d.update(n=[0, 1]), "pass sizes >= 1"),
     (lambda d: d.update(eps={"slot": -0.1}), "must be a number >= 0"),
+    (lambda d: d.update(device_kind="tpu"), "device_kind 'tpu' is not one of cpu, cuda"),
+    (lambda d: d.update(ceiling_kind=""), "ceiling_kind '' must name what the ceiling measures"),
 ])
 def test_load_bench_rejects(smoke: dict[str, object], tmp_path: Path, change, problem: str) -> None:
     doc = json.loads(Path(smoke["out"]).read_text())
@@ -310,6 +313,16 @@ def test_load_bench_rejects(smoke: dict[str, object], tmp_path: Path, change, pr
     with pytest.raises(MoespecError, match=problem) as err:
         load_bench(path)
     assert str(path) in str(err.value)
+
+
+def test_load_bench_reads_a_file_from_before_devices(smoke: dict[str, object], tmp_path: Path) -> None:
+    doc = json.loads(Path(smoke["out"]).read_text())
+    for key in ("device_kind", "ceiling_kind"):
+        del doc[key]
+    del doc["protocol"]["timer"]
+    write_json(tmp_path / "old.json", doc)
+    loaded = load_bench(tmp_path / "old.json")
+    assert (loaded["device_kind"], loaded["ceiling_kind"]) == ("cpu", "streaming read")
 
 
 def test_load_bench_rejects_non_json(tmp_path: Path) -> None:
@@ -373,6 +386,21 @@ def test_bad_input_exits_2_with_one_line(tiny: dict[str, Path], tmp_path: Path, 
     assert cli.main(_bench(tiny, tmp_path / "b.json", *args)) == 2
     err = capsys.readouterr().err
     assert problem in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("device, problem", [
+    ("cuda", "moespec bench: error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"),
+    ("tpu", "moespec bench: error: --device tpu: unknown device; use cpu, cuda or cuda:N"),
+])
+def test_bad_device_exits_2_with_one_line(tiny: dict[str, Path], tmp_path: Path, capsys,
+                                          monkeypatch: pytest.MonkeyPatch, device: str, problem: str) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a machine with a GPU
+    assert cli.main(_bench(tiny, tmp_path / "b.json", "--device", device)) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == problem
     assert not (tmp_path / "b.json").exists()
 
 

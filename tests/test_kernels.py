@@ -1,5 +1,5 @@
 """Every expert kernel (ours, native and fallback, and the installed peers) against the float64 reference on
-edge shapes, plus the byte model, the layout conversion of transformers' experts modules and the helpers.
+edge shapes, plus the byte model and the layout conversion of transformers' experts modules.
 
 Tolerances, on the largest absolute error divided by the largest absolute reference output:
 - fp32: 1e-5 for every kernel (all accumulate in fp32; observed ~4e-7);
@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from moespec import MoespecError, kernels as K, native
 
+from kernel_cases import SHAPES, make, rel_err
+
 TOL = {
     ("native", torch.float32): 1e-5, ("native", torch.bfloat16): 8e-3,
     ("torch", torch.float32): 1e-5, ("torch", torch.bfloat16): 3e-2,
@@ -27,42 +29,9 @@ TOL = {
 DTYPES = [torch.float32, torch.bfloat16]
 HF = ["hf-batched_mm", "hf-grouped_mm", "hf-eager"]
 
-# (name, n, m, N, d, f, same_ids): n = 1; all tokens on the same experts; m = N - 1; prime N; up to n = 9;
-# d and f not multiples of the SIMD width; a shape with several row tasks and chunks per matrix; a hidden
-# size wide enough to be split in column blocks; OLMoE's ratios at small size.
-SHAPES = [
-    ("n1_prime7", 1, 2, 7, 37, 13, False),
-    ("same_experts", 9, 4, 13, 48, 24, True),
-    ("m_is_N_minus_1", 5, 6, 7, 40, 16, False),
-    ("prime13_odd", 9, 3, 13, 67, 29, False),
-    ("n9_olmoe_like", 9, 8, 64, 64, 32, False),
-    ("many_tasks", 4, 2, 5, 1030, 515, True),
-    ("wide_hidden", 7, 2, 3, 3000, 24, True),
-]
-
-
-def make(n, m, N, d, f, dtype, same=False, bias=False, seed=0):
-    """Random inputs with unit-scale activations: x ~ N(0, 1), weights ~ N(0, 1/fan_in)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g).to(dtype)
-    ids = torch.stack([torch.randperm(N, generator=g)[:m] for _ in range(n)])
-    if same:
-        ids = ids[:1].repeat(n, 1)
-    weights = torch.rand(n, m, generator=g).to(dtype)
-    gate_up = (torch.randn(N, 2 * f, d, generator=g) / d**0.5).to(dtype)
-    down = (torch.randn(N, d, f, generator=g) / f**0.5).to(dtype)
-    gub = torch.randn(N, 2 * f, generator=g).to(dtype) if bias else None
-    db = torch.randn(N, d, generator=g).to(dtype) if bias else None
-    return x, ids, weights, gate_up, down, gub, db
-
-
 def ours_tol(dtype: torch.dtype) -> float:
     """Our kernels' tolerance: native when the library runs here, else the torch fallback's."""
     return TOL[K.implementation("slot", dtype), dtype]
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((y.double() - ref).abs().max() / ref.abs().max()).item()
 
 
 def run_hf(kernel, *args, act=K.SILU):
@@ -123,8 +92,9 @@ def test_native_thread_counts_agree(threads):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES[:5], ids=[s[0] for s in SHAPES[:5]])
-@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+@pytest.mark.parametrize("kernel", ["slot", "dedup", "torch-slot", "torch-dedup"])
 def test_ours_fallback_match_reference(torch_fallback, kernel, shape, dtype):
+    """Our kernels without the native library, and the torch-loop peers, which are that same code."""
     _, n, m, N, d, f, same = shape
     args = make(n, m, N, d, f, dtype, same, bias=True)
     for act in (K.SILU, K.GPT_OSS):
@@ -210,7 +180,8 @@ def test_requested_bytes():
 
 
 def test_registry():
-    assert {"reference", "slot", "dedup", "hf-batched_mm", "hf-grouped_mm", "hf-eager"} <= set(K.KERNELS)
+    assert {"reference", "slot", "dedup", "torch-slot", "torch-dedup", "hf-batched_mm", "hf-grouped_mm",
+            "hf-eager"} <= set(K.KERNELS)
     assert all(k.kind in ("slot", "dedup") for k in K.KERNELS.values())
 
 
@@ -248,13 +219,6 @@ def test_from_hf_experts_gpt_oss_layout():
     ref = K.reference_float64(x, ids, w, gate_up, down, gub, db, act=act)
     assert rel_err(hf, ref) < 1e-5
     assert rel_err(K.expert_op("dedup", x, ids, w, gate_up, down, gub, db, act=act), ref) < 1e-5
-
-
-def test_measurement_helpers():
-    samples = K.measure_stream_read(nbytes=8 << 20, repeats=3)
-    assert len(samples) == 3 and all(s > 0 for s in samples)
-    K.CacheFlusher(nbytes=1 << 20)()
-    assert K.median_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0)
 
 
 MLX = [k for k in ("mlx-gather", "mlx-sorted") if k in K.KERNELS]

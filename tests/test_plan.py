@@ -43,7 +43,8 @@ def make_bench(errors: Callable[[], float] = lambda: 0.0, eps: float = EPS, r: f
         for layer in TIMED}
     beta = {"kind": "slot", "beta_gbps": {str(n): 10.0 for n in NS}, "beta_iqr_gbps": {str(n): 1.0 for n in NS}}
     return {"format": "moespec-bench", "format_version": 1, "model": MODEL, "device": "test device",
-            "dtype": "bf16", "ceiling_gbps": 20.0, "layers": TIMED, "n": NS,
+            "device_kind": "cpu", "dtype": "bf16", "ceiling_kind": "streaming read", "ceiling_gbps": 20.0,
+            "layers": TIMED, "n": NS,
             "kernels": {"slot": beta, "dedup": {**beta, "kind": "dedup"}},
             "r": {str(n): r for n in NS}, "u": {str(n): 1.0 for n in NS}, "eps": {"slot": eps / 2, "dedup": eps},
             "crossover": None, "fits": {}, "per_layer": per_layer, "chosen": {}, "provenance": {}}
@@ -186,8 +187,19 @@ def test_cli_writes_plan_and_prints_json(trace: Trace, tmp_path: Path, capsys: p
     assert cli.main(_cli(tmp_path, trace, make_bench(), "--tau1", "0.1", "--out", str(out), "--json")) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["crossover"] == 4 and load_plan(out)["kernel_by_n"] == printed["kernel_by_n"]
+    assert printed["device_kind"] == "cpu"
     assert cli.main(_cli(tmp_path, trace, make_bench(), "--tau1", "0.1", "--kmax", "3")) == 0
     assert "crossover" in capsys.readouterr().out
+
+
+def test_plan_device_defaults_to_the_bench_and_may_repeat_it(trace: Trace, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    for extra in ([], ["--device", "cpu"]):
+        assert cli.main(_cli(tmp_path, trace, make_bench(), "--tau1", "0.1", "--json", *extra)) == 0
+        assert json.loads(capsys.readouterr().out)["device_kind"] == "cpu"
+    old = {k: v for k, v in make_bench().items() if k not in ("device_kind", "ceiling_kind")}
+    assert cli.main(_cli(tmp_path, trace, old, "--tau1", "0.1", "--device", "cuda")) == 2  # an old bench is a cpu one
+    assert "was measured on cpu" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bench, extra, problem", [
@@ -195,6 +207,8 @@ def test_cli_writes_plan_and_prints_json(trace: Trace, tmp_path: Path, capsys: p
     (make_bench(eps=0.6), ["--tau1", "0.1"], "needs eps < 1/2"),
     (make_bench(), ["--tau1", "0.1", "--kmax", "12"], "needs n up to 13"),
     (make_bench(), ["--tau1", "0.1", "--draft-time", "1,2"], "--draft-time needs one or 9"),
+    (make_bench(), ["--tau1", "0.1", "--device", "cuda"],
+     "bench.json was measured on cpu; a cuda plan needs a bench run with --device cuda"),
 ])
 def test_cli_errors_are_one_line(trace: Trace, tmp_path: Path, capsys: pytest.CaptureFixture, bench: dict,
                                  extra: list[str], problem: str) -> None:

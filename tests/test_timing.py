@@ -1,0 +1,83 @@
+"""moespec.timing: the CPU helpers (streaming read, cache flush, median/IQR), device names checked against the
+machine, and the CPU timer's flush, clock and ceiling; the CUDA timer where a GPU is present. No assertion
+depends on how fast anything runs beyond a sleep taking at least its own length."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from moespec import MoespecError, timing
+
+SLEEP_S = 1e-3
+SMALL_CEILING_BYTES = 8 << 20  # enough for a positive rate, quick on any machine
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_measurement_helpers() -> None:
+    samples = timing.measure_stream_read(nbytes=SMALL_CEILING_BYTES, repeats=3)
+    assert len(samples) == 3 and all(s > 0 for s in samples)
+    timing.CacheFlusher(nbytes=1 << 20)()
+    assert timing.median_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0)
+    assert timing.median_iqr([2.5]) == (2.5, 0.0)
+    assert timing.flush_bytes() >= timing.FLUSH_MIN_BYTES
+
+
+def test_cpu_timer_flushes_times_and_measures_a_ceiling() -> None:
+    timer = timing.timer_for("cpu")
+    assert isinstance(timer, timing.CpuTimer) and (timer.kind, timer.device) == ("cpu", "cpu")
+    assert timer.name.startswith("cpu: ") and timer.name.endswith("threads")
+    assert (timer.timer_name, timer.ceiling_kind) == ("perf_counter", "streaming read")
+    assert timer.flush_bytes == timing.flush_bytes()
+    timer.flush()
+    assert timer.time(lambda: time.sleep(SLEEP_S)) >= SLEEP_S
+    assert timer.time(lambda: None) > 0
+    samples = timer.ceiling(nbytes=SMALL_CEILING_BYTES, repeats=4)
+    assert len(samples) == 4 and all(s > 0 for s in samples)
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0"])
+def test_resolve_device_accepts_cpu_and_cuda(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert timing.resolve_device(name) == name
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("cuda", "--device cuda: no CUDA device here (torch.cuda.is_available() is False)"),
+    ("cuda:0", "--device cuda:0: no CUDA device here"),
+    ("gpu", "--device gpu: unknown device; use cpu, cuda or cuda:N"),
+    ("cpu:0", "unknown device"),
+    ("cuda:", "unknown device"),
+    ("cuda:x", "unknown device"),
+    ("", "unknown device"),
+])
+def test_resolve_device_rejects_in_one_line(name: str, problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MoespecError) as err:
+        timing.resolve_device(name)
+    assert problem in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(MoespecError):
+        timing.timer_for(name)
+
+
+def test_resolve_device_rejects_a_missing_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(MoespecError, match=r"--device cuda:2: this machine has 2 CUDA device\(s\), cuda:0..cuda:1"):
+        timing.resolve_device("cuda:2")
+
+
+@CUDA
+def test_cuda_timer_flushes_times_and_measures_a_ceiling() -> None:
+    timer = timing.timer_for("cuda")
+    assert isinstance(timer, timing.CudaTimer) and timer.kind == "cuda" and timer.name.startswith("cuda: ")
+    assert (timer.timer_name, timer.ceiling_kind) == ("cuda events", "device-to-device copy")
+    assert timer.flush_bytes >= timing.GPU_FLUSH_WRITE_MIN_BYTES
+    timer.flush()
+    a = torch.ones(1 << 24, device="cuda")
+    assert timer.time(lambda: a.mul_(1.0)) > 0
+    samples = timer.ceiling(nbytes=SMALL_CEILING_BYTES, repeats=3)
+    assert len(samples) == 3 and all(s > 0 for s in samples)
