@@ -13,9 +13,9 @@ for free.
 The clock. On the CPU the kernels are synchronous, so time.perf_counter around the call is its time. A CUDA call
 only enqueues kernels and returns, so the host clock would measure the launch; CUDA events recorded on the
 current stream before and after the call bracket the device's work instead. As in triton.testing.do_bench, the
-start event is queued behind the flush, so the call's launches overlap the flush (~0.3 ms) and the events
-measure the kernels' execution, not the host's launch latency (which a serving engine hides with CUDA graphs);
-launches slower than the flush would show as idle time inside the call.
+start event is queued behind the flush and a short device-side spin (GPU_LAUNCH_LEAD_S), so the call's launches
+overlap them (~0.9 ms in all) and the events measure the kernels' execution, not the host's launch latency
+(which a serving engine hides with CUDA graphs); only launches slower than that would show as idle time.
 
 The ceiling: what the device's memory delivers to the simplest streaming code, in GB/s (1e9 B/s).
 - cpu, "streaming read": one read of a 256 MiB buffer (the native AVX2 reader on all threads, each a contiguous
@@ -55,6 +55,12 @@ GPU_L2_FALLBACK_BYTES = 50 << 20  # an H100's L2, for a torch that does not repo
 # call's kernels before the device reaches them (a Python wrapper with a few launches needs ~0.1 ms).
 GPU_FLUSH_WRITE_MIN_BYTES = 1 << 30
 GPU_FLUSH_READ_MIN_BYTES = 256 << 20
+# After the flush the device spins this long (torch.cuda._sleep) before the timed call's start event: the host
+# then has flush + lead (~0.9 ms) to launch the call's kernels, so none waits on the host. Our Triton wrappers
+# measured 0.16-0.37 ms of host launch time on an H200 against a 0.32 ms flush: without the lead, small passes
+# showed launch gaps as bandwidth dips.
+GPU_LAUNCH_LEAD_S = 0.6e-3
+GPU_SLEEP_CALIBRATION_CYCLES = 1 << 22  # ~2 ms at ~2 GHz: long enough that the events' ~1 us resolution is noise
 COPY_BYTES = 1 << 30  # the GPU ceiling's copy: 20x an H100's L2, ~0.5 ms at 4 TB/s, far above the events' ~1 us
 
 
@@ -216,12 +222,17 @@ class CudaTimer(Timer):
         self._dirty = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=device)
         self._clean = torch.ones(clean // 4, dtype=torch.float32, device=device)
         self._value = 0.0
+        self._lead_cycles = 0
+        cycles_per_s = GPU_SLEEP_CALIBRATION_CYCLES / self.time(lambda: torch.cuda._sleep(GPU_SLEEP_CALIBRATION_CYCLES))
+        self._lead_cycles = int(GPU_LAUNCH_LEAD_S * cycles_per_s)
 
     def flush(self) -> None:
         self._value += 1.0
         with torch.cuda.device(self.device):
             self._dirty.fill_(self._value)
             self._clean.sum()
+            if self._lead_cycles:
+                torch.cuda._sleep(self._lead_cycles)
 
     def time(self, fn: Callable[[], object]) -> float:
         with torch.cuda.device(self.device):
