@@ -48,7 +48,7 @@ import numpy as np
 from moespec import MoespecError
 from moespec.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians, requested_bytes
 from moespec.benchfile import DTYPES, FORMAT_NAME, FORMAT_VERSION, plot_bandwidth, print_tables
-from moespec.io import console, plot_format, progress, provenance, write_json
+from moespec.io import Checkpoint, console, plot_format, progress, provenance, write_json
 from moespec.spec import ModelSpec, resolve
 from moespec.trace import Trace, load_trace
 
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from moespec.kernels import Activation
     from moespec.timing import Timer
 
-PARTIAL_FORMAT = "moespec-bench-partial"
 DEFAULT_MODEL = "olmoe-1b-7b"
 DEFAULT_KERNELS = "slot,dedup"  # the hf-* peers run 10-20x slower on this CPU: opt in with --kernels all
 # Defaults sized so two OLMoE layers at n = 1..9 with our two kernels take about 2 min on this 2-core machine at
@@ -320,38 +319,9 @@ def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samp
     return {"layer": layer, "n": n, "kernels": kernels, "passes": rows}
 
 
-class Checkpoint:
-    """Finished units of one configuration in OUT.partial, rewritten atomically after every unit."""
-
-    def __init__(self, out: str, config: dict[str, Any], resume: bool) -> None:
-        self.path = Path(f"{out}.partial")
-        self.config = config
-        self.units: dict[str, dict[str, Any]] = {}
-        if resume and self.path.exists():
-            try:
-                saved = json.loads(self.path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise MoespecError(f"{self.path}: unreadable checkpoint ({type(e).__name__}); rerun without "
-                                   f"--resume") from None
-            if not isinstance(saved, dict) or saved.get("format") != PARTIAL_FORMAT \
-                    or not isinstance(saved.get("config"), dict) or not isinstance(saved.get("units"), dict):
-                raise MoespecError(f"{self.path}: not a moespec bench checkpoint; rerun without --resume")
-            if saved["config"] != config:
-                diff = sorted(k for k in config | saved["config"] if config.get(k) != saved["config"].get(k))
-                raise MoespecError(f"{self.path}: made with other settings ({', '.join(diff)} differ); rerun "
-                                   f"with those settings or without --resume")
-            self.units = saved["units"]
-
-    @staticmethod
-    def key(layer: int, n: int, kernels: list[str]) -> str:
-        return f"layer {layer} n {n} kernels {','.join(kernels)}"
-
-    def save(self, key: str, unit: dict[str, Any]) -> None:
-        self.units[key] = unit
-        write_json(self.path, {"format": PARTIAL_FORMAT, "config": self.config, "units": self.units})
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+def unit_key(layer: int, n: int, kernels: list[str]) -> str:
+    """A unit's key in the checkpoint."""
+    return f"layer {layer} n {n} kernels {','.join(kernels)}"
 
 
 # ---- command: moespec bench --------------------------------------------------------------------------------
@@ -410,7 +380,7 @@ def _measure(spec: ModelSpec, args: argparse.Namespace, kinds: dict[str, str], p
     """Time every unit the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
     printing the estimated time."""
     kernels = list(kinds)
-    pending = [key for key in plan if Checkpoint.key(*key, kernels) not in checkpoint.units]
+    pending = [key for key in plan if unit_key(*key, kernels) not in checkpoint.units]
     out.print(f"plan: {len(plan)} units (layer, n), {len(plan) - len(pending)} done; each up to {args.u_values} "
               f"chosen U values and {args.windows} recorded windows, {args.reps} reps, every timed call after a "
               f"{timer.flush_bytes >> 20} MiB cache flush, timed by {timer.timer_name}")
@@ -432,7 +402,7 @@ def _measure(spec: ModelSpec, args: argparse.Namespace, kinds: dict[str, str], p
             weights = weights or layer_weights(spec, layer, args.dtype, args.seed, timer.device)
             for n in [n for lay, n in pending if lay == layer]:
                 samples = _time_unit(plan[layer, n], kernels, weights, args.reps, timer, advance)
-                checkpoint.save(Checkpoint.key(layer, n, kernels),
+                checkpoint.save(unit_key(layer, n, kernels),
                                 unit_record(layer, n, kernels, plan[layer, n], samples))
             weights = None  # frees the layer (and the peers' modules cached on its tensors)
 
@@ -475,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
     timer = timer_for(device)
     config = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": args.dtype, "reps": args.reps,
               "windows": args.windows, "u_values": args.u_values, "seed": args.seed, "trace_sha1": trace_info["sha1"]}
-    checkpoint = Checkpoint(args.out, config, args.resume)
+    checkpoint = Checkpoint(args.out, config, args.resume, "bench")
 
     from moespec.kernels import implementation
     from moespec.reuse import reuse_stats
@@ -499,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 
-    units = {key: checkpoint.units[Checkpoint.key(*key, list(kinds))] for key in plan}
+    units = {key: checkpoint.units[unit_key(*key, list(kinds))] for key in plan}
     b = {layer: spec.expert_bytes(layer, args.dtype) for layer in layers}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
            "device": timer.name, "device_kind": timer.kind, "dtype": args.dtype, "ceiling_kind": timer.ceiling_kind,

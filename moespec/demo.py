@@ -16,12 +16,20 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
 3. Measurement: a short bench of one MoE layer's expert operation with our per-slot and deduplicating kernels on
    this machine (`moespec bench` with fewer repetitions), which replaces the one-bandwidth assumption by the
    measured bandwidth ratio r(n): dedup is faster where u(n) < r(n) (7), and the crossover is printed.
+4. Engine: verify times tau_p(n) of a shape-faithful model (2 of the 16 layers, random weights, the trace's
+   routing replayed) with dedup off and on (`moespec run --no-throughput`).
+5. Plan: (22) from the bench and the trace, calibrated by the measured verify times; the AUTO kernel per n,
+   k_hat*(a) and the speedup band (21) (`moespec plan`).
+6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..4; a = 0.5, 0.8, 0.95) and the six
+   scoring rules (`moespec run --plan`, `moespec score`): the plan is written before that run, so pre-registered.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 from fractions import Fraction
 from typing import Any
 
@@ -43,6 +51,11 @@ DEFAULT_TOKENS, DEFAULT_DOCS = 50_000, 50
 DEFAULT_OUT_DIR = "out/demo"
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
+# The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here), 3 verify
+# samples per kernel and n, and a reduced throughput grid: the plan drafts up to ENGINE_KMAX tokens and the run
+# measures every k up to it (the score needs the plan's k_hat* measured) at 3 acceptances, 16 tokens.
+ENGINE_LAYERS, ENGINE_REPS, ENGINE_TOKENS, ENGINE_KMAX = 2, 3, 16, 4
+ENGINE_A = "0.5,0.8,0.95"
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
@@ -58,6 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"where trace.npz and demo.json go (default {DEFAULT_OUT_DIR})")
     p.add_argument("--bench-reps", type=int, default=BENCH_REPS,
                    help=f"repetitions of the short bench (default {BENCH_REPS}; 0 skips the measurement)")
+    p.add_argument("--engine-layers", type=int, default=ENGINE_LAYERS,
+                   help=f"layers of the engine's model (default {ENGINE_LAYERS}; 0 skips steps 4-6)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
@@ -167,26 +182,60 @@ def print_report(r: dict[str, Any]) -> None:
     c.print(t)
 
 
-def run_bench(model: str, fmt: str, out_dir: Path, reps: int) -> dict[str, Any]:
-    """Step 3: the short bench through the same command a user runs; returns the bench document."""
-    from moespec import bench
+def command(name: str, argv: list[str], quiet: bool) -> None:
+    """Run `moespec NAME ARGV` through the same code a user runs (its output to stderr when quiet)."""
+    import importlib
+
+    module = importlib.import_module(f"moespec.{name}")
+    parser = argparse.ArgumentParser(prog=f"moespec {name}")
+    module.add_arguments(parser)
+    with contextlib.redirect_stdout(sys.stderr if quiet else sys.stdout):
+        module.run(parser.parse_args(argv))
+
+
+def run_bench(model: str, fmt: str, out_dir: Path, reps: int, quiet: bool) -> dict[str, Any]:
+    """Step 3: the short bench; returns the bench document."""
     from moespec.benchfile import load_bench
 
     spec = ModelSpec.from_name(model)
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    args = parser.parse_args(["--model", model, "--layers", str(min(BENCH_LAYER, spec.L - 1)), "--dtype", fmt,
-                              "--trace", str(out_dir / "trace.npz"), "--out", str(out_dir / "bench.json"),
-                              "--reps", str(reps), "--windows", str(BENCH_WINDOWS), "--u-values", str(BENCH_U_VALUES),
-                              "--plot", str(out_dir / "fig2.png")])
-    bench.run(args)
+    command("bench", ["--model", model, "--layers", str(min(BENCH_LAYER, spec.L - 1)), "--dtype", fmt,
+                      "--trace", str(out_dir / "trace.npz"), "--out", str(out_dir / "bench.json"),
+                      "--reps", str(reps), "--windows", str(BENCH_WINDOWS), "--u-values", str(BENCH_U_VALUES),
+                      "--plot", str(out_dir / "fig2.png")], quiet)
     return load_bench(out_dir / "bench.json")
 
 
+def run_engine(model: str, fmt: str, depth: int, out_dir: Path, layers: int, quiet: bool) -> dict[str, Any]:
+    """Steps 4-6: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score.
+
+    The engine replays the trace's routing (random weights route like uniform iid); the plan is written before
+    the run it is scored against, so the score is pre-registered."""
+    trace, engine_args = str(out_dir / "trace.npz"), ["--preset", model, "--layers", str(layers), "--dtype", fmt,
+                                                       "--depth", str(depth), "--reps", str(ENGINE_REPS)]
+    say = (lambda text: None) if quiet else console().print
+    say(f"[bold]4. engine[/bold]: verify times of {model} with {layers} of its layers at full shape, random "
+        f"weights, the trace's routing replayed")
+    command("run", [*engine_args, "--no-throughput", "--replay", trace, "--out", str(out_dir / "runs-verify.json")],
+            quiet)
+    say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
+    command("plan", ["--bench", str(out_dir / "bench.json"), "--trace", trace, "--runs",
+                     str(out_dir / "runs-verify.json"), "--kmax", str(ENGINE_KMAX), "--out", str(out_dir / "plan.json")],
+            quiet)
+    say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
+    command("run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{ENGINE_KMAX}", "--a", ENGINE_A,
+                    "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace,
+                    "--out", str(out_dir / "runs.json")], quiet)
+    command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json")], quiet)
+    runs = json.loads((out_dir / "runs.json").read_text())
+    return {"runs": str(out_dir / "runs.json"), "plan": str(out_dir / "plan.json"),
+            "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],
+            "verify_time_s": runs["verify_time_s"], "auto_ratio": runs["auto_ratio"]}
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.kmax < 1 or args.depth < 0 or args.bench_reps < 0:
-        raise MoespecError(f"need --kmax >= 1, --depth >= 0 and --bench-reps >= 0, got {args.kmax}, {args.depth} "
-                           f"and {args.bench_reps}")
+    if args.kmax < 1 or args.depth < 0 or args.bench_reps < 0 or args.engine_layers < 0:
+        raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
+                           f"{args.kmax}, {args.depth}, {args.bench_reps} and {args.engine_layers}")
     if args.bench_reps and args.format not in DTYPES:
         raise MoespecError(f"--format {args.format}: the bench times {' or '.join(DTYPES)} weights "
                            f"(--bench-reps 0 skips it)")
@@ -204,13 +253,15 @@ def run(args: argparse.Namespace) -> int:
     if args.bench_reps:
         if not args.json:
             console().print("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
-        doc = run_bench(args.model, args.format, out_dir, args.bench_reps)
+        doc = run_bench(args.model, args.format, out_dir, args.bench_reps, args.json)
         result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": doc["ceiling_gbps"],
                            "r": doc["r"], "u": doc["u"], "crossover": doc["crossover"]}
         if not args.json:
             r = ", ".join(f"{n}: {v:.2f}" for n, v in doc["r"].items())
             console().print(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. "
                             f"Measured crossover (u(n) < r(n) from there on): n = {doc['crossover']}")
+        if args.engine_layers:
+            result["engine"] = run_engine(args.model, args.format, args.depth, out_dir, args.engine_layers, args.json)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=args.format)})
     if args.json:
         print(json.dumps(result))

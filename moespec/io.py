@@ -54,7 +54,7 @@ def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
         "host": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores",
         "dtype": dtype,
         "versions": versions,
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
@@ -94,3 +94,38 @@ def plot_format(path: str) -> str:
     if fmt not in PLOT_FORMATS:
         raise MoespecError(f"--plot {path}: the file name must end in one of .{', .'.join(PLOT_FORMATS)}")
     return fmt
+
+
+class Checkpoint:
+    """Finished units of one long job (a bench, an engine run) in OUT.partial, rewritten atomically after every
+    unit, so an interrupted job resumes without losing finished work. `config` is everything that changes what a
+    unit measures: a checkpoint made with another config is refused rather than mixed in."""
+
+    def __init__(self, out: str | os.PathLike, config: dict[str, Any], resume: bool, kind: str) -> None:
+        from moespec import MoespecError
+
+        self.path = Path(f"{out}.partial")
+        self.config, self.format = config, f"moespec-{kind}-partial"
+        self.units: dict[str, Any] = {}
+        if resume and self.path.exists():
+            try:
+                saved = json.loads(self.path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise MoespecError(f"{self.path}: unreadable checkpoint ({type(e).__name__}); rerun without "
+                                   f"--resume") from None
+            if not isinstance(saved, dict) or saved.get("format") != self.format \
+                    or not isinstance(saved.get("config"), dict) or not isinstance(saved.get("units"), dict):
+                raise MoespecError(f"{self.path}: not a moespec {kind} checkpoint; rerun without --resume")
+            if saved["config"] != config:
+                diff = sorted(k for k in config | saved["config"] if config.get(k) != saved["config"].get(k))
+                raise MoespecError(f"{self.path}: made with other settings ({', '.join(diff)} differ); rerun "
+                                   f"with those settings or without --resume")
+            self.units = saved["units"]
+
+    def save(self, key: str, unit: Any) -> None:
+        self.units[key] = unit
+        write_json(self.path, {"format": self.format, "config": self.config, "units": self.units})
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+

@@ -180,15 +180,21 @@ class ModelSpec:
             raise MoespecError(f"{file}: not readable JSON ({e})") from None
         if not isinstance(cfg, dict):
             raise MoespecError(f"{file}: expected a JSON object")
-        model_type = cfg.get("model_type")
-        if model_type not in _CONFIG_READERS:
-            raise MoespecError(f"{file}: model_type {model_type!r} is not a supported MoE model "
-                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-        spec = _CONFIG_READERS[model_type](_Config(cfg, file), file.parent.name or model_type)
+        spec = cls.from_config_dict(cfg, file.parent.name or None, source=str(file))
         for preset in PRESETS.values():
             if replace(spec, name=preset.name) == preset:
                 return replace(spec, name=preset.name, notes=preset.notes)
         return spec
+
+    @classmethod
+    def from_config_dict(cls, cfg: dict[str, Any], name: str | None = None, source: str = "config") -> ModelSpec:
+        """Build a spec from the keys of a config.json (or a transformers config's `to_dict()`), named `name`
+        (default: the model_type); `source` names the config in error messages."""
+        model_type = cfg.get("model_type")
+        if model_type not in _CONFIG_READERS:
+            raise MoespecError(f"{source}: model_type {model_type!r} is not a supported MoE model "
+                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        return _CONFIG_READERS[model_type](_Config(cfg, source), name or model_type)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (tuples become lists)."""
@@ -377,7 +383,7 @@ class _Config:
 
     _REQUIRED = object()
 
-    def __init__(self, cfg: dict[str, Any], file: Path) -> None:
+    def __init__(self, cfg: dict[str, Any], file: Path | str) -> None:
         self.cfg, self.file = cfg, file
 
     def __call__(self, key: str, default: Any = _REQUIRED) -> Any:

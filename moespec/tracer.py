@@ -137,21 +137,12 @@ def tokenizer_id(tokenizer: Any) -> str:
 # -- the model and its routers -----------------------------------------------------------------------
 def load_model(path: Path, dtype: str, device: str) -> tuple[Any, Any, ModelSpec]:
     """Tokenizer, model (eval mode, on `device`) and spec of a local checkpoint; never touches the hub."""
-    if not path.is_dir():
-        raise MoespecError(f"--model {path}: no such directory (a local Hugging Face checkpoint is needed)")
-    spec = ModelSpec.from_config(path)  # rejects configs that are not a supported MoE
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from moespec import engine  # imports torch and transformers, and this module
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise MoespecError(f"--device {device}: CUDA is not available on this machine")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, DTYPES[dtype]))
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MoespecError(f"--model {path}: cannot load the checkpoint ({first})") from None
-    return tokenizer, model.to(device).eval(), spec
+    loaded = engine.load_model(path=str(path), dtype=dtype, device=device)
+    if loaded.tokenizer is None:
+        raise MoespecError(f"--model {path}: the checkpoint has no tokenizer; tracing text needs one")
+    return loaded.tokenizer, loaded.model, loaded.spec
 
 
 def find_routers(model: Any, spec: ModelSpec) -> list[Any]:
@@ -202,9 +193,11 @@ def trace_document(model: Any, tap: RouterTap, ids: np.ndarray, chunk: int, devi
 
     import torch
 
-    params = inspect.signature(model.forward).parameters
-    cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed during transformers v5
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # skip the full-vocabulary head
+    from moespec.engine import cache_argument
+
+    cache_arg = cache_argument(model)
+    # skip the full-vocabulary head
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     cache = None
     with torch.inference_mode():
         for start in range(0, ids.size, chunk):

@@ -361,7 +361,7 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_pat
 
 def test_resume_refuses_other_settings(tiny: dict[str, Path], tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
-    write_json(f"{out}.partial", {"format": bench.PARTIAL_FORMAT, "config": {"reps": 9}, "units": {}})
+    write_json(f"{out}.partial", {"format": "moespec-bench-partial", "config": {"reps": 9}, "units": {}})
     assert cli.main(_bench(tiny, out, "--resume")) == 2
     assert "made with other settings" in capsys.readouterr().err
 

@@ -1,21 +1,26 @@
-"""moespec plan: (22) arithmetic on a hand-made bench, crossover and the AUTO policy, the band (18) around the
-measured-time saving, k_hat* and the band (21), plan.json round trip and validation, one-line CLI errors.
-No assertion depends on how fast anything runs."""
+"""moespec plan: (22) arithmetic on a hand-made bench, its calibrated version on a hand-made runs.json, reduced
+models (--moe-layers), measured draft times, crossover and the AUTO policy, the band (18) around the
+measured-time saving, k_hat* and the bands (20)-(21), a property test of every band against true values, plan.json
+round trip and validation, one-line CLI errors. No assertion depends on how fast anything runs."""
 
 from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, reject, settings
+from hypothesis import strategies as st
 
 from moespec import MoespecError, cli, theory
 from moespec.benchfile import load_bench
 from moespec.io import write_json
-from moespec.plan import build_plan, crossover, kernel_by_n, load_plan
+from moespec.plan import build_plan, crossover, kernel_by_n, load_plan, reduced_model
+from moespec.reuse import reuse_stats
 from moespec.spec import ModelSpec
 from moespec.trace import Trace
 
@@ -30,16 +35,28 @@ MS = 1e-3
 SLOT = {n: n * MS for n in NS}
 DEDUP = {n: (1.5 + n / 2) * MS for n in NS}
 SCALE = 16 / len(TIMED)
+# whole-model expert-op times M_p(n) of the fits (both kernels run the per-slot one at n = 1), seconds
+M_HAT = {"slot": {n: SCALE * len(TIMED) * SLOT[n] for n in NS},
+         "dedup": {n: SCALE * len(TIMED) * (DEDUP[n] if n > 1 else SLOT[1]) for n in NS}}
+DELTA = EPS / (1 - EPS)
+# a hand-made runs.json: dedup-off verify times whose growth outside the expert op is not (22)'s (quadratic)
+RUNS_SLOT = {n: TAU1 + 0.02 * (n - 1) + 0.001 * (n - 1) ** 2 for n in NS}
+RUNS_DRAFT = {k: 0.001 * (1 + k) for k in range(9)}
+Errors = Callable[[str, int], float]
 
 
-def make_bench(errors: Callable[[], float] = lambda: 0.0, eps: float = EPS, r: float = 0.5) -> dict[str, Any]:
-    """A bench.json document that passes load_bench; measured times = predicted x (1 + e), e from `errors`."""
-    def entry(t: float) -> dict[str, float]:
-        return {"windows": 4, "predicted_mean_s": t, "measured_mean_s": t * (1 + errors()), "measured_median_s": t}
+def make_bench(errors: Errors = lambda kernel, n: 0.0, eps: float = EPS, r: float = 0.5,
+               slot: dict[int, float] = SLOT, dedup: dict[int, float] = DEDUP) -> dict[str, Any]:
+    """A bench.json document that passes load_bench: per timed layer, the fit (predicted) times `slot` and `dedup`
+    and measured times = predicted x (1 + e), e = errors(kernel, n) (the one-token time: errors("slot", 1))."""
+    def entry(kernel: str, n: int, t: float) -> dict[str, float]:
+        return {"windows": 4, "predicted_mean_s": t, "measured_mean_s": t * (1 + errors(kernel, n)),
+                "measured_median_s": t}
 
     per_layer = {str(layer): {
-        "kernels": {"slot": {str(n): entry(SLOT[n]) for n in NS}, "dedup": {str(n): entry(DEDUP[n]) for n in NS}},
-        "one_token_s": {"kernel": "slot", "predicted_s": SLOT[1], "measured_s": SLOT[1] * (1 + errors())}}
+        "kernels": {kernel: {str(n): entry(kernel, n, times[n]) for n in NS}
+                    for kernel, times in (("slot", slot), ("dedup", dedup))},
+        "one_token_s": {"kernel": "slot", "predicted_s": slot[1], "measured_s": slot[1] * (1 + errors("slot", 1))}}
         for layer in TIMED}
     beta = {"kind": "slot", "beta_gbps": {str(n): 10.0 for n in NS}, "beta_iqr_gbps": {str(n): 1.0 for n in NS}}
     return {"format": "moespec-bench", "format_version": 1, "model": MODEL, "device": "test device",
@@ -48,6 +65,15 @@ def make_bench(errors: Callable[[], float] = lambda: 0.0, eps: float = EPS, r: f
             "kernels": {"slot": beta, "dedup": {**beta, "kind": "dedup"}},
             "r": {str(n): r for n in NS}, "u": {str(n): 1.0 for n in NS}, "eps": {"slot": eps / 2, "dedup": eps},
             "crossover": None, "fits": {}, "per_layer": per_layer, "chosen": {}, "provenance": {}}
+
+
+def make_runs(slot: dict[int, float] = RUNS_SLOT, **changes: Any) -> dict[str, Any]:
+    """A runs.json document with what plan reads (the shape `moespec run` writes), changed by `changes`."""
+    return {"format": "moespec-runs", "format_version": 1, "model": MODEL, "device_kind": "cpu", "dtype": "bf16",
+            "depth": 4096, "moe_layers": 16,
+            "verify_time_s": {"slot": {str(n): t for n, t in slot.items()},
+                              "dedup": {str(n): t * 0.9 for n, t in slot.items()}},
+            "draft_time_s": {str(k): h for k, h in RUNS_DRAFT.items()}, **changes}
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +113,16 @@ def test_crossover_and_auto_policy(plan: dict[str, Any]) -> None:
                                               ([0, 1, 1, -1], None), ([0, 0, 0], None)])
 def test_crossover_needs_positive_saving_at_every_larger_n(saving: list[float], expected: int | None) -> None:
     assert crossover(np.array(saving, dtype=float)) == expected
-    policy = kernel_by_n(expected, len(saving))
-    assert policy[1] == "slot" and (expected is None or policy[len(saving)] == "dedup")
+    # AUTO runs dedup exactly where the saving is positive: from the crossover on, and below it where positive
+    policy = kernel_by_n(np.array(saving, dtype=float))
+    assert policy == {n: "dedup" if n > 1 and saving[n - 1] > 0 else "slot" for n in range(1, len(saving) + 1)}
+    assert expected is None or all(policy[n] == "dedup" for n in range(expected, len(saving) + 1))
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_band_18_contains_the_measured_time_saving(trace: Trace, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    result = build_plan(make_bench(lambda: float(rng.uniform(-EPS, EPS))), trace, TAU1)
+    result = build_plan(make_bench(lambda kernel, n: float(rng.uniform(-EPS, EPS))), trace, TAU1)
     for n, s in result["saving"].items():
         assert s["lo_s"] <= s["measured_s"] <= s["hi_s"], n
         assert s["hi_s"] - s["lo_s"] == pytest.approx(2 * s["band_s"])
@@ -116,9 +144,168 @@ def test_best_draft_length_and_speedup_band(trace: Trace) -> None:
         V = result["step_times"][row["policy"]]
         assert row["k_hat"] == theory.best_draft_length(V, row["a"])
         assert row["speedup"] == pytest.approx(theory.speedup(V, row["a"], row["k_hat"]))
-        assert row["speedup_lo"] == pytest.approx(row["speedup"] * (1 - 2 * EPS))  # (1-d)/(1+d) = 1 - 2 eps
+        d = result["delta_steps"]["prediction"][row["policy"]]
+        assert row["version"] == "prediction"
+        assert (row["speedup_lo"], row["speedup_hi"]) == pytest.approx(theory.speedup_band(row["speedup"], d))
     points = result["staircase"]["slot"]["step_points"]
     assert points == pytest.approx([float(b) for b in theory.step_points(result["step_times"]["slot"])])
+
+
+def _delta(V: list[float], bound: list[float]) -> float:
+    """max_k b(k)/(V_hat(k) - b(k)): the relative error bound on V that |V_hat - V| <= b implies."""
+    return max(b / (v - b) for v, b in zip(V, bound))
+
+
+def test_step_time_delta_follows_the_error_bounds(plan: dict[str, Any]) -> None:
+    # (22) is exact at n = 1 and elsewhere off by at most delta (M_p(n) + M_slot(1)): two expert terms
+    bound = {p: [0.0] + [DELTA * (M_HAT[p][n] + M_HAT["slot"][1]) for n in NS[1:]] for p in ("slot", "dedup")}
+    bound["auto"] = [bound[plan["kernel_by_n"][str(n)]][n - 1] for n in NS]
+    for p, b in bound.items():
+        V = plan["step_times"][p]
+        assert V == pytest.approx([plan["tau_hat"][p][str(n)] for n in NS], rel=1e-15)  # h = 0
+        assert plan["delta_steps"]["prediction"][p] == pytest.approx(_delta(V, b), rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def calibrated(trace: Trace) -> dict[str, Any]:
+    """A plan with the hand-made runs.json: no --tau1, the runs' draft times."""
+    return build_plan(make_bench(), trace, runs=make_runs(), draft_time=list(RUNS_DRAFT.values()))
+
+
+def test_calibrated_version_follows_its_formula(calibrated: dict[str, Any], trace: Trace) -> None:
+    plan = calibrated
+    assert plan["tau1_s"] == RUNS_SLOT[1]  # --tau1 defaults to the runs' dedup-off one-token pass
+    assert plan["runs"] == {"path": "runs", "moe_layers": 16, "depth": 4096}
+    assert plan["reuse_threshold"]["depth"] == 4096  # --depth defaults to the runs' too
+    for n in NS:  # tau_cal_p(n) = tau_meas_slot(n) - M_slot(n) + M_p(n)
+        expected = {p: RUNS_SLOT[n] - M_HAT["slot"][n] + M_HAT[p][n] for p in ("slot", "dedup")}
+        assert plan["tau_calibrated"]["slot"][str(n)] == RUNS_SLOT[n]
+        assert plan["tau_calibrated"]["dedup"][str(n)] == pytest.approx(expected["dedup"], rel=1e-12)
+        assert plan["tau_calibrated"]["auto"][str(n)] == pytest.approx(expected[plan["kernel_by_n"][str(n)]])
+        if n > 1:  # both kernels gain the same measured time: the calibrated saving is the predicted one
+            saving = plan["saving"][str(n)]
+            assert saving["calibrated_s"] == pytest.approx(saving["predicted_s"], abs=1e-15)
+            assert saving["predicted_s"] == pytest.approx(M_HAT["slot"][n] - M_HAT["dedup"][n], abs=1e-15)
+    assert plan["crossover_calibrated"] == plan["crossover"] == 4
+    # calibrated errors: none per-slot (measured), delta (M_dedup(n) + M_slot(n)) for dedup at n >= 2
+    bound = {"slot": [0.0] * len(NS),
+             "dedup": [0.0] + [DELTA * (M_HAT["dedup"][n] + M_HAT["slot"][n]) for n in NS[1:]]}
+    bound["auto"] = [bound[plan["kernel_by_n"][str(n)]][n - 1] for n in NS]
+    for p, b in bound.items():
+        V = plan["step_times_calibrated"][p]
+        assert V == pytest.approx([plan["tau_calibrated"][p][str(n)] + RUNS_DRAFT[n - 1] for n in NS], rel=1e-15)
+        assert plan["delta_steps"]["calibrated"][p] == pytest.approx(_delta(V, b), rel=1e-12, abs=0)
+        points = [float(x) for x in theory.step_points(V)]
+        assert plan["staircase_calibrated"][p]["step_points"] == pytest.approx(points)
+    assert len(plan["table_calibrated"]) == len(theory.PAPER_ACCEPTANCES) * 3
+    for row in plan["table_calibrated"]:
+        V = plan["step_times_calibrated"][row["policy"]]
+        assert row["version"] == "calibrated"
+        assert row["k_hat"] == theory.best_draft_length(V, row["a"])
+        assert row["speedup"] == pytest.approx(theory.speedup(V, row["a"], row["k_hat"]))
+        d = plan["delta_steps"]["calibrated"][row["policy"]]
+        assert (row["speedup_lo"], row["speedup_hi"]) == pytest.approx(theory.speedup_band(row["speedup"], d))
+        if row["policy"] == "slot":  # the measured time: no bandwidth enters it
+            assert row["speedup_lo"] == row["speedup"] == row["speedup_hi"]
+    # the prediction is the plan without runs, given the same tau(1), draft times and depth
+    alone = build_plan(make_bench(), trace, RUNS_SLOT[1], draft_time=list(RUNS_DRAFT.values()), depth=4096)
+    for key in ("tau_hat", "step_times", "staircase", "table", "kernel_by_n", "crossover", "reuse_threshold"):
+        assert plan[key] == alone[key], key
+    assert all(row["version"] == "prediction" for row in plan["table"])
+
+
+def test_reduced_model_covers_the_first_moe_layers(trace: Trace) -> None:
+    spec, L = ModelSpec.from_name(MODEL), 4
+    result = build_plan(make_bench(), trace, TAU1, moe_layers=L)
+    cov = result["coverage"]
+    assert (cov["num_moe_layers"], cov["model_moe_layers"], cov["scale"]) == (L, 16, L / len(TIMED))
+    for n in NS:  # four equal layers: each timed layer's time counts twice
+        assert result["tau_hat"]["slot"][str(n)] == pytest.approx(TAU1 + L * (SLOT[n] - SLOT[1]), rel=1e-12)
+    small = reduced_model(spec, L)
+    assert small == replace(spec, layers=L) and small.L == L
+    sub = Trace.from_arrays(trace.experts[:, :L], trace.doc_starts, trace.num_experts)
+    w = [small.expert_bytes(layer, "bf16") for layer in range(L)]
+    stats = reuse_stats(sub, n_max=9, bootstrap=0, expert_bytes=w)
+    assert list(result["reuse_threshold"]["rho_bar"].values()) == pytest.approx(stats.rho_bar[1:].tolist())
+    assert [s["u"] for s in result["saving"].values()] == pytest.approx(stats.u[2:].tolist())
+    mW, D, kv = small.byte_model("bf16", 512, 8)
+    assert result["reuse_threshold"]["rho_star"]["0.5"]["2"] == pytest.approx(
+        float(theory.reuse_threshold_bytes(0.5, 2, mW, D, kv)))
+    deepseek = ModelSpec.from_name("deepseek-v2-lite")  # a dense first layer stays in front of the MoE layers
+    first3 = reduced_model(deepseek, 3)
+    assert (first3.layers, first3.dense_layers, first3.L) == (4, (0,), 3)
+    assert first3.W("bf16") == sum(deepseek.expert_bytes(layer, "bf16") for layer in range(3))
+    assert reduced_model(deepseek, deepseek.L) == deepseek
+
+
+def test_moe_layers_come_from_the_runs(trace: Trace) -> None:
+    assert build_plan(make_bench(), trace, runs=make_runs(moe_layers=4))["coverage"]["num_moe_layers"] == 4
+    assert build_plan(make_bench(), trace, runs=make_runs(moe_layers=4), moe_layers=4)["coverage"]["scale"] == 2
+    with pytest.raises(MoespecError, match="--moe-layers 8 differs from the 4 MoE layers of the model runs timed"):
+        build_plan(make_bench(), trace, runs=make_runs(moe_layers=4), moe_layers=8)
+    with pytest.raises(MoespecError, match="outside 1..16"):
+        build_plan(make_bench(), trace, TAU1, moe_layers=17)
+
+
+# ---- property: every band holds the truth ---------------------------------------------------------------------
+SLOTS = [(kernel, n) for kernel in ("slot", "dedup") for n in NS]
+SLACK = 1e-9  # float rounding in sums of times: bounds are checked to this relative precision
+
+
+@settings(max_examples=30, deadline=None)
+@given(eps=st.floats(0.0, 0.4), beta=st.lists(st.floats(0.5, 4.0), min_size=len(SLOTS), max_size=len(SLOTS)),
+       e=st.lists(st.floats(-1.0, 1.0), min_size=len(SLOTS), max_size=len(SLOTS)),
+       share=st.lists(st.floats(0.1, 1.0), min_size=len(NS), max_size=len(NS)),
+       outside=st.floats(0.0, 3.0), draft=st.floats(0.0, 0.5))
+def test_true_values_lie_in_the_plans_bands(trace: Trace, eps: float, beta: list[float], e: list[float],
+                                            share: list[float], outside: float, draft: float) -> None:
+    """True op times are bytes over true bandwidths (per-slot: n m slots, dedup: a share of them); the fits read
+    every bandwidth off by a factor 1 + e, |e| <= eps. Then the true saving lies in the band (18); per version and
+    policy, V_hat is within the plan's delta of the true V, and the true k* and best speedup obey (20) and (21)
+    for it; AUTO's true step time exceeds the faster kernel's by at most the band."""
+    index = {key: i for i, key in enumerate(SLOTS)}
+    true = {p: {n: (1.0 if p == "slot" else share[n - 1]) * n * MS / beta[index[p, n]] for n in NS}
+            for p in ("slot", "dedup")}
+    error = lambda p, n: eps * e[index[p, n]]  # noqa: E731
+    fit = {p: {n: t / (1 + error(p, n)) for n, t in times.items()} for p, times in true.items()}
+    M = {p: {n: SCALE * len(TIMED) * true[p if n > 1 else "slot"][n] for n in NS} for p in true}
+    tau1 = (1 + outside) * M["slot"][1]  # time outside the experts: `outside` x the one-token expert time
+    tau = {p: {n: tau1 + M[p][n] - M["slot"][1] for n in NS} for p in M}
+    h = draft * tau1
+    try:
+        plan = build_plan(make_bench(error, eps=eps, slot=fit["slot"], dedup=fit["dedup"]), trace, tau1,
+                          draft_time=[h] * len(NS), runs=make_runs(slot=tau["slot"]))
+    except MoespecError as problem:  # the plan refuses where its bounds leave no band: it claims nothing
+        assert "not positive" in str(problem)
+        reject()
+    for n, s in plan["saving"].items():  # (18)
+        S = tau["slot"][int(n)] - tau["dedup"][int(n)]
+        assert s["lo_s"] - SLACK * tau1 <= S <= s["hi_s"] + SLACK * tau1
+    for version, suffix, table in (("prediction", "", "table"), ("calibrated", "_calibrated", "table_calibrated")):
+        V_hat, V = plan[f"step_times{suffix}"], {}
+        for p in ("slot", "dedup", "auto"):
+            kernel = lambda n: plan["kernel_by_n"][str(n)] if p == "auto" else p  # noqa: E731
+            V[p] = [tau[kernel(k + 1)][k + 1] + h for k in range(len(NS))]
+            d = plan["delta_steps"][version][p]
+            assert d is None or all((1 - d) * v * (1 - SLACK) <= v_hat <= (1 + d) * v * (1 + SLACK)
+                                    for v, v_hat in zip(V[p], V_hat[p])), (version, p)
+        for k in range(1, len(NS)):  # AUTO: predicted the faster kernel, truly slower by at most the band (18)
+            assert V_hat["auto"][k] == min(V_hat["slot"][k], V_hat["dedup"][k])
+            assert V["auto"][k] <= min(V["slot"][k], V["dedup"][k]) + plan["saving"][str(k + 1)]["band_s"] \
+                + SLACK * tau1
+        for row in plan[table]:
+            p, a, k_hat = row["policy"], row["a"], row["k_hat"]
+            d = plan["delta_steps"][version][p]
+            if d is None:  # the bound reaches half of V(k): no band, no claim
+                assert row["speedup_lo"] is None and row["speedup_hi"] is None
+                continue
+            k_star = theory.best_draft_length(V[p], a)
+            floor = theory.throughput_floor(d)
+            assert theory.throughput(V[p], a, k_hat) >= floor * theory.throughput(V[p], a, k_star) * (1 - SLACK)
+            assert row["speedup_lo"] * (1 - SLACK) <= theory.speedup(V[p], a, k_star) <= \
+                row["speedup_hi"] * (1 + SLACK)  # (21)
+            if theory.separated(V_hat[p], a, min(d + SLACK, (1 + d) / 2)):  # (20): the predicted best is the true best
+                assert k_hat == k_star
 
 
 def test_byte_model_comparison(plan: dict[str, Any]) -> None:
@@ -149,9 +336,11 @@ def test_bad_inputs_are_rejected(trace: Trace, change, kwargs: dict, problem: st
         build_plan(bench, trace, **{"tau1": TAU1, **kwargs})
 
 
-def test_plan_round_trips(plan: dict[str, Any], tmp_path: Path) -> None:
-    path = write_json(tmp_path / "plan.json", plan)
-    assert load_plan(path) == json.loads(json.dumps(plan))
+@pytest.mark.parametrize("which", ["plan", "calibrated"])
+def test_plan_round_trips(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    doc = request.getfixturevalue(which)
+    path = write_json(tmp_path / "plan.json", doc)
+    assert load_plan(path) == json.loads(json.dumps(doc)) and ("tau_calibrated" in doc) == (which == "calibrated")
 
 
 @pytest.mark.parametrize("change, problem", [
@@ -173,6 +362,26 @@ def test_load_plan_rejects(plan: dict[str, Any], tmp_path: Path, change, problem
     with pytest.raises(MoespecError, match=problem) as info:
         load_plan(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda d: d["tau_calibrated"]["dedup"].pop("5"), "tau_calibrated.dedup must give"),
+    (lambda d: d.pop("tau_calibrated"), "tau_calibrated.slot must give"),
+    (lambda d: d.pop("table_calibrated"), "table_calibrated must be a list"),
+    (lambda d: d["table_calibrated"][0].update(version="prediction"), "version 'prediction' is not 'calibrated'"),
+    (lambda d: d["table"][0].update(version="calibrated"), r"table\[0\]: version 'calibrated'"),
+    (lambda d: d["table"][3].update(speedup_lo=None, speedup_hi=None), "speedup_lo <= speedup"),
+    (lambda d: d["table_calibrated"][4].update(speedup_lo=9.0), "speedup_lo <= speedup"),
+])
+def test_load_plan_rejects_a_bad_calibrated_version(calibrated: dict[str, Any], tmp_path: Path, change,
+                                                    problem: str) -> None:
+    doc = copy.deepcopy(calibrated)
+    change(doc)
+    with pytest.raises(MoespecError, match=problem):
+        load_plan(write_json(tmp_path / "bad.json", doc))
+    no_band = copy.deepcopy(calibrated)  # a calibrated row may carry no band (its delta is null)
+    no_band["table_calibrated"][4].update(speedup_lo=None, speedup_hi=None)
+    assert load_plan(write_json(tmp_path / "ok.json", no_band))["table_calibrated"][4]["speedup_hi"] is None
 
 
 def _cli(tmp_path: Path, trace: Trace, bench: dict[str, Any], *extra: str) -> list[str]:
@@ -209,9 +418,53 @@ def test_plan_device_defaults_to_the_bench_and_may_repeat_it(trace: Trace, tmp_p
     (make_bench(), ["--tau1", "0.1", "--draft-time", "1,2"], "--draft-time needs one or 9"),
     (make_bench(), ["--tau1", "0.1", "--device", "cuda"],
      "bench.json was measured on cpu; a cuda plan needs a bench run with --device cuda"),
+    (make_bench(), [], "give --tau1 or --runs"),
+    (make_bench(), ["--tau1", "0.1", "--draft-time", "no-such-runs.json"],
+     "--draft-time 'no-such-runs.json': not a number, a comma-separated list of numbers or a runs.json file"),
 ])
 def test_cli_errors_are_one_line(trace: Trace, tmp_path: Path, capsys: pytest.CaptureFixture, bench: dict,
                                  extra: list[str], problem: str) -> None:
     assert cli.main(_cli(tmp_path, trace, bench, *extra)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and problem in err
+
+
+def test_cli_reads_runs(trace: Trace, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    runs = write_json(tmp_path / "runs.json", make_runs(moe_layers=4))
+    args = _cli(tmp_path, trace, make_bench(), "--runs", str(runs), "--draft-time", str(runs))
+    assert cli.main([*args, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["draft_time_s"] == list(RUNS_DRAFT.values())  # h(k) measured by the run
+    assert printed["tau1_s"] == RUNS_SLOT[1] and printed["coverage"]["num_moe_layers"] == 4
+    assert printed["runs"] == {"path": str(runs), "moe_layers": 4, "depth": 4096}
+    assert printed["tau_calibrated"]["slot"] == {str(n): t for n, t in RUNS_SLOT.items()}
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "calibrated version from" in out and "calibrated speedup" in out
+
+
+@pytest.mark.parametrize("runs, extra, problem", [
+    (make_runs(model="qwen3-30b-a3b"), [], "model 'qwen3-30b-a3b' differs from"),
+    (make_runs(device_kind="cuda"), [], "device_kind 'cuda' differs from"),
+    (make_runs(dtype="fp32"), [], "dtype 'fp32' differs from"),
+    (make_runs(format="moespec-bench"), [], "not a moespec runs file"),
+    (make_runs(format_version=7), [], "runs format version 7 is not supported"),
+    (make_runs(slot={n: RUNS_SLOT[n] for n in range(1, 6)}), [], "verify_time_s.slot lacks 6, 7, 8, 9"),
+    (make_runs(slot={**RUNS_SLOT, 3: 0.0}), [], "verify_time_s.slot.3 = 0.0 must be a positive time"),
+    (make_runs(verify_time_s={}), [], "no verify_time_s.slot"),
+    (make_runs(moe_layers=0), [], "moe_layers = 0 must be an integer >= 1"),
+    (make_runs(depth="deep"), [], "depth = 'deep' must be an integer >= 0"),
+    (make_runs(moe_layers=20), [], "20 MoE layers (--moe-layers or"),
+    (make_runs(), ["--moe-layers", "4"], "--moe-layers 4 differs from the 16 MoE layers"),
+    (make_runs(draft_time_s={"0": 0.1}), ["--draft-time", "RUNS"], "draft_time_s lacks 1, 2, 3"),
+    (make_runs(draft_time_s={str(k): -0.1 for k in range(9)}), ["--draft-time", "RUNS"],
+     "draft_time_s.0 = -0.1 must be a non-negative time"),
+    (make_runs(slot={n: 0.001 for n in NS}), [], "a calibrated dedup verify time is not positive"),
+])
+def test_cli_runs_errors_are_one_line(trace: Trace, tmp_path: Path, capsys: pytest.CaptureFixture, runs: dict,
+                                      extra: list[str], problem: str) -> None:
+    path = str(write_json(tmp_path / "runs.json", runs))
+    args = _cli(tmp_path, trace, make_bench(), "--runs", path, *(path if x == "RUNS" else x for x in extra))
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err and path in err

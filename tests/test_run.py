@@ -1,0 +1,125 @@
+"""`moespec run` on a tiny checkpoint: the results keys, greedy agreement, resume, replay, the statistics
+helpers and bad input (one line, exit 2)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from moespec import cli, run as R
+from moespec.trace import Trace
+
+SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--k", "0,1,2", "--a", "0.5,0.9", "--prompts", "1",
+         "--tokens", "5", "--dtype", "fp32"]
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["run", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_checkpoints, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "runs.json"
+    code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)])
+    assert code == 0
+    return out, json.loads(out.read_text()), stdout
+
+
+def test_run_writes_the_documented_keys(tiny_run):
+    out, doc, stdout = tiny_run
+    assert doc["format"] == R.FORMAT_NAME and doc["format_version"] == R.FORMAT_VERSION
+    assert set(doc["verify_time_s"]) == {"slot", "dedup"} and set(doc["verify_time_s"]["slot"]) == {"1", "2", "3"}
+    for policy in ("slot", "dedup"):
+        for n, t in doc["verify_time_s"][policy].items():
+            lo, hi = doc["verify_time_ci_s"][policy][n]
+            assert 0 < lo <= t <= hi and len(doc["verify_samples_s"][policy][n]) == 2
+    assert set(doc["saving_s"]) == {"1", "2", "3"}
+    rows = doc["throughput"]
+    # k = 0 measured once per policy and listed at both acceptances; k = 1, 2 at each
+    assert len(rows) == 2 * 3 * 2
+    assert {(r["policy"], r["k"], r["a"]) for r in rows} == {(p, k, a) for p in ("slot", "dedup") for k in (0, 1, 2)
+                                                              for a in (0.5, 0.9)}
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["steps"] >= 1 and 0 <= r["overhead_share"] < 1
+        assert (r["realized_acceptance"] is None) == (r["k"] == 0)
+        assert r["tokens_per_step"] == pytest.approx(5 / r["steps"])
+    assert doc["greedy_match"] is True and doc["depth"] == 8 and doc["moe_layers"] == 2
+    assert set(doc["draft_time_s"]) == {"0", "1", "2"}
+    assert doc["provenance"]["timestamp"] and doc["device_kind"] == "cpu"
+    assert json.loads(stdout.strip().splitlines()[-1])["out"] == str(out)
+    assert not (out.parent / "runs.json.partial").exists()
+
+
+def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path, monkeypatch):
+    from moespec import speculative
+
+    out = tmp_path / "runs.json"
+    argv = ["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)]
+    real, done = R.measure_cell, []
+
+    def interrupted(*args, **kwargs):
+        if len(done) == 2:
+            raise KeyboardInterrupt
+        done.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(R, "measure_cell", interrupted)
+    assert run_cli(argv)[0] == 130  # interrupted
+    units = json.loads((tmp_path / "runs.json.partial").read_text())["units"]
+    assert len(units) == 3 + 2  # the three verify units and two cells survived
+    cells, passes = [], []
+    monkeypatch.setattr(R, "measure_cell", lambda *a, **k: cells.append(1) or real(*a, **k))
+    timed = speculative.timed_forward
+    monkeypatch.setattr(speculative, "timed_forward", lambda *a, **k: passes.append(1) or timed(*a, **k))
+    code, _, _ = run_cli([*argv, "--resume"])
+    assert code == 0 and passes == [] and len(cells) == 2 * (1 + 2 * 2) - 2
+    assert len(json.loads(out.read_text())["throughput"]) == 12
+    code, _, err = run_cli([*argv[:-2], "--tokens", "6", "--out", str(out), "--resume"])
+    assert code == 0  # no checkpoint left: a fresh run
+
+
+def test_replay_in_verify_passes_and_decoding(tiny_checkpoints, tmp_path):
+    rng = np.random.default_rng(0)
+    experts = np.stack([np.stack([rng.choice(8, 2, replace=False) for _ in range(2)]) for _ in range(40)])
+    trace = Trace.from_arrays(experts, [0, 20, 40], num_experts=8)
+    trace.save(tmp_path / "t.npz")
+    out = tmp_path / "runs.json"
+    code, _, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--k", "0,2", "--a", "0.6", "--replay",
+                          str(tmp_path / "t.npz"), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["replay"] == str(tmp_path / "t.npz") and len(doc["throughput"]) == 4
+    assert doc["greedy_match"]  # routing replayed by position: speculative and plain decoding see one model
+
+
+def test_statistics_helpers():
+    rng = np.random.default_rng(0)
+    med, lo, hi = R.bootstrap_median([1.0, 2.0, 3.0, 4.0, 100.0], rng)
+    assert med == 3.0 and 1.0 <= lo <= med <= hi <= 100.0
+    s = R.bootstrap_saving([2.0] * 5, [1.0] * 5, rng)
+    assert s == {"median": 1.0, "lo": 1.0, "hi": 1.0}
+    assert R.crossover({1: -1.0, 2: -0.5, 3: 0.2, 4: 0.1}) == 3
+    assert R.crossover({2: 0.5, 3: -0.1}) is None
+    assert R.crossover({2: 0.5, 3: 0.1}) == 2
+    cells = [{"k": 0, "a": None, "x": 1}, {"k": 1, "a": 0.5, "x": 2}]
+    assert R.expand_k0(cells, [0.5, 0.9]) == [{"k": 0, "a": 0.5, "x": 1}, {"k": 0, "a": 0.9, "x": 1},
+                                              {"k": 1, "a": 0.5, "x": 2}]
+    assert R.throughput_cells(["slot"], [0, 2], [0.5, 0.9]) == [("slot", 0, 0.5), ("slot", 2, 0.5),
+                                                                 ("slot", 2, 0.9)]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--n", "0-3"], "pass sizes"), (["--k", "0-9"], "draft lengths"), (["--a", "1.5"], "acceptance"),
+    (["--reps", "1"], "--reps"), (["--n", "x"], "--n"), (["--device", "cuda"], "cuda"),
+    (["--plan", "missing.json"], "missing.json"), (["--replay", "missing.npz"], "missing.npz"),
+])
+def test_bad_input_is_one_line(argv, needle, tiny_checkpoints, tmp_path):
+    code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, *argv, "--out",
+                            str(tmp_path / "r.json")])
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,414 @@
+"""moespec score: the six rules of Table 8 on hand-made plan and runs documents, their edge cases (no crossover
+vs n = 9, ties in k*, the vacuous sign rule, values exactly at the 6% and 15% limits), the policy that decides,
+pre-registration by timestamps, the plan's sha256, one-line errors and the --json document; the plan version
+scored (prediction or calibrated, rows without a band)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moespec import cli
+from moespec.io import write_json
+from moespec.score import score_files
+
+NS = range(1, 10)  # kmax = 8: passes of 1..9 tokens
+ACCEPTANCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+POLICIES = ("slot", "dedup", "auto")
+IDENTITY = {"model": "deepseek-v2-lite", "device_kind": "cuda", "dtype": "q4_k_m"}
+T0 = 100.0  # tokens per second at k = 0
+PEAK = 150.0  # at k_hat*: best speedup 1.5, inside the band [1.2, 1.8]
+
+
+def k_hat_of(a: float) -> int:
+    return int(a * 8)
+
+
+def slot_time(n: int) -> float:
+    return 0.25 + n / 64  # binary fractions: the savings below are exact
+
+
+def dedup_time(n: int) -> float:
+    """Saving slot - dedup = (n - 4)/128: negative to n = 3, zero at 4, positive from 5 (the crossover)."""
+    return slot_time(n) if n == 1 else 0.25 + 1 / 32 + n / 128
+
+
+def make_plan() -> dict[str, Any]:
+    """A plan.json document that passes load_plan."""
+    tau = {"slot": {str(n): slot_time(n) for n in NS}, "dedup": {str(n): dedup_time(n) for n in NS}}
+    tau["auto"] = {str(n): min(tau["slot"][str(n)], tau["dedup"][str(n)]) for n in NS}
+    table = [{"a": a, "policy": p, "k_hat": k_hat_of(a), "speedup": 1.5, "speedup_lo": 1.2, "speedup_hi": 1.8}
+             for a in ACCEPTANCES for p in POLICIES]
+    return {"format": "moespec-plan", "format_version": 1, **IDENTITY, "device": "test gpu", "eps": 0.05,
+            "delta": 0.05 / 0.95, "delta_steps": {"prediction": {"slot": 0.06, "dedup": 0.07, "auto": 0.065}},
+            "kmax": 8, "crossover": 5,
+            "kernel_by_n": {str(n): "dedup" if n >= 5 else "slot" for n in NS}, "tau_hat": tau,
+            "saving": {str(n): {"predicted_s": slot_time(n) - dedup_time(n)} for n in NS[1:]},
+            "staircase": {}, "table": table, "provenance": {"timestamp": "2026-10-01T12:00:00+00:00"}}
+
+
+def curve(k_hat: int) -> dict[int, float]:
+    """Measured throughput over k = 0..8 peaking at k_hat (k_hat >= 1)."""
+    return {k: T0 if k == 0 else PEAK - 5 * abs(k - k_hat) for k in range(9)}
+
+
+def make_runs() -> dict[str, Any]:
+    """A runs.json document measuring exactly what make_plan predicts, started after the plan was written."""
+    saving = {str(n): slot_time(n) - dedup_time(n) for n in NS[1:]}
+    return {"format": "moespec-runs", "format_version": 1, **IDENTITY, "depth": 512,
+            "verify_time_s": {"slot": {str(n): slot_time(n) for n in NS}, "dedup": {str(n): dedup_time(n) for n in NS}},
+            "saving_s": {n: {"median": s, "lo": s - 0.001, "hi": s + 0.001} for n, s in saving.items()},
+            "throughput": [{"policy": p, "k": k, "a": a, "tokens_per_s": t, "realized_acceptance": None}
+                           for p in POLICIES for a in ACCEPTANCES for k, t in curve(k_hat_of(a)).items()],
+            "provenance": {"timestamp": "2026-10-02T08:00:00+00:00"}}
+
+
+def set_throughput(runs: dict[str, Any], a: float, values: dict[int, float], policies=POLICIES) -> None:
+    for row in runs["throughput"]:
+        if row["a"] == a and row["policy"] in policies and row["k"] in values:
+            row["tokens_per_s"] = values[row["k"]]
+
+
+def with_calibrated(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan as made with --runs: a calibrated version equal to the prediction (the tests then change one)."""
+    plan = copy.deepcopy(plan)
+    plan["runs"] = {"path": "runs0.json", "moe_layers": 26, "depth": 512}
+    plan["tau_calibrated"] = copy.deepcopy(plan["tau_hat"])
+    plan["crossover_calibrated"] = plan["crossover"]
+    plan["delta_steps"]["calibrated"] = {"slot": 0.04, "dedup": 0.05, "auto": 0.045}
+    plan["table_calibrated"] = [{**row, "version": "calibrated"} for row in plan["table"]]
+    for entry in plan["saving"].values():
+        entry["calibrated_s"] = entry["predicted_s"]
+    return plan
+
+
+def scored(tmp_path: Path, plan: dict[str, Any], runs: dict[str, Any], version: str = "prediction") -> dict[str, Any]:
+    """The --json document, rules by name."""
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    doc = score_files(str(tmp_path / "plan.json"), str(tmp_path / "runs.json"), version).to_json()
+    doc["by_name"] = {r["name"]: r for r in doc["rules"]}
+    return doc
+
+
+@pytest.fixture
+def plan() -> dict[str, Any]:
+    return make_plan()
+
+
+@pytest.fixture
+def runs() -> dict[str, Any]:
+    return make_runs()
+
+
+def test_a_plan_that_matches_its_runs_holds_everywhere(tmp_path: Path, plan, runs) -> None:
+    doc = scored(tmp_path, plan, runs)
+    assert [r["name"] for r in doc["rules"]] == ["crossover", "k_hat", "throughput_loss", "saving_sign",
+                                                 "verify_time", "speedup_band"]
+    assert doc["all_hold"] and all(r["holds"] for r in doc["rules"])
+    rules = doc["by_name"]
+    assert rules["crossover"]["value"] == rules["crossover"]["predicted"] == 5
+    assert rules["crossover"]["scored_n"] == list(range(2, 10)) and rules["crossover"]["none_counts_as"] == 10
+    assert (rules["k_hat"]["value"], rules["k_hat"]["of"], rules["k_hat"]["needed"]) == (11, 11, 9)
+    assert rules["k_hat"]["policy"] == ["auto"] and set(rules["k_hat"]["per_policy"]) == set(POLICIES)
+    assert rules["throughput_loss"]["value"] == 0.0
+    assert (rules["saving_sign"]["value"], rules["saving_sign"]["of"]) == (7, 7)  # n = 4: interval holds 0
+    assert rules["verify_time"]["value"] == pytest.approx(0, abs=1e-12)
+    assert (rules["speedup_band"]["value"], rules["speedup_band"]["delta"]) == (11, 0.07)
+    assert doc["pre_registered"] and doc["depth"] == 512 and doc["model"] == IDENTITY["model"]
+    assert doc["version"] == "prediction"
+
+
+# measured medians (n = 2..9) and predicted savings -> measured and predicted crossovers, verdict
+NEG, POS = -1e-3, 1e-3
+
+
+@pytest.mark.parametrize(
+    "predicted, measured, crossovers, holds",
+    [
+        ([NEG] * 8, [NEG] * 8, (None, None), True),
+        ([NEG] * 7 + [POS], [NEG] * 8, (9, None), True),  # 9 is within one of none (none counts as 10)
+        ([NEG] * 8, [NEG] * 7 + [POS], (None, 9), True),
+        ([NEG] * 8, [NEG] * 6 + [POS] * 2, (None, 8), False),
+        ([NEG] * 3 + [POS] * 5, [NEG] * 5 + [POS] * 3, (5, 7), False),
+        ([NEG] * 3 + [POS] * 5, [NEG] * 4 + [POS] * 4, (5, 6), True),
+        ([NEG] * 3 + [POS] * 5, [POS, NEG, 0.0] + [POS] * 5, (5, 5), True),  # a zero median is not positive
+    ],
+)
+def test_crossover_within_one(tmp_path: Path, plan, runs, predicted, measured, crossovers, holds) -> None:
+    for n, p, m in zip(range(2, 10), predicted, measured):
+        plan["saving"][str(n)]["predicted_s"] = p
+        runs["saving_s"][str(n)] = {"median": m, "lo": -1.0, "hi": 1.0}
+    rule = scored(tmp_path, plan, runs)["by_name"]["crossover"]
+    assert (rule["predicted"], rule["value"], rule["holds"]) == (*crossovers, holds)
+
+
+def test_crossover_is_scored_over_the_n_both_files_hold(tmp_path: Path, plan, runs) -> None:
+    """Runs to n = 8 only (as the paper reads CUDA): the plan's crossover at 9 becomes none over n = 2..8."""
+    for n in range(2, 10):
+        plan["saving"][str(n)]["predicted_s"] = POS if n == 9 else NEG
+    del runs["saving_s"]["9"]
+    rule = scored(tmp_path, plan, runs)["by_name"]["crossover"]
+    assert rule["scored_n"] == list(range(2, 9)) and rule["none_counts_as"] == 9
+    assert (rule["predicted"], rule["value"], rule["holds"]) == (None, 5, False)
+
+
+def test_ties_in_measured_k_star_take_the_smallest(tmp_path: Path, plan, runs) -> None:
+    a = 0.3  # k_hat* = 2
+    set_throughput(runs, a, {2: 160.0, 6: 160.0})
+    rules = scored(tmp_path, plan, runs)["by_name"]
+    row = next(r for r in rules["k_hat"]["per_policy"]["auto"]["per_acceptance"] if r["a"] == a)
+    assert row == {"a": a, "k_hat": 2, "k_star": 2}
+    assert rules["k_hat"]["value"] == 11 and rules["throughput_loss"]["value"] == 0.0
+
+
+@pytest.mark.parametrize("misses, holds", [(2, True), (3, False)])
+def test_k_hat_within_one_at_9_of_11(tmp_path: Path, plan, runs, misses: int, holds: bool) -> None:
+    for a in ACCEPTANCES[4:4 + misses]:  # k_hat* 4..7: measured peak two further
+        set_throughput(runs, a, curve(k_hat_of(a) - 2))
+    rule = scored(tmp_path, plan, runs)["by_name"]["k_hat"]
+    assert (rule["value"], rule["needed"], rule["holds"]) == (11 - misses, 9, holds)
+
+
+def test_k_hat_threshold_scales_with_the_acceptances_present(tmp_path: Path, plan, runs) -> None:
+    runs["throughput"] = [row for row in runs["throughput"] if row["a"] in ACCEPTANCES[:5]]
+    set_throughput(runs, ACCEPTANCES[4], curve(k_hat_of(ACCEPTANCES[4]) - 2))
+    rule = scored(tmp_path, plan, runs)["by_name"]["k_hat"]
+    assert (rule["value"], rule["of"], rule["needed"], rule["holds"]) == (4, 5, 5, False)  # ceil(9/11 x 5) = 5
+
+
+@pytest.mark.parametrize("share, holds", [(0.94, True), (0.9399, False)])
+def test_throughput_loss_at_the_6_percent_limit(tmp_path: Path, plan, runs, share: float, holds: bool) -> None:
+    a = 0.5  # k_hat* = 4; the measured best moves to k = 7 and k_hat* keeps `share` of it
+    set_throughput(runs, a, {4: share * PEAK, 7: PEAK})
+    rule = scored(tmp_path, plan, runs)["by_name"]["throughput_loss"]
+    assert rule["value"] == pytest.approx(1 - share) and rule["at_a"] == a and rule["holds"] is holds
+
+
+def test_sign_rule_is_vacuous_when_no_interval_excludes_zero(tmp_path: Path, plan, runs) -> None:
+    for entry in runs["saving_s"].values():
+        entry.update(lo=-1.0, hi=1.0)
+    rule = scored(tmp_path, plan, runs)["by_name"]["saving_sign"]
+    assert (rule["value"], rule["of"], rule["vacuous"], rule["holds"]) == (0, 0, True, True)
+
+
+def test_sign_rule_counts_wrong_and_unsigned_predictions(tmp_path: Path, plan, runs) -> None:
+    runs["saving_s"]["9"] = {"median": -0.02, "lo": -0.03, "hi": -0.01}  # predicted +5/128
+    runs["saving_s"]["4"] = {"median": 0.01, "lo": 0.005, "hi": 0.015}  # predicted exactly 0: no sign
+    rule = scored(tmp_path, plan, runs)["by_name"]["saving_sign"]
+    assert (rule["value"], rule["of"], rule["vacuous"], rule["holds"]) == (6, 8, False, False)
+    assert sorted(p["n"] for p in rule["per_n"] if not p["right"]) == [4, 9]
+
+
+@pytest.mark.parametrize("predicted, holds", [(0.805, True), (0.806, False)])
+def test_verify_time_at_the_15_percent_limit(tmp_path: Path, plan, runs, predicted: float, holds: bool) -> None:
+    runs["verify_time_s"]["dedup"]["6"] = 0.7  # 0.805 is 15% above: 0.15000000000000013 in floats
+    plan["tau_hat"]["dedup"]["6"] = predicted
+    rule = scored(tmp_path, plan, runs)["by_name"]["verify_time"]
+    assert rule["value"] == pytest.approx(predicted / 0.7 - 1) and rule["holds"] is holds
+    assert rule["at"] == {"kernel": "dedup", "n": 6}
+
+
+def test_verify_time_leaves_out_n_1(tmp_path: Path, plan, runs) -> None:
+    runs["verify_time_s"]["slot"]["1"] = 10.0
+    assert scored(tmp_path, plan, runs)["by_name"]["verify_time"]["holds"]
+
+
+@pytest.mark.parametrize("peak, holds", [(180.0, True), (181.0, False), (120.0, True), (119.0, False)])
+def test_best_speedup_inside_21(tmp_path: Path, plan, runs, peak: float, holds: bool) -> None:
+    a = 0.9  # k_hat* = 7; band [1.2, 1.8] around the predicted 1.5, T(0) = 100
+    set_throughput(runs, a, {k: t * peak / PEAK for k, t in curve(7).items() if k})
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    row = next(r for r in rule["per_policy"]["auto"]["per_acceptance"] if r["a"] == a)
+    assert row["speedup"] == pytest.approx(peak / T0) and row["inside"] is holds
+    assert (rule["value"], rule["of"], rule["holds"]) == (11 if holds else 10, 11, holds)
+
+
+def test_auto_decides_when_measured_else_every_fixed_policy(tmp_path: Path, plan, runs) -> None:
+    set_throughput(runs, 0.9, {k: t * 2 for k, t in curve(7).items() if k}, policies=("slot",))
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    assert rule["holds"] and rule["policy"] == ["auto"] and not rule["per_policy"]["slot"]["holds"]
+    runs["throughput"] = [row for row in runs["throughput"] if row["policy"] != "auto"]
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    assert not rule["holds"] and rule["policy"] == ["slot", "dedup"] and rule["value"] == 10
+
+
+# plan keys of each version (as moespec.score.VERSIONS) and, per rule, a change to one version that breaks it
+KEYS = {"prediction": ("tau_hat", "predicted_s", "table"), "calibrated": ("tau_calibrated", "calibrated_s",
+                                                                          "table_calibrated")}
+
+
+def _late_saving(plan, tau, saving, table):  # predicted savings positive from n = 8 only: crossover 8 vs 5
+    for n in range(2, 10):
+        plan["saving"][str(n)][saving] = POS if n >= 8 else NEG
+
+
+def _wrong_sign(plan, tau, saving, table):  # n = 9 measured positive, interval excludes 0
+    plan["saving"]["9"][saving] = -0.01
+
+
+def _k_hat_8(plan, tau, saving, table):  # k_hat* = 8 everywhere: within one only at k* = 7 (3 of 11), loss > 6%
+    for row in plan[table]:
+        row["k_hat"] = 8
+
+
+def _slow_dedup(plan, tau, saving, table):  # 30% above the measured dedup time at n = 6
+    plan[tau]["dedup"]["6"] *= 1.3
+
+
+def _high_band(plan, tau, saving, table):  # measured best speedup 1.5 below every band
+    for row in plan[table]:
+        row.update(speedup=1.7, speedup_lo=1.6, speedup_hi=1.8)
+
+
+@pytest.mark.parametrize("rule, breaks", [("crossover", _late_saving), ("k_hat", _k_hat_8),
+                                          ("throughput_loss", _k_hat_8), ("saving_sign", _wrong_sign),
+                                          ("verify_time", _slow_dedup), ("speedup_band", _high_band)])
+@pytest.mark.parametrize("broken", ["prediction", "calibrated"])
+def test_each_rule_reads_the_chosen_version_only(tmp_path: Path, plan, runs, rule, breaks, broken: str) -> None:
+    """A change to one version flips the rule's verdict there and leaves the other version's verdict alone."""
+    plan = with_calibrated(plan)
+    breaks(plan, *KEYS[broken])
+    other = "calibrated" if broken == "prediction" else "prediction"
+    doc = scored(tmp_path, plan, runs, broken)
+    assert doc["version"] == broken and not doc["by_name"][rule]["holds"] and not doc["all_hold"]
+    doc = scored(tmp_path, plan, runs, other)
+    assert doc["version"] == other and doc["all_hold"]
+
+
+def test_calibrated_crossover_and_delta_are_reported(tmp_path: Path, plan, runs) -> None:
+    plan = with_calibrated(plan)
+    plan["crossover_calibrated"] = 6
+    plan["delta_steps"]["calibrated"] = {"slot": 0.09, "dedup": None, "auto": 0.08}
+    rules = scored(tmp_path, plan, runs, "calibrated")["by_name"]
+    assert rules["crossover"]["plan_crossover"] == 6 and rules["speedup_band"]["delta"] == 0.09
+    rules = scored(tmp_path, plan, runs)["by_name"]
+    assert rules["crossover"]["plan_crossover"] == 5 and rules["speedup_band"]["delta"] == 0.07
+
+
+def _no_band(plan: dict[str, Any], acceptances) -> None:
+    for row in plan["table_calibrated"]:
+        if row["a"] in acceptances:
+            row.update(speedup_lo=None, speedup_hi=None)
+
+
+def test_rows_without_a_band_are_not_decidable(tmp_path: Path, plan, runs) -> None:
+    """Acceptances with no band count neither way; the rest must all be inside."""
+    plan = with_calibrated(plan)
+    _no_band(plan, ACCEPTANCES[8:])  # a = 0.9, 0.95, 0.98
+    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band"]
+    assert (rule["value"], rule["of"], rule["no_band"], rule["holds"]) == (8, 8, 3, True)
+    rows = rule["per_policy"]["auto"]["per_acceptance"]
+    assert [r["inside"] for r in rows] == [True] * 8 + [None] * 3 and rows[-1]["lo"] is rows[-1]["hi"] is None
+    set_throughput(runs, 0.5, {k: t * 2 for k, t in curve(4).items() if k})  # decidable and outside
+    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band"]
+    assert (rule["value"], rule["of"], rule["no_band"], rule["holds"]) == (7, 8, 3, False)
+
+
+def test_no_band_anywhere_does_not_hold(tmp_path: Path, plan, runs, capsys) -> None:
+    plan = with_calibrated(plan)
+    _no_band(plan, ACCEPTANCES)
+    plan["delta_steps"]["calibrated"] = {p: None for p in POLICIES}
+    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band"]
+    assert (rule["value"], rule["of"], rule["no_band"], rule["holds"], rule["delta"]) == (0, 0, 11, False, None)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json"),
+                     "--version", "calibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated version" in out and "11 no band" in out and "delta = none" in out
+
+
+def test_calibrated_needs_a_plan_made_with_runs(tmp_path: Path, plan, runs, capsys) -> None:
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json"),
+                     "--version", "calibrated"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1
+    assert "made without --runs" in err and str(tmp_path / "plan.json") in err
+
+
+@pytest.mark.parametrize("runs_started, pre_registered", [
+    ("2026-10-02T08:00:00+00:00", True),
+    ("2026-10-01T12:00:00+00:00", False),  # the same second is not "before"
+    ("2026-10-01T13:00:00+01:00", False),  # an hour later on the clock, the same instant
+    ("2026-09-30T00:00:00+00:00", False),
+])
+def test_pre_registration_by_timestamps(tmp_path: Path, plan, runs, runs_started: str,
+                                        pre_registered: bool) -> None:
+    runs["provenance"]["timestamp"] = runs_started
+    doc = scored(tmp_path, plan, runs)
+    assert doc["pre_registered"] is pre_registered and doc["plan_created"] == plan["provenance"]["timestamp"]
+
+
+def test_cli_json_is_one_document_with_the_plan_hash(tmp_path: Path, plan, runs, capsys) -> None:
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json"),
+                     "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"rules", "all_hold", "plan_sha256", "plan_created", "runs_started", "pre_registered"} <= set(doc)
+    assert all({"name", "rule", "value", "holds"} <= set(r) for r in doc["rules"]) and len(doc["rules"]) == 6
+    assert doc["plan_sha256"] == hashlib.sha256((tmp_path / "plan.json").read_bytes()).hexdigest()
+    assert doc["version"] == "prediction"
+
+
+def test_cli_json_names_the_version(tmp_path: Path, plan, runs, capsys) -> None:
+    write_json(tmp_path / "plan.json", with_calibrated(plan))
+    write_json(tmp_path / "runs.json", runs)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json"),
+                     "--version", "calibrated", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["version"] == "calibrated" and doc["all_hold"]
+
+
+def test_cli_table(tmp_path: Path, plan, runs, capsys) -> None:
+    runs["provenance"]["timestamp"] = "2026-09-30T00:00:00+00:00"
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 0
+    out = capsys.readouterr().out
+    assert "crossover within one" in out and "pre-registered: no" in out and "all six hold: yes" in out
+
+
+def _without(doc: dict[str, Any], *keys: str) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    node = doc
+    for key in keys[:-1]:
+        node = node[key]
+    del node[keys[-1]]
+    return doc
+
+
+@pytest.mark.parametrize("change, which, needle", [
+    (lambda p, r: (p, {**r, "model": "olmoe-1b-7b"}), "plan", "model 'deepseek-v2-lite'"),
+    (lambda p, r: (p, {**r, "dtype": "bf16"}), "plan", "dtype"),
+    (lambda p, r: (p, {**r, "device_kind": "cpu"}), "plan", "device_kind"),
+    (lambda p, r: (p, _without(r, "saving_s")), "runs", "missing key 'saving_s'"),
+    (lambda p, r: (p, _without(r, "verify_time_s", "dedup", "7")), "runs", "'verify_time_s.dedup.7'"),
+    (lambda p, r: (p, _without(r, "provenance", "timestamp")), "runs", "'provenance.timestamp'"),
+    (lambda p, r: (_without(p, "device_kind"), r), "plan", "missing key 'device_kind'"),
+    (lambda p, r: (_without(p, "delta_steps"), r), "plan", "missing key 'delta_steps'"),
+    (lambda p, r: (p, {**r, "format": "moespec-plan"}), "runs", "not a moespec runs file"),
+    (lambda p, r: (p, {**r, "throughput": r["throughput"] + r["throughput"][:1]}), "runs", "two throughput rows"),
+    (lambda p, r: (p, {**r, "throughput": [x for x in r["throughput"] if x["k"]]}), "runs", "k = 0"),
+    (lambda p, r: (p, {**r, "throughput": []}), "runs", "no throughput row matches"),
+])
+def test_errors_are_one_line(tmp_path: Path, plan, runs, capsys, change, which: str, needle: str) -> None:
+    plan, runs = change(plan, runs)
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1 and needle in err and f"{which}.json" in err
+
+
+def test_missing_files_are_one_line(tmp_path: Path, capsys) -> None:
+    assert cli.main(["score", "--plan", str(tmp_path / "none.json"), "--runs", str(tmp_path / "r.json")]) == 2
+    assert "no such plan file" in capsys.readouterr().err
