@@ -40,7 +40,6 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np

@@ -129,59 +129,80 @@ def load_bench(path: str | Path) -> dict[str, Any]:
 
 
 # ---- report: Table 1, fits, Figure 2 -----------------------------------------------------------------------
+Rows = tuple[list[str], list[list[str]]]  # (column names, rows of cells), for the terminal and the HTML report
+TABLE1_CAPTION = ("median over recorded windows; slot kind on n m b, dedup kind on U b; dedup faster where "
+                  "u(n) < r(n) (7)")
+FITS_CAPTION = ("eps: median relative error on the recorded windows; no fit: chosen ids at fewer than two pass "
+                "sizes n >= 2")
+
+
 def _gbps(value: float, ceiling: float) -> str:
     return f"{value:.1f} ({value / ceiling:.0%})"
 
 
-def print_tables(doc: dict[str, Any]) -> None:
-    """Table 1 (per n: ceiling, then each kernel's beta, r, u, the faster kernel) and the fits per layer."""
-    from rich.table import Table
-
-    out = console()
+def table1(doc: dict[str, Any]) -> Rows:
+    """Table 1: per n, the ceiling, each kernel's beta in GB/s (% of ceiling), r(n), u(n) and the faster kernel."""
     ceiling = doc["ceiling_gbps"]
     kernels = doc["kernels"]
-    table = Table(title=f"Table 1: effective bandwidth on requested bytes, GB/s (% of ceiling): {doc['model']} "
-                        f"{doc['dtype']}, MoE layers {', '.join(map(str, doc['layers']))}",
-                  caption="median over recorded windows; slot kind on n m b, dedup kind on U b; dedup faster "
-                          "where u(n) < r(n) (7)")
     labels = [k if k == v["kind"] else f"{k} ({v['kind']})" for k, v in kernels.items()]
-    for name in ("n", "ceiling", *labels, "r(n)", "u(n)", "faster"):
-        table.add_column(name, justify="right")
+    rows = []
     for n in map(str, doc["n"]):
         r, u = doc["r"].get(n), doc["u"][n]
         faster = "same kernel" if n == "1" else "-" if r is None else "dedup" if u < r else "slot"
-        table.add_row(n, f"{ceiling:.1f}", *[_gbps(v["beta_gbps"][n], ceiling) for v in kernels.values()],
-                      "-" if r is None else f"{r:.3f}", f"{u:.3f}", faster)
-    out.print(table)
-    fits = Table(title="Fits on chosen ids, n >= 2: (4) t = t_op + c_u U b + c_re (nm - U) b;  "
-                       "(E.1) t = t_op + c_g U b + c_t n",
-                 caption="eps: median relative error on the recorded windows; no fit: chosen ids at fewer than "
-                         "two pass sizes n >= 2")
-    for name in ("layer", "kernel", "eq.", "t_op ms", "1/c_u or 1/c_g GB/s", "c_re/c_u", "c_t ms/token", "eps"):
-        fits.add_column(name, justify="right")
+        rows.append([n, f"{ceiling:.1f}", *[_gbps(v["beta_gbps"][n], ceiling) for v in kernels.values()],
+                     "-" if r is None else f"{r:.3f}", f"{u:.3f}", faster])
+    return ["n", "ceiling", *labels, "r(n)", "u(n)", "faster"], rows
+
+
+def fits_table(doc: dict[str, Any]) -> Rows:
+    """The fits per layer and kernel: equation, t_op, first-read bandwidth, re-read cost c_re/c_u, c_t, eps."""
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    rows = []
     for layer, per_kernel in doc["fits"].items():
         for kernel, f in per_kernel.items():
             if f is None:
-                fits.add_row(layer, kernel, "no fit", *["-"] * 5)
+                rows.append([layer, kernel, "no fit", *["-"] * 5])
                 continue
             c_t = f.get("c_t_s_per_token")
-            fits.add_row(layer, kernel, f["equation"], fmt(f["t_op_s"] * 1e3, ".3f"),
+            rows.append([layer, kernel, f["equation"], fmt(f["t_op_s"] * 1e3, ".3f"),
                          fmt(f.get("first_read_gbps", f.get("union_gbps")), ".1f"), fmt(f.get("re_read_cost"), ".3f"),
-                         fmt(None if c_t is None else c_t * 1e3, ".3f"), fmt(f["eps"], ".3f"))
-    out.print(fits)
+                         fmt(None if c_t is None else c_t * 1e3, ".3f"), fmt(f["eps"], ".3f")])
+    return ["layer", "kernel", "eq.", "t_op ms", "1/c_u or 1/c_g GB/s", "c_re/c_u", "c_t ms/token", "eps"], rows
+
+
+def print_tables(doc: dict[str, Any]) -> None:
+    """Table 1 (table1) and the fits per layer (fits_table) as rich tables."""
+    from rich.table import Table
+
+    out = console()
+    titles = (f"Table 1: effective bandwidth on requested bytes, GB/s (% of ceiling): {doc['model']} {doc['dtype']}, "
+              f"MoE layers {', '.join(map(str, doc['layers']))}",
+              "Fits on chosen ids, n >= 2: (4) t = t_op + c_u U b + c_re (nm - U) b;  (E.1) t = t_op + c_g U b + c_t n")
+    for title, caption, (columns, rows) in zip(titles, (TABLE1_CAPTION, FITS_CAPTION), (table1(doc), fits_table(doc))):
+        table = Table(title=title, caption=caption)
+        for name in columns:
+            table.add_column(name, justify="right")
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
 
 
 def plot_bandwidth(doc: dict[str, Any], path: str) -> None:
-    """The paper's Figure 2: each kernel's effective bandwidth vs n (median and IQR over recorded windows);
-    per-slot kind solid with filled markers, dedup kind dashed with open markers; the ceiling dotted."""
-    import matplotlib
+    """Save the paper's Figure 2 (bandwidth_figure) to `path` (.png/.pdf/.svg)."""
+    fmt = plot_format(path)
+    fig = bandwidth_figure(doc)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def bandwidth_figure(doc: dict[str, Any]) -> Any:
+    """The paper's Figure 2 as a matplotlib Figure (no pyplot: nothing global to close): each kernel's effective
+    bandwidth vs n (median and IQR over recorded windows); per-slot kind solid with filled markers, dedup kind
+    dashed with open markers; the ceiling dotted."""
+    from matplotlib.figure import Figure
 
     ns = doc["n"]
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig = Figure(figsize=(5.5, 3.8))
+    ax = fig.subplots()
     for i, (name, k) in enumerate(doc["kernels"].items()):
         med = np.array([k["beta_gbps"][str(n)] for n in ns])
         half = np.array([k["beta_iqr_gbps"][str(n)] for n in ns]) / 2
@@ -194,7 +215,4 @@ def plot_bandwidth(doc: dict[str, Any], path: str) -> None:
            title=f"{doc['model']} {doc['dtype']}, MoE layers {', '.join(map(str, doc['layers']))}")
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=plot_format(path)))
-    plt.close(fig)
-
-
+    return fig

@@ -20,7 +20,7 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    routing replayed) with dedup off and on (`moespec run --no-throughput`).
 5. Plan: (22) from the bench and the trace, calibrated by the measured verify times; the AUTO kernel per n,
    k_hat*(a) and the speedup band (21) (`moespec plan`).
-6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..4; a = 0.5, 0.8, 0.95) and the six
+6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; a = 0.4, 0.6, 0.8, 0.9) and the six
    scoring rules (`moespec run --plan`, `moespec score`): the plan is written before that run, so pre-registered.
 """
 
@@ -52,10 +52,10 @@ DEFAULT_OUT_DIR = "out/demo"
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here), 3 verify
-# samples per kernel and n, and a reduced throughput grid: the plan drafts up to ENGINE_KMAX tokens and the run
-# measures every k up to it (the score needs the plan's k_hat* measured) at 3 acceptances, 16 tokens.
-ENGINE_LAYERS, ENGINE_REPS, ENGINE_TOKENS, ENGINE_KMAX = 2, 3, 16, 4
-ENGINE_A = "0.5,0.8,0.95"
+# samples per kernel and n, and a reduced throughput grid: every k = 0..8 (the score needs the plan's k_hat*
+# measured) at 4 acceptances, one prompt of 16 tokens per cell: ~2 min here.
+ENGINE_LAYERS, ENGINE_REPS, ENGINE_TOKENS = 2, 3, 16
+ENGINE_A = "0.4,0.6,0.8,0.9"
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
@@ -205,7 +205,8 @@ def run_bench(model: str, fmt: str, out_dir: Path, reps: int, quiet: bool) -> di
     return load_bench(out_dir / "bench.json")
 
 
-def run_engine(model: str, fmt: str, depth: int, out_dir: Path, layers: int, quiet: bool) -> dict[str, Any]:
+def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layers: int,
+               quiet: bool) -> dict[str, Any]:
     """Steps 4-6: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score.
 
     The engine replays the trace's routing (random weights route like uniform iid); the plan is written before
@@ -219,13 +220,14 @@ def run_engine(model: str, fmt: str, depth: int, out_dir: Path, layers: int, qui
             quiet)
     say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
     command("plan", ["--bench", str(out_dir / "bench.json"), "--trace", trace, "--runs",
-                     str(out_dir / "runs-verify.json"), "--kmax", str(ENGINE_KMAX), "--out", str(out_dir / "plan.json")],
-            quiet)
+                     str(out_dir / "runs-verify.json"), "--kmax", str(kmax), "--out", str(out_dir / "plan.json")], quiet)
     say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
-    command("run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{ENGINE_KMAX}", "--a", ENGINE_A,
+    command("run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{kmax}", "--a", ENGINE_A,
                     "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace,
                     "--out", str(out_dir / "runs.json")], quiet)
-    command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json")], quiet)
+    for version in ("prediction", "calibrated"):
+        command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json"), "--version",
+                          version], quiet)
     runs = json.loads((out_dir / "runs.json").read_text())
     return {"runs": str(out_dir / "runs.json"), "plan": str(out_dir / "plan.json"),
             "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],
@@ -261,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
             console().print(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. "
                             f"Measured crossover (u(n) < r(n) from there on): n = {doc['crossover']}")
         if args.engine_layers:
-            result["engine"] = run_engine(args.model, args.format, args.depth, out_dir, args.engine_layers, args.json)
+            result["engine"] = run_engine(args.model, args.format, args.depth, args.kmax, out_dir, args.engine_layers,
+                                          args.json)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=args.format)})
     if args.json:
         print(json.dumps(result))

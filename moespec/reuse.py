@@ -347,15 +347,20 @@ def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:
 
 
 def plot_reuse(stats: ReuseStats, path: str, label: str) -> None:
-    """The paper's Figure 1: layer-mean rho(n) with its interval band, each layer faint, uniform routing dotted."""
+    """Save the paper's Figure 1 (reuse_figure) to `path` (.png/.pdf/.svg)."""
     fmt = plot_format(path)
-    import matplotlib
+    fig = reuse_figure(stats, label)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def reuse_figure(stats: ReuseStats, label: str) -> Any:
+    """The paper's Figure 1 as a matplotlib Figure: layer-mean rho(n) with its interval band, each layer faint,
+    uniform routing dotted. A bare Figure (no pyplot): nothing global to close, any caller may save it."""
+    from matplotlib.figure import Figure
 
     n = np.arange(1, stats.n_max + 1)
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig = Figure(figsize=(5.5, 3.8))
+    ax = fig.subplots()
     for layer, layer_rho in enumerate(stats.rho[:, 1:]):
         ax.plot(n, layer_rho, color="tab:blue", alpha=0.12, linewidth=0.8, label=None if layer else "each layer")
     if "rho_mean" in stats.ci:
@@ -369,5 +374,4 @@ def plot_reuse(stats: ReuseStats, path: str, label: str) -> None:
     ax.set(xlabel="consecutive tokens n", ylabel=r"reuse $\rho_l(n)$", ylim=(0, 1), xticks=n)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt))
-    plt.close(fig)
+    return fig

@@ -34,6 +34,8 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       mismatches: [{prompt, position, plain_top2_gap}] where the tokens first differ from plain
                       decoding's and the gap between plain decoding's two largest logits there (a near tie,
                       which rounding in a pass of another size can flip, or a real disagreement)
+  draft_model, throughput_draft_model   with --draft-model: its path and the rows above at a = null (the
+                      realized acceptance is the model's), drafted by it instead of the oracle
   draft_time_s        {k: median draft + host time per step}, the h(k) `moespec plan --draft-time` reads
   overhead_share      median over cells of the engine's share of step time
   greedy_match        every run's tokens equal plain decoding's
@@ -45,7 +47,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -253,16 +254,18 @@ class Prompts:
         return torch.tensor([context], device=self.lm.device)
 
 
-def measure_cell(lm: Any, policy: str, k: int, a: float, kernel_by_n: dict[int, str] | None, ps: Prompts,
-                 args: argparse.Namespace) -> dict:
-    """One throughput cell over all prompts: speculative decoding with the oracle draft at (policy, k, a)."""
+def measure_cell(lm: Any, policy: str, k: int, a: float | None, kernel_by_n: dict[int, str] | None, ps: Prompts,
+                 args: argparse.Namespace, drafter: Any = None) -> dict:
+    """One throughput cell over all prompts: speculative decoding at (policy, k) with the oracle draft at
+    acceptance a, or with the draft model `drafter` (a is then None and the acceptance is what it achieves)."""
     from moespec import engine, speculative
 
     conts = ps.continuations(policy, kernel_by_n)
     engine.set_policy(lm.model, policy, kernel_by_n)
     tokens, mismatches, records = 0, [], []
     for i, (context, cont, state) in enumerate(zip(ps.contexts, conts, ps.prefilled())):
-        draft = speculative.OracleDraft(cont, a, args.seed + i, lm.model.config.vocab_size, len(context))
+        draft = speculative.ModelDraft(drafter) if drafter is not None else \
+            speculative.OracleDraft(cont, a, args.seed + i, lm.model.config.vocab_size, len(context))
         out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, args.tokens, prefilled=state,
                                                    route=ps.route(i))
         if out != cont[:args.tokens]:  # where it first differs and how near greedy was to a tie there
@@ -277,11 +280,13 @@ def measure_cell(lm: Any, policy: str, k: int, a: float, kernel_by_n: dict[int, 
     verify = sum(r.verify_s for r in records)
     host = sum(r.host_s + r.draft_s for r in records)
     rate = speculative.acceptance_rate(records)
-    return {"policy": policy, "k": k, "a": a if k else None, "tokens_per_s": tokens / wall,
-            "realized_acceptance": None if np.isnan(rate) else rate,
+    rate = None if np.isnan(rate) else rate
+    return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if drafter is None else "model",
+            "tokens_per_s": tokens / wall, "realized_acceptance": rate,
             "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
             "tokens_per_step": tokens / steps,
-            "G_a": float(theory.geometric_sum(a, k)) if k else 1.0, "steps": steps, "step_time_s": wall / steps,
+            "G_a": float(theory.geometric_sum(rate if a is None else a, k)) if k and rate is not None else 1.0,
+            "steps": steps, "step_time_s": wall / steps,
             "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,
             "greedy_match": not mismatches, "mismatches": mismatches}
 
@@ -303,7 +308,7 @@ def summarize(lm: Any, args: argparse.Namespace, samples: dict[str, dict[int, li
     stats = {p: {n: bootstrap_median(v, rng) for n, v in samples[p].items()} for p in policies}
     ns = sorted(samples["slot"])
     saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns}
-    rows = expand_k0(cells, acceptances)
+    rows = [] if args.draft_model else expand_k0(cells, acceptances)
     per_k: dict[int, list[float]] = {}
     for cell in cells:
         per_k.setdefault(cell["k"], []).append(cell["draft_host_s"])
@@ -321,7 +326,8 @@ def summarize(lm: Any, args: argparse.Namespace, samples: dict[str, dict[int, li
         "crossover": crossover({n: v["median"] for n, v in saving.items()}),
         "auto_ratio": None if "auto" not in policies else {
             str(n): stats["auto"][n][0] / min(stats["slot"][n][0], stats["dedup"][n][0]) for n in ns},
-        "throughput": rows,
+        "throughput": rows, "draft_model": args.draft_model,
+        "throughput_draft_model": cells if args.draft_model else [],
         "draft_time_s": {str(k): float(np.median(v)) for k, v in sorted(per_k.items())},
         "overhead_share": float(np.median([c["overhead_share"] for c in cells])) if cells else None,
         "greedy_match": all(c["greedy_match"] for c in cells),
@@ -351,6 +357,9 @@ def report(doc: dict[str, Any], path: str, out: Any) -> None:
         table.add_row(n, *cells)
     out.print(table)
     out.print(f"measured crossover: {doc['crossover'] or 'none'} (smallest n from which the saving stays positive)")
+    for row in doc["throughput_draft_model"]:
+        rate = "-" if row["realized_acceptance"] is None else f"{row['realized_acceptance']:.2f}"
+        out.print(f"draft model, {row['policy']} k = {row['k']}: {row['tokens_per_s']:.1f} tokens/s, acceptance {rate}")
     best = {}
     for row in doc["throughput"]:
         key = (row["policy"], row["a"])
@@ -365,8 +374,10 @@ def report(doc: dict[str, Any], path: str, out: Any) -> None:
         for policy in dict.fromkeys(p for p, _ in best):
             table.add_row(policy, *(f"{best[policy, a]['k']} ({best[policy, a]['tokens_per_s']:.1f})" for a in grid))
         out.print(table)
-        gaps = [m["plain_top2_gap"] for r in doc["throughput"] for m in r["mismatches"]]
-        where = sorted({(r["policy"], r["k"]) for r in doc["throughput"] if not r["greedy_match"]})
+    rows = doc["throughput"] + doc["throughput_draft_model"]
+    gaps = [m["plain_top2_gap"] for r in rows for m in r["mismatches"]]
+    where = sorted({(r["policy"], r["k"]) for r in rows if not r["greedy_match"]})
+    if doc["overhead_share"] is not None:
         out.print(f"engine overhead: {doc['overhead_share']:.1%} of step time (median over cells); greedy tokens "
                   f"equal plain decoding's: " + ("yes" if doc["greedy_match"] else
                                                  f"[bold red]NO[/] in {len(where)} (policy, k) cells "
@@ -399,6 +410,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=2, help="prompts per throughput cell (default 2)")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")
+    p.add_argument("--draft-model", help="a local HF causal LM sharing the tokenizer: the throughput grid drafts with "
+                                         "it (greedy) over --k instead of the oracle over --a")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default="runs.json", help="results file (default runs.json)")
@@ -443,10 +456,18 @@ def run(args: argparse.Namespace) -> int:
     policies = list(VERIFY_POLICIES) + (["auto"] if kernel_by_n else [])
     ks = parse_list(args.k, int, "--k")
     acceptances = parse_list(args.a, float, "--a") if args.a else [float(a) for a in theory.PAPER_ACCEPTANCES]
-    cells = [] if args.no_throughput else throughput_cells(policies, ks, acceptances)
+    drafter = None
+    if args.draft_model:
+        drafter = engine.load_model(path=args.draft_model, dtype=args.dtype, device=device).model
+        if drafter.config.vocab_size != lm.model.config.vocab_size:
+            raise MoespecError(f"{args.draft_model}: vocabulary of {drafter.config.vocab_size} tokens, the target's "
+                               f"has {lm.model.config.vocab_size}: a draft must share the tokenizer")
+    cells = [] if args.no_throughput else [(p, k, None) for p in policies for k in ks] if drafter else \
+        throughput_cells(policies, ks, acceptances)
     config = {"source": lm.source, "dtype": args.dtype, "device_kind": device.split(":")[0], "depth": args.depth,
               "n": args.n, "reps": args.reps, "k": ks, "a": acceptances, "prompts": args.prompts,
-              "tokens": args.tokens, "replay": args.replay, "plan": plan_info, "seed": args.seed}
+              "tokens": args.tokens, "replay": args.replay, "plan": plan_info, "seed": args.seed,
+              "draft_model": args.draft_model}
     checkpoint = Checkpoint(args.out, config, args.resume, "run")
     out = console()
     out.print(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {args.dtype}, {device}); policies "
@@ -459,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
         for policy, k, a in cells:
             key = f"cell {policy} k {k} a {a if k else '-'}"
             if key not in checkpoint.units:
-                checkpoint.save(key, measure_cell(lm, policy, k, a, kernel_by_n, ps, args))
+                checkpoint.save(key, measure_cell(lm, policy, k, a, kernel_by_n, ps, args, drafter))
             measured.append(checkpoint.units[key])
             advance(args.prompts)
     doc = summarize(lm, args, samples, policies, measured, acceptances, plan_info, kernel_by_n, started)

@@ -137,9 +137,11 @@ def plain_decode(model: Any, prompt_ids: torch.LongTensor, max_new: int, prefill
     """max_new greedy tokens after the prompt, one forward each with a KV cache (no stop at end-of-sequence);
     `prefilled`: a `prefill` of this prompt to start from (its cache is copied); `margins`, when given, receives
     the gap between the two largest logits behind every token after the first: how close greedy was to a tie."""
-    feed = _prompt(prompt_ids)
+    prompt = _prompt(prompt_ids)
     if max_new < 0:
         raise MoespecError(f"max_new must be >= 0, got {max_new}")
+    if prefilled is not None and prefilled.length != len(prompt):
+        raise MoespecError(f"the prefill holds {prefilled.length} tokens but the prompt has {len(prompt)}")
     if max_new == 0:
         return []
     state = prefilled or prefill(model, prompt_ids)

@@ -123,3 +123,17 @@ def test_bad_input_is_one_line(argv, needle, tiny_checkpoints, tmp_path):
     code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, *argv, "--out",
                             str(tmp_path / "r.json")])
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_draft_model_grid(tiny_checkpoints, tmp_path):
+    """A real draft (here an unrelated tiny model with the same vocabulary) drafts greedily; tokens stay plain
+    decoding's and the grid runs over k only."""
+    out = tmp_path / "runs.json"
+    code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--draft-model",
+                               str(tiny_checkpoints["mixtral"]), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["throughput"] == [] and doc["greedy_match"]
+    rows = doc["throughput_draft_model"]
+    assert {(r["policy"], r["k"]) for r in rows} == {(p, k) for p in ("slot", "dedup") for k in (0, 1, 2)}
+    assert all(r["a"] is None and r["draft"] == "model" for r in rows)
+    assert "draft model, slot k = 2" in stdout
