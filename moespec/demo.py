@@ -22,6 +22,7 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    k_hat*(a) and the speedup band (21) (`moespec plan`).
 6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; a = 0.4, 0.6, 0.8, 0.9) and the six
    scoring rules (`moespec run --plan`, `moespec score`): the plan is written before that run, so pre-registered.
+7. Report: `moespec report` writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def run_bench(model: str, fmt: str, out_dir: Path, reps: int, quiet: bool) -> di
 
 def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layers: int,
                quiet: bool) -> dict[str, Any]:
-    """Steps 4-6: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score.
+    """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score.
 
     The engine replays the trace's routing (random weights route like uniform iid); the plan is written before
     the run it is scored against, so the score is pre-registered."""
@@ -228,9 +229,13 @@ def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layer
     for version in ("prediction", "calibrated"):
         command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json"), "--version",
                           version], quiet)
+    say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
+    command("report", [str(out_dir)], quiet)
     runs = json.loads((out_dir / "runs.json").read_text())
     return {"runs": str(out_dir / "runs.json"), "plan": str(out_dir / "plan.json"),
+            "report": str(out_dir / "report.html"),
             "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],
+            "greedy_exact": runs["greedy_exact"],
             "verify_time_s": runs["verify_time_s"], "auto_ratio": runs["auto_ratio"]}
 
 

@@ -38,10 +38,8 @@ Implementations. On the CPU `slot` and `dedup` run the native AVX2/FMA kernels o
 weights, fp32 accumulation, the threads sharing the rows of every weight matrix; see moespec.native) and fall
 back to a pure-torch loop with the same results when the native library is unavailable or the weights are
 neither fp32 nor bf16; on a CUDA device they run the Triton kernels of moespec.triton_kernels.
-`implementation(kernel, dtype, device)` says which runs. `reference` is a float64 loop, the ground truth of
-every test. The other kernels are peers run through their own code:
-- `torch-slot`, `torch-dedup`: the plain torch loops (one F.linear per slot, or per distinct expert on its
-  tokens) on any device: what an engine without expert kernels does;
+`implementation(kernel, dtype, device)` says which runs. `reference` (float64) is every test's ground truth. Peers:
+- `torch-slot`, `torch-dedup`: plain torch loops (F.linear per slot, or per distinct expert on its tokens);
 - `hf-batched_mm` (per-slot), `hf-grouped_mm`, `hf-eager` (dedup): transformers' experts implementations,
   called on a real experts module of the model's class (OlmoeExperts; GptOssExperts for the gpt-oss
   activation) that shares our weight tensors (gpt-oss's layout: converted once);
@@ -267,8 +265,18 @@ def _dedup_torch(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act):
     return out.to(x.dtype)
 
 
+def _torch_loop(mode: str) -> Callable[..., torch.Tensor]:
+    loop = _slot_torch if mode == "slot" else _dedup_torch
+
+    def run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
+        _check_ids(ids, gate_up.shape[0])
+        return loop(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act)
+
+    return run
+
+
 def _ours(mode: str) -> Callable[..., torch.Tensor]:
-    fallback = _slot_torch if mode == "slot" else _dedup_torch
+    fallback = _torch_loop(mode)
 
     def run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
         if gate_up.is_cuda:  # ids already on the device are not checked: that would synchronize with the host
@@ -280,18 +288,7 @@ def _ours(mode: str) -> Callable[..., torch.Tensor]:
                                             down_bias, act.kind, act.alpha, act.limit)
         if implementation(mode, gate_up.dtype) == "native":  # ids are range-checked in C++
             return _native_op(mode, x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads)
-        _check_ids(ids, gate_up.shape[0])
-        return fallback(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act)
-
-    return run
-
-
-def _torch_loop(mode: str) -> Callable[..., torch.Tensor]:
-    loop = _slot_torch if mode == "slot" else _dedup_torch
-
-    def run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
-        _check_ids(ids, gate_up.shape[0])
-        return loop(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act)
+        return fallback(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads)
 
     return run
 

@@ -41,9 +41,9 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
   tau_hat      {slot|dedup|auto: {n: s}} prediction (22);  tau_measured: {slot|dedup: {n: s}}
   saving       {n: {predicted_s, measured_s, band_s, lo_s, hi_s, u, r, margin, decided, byte_model, two_bandwidth}}
-  delta_steps  {version: {policy: d}}: (1-d) V <= V_hat <= (1+d) V, the delta of the version's bands (21); a
-               calibrated d is null where its error bound reaches half of V(k) (no band; a prediction there is
-               refused with an error)
+  delta_steps  {version: {policy: d}}: (1-d) V <= V_hat <= (1+d) V, the delta of the version's bands (21); d
+               is null where the error bound reaches half of V(k) (a noisy bench, a calibration): no band, and
+               that version's rows carry speedup_lo = speedup_hi = null
   step_times   {policy: [V_hat(0..kmax)]}
   staircase    {policy: {k_at_zero, step_points: [a_1..a_kmax], intervals: [{k, lo, hi}]}}: k_hat* = k on (lo, hi]
   table        [{a, policy, version, k_hat, speedup, speedup_lo, speedup_hi}] per acceptance of the paper's grid
@@ -333,8 +333,8 @@ def _check_rows(rows: Any, key: str, version: str, kmax: int) -> str | None:
             return f"{key}[{i}]: policy {row['policy']!r} or acceptance {row['a']!r} is invalid"
         if isinstance(row["k_hat"], bool) or not isinstance(row["k_hat"], int) or not 0 <= row["k_hat"] <= kmax:
             return f"{key}[{i}]: k_hat {row['k_hat']!r} is outside 0..{kmax}"
-        if version == "calibrated" and row["speedup_lo"] is None and row["speedup_hi"] is None:
-            continue  # no band: the calibrated error bound reaches half of V(k)
+        if row["speedup_lo"] is None and row["speedup_hi"] is None:
+            continue  # no band: the step times' error bound reaches half of V(k) (a noisy bench, a calibration)
         if not all(_number(row[k]) for k in ROW_KEYS[3:]) or \
                 not row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"]:
             return f"{key}[{i}]: need speedup_lo <= speedup <= speedup_hi"

@@ -328,11 +328,11 @@ def run(args: argparse.Namespace) -> int:
                        show_progress=sys.stderr.isatty())
     trace.save(args.out)
     print(f"synthesized {trace.num_tokens} tokens in {trace.num_documents} documents of {trace.meta['model']} "
-          f"routing ({_describe(trace.meta)}) -> {args.out}")
+          f"routing ({describe(trace.meta)}) -> {args.out}")
     return 0
 
 
-def _describe(meta: dict[str, Any]) -> str:
+def describe(meta: dict[str, Any]) -> str:
     """One phrase naming the process and what it was calibrated to or drawn from."""
     if meta["calibrated_to"]:
         target = meta["calibrated_to"]

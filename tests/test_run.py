@@ -50,7 +50,7 @@ def test_run_writes_the_documented_keys(tiny_run):
         assert r["tokens_per_s"] > 0 and r["steps"] >= 1 and 0 <= r["overhead_share"] < 1
         assert (r["realized_acceptance"] is None) == (r["k"] == 0)
         assert r["tokens_per_step"] == pytest.approx(5 / r["steps"])
-    assert doc["greedy_match"] is True and doc["depth"] == 8 and doc["moe_layers"] == 2
+    assert doc["greedy_match"] is doc["greedy_exact"] is True and doc["depth"] == 8 and doc["moe_layers"] == 2
     assert set(doc["draft_time_s"]) == {"0", "1", "2"}
     assert doc["provenance"]["timestamp"] and doc["device_kind"] == "cpu"
     assert json.loads(stdout.strip().splitlines()[-1])["out"] == str(out)

@@ -1,0 +1,211 @@
+"""moespec report: from a small fixture job (a synthetic trace, a hand-made bench, the plan built from them and a
+hand-made runs.json), one self-contained HTML page: every figure an embedded PNG with a caption, every table
+filled, the six scoring verdicts; sections whose artifact is missing say so; an empty folder is a one-line error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import struct
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moespec import cli, theory
+from moespec.io import provenance, write_json
+from moespec.plan import POLICIES, build_plan
+from moespec.synth import synthesize
+from moespec.trace import Trace
+from plan_cases import MODEL, RUNS_DRAFT, make_bench, make_runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MIN_PIXELS = 200  # every figure is at least 5.5 inches wide and 3.8 high at 110 dpi
+SECTIONS = ["reuse", "bandwidth", "staircase", "saving", "acceptance", "score", "engine"]
+FIGURES = 5  # Figure 1, Figure 2, the staircase, Figure 4, Figure 5
+MISMATCH_GAP = 0.0123  # plain decoding's top-2 logit gap at the one mismatch of the fixture runs
+
+
+class Page(HTMLParser):
+    """The parts of the report the tests check: images, figure captions, tables (rows of (tag, text) cells),
+    section ids and the 'not shown' lines."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.captions: list[str] = []
+        self.tables: list[list[list[tuple[str, str]]]] = []
+        self.sections: list[str] = []
+        self.missing: list[str] = []
+        self._open: list[tuple[str, list[str]]] = []  # elements whose text is being collected
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "img":
+            self.images.append(a["src"] or "")
+        elif tag == "section":
+            self.sections.append(a["id"] or "")
+        elif tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        if tag in ("td", "th", "figcaption") or (tag == "p" and a.get("class") == "missing"):
+            self._open.append((tag, []))
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self._open[-1][1].append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self._open or self._open[-1][0] != tag:
+            return
+        _, parts = self._open.pop()
+        text = "".join(parts).strip()
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append((tag, text))
+        elif tag == "figcaption":
+            self.captions.append(text)
+        else:
+            self.missing.append(text)
+
+
+def engine_runs(plan: dict[str, Any]) -> dict[str, Any]:
+    """A runs.json of `moespec run --plan` (keys in moespec/run.py): make_runs' verify times plus AUTO, intervals,
+    the saving, and a throughput grid at every (policy, k, a) of the plan whose tokens/s follow the plan's own step
+    times with a 2% slowdown per drafted token; one cell differs from plain decoding at a near tie."""
+    runs = make_runs()
+    verify = runs["verify_time_s"]
+    ns = list(verify["slot"])
+    verify["auto"] = {n: verify[plan["kernel_by_n"][n]][n] for n in ns}
+    rows = []
+    for p in POLICIES:
+        V = plan["step_times"][p]
+        for a in map(float, theory.PAPER_ACCEPTANCES):
+            for k in range(plan["kmax"] + 1):
+                rows.append({"policy": p, "k": k, "a": a, "realized_acceptance": a if k else None,
+                             "tokens_per_s": float(theory.throughput(V, a, k)) / (1 + 0.02 * k),
+                             "overhead_share": 0.01, "greedy_match": True, "mismatches": []})
+    rows[-1].update(greedy_match=False, mismatches=[{"prompt": 1, "position": 7, "plain_top2_gap": MISMATCH_GAP}])
+    runs.update(
+        source="preset olmoe-1b-7b (2 of 16 layers), random weights (seed 0)", device="cpu", replay="trace.npz",
+        verify_time_ci_s={p: {n: [0.98 * t, 1.02 * t] for n, t in times.items()} for p, times in verify.items()},
+        saving_s={n: {"median": (s := verify["slot"][n] - verify["dedup"][n]), "lo": s - 0.002, "hi": s + 0.002}
+                  for n in ns[1:]},
+        crossover=2, auto_ratio={n: 1.0 for n in ns}, throughput=rows, draft_model=None, throughput_draft_model=[],
+        overhead_share=0.01, greedy_match=False, plan={"path": "plan.json", "sha256": "0" * 64},
+        kernel_by_n=plan["kernel_by_n"], provenance=provenance(dtype="bf16"))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with trace.npz, bench.json, plan.json (both versions) and runs.json, as a job leaves them."""
+    folder = tmp_path_factory.mktemp("job")
+    trace: Trace = synthesize(MODEL, "calibrated", 2000, 10, seed=0)
+    trace.save(folder / "trace.npz")
+    bench = make_bench()
+    bench["fits"] = {"0": {"slot": {"equation": "(4)", "passes": 8, "t_op_s": 1e-4, "c_u_s_per_byte": 1e-10,
+                                    "c_re_s_per_byte": 5e-11, "re_read_cost": 0.5, "first_read_gbps": 10.0,
+                                    "eps": 0.02},
+                           "dedup": None}}
+    write_json(folder / "bench.json", bench)
+    plan = build_plan(bench, trace, runs=make_runs(), draft_time=list(RUNS_DRAFT.values()))
+    write_json(folder / "plan.json", plan)
+    write_json(folder / "runs.json", engine_runs(plan))
+    return folder
+
+
+def report(folder: Path, capsys: pytest.CaptureFixture, *extra: str) -> Page:
+    assert cli.main(["report", str(folder), *extra]) == 0
+    out = capsys.readouterr().out.strip()
+    path = Path(extra[-1]) if extra else folder / "report.html"
+    assert out == f"report -> {path}"
+    return Page(path.read_text(encoding="utf-8"))
+
+
+def check_figures(page: Page, count: int) -> None:
+    """`count` embedded PNGs that decode, each of a real figure's size, each with a caption."""
+    assert len(page.images) == count and len(page.captions) == count
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,")
+        png = base64.b64decode(src.split(",", 1)[1], validate=True)
+        assert png[:8] == PNG_SIGNATURE and png[12:16] == b"IHDR"
+        width, height = struct.unpack(">II", png[16:24])
+        assert width >= MIN_PIXELS and height >= MIN_PIXELS
+    assert all(caption.endswith(".") and len(caption) > 40 for caption in page.captions)
+
+
+def check_tables(page: Page) -> None:
+    """Every table has rows and no empty data cell."""
+    for table in page.tables:
+        cells = [text for row in table for tag, text in row if tag == "td"]
+        assert cells and all(cells), table
+
+
+def table_with(page: Page, column: str) -> list[list[str]]:
+    """The data rows of the first table that has `column` in its header."""
+    for table in page.tables:
+        if any(tag == "th" and text == column for tag, text in table[0]):
+            return [[text for _, text in row] for row in table[1:]]
+    raise AssertionError(f"no table with column {column!r}")
+
+
+def test_full_report(job: Path, capsys: pytest.CaptureFixture) -> None:
+    page = report(job, capsys)
+    assert page.sections == SECTIONS and not page.missing
+    check_figures(page, FIGURES)
+    check_tables(page)
+    facts = {row[0][1]: row[1][1] for table in page.tables for row in table if len(row) == 2}
+    assert facts["model"] == MODEL and facts["dtype"] == "bf16" and facts["context depth"] == "4096"
+    assert facts["trace"].startswith("synthetic: calibrated process, calibrated to paper-wikitext")
+    artifacts = {row[0]: row for row in table_with(page, "artifact")}
+    made = json.loads((job / "plan.json").read_text())["provenance"]
+    assert artifacts["plan.json"][2:5] == ["read", made["timestamp"], made["command"]]
+    assert "missing" in artifacts["demo.json"][2]
+    rules = table_with(page, "verdict")
+    assert len(rules) == 6 and {row[3] for row in rules} <= {"holds", "fails"}
+    per_n = table_with(page, "verify error slot")
+    assert [row[0] for row in per_n] == [str(n) for n in range(2, 10)]
+    per_a = table_with(page, "k* measured")
+    assert len(per_a) == len(POLICIES) * len(theory.PAPER_ACCEPTANCES)
+    staircase = table_with(page, "V_hat(k) slot, ms")
+    assert [row[0] for row in staircase] == [str(k) for k in range(9)]
+    assert len(table_with(page, "layer")) == 2  # the fit of layer 0's slot kernel, and its dedup kernel's "no fit"
+    assert table_with(page, "plain top-2 logit gap") == [["auto", "8", "0.98", "1", "7", f"{MISMATCH_GAP:.4g}"]]
+
+
+def test_without_runs_the_other_sections_remain(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for name in ("trace.npz", "bench.json", "plan.json"):
+        shutil.copy(job / name, tmp_path / name)
+    page = report(tmp_path, capsys)
+    assert page.sections == SECTIONS
+    check_figures(page, FIGURES - 1)  # Figure 5 compares with the runs
+    check_tables(page)
+    assert len(page.missing) == 4  # Figure 4's measured saving, Figure 5, Tables 3 and 8, the engine
+    assert all(f"runs.json is missing from {tmp_path}" in line for line in page.missing)
+
+
+def test_a_bench_alone_gives_a_report(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    shutil.copy(job / "bench.json", tmp_path / "bench.json")
+    (tmp_path / "plan.json").write_text("{")
+    out = tmp_path / "elsewhere" / "page.html"
+    page = report(tmp_path, capsys, "--out", str(out))
+    check_figures(page, 1)
+    check_tables(page)
+    assert not (tmp_path / "report.html").exists()
+    assert any(line.startswith("Not shown: trace.npz is missing") for line in page.missing)
+    assert any("plan.json is present but unreadable" in line for line in page.missing)
+
+
+@pytest.mark.parametrize("make, problem", [(lambda p: p.mkdir(), "no moespec artifact here"),
+                                           (lambda p: None, "no such folder")])
+def test_no_artifact_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture, make, problem: str) -> None:
+    folder = tmp_path / "job"
+    make(folder)
+    assert cli.main(["report", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("moespec report: error:") and problem in err
+    assert not (folder / "report.html").exists()
