@@ -50,6 +50,7 @@ DEFAULT_KMAX = 8  # the paper verifies up to 9 tokens per pass
 # 50k tokens in 50 documents: bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second.
 DEFAULT_TOKENS, DEFAULT_DOCS = 50_000, 50
 DEFAULT_OUT_DIR = "out/demo"
+STEPS_FILE = "demo-steps.json"  # the measuring steps finished in the output folder, with the settings they used
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here), 3 verify
@@ -68,8 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"trace tokens (default {DEFAULT_TOKENS})")
     p.add_argument("--docs", type=int, default=DEFAULT_DOCS, help=f"trace documents (default {DEFAULT_DOCS})")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing (default 0)")
-    p.add_argument("--out-dir", default=DEFAULT_OUT_DIR,
-                   help=f"where trace.npz and demo.json go (default {DEFAULT_OUT_DIR})")
+    p.add_argument("--out", default=DEFAULT_OUT_DIR,
+                   help=f"folder for every artifact (trace, bench, plan, runs, report; default {DEFAULT_OUT_DIR}); "
+                        f"a re-run with the same settings reuses what is there")
     p.add_argument("--bench-reps", type=int, default=BENCH_REPS,
                    help=f"repetitions of the short bench (default {BENCH_REPS}; 0 skips the measurement)")
     p.add_argument("--engine-layers", type=int, default=ENGINE_LAYERS,
@@ -183,6 +185,32 @@ def print_report(r: dict[str, Any]) -> None:
     c.print(t)
 
 
+class Steps:
+    """Which measuring steps already finished in the output folder with these settings (STEPS_FILE), so a re-run
+    resumes from the artifacts there; other settings start over (their interrupted checkpoints removed)."""
+
+    def __init__(self, out_dir: Path, settings: dict[str, Any], say: Any) -> None:
+        self.path, self.settings, self.say = out_dir / STEPS_FILE, settings, say
+        try:
+            saved = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        same = isinstance(saved, dict) and saved.get("settings") == settings
+        self.done: list[str] = list(saved.get("done", [])) if same else []
+        if not same:
+            for partial in out_dir.glob("*.partial"):
+                partial.unlink()
+
+    def run(self, artifact: Path, step: Any) -> None:
+        """step() unless it already wrote `artifact` with these settings."""
+        if artifact.name in self.done and artifact.exists():
+            self.say(f"reusing {artifact} (same settings; delete it to measure again)")
+            return
+        step()
+        self.done.append(artifact.name)
+        write_json(self.path, {"settings": self.settings, "done": self.done})
+
+
 def command(name: str, argv: list[str], quiet: bool) -> None:
     """Run `moespec NAME ARGV` through the same code a user runs (its output to stderr when quiet)."""
     import importlib
@@ -194,49 +222,99 @@ def command(name: str, argv: list[str], quiet: bool) -> None:
         module.run(parser.parse_args(argv))
 
 
-def run_bench(model: str, fmt: str, out_dir: Path, reps: int, quiet: bool) -> dict[str, Any]:
+def run_bench(model: str, fmt: str, out_dir: Path, reps: int, quiet: bool, steps: Steps) -> dict[str, Any]:
     """Step 3: the short bench; returns the bench document."""
     from moespec.benchfile import load_bench
 
     spec = ModelSpec.from_name(model)
-    command("bench", ["--model", model, "--layers", str(min(BENCH_LAYER, spec.L - 1)), "--dtype", fmt,
-                      "--trace", str(out_dir / "trace.npz"), "--out", str(out_dir / "bench.json"),
-                      "--reps", str(reps), "--windows", str(BENCH_WINDOWS), "--u-values", str(BENCH_U_VALUES),
-                      "--plot", str(out_dir / "fig2.png")], quiet)
+    steps.run(out_dir / "bench.json", lambda: command(
+        "bench", ["--model", model, "--layers", str(min(BENCH_LAYER, spec.L - 1)), "--dtype", fmt,
+                  "--trace", str(out_dir / "trace.npz"), "--out", str(out_dir / "bench.json"),
+                  "--reps", str(reps), "--windows", str(BENCH_WINDOWS), "--u-values", str(BENCH_U_VALUES),
+                  "--plot", str(out_dir / "fig2.png"), "--resume"], quiet))
     return load_bench(out_dir / "bench.json")
 
 
-def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layers: int,
-               quiet: bool) -> dict[str, Any]:
+def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layers: int, quiet: bool,
+               steps: Steps) -> dict[str, Any]:
     """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score.
 
     The engine replays the trace's routing (random weights route like uniform iid); the plan is written before
     the run it is scored against, so the score is pre-registered."""
     trace, engine_args = str(out_dir / "trace.npz"), ["--preset", model, "--layers", str(layers), "--dtype", fmt,
-                                                       "--depth", str(depth), "--reps", str(ENGINE_REPS)]
+                                                       "--depth", str(depth), "--reps", str(ENGINE_REPS),
+                                                       "--resume"]
     say = (lambda text: None) if quiet else console().print
     say(f"[bold]4. engine[/bold]: verify times of {model} with {layers} of its layers at full shape, random "
         f"weights, the trace's routing replayed")
-    command("run", [*engine_args, "--no-throughput", "--replay", trace, "--out", str(out_dir / "runs-verify.json")],
-            quiet)
+    steps.run(out_dir / "runs-verify.json", lambda: command(
+        "run", [*engine_args, "--no-throughput", "--replay", trace, "--out", str(out_dir / "runs-verify.json")], quiet))
     say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
-    command("plan", ["--bench", str(out_dir / "bench.json"), "--trace", trace, "--runs",
-                     str(out_dir / "runs-verify.json"), "--kmax", str(kmax), "--out", str(out_dir / "plan.json")], quiet)
+    steps.run(out_dir / "plan.json", lambda: command(
+        "plan", ["--bench", str(out_dir / "bench.json"), "--trace", trace, "--runs", str(out_dir / "runs-verify.json"),
+                 "--kmax", str(kmax), "--out", str(out_dir / "plan.json")], quiet))
     say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
-    command("run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{kmax}", "--a", ENGINE_A,
-                    "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace,
-                    "--out", str(out_dir / "runs.json")], quiet)
+    steps.run(out_dir / "runs.json", lambda: command(
+        "run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{kmax}", "--a", ENGINE_A,
+                "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace, "--out", str(out_dir / "runs.json")],
+        quiet))
     for version in ("prediction", "calibrated"):
         command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json"), "--version",
                           version], quiet)
     say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
     command("report", [str(out_dir)], quiet)
+    return engine_summary(out_dir)
+
+
+def engine_summary(out_dir: Path) -> dict[str, Any]:
+    """What the engine steps found: crossovers, AUTO's best draft length and speedup per acceptance measured beside
+    the plan's prediction and calibration, and the six verdicts of each version."""
+    from moespec.score import score_files
+
     runs = json.loads((out_dir / "runs.json").read_text())
+    plan = json.loads((out_dir / "plan.json").read_text())
+    rows = [r for r in runs["throughput"] if r["policy"] == "auto"]
+    per_a = {}
+    for a in sorted({r["a"] for r in rows}):
+        T = {r["k"]: r["tokens_per_s"] for r in rows if r["a"] == a}
+        best = max(T, key=lambda k: (T[k], -k))
+        planned = {v: next(r for r in plan[t] if r["policy"] == "auto" and abs(r["a"] - a) < 1e-9)
+                   for v, t in (("prediction", "table"), ("calibrated", "table_calibrated"))}
+        per_a[str(a)] = {"k_measured": best, "speedup_measured": T[best] / T[0],
+                         **{f"k_{v}": row["k_hat"] for v, row in planned.items()},
+                         **{f"speedup_{v}": [row["speedup"], row["speedup_lo"], row["speedup_hi"]]
+                            for v, row in planned.items()}}
+    scores = {v: score_files(str(out_dir / "plan.json"), str(out_dir / "runs.json"), v) for v in
+              ("prediction", "calibrated")}
     return {"runs": str(out_dir / "runs.json"), "plan": str(out_dir / "plan.json"),
-            "report": str(out_dir / "report.html"),
+            "report": str(out_dir / "report.html"), "crossover_predicted": plan["crossover"],
             "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],
-            "greedy_exact": runs["greedy_exact"],
-            "verify_time_s": runs["verify_time_s"], "auto_ratio": runs["auto_ratio"]}
+            "greedy_exact": runs["greedy_exact"], "verify_time_s": runs["verify_time_s"],
+            "auto_ratio": runs["auto_ratio"], "auto": per_a,
+            "rules_hold": {v: [r.name for r in sc.rules if r.holds] for v, sc in scores.items()},
+            "pre_registered": scores["prediction"].pre_registered}
+
+
+def print_engine_summary(engine: dict[str, Any], bench: dict[str, Any]) -> None:
+    """The closing summary: crossover, r(n), best k per acceptance, measured vs predicted speedup, verdicts."""
+    from rich.table import Table
+
+    c = console()
+    r = ", ".join(f"{v:.2f}" for v in bench["r"].values())
+    c.print(f"[bold]summary[/bold]: crossover from the bench n = {bench['crossover']}, predicted n = "
+            f"{engine['crossover_predicted']}, measured n = {engine['crossover_measured']}; r(1..9) = {r}")
+    t = Table(title="AUTO policy per acceptance: best draft length and speedup, measured vs plan "
+                    "(prediction / calibrated, band (21))", title_justify="left")
+    for col in ("a", "k measured", "k_hat pred / cal", "speedup measured", "predicted [band]", "calibrated [band]"):
+        t.add_column(col, justify="right")
+    band = lambda s: f"{s[0]:.2f}" + ("" if s[1] is None else f" [{s[1]:.2f}, {s[2]:.2f}]")  # noqa: E731
+    for a, row in engine["auto"].items():
+        t.add_row(a, str(row["k_measured"]), f"{row['k_prediction']} / {row['k_calibrated']}",
+                  f"{row['speedup_measured']:.2f}", band(row["speedup_prediction"]), band(row["speedup_calibrated"]))
+    c.print(t)
+    for version, names in engine["rules_hold"].items():
+        c.print(f"scoring rules holding, {version}: {len(names)} of 6 ({', '.join(names) or 'none'})")
+    c.print(f"pre-registered: {'yes' if engine['pre_registered'] else 'no'}; report: {engine['report']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -249,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     if args.docs < 1 or args.tokens < args.docs * (args.kmax + 1):
         raise MoespecError(f"need --docs >= 1 and at least kmax+1 = {args.kmax + 1} tokens per document, "
                            f"got --tokens {args.tokens} --docs {args.docs}")
-    out_dir = Path(args.out_dir)
+    out_dir = Path(args.out)
     result, trace, stats = run_demo(args.model, args.format, args.depth, args.kmax, args.tokens, args.docs,
                                     args.seed, out_dir)
     if not args.json:
@@ -260,7 +338,9 @@ def run(args: argparse.Namespace) -> int:
     if args.bench_reps:
         if not args.json:
             console().print("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
-        doc = run_bench(args.model, args.format, out_dir, args.bench_reps, args.json)
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "command", "_module")}
+        steps = Steps(out_dir, settings, (lambda text: None) if args.json else console().print)
+        doc = run_bench(args.model, args.format, out_dir, args.bench_reps, args.json, steps)
         result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": doc["ceiling_gbps"],
                            "r": doc["r"], "u": doc["u"], "crossover": doc["crossover"]}
         if not args.json:
@@ -269,10 +349,12 @@ def run(args: argparse.Namespace) -> int:
                             f"Measured crossover (u(n) < r(n) from there on): n = {doc['crossover']}")
         if args.engine_layers:
             result["engine"] = run_engine(args.model, args.format, args.depth, args.kmax, out_dir, args.engine_layers,
-                                          args.json)
+                                          args.json, steps)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=args.format)})
     if args.json:
         print(json.dumps(result))
     else:
+        if "engine" in result:
+            print_engine_summary(result["engine"], result["bench"])
         console().print(f"results: {out_dir / 'demo.json'}")
     return 0

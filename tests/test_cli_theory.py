@@ -57,7 +57,7 @@ def test_argument_errors_one_line(capsys, argv):
 
 def test_demo_json(capsys, tmp_path):
     out = run_json(capsys, ["demo", "--json", "--tokens", "6000", "--docs", "20", "--bench-reps", "0",
-                                  "--out-dir", str(tmp_path)])
+                                  "--out", str(tmp_path)])
     assert out["model"] == "olmoe-1b-7b" and out["shape"]["N"] == 64 and out["shape"]["m"] == 8
     assert out["bytes"]["w_l"] == 3 * 2048 * 1024 * 2
     slot, uniform, traced = (out["kernels"][k] for k in ("slot", "dedup_uniform", "dedup_trace"))
@@ -79,7 +79,7 @@ def test_demo_json(capsys, tmp_path):
 
 
 def test_demo_tables(capsys, tmp_path):
-    assert main(["demo", "--tokens", "3000", "--docs", "10", "--bench-reps", "0", "--out-dir", str(tmp_path)]) == 0
+    assert main(["demo", "--tokens", "3000", "--docs", "10", "--bench-reps", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1. routing" in out and "2. theory" in out and "reuse threshold" in out
     assert "3. measurement" not in out and not (tmp_path / "bench.json").exists()
@@ -88,7 +88,7 @@ def test_demo_tables(capsys, tmp_path):
 def test_demo_short_bench(capsys, tmp_path):
     """Step 3 runs the real bench on one OLMoE layer (one repetition here) and reports r(n) and the crossover."""
     assert main(["demo", "--tokens", "3000", "--docs", "10", "--bench-reps", "1", "--engine-layers", "0",
-                 "--out-dir", str(tmp_path)]) == 0
+                 "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "3. measurement" in out and "measured r(n)" in out and "crossover" in out
     saved = json.loads((tmp_path / "demo.json").read_text())
@@ -101,5 +101,5 @@ def test_demo_short_bench(capsys, tmp_path):
 @pytest.mark.parametrize("argv", [["--kmax", "0"], ["--tokens", "10", "--docs", "5"], ["--bench-reps", "-1"],
                                   ["--format", "q8_0", "--bench-reps", "1"]])
 def test_demo_bad_input(capsys, argv, tmp_path):
-    assert main(["demo", *argv, "--out-dir", str(tmp_path)]) == 2
+    assert main(["demo", *argv, "--out", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
