@@ -40,6 +40,18 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=1) + "\n"))
 
 
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The JSON document in `path` (a `what` file); one line naming the file when it is missing or unreadable."""
+    from moespec import MoespecError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise MoespecError(f"{path}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+
+
 def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
     """Who made a result and how: device, dtype, library versions, UTC timestamp and the exact command."""
     versions = {"moespec": __version__, "python": platform.python_version()}

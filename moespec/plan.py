@@ -76,7 +76,7 @@ import numpy as np
 from moespec import MoespecError, theory
 from moespec.benchfile import DEVICE_KINDS, load_bench
 from moespec.io import console as console_
-from moespec.io import provenance, write_json
+from moespec.io import provenance, read_json, write_json
 from moespec.predict import (KERNELS, POLICIES, anchored, crossover, expert_times, kernel_by_n, layer_times, steps,
                              with_auto)
 from moespec.reuse import derive, reuse_stats
@@ -88,7 +88,6 @@ FORMAT_VERSION = 1
 DEFAULT_KMAX = 8  # the paper drafts up to 8 tokens (passes of up to 9)
 DEFAULT_DEPTH = 512  # context depth for kv(k) in the byte model (16), the paper's shorter depth
 EPS_LIMIT = 0.5  # (21) needs delta = eps/(1-eps) < 1
-RUNS_FORMAT, RUNS_FORMAT_VERSION = "moespec-runs", 1  # what `moespec run` writes
 RUNS_IDENTITY = ("model", "device_kind", "dtype")  # runs of another model, device or dtype cannot calibrate a plan
 # key -> type(s) every plan.json must carry (the engine and external checks read them)
 REQUIRED = {"format_version": int, "model": str, "device": str, "dtype": str, "eps": float, "kmax": int,
@@ -155,17 +154,9 @@ def _moe_layers(spec: ModelSpec, given: int | None, runs: dict[str, Any] | None,
 def load_runs(path: str, bench: dict[str, Any], bench_path: str) -> dict[str, Any]:
     """runs.json of `moespec run`, checked for what plan reads at once (format, the bench's model, device kind and
     dtype, integer moe_layers >= 1 and depth >= 0); `runs_series` checks a series where it is read."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise MoespecError(f"{path}: no such runs file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
-    if not isinstance(doc, dict) or doc.get("format") != RUNS_FORMAT:
-        raise MoespecError(f"{path}: not a moespec runs file (format is not {RUNS_FORMAT!r})")
-    if doc.get("format_version") != RUNS_FORMAT_VERSION:
-        raise MoespecError(f"{path}: runs format version {doc.get('format_version')!r} is not supported (this "
-                           f"moespec reads version {RUNS_FORMAT_VERSION})")
+    from moespec.run import read_runs
+
+    doc = read_runs(path)
     for key in RUNS_IDENTITY:
         if doc.get(key) != bench[key]:
             raise MoespecError(f"{path}: {key} {doc.get(key)!r} differs from {bench_path}'s {bench[key]!r}: runs "
@@ -377,12 +368,7 @@ def _check_plan(doc: Any) -> str | None:
 def load_plan(path: str | Path) -> dict[str, Any]:
     """Read and validate a plan.json (format, version, keys and types, kernel names, n ranges, the verify times
     and table rows of each version present); raises MoespecError naming the file and the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise MoespecError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+    doc = read_json(path, "plan")
     problem = _check_plan(doc)
     if problem:
         raise MoespecError(f"{path}: {problem}")

@@ -31,7 +31,6 @@ import argparse
 import base64
 import html
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -41,7 +40,7 @@ from matplotlib.figure import Figure  # drawn without pyplot: no backend, no glo
 
 from moespec import MoespecError, theory
 from moespec.benchfile import FITS_CAPTION, TABLE1_CAPTION, bandwidth_figure, fits_table, load_bench, table1
-from moespec.io import atomic_write
+from moespec.io import atomic_write, read_json
 from moespec.plan import POLICIES, load_plan
 from moespec.reuse import DEFAULT_N_MAX, reuse_figure, reuse_stats
 from moespec.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, acceptance_rows, load_runs, score_files
@@ -55,10 +54,7 @@ RUNS, RUNS_VERIFY = "runs.json", "runs-verify.json"
 
 def _read_demo(path: Path) -> dict[str, Any]:
     """demo.json: a JSON object (its keys are read where they are shown)."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+    doc = read_json(path, "demo summary")
     if not isinstance(doc, dict):
         raise MoespecError(f"{path}: not a moespec demo summary (not a JSON object)")
     return doc

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError, theory
-from moespec.io import Checkpoint, console, progress, provenance, write_json
+from moespec.io import Checkpoint, console, progress, provenance, read_json, write_json
 
 FORMAT_NAME = "moespec-runs"
 FORMAT_VERSION = 1
@@ -70,6 +70,18 @@ MAX_K = 8  # the paper drafts up to 8 tokens: passes of up to 9
 # Prompts are prefilled by transformers' eager experts (a GEMM per hit expert): the policies under test are made
 # for verify passes of <= 9 tokens, and a per-slot kernel would stream every expert once per prompt token.
 PREFILL_POLICY = "eager"
+
+
+def read_runs(path: str | Path) -> dict[str, Any]:
+    """A runs.json's document after the checks every reader needs (a JSON object of this format and version);
+    plan and score check the keys they read."""
+    doc = read_json(path, "runs")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise MoespecError(f"{path}: not a moespec runs file (format is not {FORMAT_NAME!r})")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise MoespecError(f"{path}: runs format version {doc.get('format_version')!r} is not supported (this "
+                           f"moespec reads version {FORMAT_VERSION})")
+    return doc
 
 
 def parse_list(text: str, kind: type, what: str) -> list:

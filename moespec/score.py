@@ -94,8 +94,6 @@ from moespec import MoespecError
 from moespec.io import console as console_
 from moespec.plan import KERNELS, POLICIES, crossover, load_plan
 
-RUNS_FORMAT = "moespec-runs"
-RUNS_FORMAT_VERSION = 1
 MAX_N = 9  # the paper scores n = 2..9: passes of up to 8 drafts plus the verified token
 CROSSOVER_WITHIN = 1  # rule 1: |predicted - measured| <= 1
 K_WITHIN = 1  # rule 2: |k_hat* - k*| <= 1 ...
@@ -142,17 +140,9 @@ def _field(doc: Any, where: str, keys: str, kind: type | tuple[type, ...] = NUMB
 def load_runs(path: str | Path) -> dict[str, Any]:
     """Read runs.json and check the keys score reads (format, identity, provenance, throughput rows); the
     per-n entries are checked where they are read."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise MoespecError(f"{path}: no such runs file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
-    if not isinstance(doc, dict) or doc.get("format") != RUNS_FORMAT:
-        raise MoespecError(f"{path}: not a moespec runs file (format is not {RUNS_FORMAT!r})")
-    if doc.get("format_version") != RUNS_FORMAT_VERSION:
-        raise MoespecError(f"{path}: runs format version {doc.get('format_version')!r} is not supported (this "
-                           f"moespec reads version {RUNS_FORMAT_VERSION})")
+    from moespec.run import read_runs
+
+    doc = read_runs(path)
     for key in ("model", "device_kind", "dtype", "provenance.timestamp"):
         _field(doc, str(path), key, str)
     _field(doc, str(path), "depth", int)

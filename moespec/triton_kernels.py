@@ -219,20 +219,11 @@ def _config(block: str, rows: int, k: int, warps: int, stages: int) -> triton.Co
 # The first entry of each list is the untuned default. Per-slot tiles are CUDA-core GEMVs: a few rows by a long
 # k stretch keep 16-byte loads and enough programs (n m x rows/BLOCK) in flight for the HBM. Dedup tiles are
 # mma tiles: rows x k per stage, pipelined 3-4 deep so the next tile streams while the current one multiplies.
-_TILES = {
-    "slot_gate_up": [_config("BLOCK_F", 16, 256, 4, 2), _config("BLOCK_F", 8, 512, 4, 2),
-                     _config("BLOCK_F", 32, 128, 4, 3), _config("BLOCK_F", 4, 512, 2, 2),
-                     _config("BLOCK_F", 16, 512, 8, 2), _config("BLOCK_F", 32, 256, 8, 2)],
-    "slot_down": [_config("BLOCK_D", 16, 256, 4, 2), _config("BLOCK_D", 8, 512, 4, 2),
-                  _config("BLOCK_D", 32, 128, 4, 3), _config("BLOCK_D", 4, 512, 2, 2),
-                  _config("BLOCK_D", 16, 512, 8, 2), _config("BLOCK_D", 32, 256, 8, 2)],
-    "dedup_gate_up": [_config("BLOCK_F", 32, 128, 4, 3), _config("BLOCK_F", 16, 256, 4, 3),
-                      _config("BLOCK_F", 64, 64, 4, 4), _config("BLOCK_F", 16, 128, 2, 4),
-                      _config("BLOCK_F", 16, 512, 4, 3), _config("BLOCK_F", 32, 256, 8, 3)],
-    "dedup_down": [_config("BLOCK_D", 32, 128, 4, 3), _config("BLOCK_D", 16, 256, 4, 3),
-                   _config("BLOCK_D", 64, 64, 4, 4), _config("BLOCK_D", 16, 128, 2, 4),
-                   _config("BLOCK_D", 16, 512, 4, 3), _config("BLOCK_D", 32, 256, 8, 3)],
-}
+_SLOT_TILES = [(16, 256, 4, 2), (8, 512, 4, 2), (32, 128, 4, 3), (4, 512, 2, 2), (16, 512, 8, 2), (32, 256, 8, 2)]
+_DEDUP_TILES = [(32, 128, 4, 3), (16, 256, 4, 3), (64, 64, 4, 4), (16, 128, 2, 4), (16, 512, 4, 3), (32, 256, 8, 3)]
+_TILES = {f"{kind}_{launch}": [_config(block, *tile) for tile in tiles]  # (rows, k, warps, stages)
+          for kind, tiles in (("slot", _SLOT_TILES), ("dedup", _DEDUP_TILES))
+          for launch, block in (("gate_up", "BLOCK_F"), ("down", "BLOCK_D"))}
 _KERNELS = {"slot_gate_up": _slot_gate_up, "slot_down": _slot_down, "dedup_gate_up": _dedup_gate_up,
             "dedup_down": _dedup_down}
 _TUNED: dict[str, object] = {}
