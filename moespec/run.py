@@ -130,7 +130,9 @@ def load_plan_kernels(path: str | None) -> tuple[dict[str, Any] | None, dict[int
 
     plan = load_plan(path)
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return {"path": path, "sha256": digest, "model": plan["model"]}, {int(n): k for n, k in plan["kernel_by_n"].items()}
+    info = {"path": path, "sha256": digest, "model": plan["model"],
+            "moe_layers": plan.get("coverage", {}).get("num_moe_layers")}
+    return info, {int(n): k for n, k in plan["kernel_by_n"].items()}
 
 
 def check_replay(trace: Any, path: str, spec: Any) -> None:
@@ -469,6 +471,9 @@ def run(args: argparse.Namespace) -> int:
                            device=device, seed=args.seed)
     if plan_info and plan_info["model"] != model_name(lm, args):
         raise MoespecError(f"{args.plan}: a plan for {plan_info['model']}, but the run is of {model_name(lm, args)}")
+    if plan_info and plan_info["moe_layers"] not in (None, lm.spec.L):
+        console().print(f"[yellow]note[/]: {args.plan} plans {plan_info['moe_layers']} MoE layers, this model has "
+                        f"{lm.spec.L}: its AUTO policy applies, its verify times do not (score will refuse the pair)")
     if trace is not None:
         check_replay(trace, args.replay, lm.spec)
     policies = list(VERIFY_POLICIES) + (["auto"] if kernel_by_n else [])

@@ -158,11 +158,16 @@ def load_runs(path: str | Path) -> dict[str, Any]:
 
 
 def _check_pair(plan: dict[str, Any], runs: dict[str, Any], plan_path: str, runs_path: str) -> None:
-    """A plan scores only the runs of its own model, device kind and dtype."""
+    """A plan scores only the runs of its own model, device kind, dtype and number of MoE layers (a plan's sums
+    (22) cover `coverage.num_moe_layers` layers; an engine may run a model with fewer)."""
     for key in ("model", "device_kind", "dtype"):
         mine, theirs = _field(plan, plan_path, key, str), runs[key]
         if mine != theirs:
             raise MoespecError(f"{plan_path} is a plan for {key} {mine!r} but {runs_path} measured {theirs!r}")
+    covered, ran = plan.get("coverage", {}).get("num_moe_layers"), runs.get("moe_layers")
+    if covered is not None and ran is not None and covered != ran:
+        raise MoespecError(f"{plan_path} plans {covered} MoE layers but {runs_path} ran {ran}: make the plan with "
+                           f"--moe-layers {ran} (or --runs from such a run)")
 
 
 def _keys(plan: dict[str, Any], version: str, plan_path: str) -> Keys:

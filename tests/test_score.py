@@ -389,6 +389,8 @@ def _without(doc: dict[str, Any], *keys: str) -> dict[str, Any]:
     (lambda p, r: (p, {**r, "model": "olmoe-1b-7b"}), "plan", "model 'deepseek-v2-lite'"),
     (lambda p, r: (p, {**r, "dtype": "bf16"}), "plan", "dtype"),
     (lambda p, r: (p, {**r, "device_kind": "cpu"}), "plan", "device_kind"),
+    (lambda p, r: ({**p, "coverage": {"num_moe_layers": 16}}, {**r, "moe_layers": 2}), "plan",
+     "plans 16 MoE layers but"),
     (lambda p, r: (p, _without(r, "saving_s")), "runs", "missing key 'saving_s'"),
     (lambda p, r: (p, _without(r, "verify_time_s", "dedup", "7")), "runs", "'verify_time_s.dedup.7'"),
     (lambda p, r: (p, _without(r, "provenance", "timestamp")), "runs", "'provenance.timestamp'"),
