@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reuse": ("moespec.reuse", "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)"),
     "bench": ("moespec.bench", "time the expert kernels on a layer's real shapes: beta(n), fits (4)/(E.1), r(n), crossover"),
     "plan": ("moespec.plan", "verify time (22), saving and band (18), crossover, AUTO kernel, k_hat*(a), speedup (21)"),
-    "run": ("moespec.run", "speculative decoding on an HF MoE model: verify time per kernel, throughput grid, oracle draft"),
+    "run": ("moespec.run", "speculative decoding on an HF MoE model: verify time per kernel, throughput, oracle draft"),
     "score": ("moespec.score", "score a plan against whole-model runs by the six rules of Table 8; pre-registration"),
     "report": ("moespec.report", "one self-contained HTML page of a job's artifacts: figures, tables, scores"),
 }

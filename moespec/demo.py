@@ -256,7 +256,8 @@ def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layer
     say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
     steps.run(out_dir / "runs.json", lambda: command(
         "run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{kmax}", "--a", ENGINE_A,
-                "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace, "--out", str(out_dir / "runs.json")],
+                "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace,
+                "--out", str(out_dir / "runs.json")],
         quiet))
     for version in ("prediction", "calibrated"):
         command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json"), "--version",

@@ -466,9 +466,9 @@ def run(args: argparse.Namespace) -> int:
         from moespec.trace import load_trace
 
         trace = load_trace(args.replay)
+    layers = args.layers if args.layers is not None or args.model else DEFAULT_LAYERS
     lm = engine.load_model(path=args.model, preset=None if args.model else args.preset or DEFAULT_PRESET,
-                           layers=args.layers or (None if args.model else DEFAULT_LAYERS), dtype=args.dtype,
-                           device=device, seed=args.seed)
+                           layers=layers, dtype=args.dtype, device=device, seed=args.seed)
     if plan_info and plan_info["model"] != model_name(lm, args):
         raise MoespecError(f"{args.plan}: a plan for {plan_info['model']}, but the run is of {model_name(lm, args)}")
     if plan_info and plan_info["moe_layers"] not in (None, lm.spec.L):

@@ -31,8 +31,8 @@ before any whole-model run, decide whether the prediction holds:
 
 Rules 2, 3 and 6 compare throughput per policy. Each policy both files hold is scored and reported; the verdict
 is AUTO's when the runs measured it (the policy the plan recommends: at each n the kernel with the smaller
-predicted time), else every fixed policy measured must hold. The throughput rows use the nominal acceptance a (the oracle
-draft makes acceptance geometric at rate a); realized_acceptance is not read.
+predicted time), else every fixed policy measured must hold. The throughput rows use the nominal acceptance
+a (the oracle draft makes acceptance geometric at rate a); realized_acceptance is not read.
 
 Honesty: the score records the plan's sha256 (of the file's bytes), its creation time and the time the runs
 started; "pre_registered" is true only when the plan was created strictly before the runs started (timestamps

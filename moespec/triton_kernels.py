@@ -278,7 +278,8 @@ def expert_op(mode: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tens
         kernel[lambda c: (triton.cdiv(d, c["BLOCK_D"]), n * m)](
             h, ids, weights, down, db, out, n, m, N, d, f, HAS_BIAS=has_bias, **tiles)
     elif mode == "dedup":
-        common = dict(IEEE=gate_up.dtype == torch.float32 or interpreted(), BLOCK_N=TOKENS_MAX, BLOCK_M=triton.next_power_of_2(m))
+        common = dict(IEEE=gate_up.dtype == torch.float32 or interpreted(), BLOCK_N=TOKENS_MAX,
+                      BLOCK_M=triton.next_power_of_2(m))
         kernel, tiles = _launcher("dedup_gate_up", tune)
         kernel[lambda c: (triton.cdiv(f, c["BLOCK_F"]), N)](
             x, ids, weights, gate_up, gub, h, n, m, N, d, f, alpha, limit, HAS_BIAS=has_bias, ACT=act,

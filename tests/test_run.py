@@ -118,6 +118,7 @@ def test_statistics_helpers():
     (["--n", "0-3"], "pass sizes"), (["--k", "0-9"], "draft lengths"), (["--a", "1.5"], "acceptance"),
     (["--reps", "1"], "--reps"), (["--n", "x"], "--n"), (["--device", "cuda"], "cuda"),
     (["--plan", "missing.json"], "missing.json"), (["--replay", "missing.npz"], "missing.npz"),
+    (["--layers", "0"], "layers"),
 ])
 def test_bad_input_is_one_line(argv, needle, tiny_checkpoints, tmp_path):
     code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, *argv, "--out",
