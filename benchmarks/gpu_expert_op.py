@@ -160,7 +160,6 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = timing.timer_for(args.device)
-    device = timer.device
     summary: dict = {"format": "moespec-gpu-expert-op", "targets": {"r": R_TARGET, "ceiling_share":
                      CEILING_SHARE_TARGET}, "models": {}, "errors": {}}
     summary_path = out / "gpu_expert_op.json"

@@ -23,6 +23,7 @@ import torch
 
 from moespec import MoespecError, native
 from moespec import kernels as K
+from moespec.io import parse_ints
 from moespec.timing import CacheFlusher, StreamRead, median_iqr
 
 # OLMoE-1B-7B's MoE layer shape (DESIGN.md, reference facts).
@@ -32,13 +33,6 @@ WEIGHT_STD = 0.02
 # An IQR wider than this share of the median marks a figure as noisy.
 NOISY_IQR = 0.2
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def parse_range(text: str) -> list[int]:
-    if "-" in text:
-        lo, hi = text.split("-")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(v) for v in text.split(",")]
 
 
 def random_ids(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -55,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="threads for our kernels (default: torch's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    ns, kernels, dtype = parse_range(args.n), args.kernels.split(","), DTYPES[args.dtype]
+    ns = parse_ints(args.n, "--n", 1, what="pass sizes")
+    kernels, dtype = args.kernels.split(","), DTYPES[args.dtype]
     for name in kernels:
         if name not in K.KERNELS:
             ap.error(f"unknown kernel {name!r}; choose from {', '.join(K.KERNELS)}")

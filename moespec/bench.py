@@ -47,7 +47,7 @@ import numpy as np
 from moespec import MoespecError
 from moespec.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians, requested_bytes
 from moespec.benchfile import DTYPES, FORMAT_NAME, FORMAT_VERSION, plot_bandwidth, print_tables
-from moespec.io import Checkpoint, console, plot_format, progress, provenance, write_json
+from moespec.io import Checkpoint, console, parse_ints, plot_format, progress, provenance, write_json
 from moespec.spec import ModelSpec, resolve
 from moespec.trace import Trace, load_trace
 
@@ -135,19 +135,7 @@ def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u
 # ---- inputs: model, trace, weights -------------------------------------------------------------------------
 def parse_ns(text: str) -> list[int]:
     """'1-9' or '1,2,9' -> sorted distinct pass sizes n >= 1."""
-    try:
-        if "-" in text:
-            lo, hi = (int(v) for v in text.split("-"))
-            if lo > hi:
-                raise MoespecError(f"--n {text}: empty range (start above end)")
-            ns = list(range(lo, hi + 1))
-        else:
-            ns = sorted({int(v) for v in text.split(",")})
-    except ValueError:
-        raise MoespecError(f"--n {text!r}: give a range like 1-9 or a list like 1,2,9") from None
-    if ns[0] < 1:
-        raise MoespecError(f"--n {text}: pass sizes n must be >= 1")
-    return ns
+    return parse_ints(text, "--n", 1, what="pass sizes n")
 
 
 def parse_layers(text: str | None, spec: ModelSpec) -> list[int]:

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError, theory
-from moespec.io import Checkpoint, console, progress, provenance, read_json, write_json
+from moespec.io import Checkpoint, console, parse_ints, progress, provenance, read_json, write_json
 
 FORMAT_NAME = "moespec-runs"
 FORMAT_VERSION = 1
@@ -82,17 +82,6 @@ def read_runs(path: str | Path) -> dict[str, Any]:
         raise MoespecError(f"{path}: runs format version {doc.get('format_version')!r} is not supported (this "
                            f"moespec reads version {FORMAT_VERSION})")
     return doc
-
-
-def parse_list(text: str, kind: type, what: str) -> list:
-    """'1-9' or '1,2,5' (ints) or '0.5,0.9' (floats)."""
-    try:
-        if kind is int and "-" in text:
-            lo, hi = (int(v) for v in text.split("-"))
-            return list(range(lo, hi + 1))
-        return [kind(v) for v in text.split(",")]
-    except ValueError:
-        raise MoespecError(f"{what} {text!r}: give a range like 1-9 or a list like 1,2,9") from None
 
 
 def bootstrap_median(samples: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
@@ -176,14 +165,14 @@ def prompts(count: int, depth: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 # ---- 1. verify time ---------------------------------------------------------------------------------------
-def measure_verify(lm: Any, args: argparse.Namespace, policies: list[str], kernel_by_n: dict[int, str] | None,
-                   trace: Any, checkpoint: Checkpoint, advance: Any) -> dict[str, dict[int, list[float]]]:
+def measure_verify(lm: Any, args: argparse.Namespace, ns: list[int], policies: list[str],
+                   kernel_by_n: dict[int, str] | None, trace: Any, checkpoint: Checkpoint,
+                   advance: Any) -> dict[str, dict[int, list[float]]]:
     """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass)."""
     import torch
 
     from moespec import engine, speculative
 
-    ns = parse_list(args.n, int, "--n")
     context = prompts(1, args.depth, lm.model.config.vocab_size, args.seed)[0]
     state = None
     samples: dict[str, dict[int, list[float]]] = {p: {} for p in policies}
@@ -438,23 +427,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
 
 
-def _check(args: argparse.Namespace) -> None:
+def parse_grid(args: argparse.Namespace) -> tuple[list[int], list[int], list[float]]:
+    """The pass sizes n, draft lengths k and acceptances a asked for, checked."""
     for flag, value, least in (("--depth", args.depth, 1), ("--reps", args.reps, 2), ("--prompts", args.prompts, 1),
                                ("--tokens", args.tokens, 1)):
         if value < least:
             raise MoespecError(f"{flag} must be >= {least}, got {value}")
-    ns, ks = parse_list(args.n, int, "--n"), parse_list(args.k, int, "--k")
-    if not ns or min(ns) < 1 or max(ns) > MAX_K + 1:
-        raise MoespecError(f"--n {args.n!r}: pass sizes must lie in 1..{MAX_K + 1}")
-    if not ks or min(ks) < 0 or max(ks) > MAX_K:
-        raise MoespecError(f"--k {args.k!r}: draft lengths must lie in 0..{MAX_K}")
-    for a in parse_list(args.a, float, "--a") if args.a else []:
+    ns = parse_ints(args.n, "--n", 1, MAX_K + 1, "pass sizes")
+    ks = parse_ints(args.k, "--k", 0, MAX_K, "draft lengths")
+    if not args.a:
+        return ns, ks, [float(a) for a in theory.PAPER_ACCEPTANCES]
+    try:
+        acceptances = [float(a) for a in args.a.split(",")]
+    except ValueError:
+        raise MoespecError(f"--a {args.a!r}: give acceptances like 0.4,0.6,0.8") from None
+    for a in acceptances:
         if not 0 <= a <= 1:
             raise MoespecError(f"--a: acceptance {a} outside [0, 1]")
+    return ns, ks, acceptances
 
 
 def run(args: argparse.Namespace) -> int:
-    _check(args)
+    ns, ks, acceptances = parse_grid(args)
     from moespec import engine
     from moespec.timing import resolve_device
 
@@ -477,8 +471,6 @@ def run(args: argparse.Namespace) -> int:
     if trace is not None:
         check_replay(trace, args.replay, lm.spec)
     policies = list(VERIFY_POLICIES) + (["auto"] if kernel_by_n else [])
-    ks = parse_list(args.k, int, "--k")
-    acceptances = parse_list(args.a, float, "--a") if args.a else [float(a) for a in theory.PAPER_ACCEPTANCES]
     drafter = None
     if args.draft_model:
         drafter = engine.load_model(path=args.draft_model, dtype=args.dtype, device=device).model
@@ -495,10 +487,9 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {args.dtype}, {device}); policies "
               f"{', '.join(policies)}; depth {args.depth}; replay {args.replay or 'off (the router decides)'}")
-    ns = parse_list(args.n, int, "--n")
     total = len(ns) * args.reps * len(policies) + len(cells) * args.prompts
     with progress("run", total, enabled=sys.stderr.isatty()) as advance:
-        samples = measure_verify(lm, args, policies, kernel_by_n, trace, checkpoint, advance)
+        samples = measure_verify(lm, args, ns, policies, kernel_by_n, trace, checkpoint, advance)
         ps, measured = Prompts(lm, args, trace), []
         for policy, k, a in cells:
             key = f"cell {policy} k {k} a {a if k else '-'}"
