@@ -40,7 +40,7 @@ import torch
 if importlib.util.find_spec("rich") is None:  # the GPU machine may lack rich: a pure-Python copy travels along
     sys.path.append(str(Path(__file__).resolve().parents[1] / ".gpu_deps"))
 
-from moespec import bench, kernels as K, timing  # noqa: E402
+from moespec import MoespecError, bench, kernels as K, timing  # noqa: E402
 from moespec.io import provenance, write_json  # noqa: E402
 from moespec.spec import resolve  # noqa: E402
 
@@ -210,4 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MoespecError as e:  # bad input (e.g. --device cuda without a GPU): one line, no traceback
+        sys.exit(f"gpu_expert_op: error: {e}")
