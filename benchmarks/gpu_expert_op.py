@@ -40,9 +40,13 @@ import torch
 if importlib.util.find_spec("rich") is None:  # the GPU machine may lack rich: a pure-Python copy travels along
     sys.path.append(str(Path(__file__).resolve().parents[1] / ".gpu_deps"))
 
-from moespec import MoespecError, bench, kernels as K, timing  # noqa: E402
-from moespec.io import provenance, write_json  # noqa: E402
-from moespec.spec import resolve  # noqa: E402
+from moespec import MoespecError  # noqa: E402
+from moespec import kernels as K  # noqa: E402
+from moespec.cli.args import parse_ints  # noqa: E402
+from moespec.formats.files import provenance, write_json  # noqa: E402
+from moespec.measure import bench, timing  # noqa: E402
+from moespec.model.spec import resolve  # noqa: E402
+from moespec.report.figures import bandwidth_figure, save_figure  # noqa: E402
 
 MODELS = "olmoe-1b-7b,qwen3-30b-a3b,gpt-oss-20b"
 # The issue's targets: dedup r(n) >= 1 at n = 2..9; our kernels >= 80% of the ceiling on the bytes they request.
@@ -117,16 +121,14 @@ def check_kernels(model: str, kernels: list[str], timer: timing.Timer) -> dict:
 
 
 def bench_model(model: str, args: argparse.Namespace, plot: bool) -> dict:
-    """Run `moespec bench` with the script's device, kernels, n and reps; returns its bench.json document."""
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    path = Path(args.out) / f"bench-{model}.json"
-    argv = ["--model", model, "--device", args.device, "--kernels", args.kernels, "--n", args.n,
-            "--reps", str(args.reps), "--out", str(path)]
-    argv += ["--plot", str(Path(args.out) / f"fig2-{model}.png")] if plot else []
-    print(f"$ moespec bench {' '.join(argv)}", flush=True)
-    bench.run(parser.parse_args(argv))
-    return json.loads(path.read_text())
+    """The bench (moespec.measure.bench) with the script's device, kernels, n and reps; returns its bench.json."""
+    config = bench.BenchConfig(out=str(Path(args.out) / f"bench-{model}.json"), model=model, device=args.device,
+                               kernels=args.kernels, n=tuple(parse_ints(args.n, "--n", 1)), reps=args.reps)
+    print(f"$ bench {config}", flush=True)
+    doc = bench.run_bench(config, say=lambda text: print(text, flush=True))
+    if plot:
+        save_figure(bandwidth_figure(doc), str(Path(args.out) / f"fig2-{model}.png"))
+    return doc.doc
 
 
 def headline(doc: dict) -> dict:
@@ -198,8 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
         doc = stage(f"bench {model}", lambda: bench_model(model, args, plot))
         if doc is not None:
             entry.update(headline(doc))
-            if "moespec.triton_kernels" in sys.modules:
-                entry["tuned_tiles"] = sys.modules["moespec.triton_kernels"].tuned_configs()
+            if "moespec.kernels.triton_experts" in sys.modules:
+                entry["tuned_tiles"] = sys.modules["moespec.kernels.triton_experts"].tuned_configs()
         write_json(summary_path, summary)
     summary["elapsed_s"] = round(time.perf_counter() - started, 1)
     write_json(summary_path, summary)

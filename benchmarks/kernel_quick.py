@@ -21,10 +21,11 @@ import time
 
 import torch
 
-from moespec import MoespecError, native
+from moespec import MoespecError
 from moespec import kernels as K
-from moespec.io import parse_ints
-from moespec.timing import CacheFlusher, StreamRead, median_iqr
+from moespec.cli.args import parse_ints
+from moespec.kernels import native
+from moespec.measure.timing import CacheFlusher, StreamRead, median_iqr
 
 # OLMoE-1B-7B's MoE layer shape (DESIGN.md, reference facts).
 N_EXPERTS, TOP_M, HIDDEN, WIDTH = 64, 8, 2048, 1024

@@ -13,9 +13,9 @@ import argparse
 import json
 import time
 
-from moespec.io import provenance
-from moespec.reuse import reuse_stats
-from moespec.synth import synthesize
+from moespec.formats.files import provenance
+from moespec.routing.reuse import reuse_stats
+from moespec.routing.synth import synthesize
 
 MODEL = "qwen3-30b-a3b"  # N = 128, m = 8, L = 48
 N_MAX = 9

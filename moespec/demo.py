@@ -1,4 +1,4 @@
-"""`moespec demo`: the main job on the built-in default (what `make demo` runs).
+"""The demo: the main job on the built-in default (what `make demo` runs), a plain sequence of library calls.
 
 The built-in default is OLMoE-1B-7B's shape (16 MoE layers, N = 64 experts, top m = 8, expert width 1024,
 hidden 2048) in bf16 at context depth 512, with routing from the calibrated `paper-wikitext` OLMoE profile
@@ -14,69 +14,52 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    It prints the staircases side by side (k*(a), speedup (9), step points (B.31)) and the reuse threshold
    rho*_k(a) of (16) against the drafted reuse rho_bar_k (11) of uniform and of the traced routing.
 3. Measurement: a short bench of one MoE layer's expert operation with our per-slot and deduplicating kernels on
-   this machine (`moespec bench` with fewer repetitions), which replaces the one-bandwidth assumption by the
+   this machine (moespec.measure.bench with fewer repetitions), which replaces the one-bandwidth assumption by the
    measured bandwidth ratio r(n): dedup is faster where u(n) < r(n) (7), and the crossover is printed.
 4. Engine: verify times tau_p(n) of a shape-faithful model (2 of the 16 layers, random weights, the trace's
-   routing replayed) with dedup off and on (`moespec run --no-throughput`).
+   routing replayed) with dedup off and on (moespec.measure.run, no throughput).
 5. Plan: (22) from the bench and the trace, calibrated by the measured verify times; the AUTO kernel per n,
-   k_hat*(a) and the speedup band (21) (`moespec plan`).
+   k_hat*(a) and the speedup band (21) (moespec.predict.plan).
 6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; a = 0.4, 0.6, 0.8, 0.9) and the six
-   scoring rules (`moespec run --plan`, `moespec score`): the plan is written before that run, so pre-registered.
-7. Report: `moespec report` writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
+   scoring rules (moespec.measure.run with the plan, moespec.predict.score): the plan is written before that run,
+   so pre-registered.
+7. Report: moespec.report.html writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import sys
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
-
 from pathlib import Path
+from typing import Any, Protocol
 
 from moespec import MoespecError, theory
-from moespec.benchfile import DTYPES
-from moespec.io import console, provenance, write_json
-from moespec.reuse import print_summary, reuse_stats, trace_expert_bytes
-from moespec.spec import ModelSpec
-from moespec.synth import synthesize
+from moespec.defaults import DEPTH, DTYPES, FORMAT, KMAX, MODEL, PROFILE, TRACE_DOCS, TRACE_TOKENS
+from moespec.formats.benchfile import Bench, load_bench
+from moespec.formats.demofile import Steps
+from moespec.formats.files import provenance, write_json
+from moespec.formats.planfile import Plan, load_plan
+from moespec.formats.runsfile import Runs, load_runs
+from moespec.formats.trace import Trace
+from moespec.measure.bench import BenchConfig, run_bench
+from moespec.measure.run import RunConfig, run_engine
+from moespec.model.spec import ModelSpec
+from moespec.predict.plan import PlanConfig, make_plan
+from moespec.predict.score import VERSIONS, Score, score_files
+from moespec.report.figures import bandwidth_figure, save_figure
+from moespec.report.html import write_report
+from moespec.routing.reuse import ReuseStats, reuse_stats, trace_expert_bytes
+from moespec.routing.synth import synthesize
 
-DEFAULT_MODEL = "olmoe-1b-7b"
-DEFAULT_FORMAT = "bf16"
-DEFAULT_DEPTH = 512  # the paper's shorter context depth (Section 4)
-DEFAULT_KMAX = 8  # the paper verifies up to 9 tokens per pass
-# 50k tokens in 50 documents: bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second.
-DEFAULT_TOKENS, DEFAULT_DOCS = 50_000, 50
 DEFAULT_OUT_DIR = "out/demo"
-STEPS_FILE = "demo-steps.json"  # the measuring steps finished in the output folder, with the settings they used
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here), 3 verify
 # samples per kernel and n, and a reduced throughput grid: every k = 0..8 (the score needs the plan's k_hat*
 # measured) at 4 acceptances, one prompt of 16 tokens per cell: ~2 min here.
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_TOKENS = 2, 3, 16
-ENGINE_A = "0.4,0.6,0.8,0.9"
+ENGINE_A = (0.4, 0.6, 0.8, 0.9)
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset (default {DEFAULT_MODEL})")
-    p.add_argument("--format", default=DEFAULT_FORMAT, help=f"weight format (default {DEFAULT_FORMAT})")
-    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help=f"context depth d (default {DEFAULT_DEPTH})")
-    p.add_argument("--kmax", type=int, default=DEFAULT_KMAX, help=f"largest draft length (default {DEFAULT_KMAX})")
-    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"trace tokens (default {DEFAULT_TOKENS})")
-    p.add_argument("--docs", type=int, default=DEFAULT_DOCS, help=f"trace documents (default {DEFAULT_DOCS})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing (default 0)")
-    p.add_argument("--out", default=DEFAULT_OUT_DIR,
-                   help=f"folder for every artifact (trace, bench, plan, runs, report; default {DEFAULT_OUT_DIR}); "
-                        f"a re-run with the same settings reuses what is there")
-    p.add_argument("--bench-reps", type=int, default=BENCH_REPS,
-                   help=f"repetitions of the short bench (default {BENCH_REPS}; 0 skips the measurement)")
-    p.add_argument("--engine-layers", type=int, default=ENGINE_LAYERS,
-                   help=f"layers of the engine's model (default {ENGINE_LAYERS}; 0 skips steps 4-6)")
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
 def byte_profile(spec: ModelSpec, fmt: str, depth: int, rho: list[list], kmax: int) -> dict[str, Any]:
@@ -103,11 +86,12 @@ def kernel_summary(V: list) -> dict[str, Any]:
                        "speedup": float(theory.speedup(V, a, k))} for a in theory.PAPER_ACCEPTANCES]}
 
 
-def run_demo(model: str, fmt: str, depth: int, kmax: int, tokens: int, docs: int, seed: int,
-             out_dir: Path) -> tuple[dict[str, Any], Any, Any]:
-    """Synthesize the default trace, measure its reuse, and apply the theory; returns (result, trace, stats)."""
+def routing_and_theory(model: str, fmt: str, depth: int, kmax: int, tokens: int, docs: int, seed: int,
+                       out_dir: Path) -> tuple[dict[str, Any], Trace, ReuseStats]:
+    """Steps 1 and 2: synthesize the default trace, measure its reuse, and apply the theory; returns (result,
+    trace, stats)."""
     spec = ModelSpec.from_name(model)
-    trace = synthesize(model, "calibrated", tokens, docs, seed=seed, profile="paper-wikitext")
+    trace = synthesize(model, "calibrated", tokens, docs, seed=seed, profile=PROFILE)
     trace.save(out_dir / "trace.npz")
     w, units = trace_expert_bytes(trace, fmt)
     stats = reuse_stats(trace, kmax + 1, expert_bytes=w, units=units, seed=seed)
@@ -137,143 +121,126 @@ def run_demo(model: str, fmt: str, depth: int, kmax: int, tokens: int, docs: int
     return result, trace, stats
 
 
-def print_report(r: dict[str, Any]) -> None:
-    from rich.table import Table
+@dataclass(frozen=True)
+class DemoConfig:
+    """The demo's settings: the model preset and weight format, the context depth and largest draft, the synthetic
+    trace (tokens, documents, seed), the output folder, the short bench's repetitions (0 skips steps 3-7) and the
+    engine model's layers (0 skips steps 4-7)."""
 
-    c = console()
-    b, s = r["bytes"], r["shape"]
-    c.print(f"[bold]2. theory[/bold] on {r['model']} shapes (L={s['L']} MoE layers, N={s['N']}, m={s['m']}, "
-            f"hidden {s['hidden']}, expert width {s['expert_width']}), {r['format']}, context depth {r['depth']}")
-    c.print("[yellow]Theory on stated assumptions, not a measurement:[/yellow] " + "; ".join(r["assumptions"][:2]))
-    c.print(f"bytes: w_l = {b['w_l'] / 1e6:.2f} MB, W = {b['W'] / 1e9:.3f} GB, mW = {b['mW'] / 1e9:.3f} GB, "
-            f"D = {b['D'] / 1e9:.3f} GB, kv(0) = {b['kv0'] / 1e6:.1f} MB")
-    names = list(KERNEL_LABELS)
-    t = Table(title="step bytes V(k) in GB", title_justify="left")
-    t.add_column("k", justify="right")
-    for name in names:
-        t.add_column(KERNEL_LABELS[name], justify="right")
-    for k in range(r["kmax"] + 1):
-        t.add_row(str(k), *[f"{r['kernels'][name]['step_bytes'][k] / 1e9:.3f}" for name in names])
-    c.print(t)
-    for name in names:
-        pts = ", ".join(f"{p:.4f}" for p in r["kernels"][name]["step_points"])
-        c.print(f"{KERNEL_LABELS[name]:>22}: a0 = {r['kernels'][name]['a0']:.4f}; step points a_1..a_{r['kmax']} = {pts}")
-    t = Table(title="staircases side by side: k*(a) and speedup (9)", title_justify="left")
-    t.add_column("a", justify="right")
-    for name in names:
-        t.add_column(f"k* {KERNEL_LABELS[name]}", justify="right")
-        t.add_column("speedup", justify="right")
-    for i, a in enumerate(theory.PAPER_ACCEPTANCES):
-        cells = []
-        for name in names:
-            row = r["kernels"][name]["table"][i]
-            cells += [str(row["k_star"]), f"{row['speedup']:.3f}"]
-        t.add_row(f"{float(a):g}", *cells)
-    c.print(t)
-    t = Table(title="reuse threshold rho*_k(a) (16): dedup at k beats plain decoding exactly when rho_bar_k > rho*_k(a)"
-                    "; u = uniform routing beats it, t = traced routing beats it", title_justify="left")
-    t.add_column("a", justify="right")
-    for k in range(1, r["kmax"] + 1):
-        t.add_column(f"k={k}", justify="right")
-    rb_u, rb_t = r["rho_bar"]["uniform"], r["rho_bar"]["trace"]
-    t.add_row("rho_bar_k uniform", *[f"{x:.3f}" for x in rb_u])
-    t.add_row("rho_bar_k traced", *[f"{x:.3f}" for x in rb_t])
-    for row in r["reuse_threshold"]:
-        cells = [f"{x:+.3f} {'u' if u > x else ' '}{'t' if tr > x else ' '}"
-                 for x, u, tr in zip(row["rho_star"], rb_u, rb_t)]
-        t.add_row(f"{row['a']:g}", *cells)
-    c.print(t)
+    model: str = MODEL
+    format: str = FORMAT
+    depth: int = DEPTH
+    kmax: int = KMAX
+    tokens: int = TRACE_TOKENS
+    docs: int = TRACE_DOCS
+    seed: int = 0
+    out: str = DEFAULT_OUT_DIR
+    bench_reps: int = BENCH_REPS
+    engine_layers: int = ENGINE_LAYERS
+
+    def check(self) -> None:
+        """Every setting in its domain, before any work."""
+        if self.kmax < 1 or self.depth < 0 or self.bench_reps < 0 or self.engine_layers < 0:
+            raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
+                               f"{self.kmax}, {self.depth}, {self.bench_reps} and {self.engine_layers}")
+        if self.bench_reps and self.format not in DTYPES:
+            raise MoespecError(f"--format {self.format}: the bench times {' or '.join(DTYPES)} weights "
+                               f"(--bench-reps 0 skips it)")
+        if self.docs < 1 or self.tokens < self.docs * (self.kmax + 1):
+            raise MoespecError(f"need --docs >= 1 and at least kmax+1 = {self.kmax + 1} tokens per document, "
+                               f"got --tokens {self.tokens} --docs {self.docs}")
 
 
-class Steps:
-    """Which measuring steps already finished in the output folder with these settings (STEPS_FILE), so a re-run
-    resumes from the artifacts there; other settings start over (their interrupted checkpoints removed)."""
+class DemoView(Protocol):
+    """What the demo shows as each step finishes (the CLI prints it; a quiet view shows nothing)."""
 
-    def __init__(self, out_dir: Path, settings: dict[str, Any], say: Any) -> None:
-        self.path, self.settings, self.say = out_dir / STEPS_FILE, settings, say
-        try:
-            saved = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        same = isinstance(saved, dict) and saved.get("settings") == settings
-        self.done: list[str] = list(saved.get("done", [])) if same else []
-        if not same:
-            for partial in out_dir.glob("*.partial"):
-                partial.unlink()
-
-    def run(self, artifact: Path, step: Any) -> None:
-        """step() unless it already wrote `artifact` with these settings."""
-        if artifact.name in self.done and artifact.exists():
-            self.say(f"reusing {artifact} (same settings; delete it to measure again)")
-            return
-        step()
-        self.done.append(artifact.name)
-        write_json(self.path, {"settings": self.settings, "done": self.done})
+    def say(self, text: str) -> None: ...
+    def routing(self, stats: ReuseStats, trace: Trace, path: str) -> None: ...
+    def theory(self, result: dict[str, Any]) -> None: ...
+    def bench(self, bench: Bench) -> None: ...
+    def runs(self, runs: Runs) -> None: ...
+    def plan(self, plan: Plan) -> None: ...
+    def score(self, score: Score) -> None: ...
 
 
-def command(name: str, argv: list[str], quiet: bool) -> None:
-    """Run `moespec NAME ARGV` through the same code a user runs (its output to stderr when quiet)."""
-    import importlib
+class Quiet:
+    """A DemoView that shows nothing."""
 
-    module = importlib.import_module(f"moespec.{name}")
-    parser = argparse.ArgumentParser(prog=f"moespec {name}")
-    module.add_arguments(parser)
-    with contextlib.redirect_stdout(sys.stderr if quiet else sys.stdout):
-        module.run(parser.parse_args(argv))
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: None
 
 
-def run_bench(model: str, fmt: str, out_dir: Path, reps: int, quiet: bool, steps: Steps) -> dict[str, Any]:
-    """Step 3: the short bench; returns the bench document."""
-    from moespec.benchfile import load_bench
+def demo(config: DemoConfig, view: DemoView = Quiet()) -> dict[str, Any]:
+    """The whole chain on the built-in default (module docstring); returns the demo.json document, also written to
+    config.out/demo.json with every other artifact. A re-run with the same settings reuses the finished steps."""
+    config.check()
+    out_dir = Path(config.out)
+    result, trace, stats = routing_and_theory(config.model, config.format, config.depth, config.kmax, config.tokens,
+                                              config.docs, config.seed, out_dir)
+    view.say(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> {out_dir / 'trace.npz'}")
+    view.routing(stats, trace, str(out_dir / "trace.npz"))
+    view.theory(result)
+    if config.bench_reps:
+        view.say("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
+        steps = Steps(out_dir, vars(config), view.say)
+        bench = _bench(config, out_dir, steps, view)
+        result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": bench.ceiling_gbps,
+                           "r": bench["r"], "u": bench["u"], "crossover": bench.crossover}
+        r = ", ".join(f"{n}: {v:.2f}" for n, v in bench.r.items())
+        view.say(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. Measured crossover "
+                 f"(u(n) < r(n) from there on): n = {bench.crossover}")
+        if config.engine_layers:
+            result["engine"] = _engine(config, out_dir, steps, view)
+    write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=config.format)})
+    return result
 
-    spec = ModelSpec.from_name(model)
-    steps.run(out_dir / "bench.json", lambda: command(
-        "bench", ["--model", model, "--layers", str(min(BENCH_LAYER, spec.L - 1)), "--dtype", fmt,
-                  "--trace", str(out_dir / "trace.npz"), "--out", str(out_dir / "bench.json"),
-                  "--reps", str(reps), "--windows", str(BENCH_WINDOWS), "--u-values", str(BENCH_U_VALUES),
-                  "--plot", str(out_dir / "fig2.png"), "--resume"], quiet))
+
+def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> Bench:
+    """Step 3: the short bench of one middle MoE layer; its figure is drawn by the report."""
+    spec = ModelSpec.from_name(config.model)
+    bench_config = BenchConfig(out=str(out_dir / "bench.json"), model=config.model,
+                               layers=(min(BENCH_LAYER, spec.L - 1),), dtype=config.format,
+                               trace=str(out_dir / "trace.npz"), reps=config.bench_reps, windows=BENCH_WINDOWS,
+                               u_values=BENCH_U_VALUES, resume=True)
+    def step() -> None:
+        bench = run_bench(bench_config, view.say)
+        save_figure(bandwidth_figure(bench), str(out_dir / "fig2.png"))
+        view.bench(bench)
+
+    steps.run(out_dir / "bench.json", step)
     return load_bench(out_dir / "bench.json")
 
 
-def run_engine(model: str, fmt: str, depth: int, kmax: int, out_dir: Path, layers: int, quiet: bool,
-               steps: Steps) -> dict[str, Any]:
-    """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score.
-
-    The engine replays the trace's routing (random weights route like uniform iid); the plan is written before
-    the run it is scored against, so the score is pre-registered."""
-    trace, engine_args = str(out_dir / "trace.npz"), ["--preset", model, "--layers", str(layers), "--dtype", fmt,
-                                                       "--depth", str(depth), "--reps", str(ENGINE_REPS),
-                                                       "--resume"]
-    say = (lambda text: None) if quiet else console().print
-    say(f"[bold]4. engine[/bold]: verify times of {model} with {layers} of its layers at full shape, random "
-        f"weights, the trace's routing replayed")
-    steps.run(out_dir / "runs-verify.json", lambda: command(
-        "run", [*engine_args, "--no-throughput", "--replay", trace, "--out", str(out_dir / "runs-verify.json")], quiet))
-    say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
-    steps.run(out_dir / "plan.json", lambda: command(
-        "plan", ["--bench", str(out_dir / "bench.json"), "--trace", trace, "--runs", str(out_dir / "runs-verify.json"),
-                 "--kmax", str(kmax), "--out", str(out_dir / "plan.json")], quiet))
-    say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
-    steps.run(out_dir / "runs.json", lambda: command(
-        "run", [*engine_args, "--plan", str(out_dir / "plan.json"), "--k", f"0-{kmax}", "--a", ENGINE_A,
-                "--prompts", "1", "--tokens", str(ENGINE_TOKENS), "--replay", trace,
-                "--out", str(out_dir / "runs.json")],
-        quiet))
-    for version in ("prediction", "calibrated"):
-        command("score", ["--plan", str(out_dir / "plan.json"), "--runs", str(out_dir / "runs.json"), "--version",
-                          version], quiet)
-    say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
-    command("report", [str(out_dir)], quiet)
+def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> dict[str, Any]:
+    """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score,
+    the report. The engine replays the trace's routing (random weights route like uniform iid); the plan is
+    written before the run it is scored against, so the score is pre-registered."""
+    trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
+    engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
+                  reps=ENGINE_REPS, replay=trace, resume=True)
+    view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
+             f"full shape, random weights, the trace's routing replayed")
+    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)
+    steps.run(out_dir / "runs-verify.json", lambda: view.runs(run_engine(verify, view.say)))
+    view.say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
+    planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
+    steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
+    view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
+    scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
+                       prompts=1, tokens=ENGINE_TOKENS, **engine)
+    steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
+    for version in VERSIONS:
+        view.score(score_files(plan, scored.out, version))
+    view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
+    view.say(f"report -> {write_report(out_dir)}")
     return engine_summary(out_dir)
 
 
 def engine_summary(out_dir: Path) -> dict[str, Any]:
     """What the engine steps found: crossovers, AUTO's best draft length and speedup per acceptance measured beside
     the plan's prediction and calibration, and the six verdicts of each version."""
-    from moespec.score import score_files
-
-    runs = json.loads((out_dir / "runs.json").read_text())
-    plan = json.loads((out_dir / "plan.json").read_text())
+    runs = load_runs(out_dir / "runs.json")
+    plan = load_plan(out_dir / "plan.json")
     rows = [r for r in runs["throughput"] if r["policy"] == "auto"]
     per_a = {}
     for a in sorted({r["a"] for r in rows}):
@@ -285,8 +252,7 @@ def engine_summary(out_dir: Path) -> dict[str, Any]:
                          **{f"k_{v}": row["k_hat"] for v, row in planned.items()},
                          **{f"speedup_{v}": [row["speedup"], row["speedup_lo"], row["speedup_hi"]]
                             for v, row in planned.items()}}
-    scores = {v: score_files(str(out_dir / "plan.json"), str(out_dir / "runs.json"), v) for v in
-              ("prediction", "calibrated")}
+    scores = {v: score_files(str(out_dir / "plan.json"), str(out_dir / "runs.json"), v) for v in VERSIONS}
     return {"runs": str(out_dir / "runs.json"), "plan": str(out_dir / "plan.json"),
             "report": str(out_dir / "report.html"), "crossover_predicted": plan["crossover"],
             "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],
@@ -294,68 +260,3 @@ def engine_summary(out_dir: Path) -> dict[str, Any]:
             "auto_ratio": runs["auto_ratio"], "auto": per_a,
             "rules_hold": {v: [r.name for r in sc.rules if r.holds] for v, sc in scores.items()},
             "pre_registered": scores["prediction"].pre_registered}
-
-
-def print_engine_summary(engine: dict[str, Any], bench: dict[str, Any]) -> None:
-    """The closing summary: crossover, r(n), best k per acceptance, measured vs predicted speedup, verdicts."""
-    from rich.table import Table
-
-    c = console()
-    r = ", ".join(f"{v:.2f}" for v in bench["r"].values())
-    c.print(f"[bold]summary[/bold]: crossover from the bench n = {bench['crossover']}, predicted n = "
-            f"{engine['crossover_predicted']}, measured n = {engine['crossover_measured']}; r(1..9) = {r}")
-    t = Table(title="AUTO policy per acceptance: best draft length and speedup, measured vs plan "
-                    "(prediction / calibrated, band (21))", title_justify="left")
-    for col in ("a", "k measured", "k_hat pred / cal", "speedup measured", "predicted [band]", "calibrated [band]"):
-        t.add_column(col, justify="right")
-    band = lambda s: f"{s[0]:.2f}" + ("" if s[1] is None else f" [{s[1]:.2f}, {s[2]:.2f}]")  # noqa: E731
-    for a, row in engine["auto"].items():
-        t.add_row(a, str(row["k_measured"]), f"{row['k_prediction']} / {row['k_calibrated']}",
-                  f"{row['speedup_measured']:.2f}", band(row["speedup_prediction"]), band(row["speedup_calibrated"]))
-    c.print(t)
-    for version, names in engine["rules_hold"].items():
-        c.print(f"scoring rules holding, {version}: {len(names)} of 6 ({', '.join(names) or 'none'})")
-    c.print(f"pre-registered: {'yes' if engine['pre_registered'] else 'no'}; report: {engine['report']}")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.kmax < 1 or args.depth < 0 or args.bench_reps < 0 or args.engine_layers < 0:
-        raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
-                           f"{args.kmax}, {args.depth}, {args.bench_reps} and {args.engine_layers}")
-    if args.bench_reps and args.format not in DTYPES:
-        raise MoespecError(f"--format {args.format}: the bench times {' or '.join(DTYPES)} weights "
-                           f"(--bench-reps 0 skips it)")
-    if args.docs < 1 or args.tokens < args.docs * (args.kmax + 1):
-        raise MoespecError(f"need --docs >= 1 and at least kmax+1 = {args.kmax + 1} tokens per document, "
-                           f"got --tokens {args.tokens} --docs {args.docs}")
-    out_dir = Path(args.out)
-    result, trace, stats = run_demo(args.model, args.format, args.depth, args.kmax, args.tokens, args.docs,
-                                    args.seed, out_dir)
-    if not args.json:
-        console().print(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> "
-                        f"{out_dir / 'trace.npz'}")
-        print_summary(stats, trace, str(out_dir / "trace.npz"))
-        print_report(result)
-    if args.bench_reps:
-        if not args.json:
-            console().print("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "command", "_module")}
-        steps = Steps(out_dir, settings, (lambda text: None) if args.json else console().print)
-        doc = run_bench(args.model, args.format, out_dir, args.bench_reps, args.json, steps)
-        result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": doc["ceiling_gbps"],
-                           "r": doc["r"], "u": doc["u"], "crossover": doc["crossover"]}
-        if not args.json:
-            r = ", ".join(f"{n}: {v:.2f}" for n, v in doc["r"].items())
-            console().print(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. "
-                            f"Measured crossover (u(n) < r(n) from there on): n = {doc['crossover']}")
-        if args.engine_layers:
-            result["engine"] = run_engine(args.model, args.format, args.depth, args.kmax, out_dir, args.engine_layers,
-                                          args.json, steps)
-    write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=args.format)})
-    if args.json:
-        print(json.dumps(result))
-    else:
-        if "engine" in result:
-            print_engine_summary(result["engine"], result["bench"])
-        console().print(f"results: {out_dir / 'demo.json'}")
-    return 0

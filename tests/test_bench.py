@@ -14,13 +14,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from moespec import MoespecError, bench, cli
-from moespec.benchfile import load_bench
-from moespec.fits import analyze, crossover, engine_of, fit_time, requested_bytes
-from moespec.io import write_json
-from moespec.spec import ModelSpec, resolve
-from moespec.synth import synthesize
-from moespec.trace import Trace
+from moespec import MoespecError, cli
+from moespec.cli.args import parse_ints
+from moespec.formats.benchfile import load_bench
+from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.files import write_json
+from moespec.formats.trace import Trace
+from moespec.measure import bench
+from moespec.measure.fits import analyze, engine_of, fit_time
+from moespec.model.spec import ModelSpec, resolve
+from moespec.routing.synth import synthesize
+from moespec.theory import crossover, requested_bytes
 
 # A tiny OLMoE-class layer: N = 8 experts, m = 2, hidden 64, width 32 (an expert is 12 KiB in bf16).
 TINY_CONFIG = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "num_experts": 8,
@@ -128,7 +132,7 @@ def test_fit_needs_two_pass_sizes(kind: str) -> None:
     ({2: 0.8}, {}, None),
 ])
 def test_crossover(u: dict[int, float], r: dict[int, float], expected: int | None) -> None:
-    assert crossover(u, r) == expected
+    assert crossover({n: r[n] - u[n] for n in u if n in r}) == expected  # (7): dedup faster where u(n) < r(n)
 
 
 def _synthetic_units(layers: list[int], ns: list[int], slow_dedup: float) -> dict:
@@ -164,7 +168,7 @@ def test_analyze_on_exact_timings() -> None:
     t1 = SLOT_TRUE[0] + SLOT_TRUE[1] * M * B
     assert doc["kernels"]["slot"]["beta_gbps"]["1"] == pytest.approx(M * B / t1 / 1e9)
     r = {int(n): v for n, v in doc["r"].items()}
-    assert doc["crossover"] == crossover(u, r)
+    assert doc["crossover"] == crossover({n: r[n] - u[n] for n in ns})
     per = doc["per_layer"]["0"]
     assert per["one_token_s"] == {"kernel": "slot", "measured_s": pytest.approx(t1), "predicted_s": pytest.approx(t1)}
     assert per["kernels"]["dedup"]["5"]["predicted_mean_s"] == pytest.approx(per["kernels"]["dedup"]["5"][
@@ -188,7 +192,7 @@ def test_requested_bytes() -> None:
 # ---- arguments -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text, expected", [("1-9", list(range(1, 10))), ("2", [2]), ("9,1,2,2", [1, 2, 9])])
 def test_parse_ns(text: str, expected: list[int]) -> None:
-    assert bench.parse_ns(text) == expected
+    assert parse_ints(text, "--n", 1) == expected
 
 
 def test_kernels_that_cannot_run_are_skipped_by_all_and_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,8 +220,8 @@ def test_engine_of() -> None:
 
 
 def test_default_layers_are_first_and_before_middle() -> None:
-    assert bench.parse_layers(None, ModelSpec.from_name("olmoe-1b-7b")) == [0, 7]
-    assert bench.parse_layers(None, ModelSpec.from_name("deepseek-v2-lite")) == [0, 12]  # decoder layers 1, 13
+    assert bench.bench_layers(None, ModelSpec.from_name("olmoe-1b-7b")) == [0, 7]
+    assert bench.bench_layers(None, ModelSpec.from_name("deepseek-v2-lite")) == [0, 12]  # decoder layers 1, 13
 
 
 def test_default_trace_is_synthesized_and_says_so() -> None:
@@ -348,8 +352,8 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_pat
 
     monkeypatch.setattr(bench, "_time_unit", interrupt_after_two_units)
     assert cli.main(_bench(tiny, out)) == 130
-    partial = json.loads(Path(f"{out}.partial").read_text())
-    assert len(partial["units"]) == 2 and not out.exists()
+    units = [p for p in Path(f"{out}.partial").glob("*.json") if p.name != "state.json"]
+    assert len(units) == 2 and not out.exists()
 
     first, timed[:] = list(timed), []
     monkeypatch.setattr(bench, "_time_unit", time_unit)
@@ -361,7 +365,7 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_pat
 
 def test_resume_refuses_other_settings(tiny: dict[str, Path], tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
-    write_json(f"{out}.partial", {"format": "moespec-bench-partial", "config": {"reps": 9}, "units": {}})
+    Checkpoint(out, {"reps": 9}, resume=False, kind="bench")  # an unfinished bench of other settings
     assert cli.main(_bench(tiny, out, "--resume")) == 2
     assert "made with other settings" in capsys.readouterr().err
 

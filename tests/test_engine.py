@@ -16,16 +16,23 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from conftest import VOCAB_SIZE
 from transformers import AutoModelForCausalLM
 
-from moespec import MoespecError, engine, kernels
-from moespec.engine import load_model, moe_experts, preset_config, set_policy, set_replay
-from moespec.speculative import (ModelDraft, OracleDraft, StepRecord, plain_decode, realized_acceptance,
-                                 speculative_decode)
-from moespec.spec import PRESETS, SUPPORTED_MODEL_TYPES, ModelSpec
-from moespec.tracer import RouterTap, find_routers
-
-from conftest import VOCAB_SIZE
+from moespec import MoespecError, kernels
+from moespec.model import policies as engine
+from moespec.model.load import PRESET_VOCAB, find_routers, load_model, preset_config
+from moespec.model.policies import moe_experts, set_policy, set_replay
+from moespec.model.spec import PRESETS, SUPPORTED_MODEL_TYPES, ModelSpec
+from moespec.model.speculative import (
+    ModelDraft,
+    OracleDraft,
+    StepRecord,
+    plain_decode,
+    realized_acceptance,
+    speculative_decode,
+)
+from moespec.routing.tracer import RouterTap
 
 OURS = ("slot", "dedup", "auto")
 AUTO = {1: "slot", 4: "dedup", 8: "slot"}  # a plan's choice; the passes below hit all three entries
@@ -74,7 +81,7 @@ def test_preset_config_holds_the_real_shapes(name):
     spec = PRESETS[name]
     assert preset_config(spec, vocab=None)[1] == spec  # read back: every field of the preset
     config, cut = preset_config(spec, layers=2)
-    assert (cut.layers, cut.vocab, cut.N, cut.m, cut.hidden) == (2, engine.PRESET_VOCAB, spec.N, spec.m, spec.hidden)
+    assert (cut.layers, cut.vocab, cut.N, cut.m, cut.hidden) == (2, PRESET_VOCAB, spec.N, spec.m, spec.hidden)
     with torch.device("meta"):  # shapes without memory
         model = AutoModelForCausalLM.from_config(config)
     gate_up, down, *_ = kernels.from_hf_experts(moe_experts(model)[0])

@@ -16,10 +16,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from moespec import MoespecError, kernels as K, native
-
 from kernel_cases import SHAPES, make, rel_err
+
+from moespec import MoespecError
+from moespec import kernels as K
+from moespec.kernels import native
 
 TOL = {
     ("native", torch.float32): 1e-5, ("native", torch.bfloat16): 8e-3,

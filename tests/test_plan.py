@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
+from plan_cases import DEDUP, EPS, MODEL, MS, NS, RUNS_DRAFT, RUNS_SLOT, SLOT, TAU1, TIMED, make_bench, make_runs
 
 from moespec import MoespecError, cli, theory
-from moespec.benchfile import load_bench
-from moespec.io import write_json
-from moespec.plan import build_plan, crossover, kernel_by_n, load_plan, reduced_model
-from moespec.reuse import reuse_stats
-from moespec.spec import ModelSpec
-from moespec.trace import Trace
-from plan_cases import (DEDUP, EPS, MODEL, MS, NS, RUNS_DRAFT, RUNS_SLOT, SLOT, TAU1, TIMED, make_bench,
-                        make_runs)
+from moespec.formats.benchfile import load_bench
+from moespec.formats.files import write_json
+from moespec.formats.planfile import load_plan
+from moespec.formats.trace import Trace
+from moespec.model.spec import ModelSpec
+from moespec.predict.plan import build_plan, kernel_by_n, reduced_model
+from moespec.routing.reuse import reuse_stats
+from moespec.theory import crossover
 
 SCALE = 16 / len(TIMED)
 # whole-model expert-op times M_p(n) of the fits (both kernels run the per-slot one at n = 1), seconds
@@ -69,7 +70,7 @@ def test_crossover_and_auto_policy(plan: dict[str, Any]) -> None:
 @pytest.mark.parametrize("saving, expected", [([0, 1, 1], 2), ([0, -1, 1, 1], 3), ([0, 1, -1, 1], 4),
                                               ([0, 1, 1, -1], None), ([0, 0, 0], None)])
 def test_crossover_needs_positive_saving_at_every_larger_n(saving: list[float], expected: int | None) -> None:
-    assert crossover(np.array(saving, dtype=float)) == expected
+    assert crossover(dict(enumerate(saving, start=1))) == expected  # saving listed from n = 1
     # AUTO runs dedup exactly where the saving is positive: from the crossover on, and below it where positive
     policy = kernel_by_n(np.array(saving, dtype=float))
     assert policy == {n: "dedup" if n > 1 and saving[n - 1] > 0 else "slot" for n in range(1, len(saving) + 1)}
@@ -282,7 +283,7 @@ def test_byte_model_comparison(plan: dict[str, Any]) -> None:
     (lambda b: b["eps"].update(dedup=0.5), {}, "needs eps < 1/2"),
     (lambda b: None, {"kmax": 9}, "needs n up to 10"),
     (lambda b: None, {"tau1": 0.0}, "must be a positive time"),
-    (lambda b: b.update(model="qwen3-30b-a3b"), {}, "records 'olmoe-1b-7b'"),
+    (lambda b: b.update(model="qwen3-30b-a3b"), {}, "a trace of olmoe-1b-7b, not of qwen3-30b-a3b"),
     (lambda b: [entry["kernels"]["dedup"]["2"].update(predicted_mean_s=0.0) for entry in b["per_layer"].values()],
      {"tau1": 0.01}, "a predicted verify time is not positive"),
 ])

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plan_cases import MODEL, RUNS_DRAFT, make_bench, make_runs
 
 from moespec import cli, theory
-from moespec.io import provenance, write_json
-from moespec.plan import POLICIES, build_plan
-from moespec.synth import synthesize
-from moespec.trace import Trace
-from plan_cases import MODEL, RUNS_DRAFT, make_bench, make_runs
+from moespec.defaults import POLICIES
+from moespec.formats.files import provenance, write_json
+from moespec.formats.trace import Trace
+from moespec.predict.plan import build_plan
+from moespec.routing.synth import synthesize
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MIN_PIXELS = 200  # every figure is at least 5.5 inches wide and 3.8 high at 110 dpi
@@ -73,7 +74,7 @@ class Page(HTMLParser):
 
 
 def engine_runs(plan: dict[str, Any]) -> dict[str, Any]:
-    """A runs.json of `moespec run --plan` (keys in moespec/run.py): make_runs' verify times plus AUTO, intervals,
+    """A runs.json of `moespec run --plan` (keys in moespec.formats.runsfile): make_runs' verify times plus AUTO, intervals,
     the saving, and a throughput grid at every (policy, k, a) of the plan whose tokens/s follow the plan's own step
     times with a 2% slowdown per drafted token; one cell differs from plain decoding at a near tie."""
     runs = make_runs()

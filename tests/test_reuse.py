@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from moespec import MoespecError
 from moespec.cli import main
-from moespec.reuse import reuse_stats, trace_expert_bytes, uniform_rho
-from moespec.synth import synthesize
-from moespec.trace import Trace
+from moespec.formats.trace import Trace
+from moespec.routing.reuse import reuse_stats, trace_expert_bytes, uniform_rho
+from moespec.routing.synth import synthesize
 
 EXACT = 1e-12
 
@@ -108,7 +108,7 @@ def test_estimator_matches_brute_force(data):
             reuse_stats(trace, n_max)
         return
     chunk = data.draw(st.sampled_from([1, 2, 5, 2048]))  # token chunks of the bitset pass
-    with mock.patch("moespec.reuse._CHUNK_TOKENS", chunk):
+    with mock.patch("moespec.routing.reuse._CHUNK_TOKENS", chunk):
         s = reuse_stats(trace, n_max, bootstrap=0)
     rho, union = brute_force(trace, n_max)
     assert np.allclose(s.rho, rho, atol=EXACT, equal_nan=True)

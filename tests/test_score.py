@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from moespec import cli
-from moespec.io import write_json
-from moespec.score import score_files
+from moespec.formats.files import write_json
+from moespec.predict.score import score_files
 
 NS = range(1, 10)  # kmax = 8: passes of 1..9 tokens
 ACCEPTANCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from moespec import MoespecError, cli
-from moespec.spec import ALL_FORMATS, FORMATS, PRESETS, SUPPORTED_MODEL_TYPES, ModelSpec, matrix_bytes
+from moespec.model.spec import PRESETS, SUPPORTED_MODEL_TYPES, ModelSpec
+from moespec.model.weights import ALL_FORMATS, FORMATS, matrix_bytes
 
 # The public config.json keys of each preset's checkpoint (the subset the spec reads, as published).
 PUBLIC_CONFIGS = {

@@ -8,10 +8,17 @@ import pytest
 
 from moespec import MoespecError
 from moespec.cli import main
-from moespec.reuse import reuse_stats, uniform_rho
-from moespec.synth import (PROFILES, KeepPool, alias_table, document_lengths, popularity, successive_sample,
-                           synthesize)
-from moespec.trace import load_trace
+from moespec.formats.trace import load_trace
+from moespec.routing.reuse import reuse_stats, uniform_rho
+from moespec.routing.synth import (
+    PROFILES,
+    KeepPool,
+    alias_table,
+    document_lengths,
+    popularity,
+    successive_sample,
+    synthesize,
+)
 
 TOLERANCE = 0.01  # the bar for hitting the layer-mean targets
 

@@ -1,4 +1,4 @@
-"""moespec.timing: the CPU helpers (streaming read, cache flush, median/IQR), device names checked against the
+"""moespec.measure.timing: the CPU helpers (streaming read, cache flush, median/IQR), device names checked against the
 machine, and the CPU timer's flush, clock and ceiling; the CUDA timer where a GPU is present. No assertion
 depends on how fast anything runs beyond a sleep taking at least its own length."""
 
@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from moespec import MoespecError, timing
+from moespec import MoespecError
+from moespec.measure import timing
 
 SLEEP_S = 1e-3
 SMALL_CEILING_BYTES = 8 << 20  # enough for a positive rate, quick on any machine

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moespec import MoespecError
-from moespec.trace import FORMAT_VERSION, Trace, chunk_masks, concatenate, load_trace, popcount
+from moespec.formats.trace import FORMAT_VERSION, Trace, chunk_masks, concatenate, load_trace, popcount
 
 
 def random_trace(rng: np.random.Generator, lengths=(5, 1, 12), layers=3, n_exp=10, m=3, weights=False) -> Trace:
@@ -139,7 +139,8 @@ def test_repeated_id_found_in_any_validation_chunk():
     t = random_trace(np.random.default_rng(13))
     experts = t.experts.copy()
     experts[16, 2, 2] = experts[16, 2, 0]
-    with mock.patch("moespec.trace._MASK_CHUNK", 3), pytest.raises(MoespecError, match="token 16 layer 2 repeats"):
+    with mock.patch("moespec.formats.trace._MASK_CHUNK", 3), \
+            pytest.raises(MoespecError, match="token 16 layer 2 repeats"):
         Trace.from_arrays(experts, t.doc_starts, 10)
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moespec import cli, tracer
-from moespec.spec import SUPPORTED_MODEL_TYPES
-from moespec.trace import load_trace
+from moespec import cli
+from moespec.formats.trace import load_trace
+from moespec.model.spec import SUPPORTED_MODEL_TYPES
+from moespec.routing import documents, tracer
 
 DOCS = [
     " = The Cat = \n the cat sat on the mat and the dog ran to the park . \n",
@@ -161,12 +162,12 @@ def test_partial_run_with_other_inputs_is_refused(tiny_checkpoints, wikitext, tm
 
 def test_wikitext_split():
     text = "\n preface line \n" + "".join(DOCS) + " = \n = = = Deep = = = \n"
-    docs = tracer.split_wikitext(text)
+    docs = documents.split_wikitext(text)
     assert docs[0] == "\n preface line \n" and docs[1:3] == DOCS[:2]
     assert " = = Rain = = " in docs[2]  # a sub-heading does not split
     assert docs[3] == DOCS[2] + " = \n = = = Deep = = = \n"  # neither does a lone "=" or a level-3 heading
-    assert tracer.split_wikitext("no headings at all\nsecond line\n") == ["no headings at all\nsecond line\n"]
-    assert tracer.split_wikitext(" \n\n") == []
+    assert documents.split_wikitext("no headings at all\nsecond line\n") == ["no headings at all\nsecond line\n"]
+    assert documents.split_wikitext(" \n\n") == []
 
 
 def test_jsonl_list_field_and_max_tokens(tiny_checkpoints, tmp_path):

@@ -1,4 +1,4 @@
-"""The Triton kernels (moespec.triton_kernels) against the float64 reference, run by Triton's CPU interpreter
+"""The Triton kernels (moespec.kernels.triton_experts) against the float64 reference, run by Triton's CPU interpreter
 (conftest sets TRITON_INTERPRET=1 where no CUDA device exists) on the CPU kernels' edge shapes.
 
 Tolerances, on the largest absolute error over the largest absolute reference output: fp32 1e-5 (fp32
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from moespec import MoespecError, kernels as K
-
 from kernel_cases import SHAPES, make, rel_err
 
+from moespec import MoespecError
+from moespec import kernels as K
+
 pytest.importorskip("triton")
-T = pytest.importorskip("moespec.triton_kernels")
+T = pytest.importorskip("moespec.kernels.triton_experts")
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 DTYPES = [torch.float32, torch.bfloat16]

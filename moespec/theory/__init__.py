@@ -7,6 +7,7 @@
 """
 
 from moespec.theory.bounds import (
+    EPS_LIMIT,
     delta_from_eps,
     kernel_margin,
     saving_bound,
@@ -40,8 +41,10 @@ from moespec.theory.core import (
 from moespec.theory.dedup import (
     DedupEngine,
     byte_step_times,
+    crossover,
     dedup_faster,
     mean_drafted_reuse,
+    requested_bytes,
     reuse_threshold_bytes,
     saving,
     union_bytes,

@@ -23,6 +23,9 @@ def _check_eps(eps: Number, limit: Number = 1) -> None:
         raise ValueError(f"bandwidth error bound eps = {eps} must lie in [0, {limit})")
 
 
+EPS_LIMIT = 0.5  # (21) needs delta = eps/(1-eps) < 1, i.e. eps < 1/2
+
+
 def delta_from_eps(eps: Number) -> Number:
     """delta = eps/(1 - eps): the relative step-time error that bandwidth errors |e| <= eps can cause."""
     _check_eps(eps)

@@ -14,6 +14,7 @@ count (16). Exact on Fractions, plain arithmetic on floats.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -33,6 +34,26 @@ def saving(E_slot: Number, beta_slot: Number, u: Number, r: Number, dphi: Number
 def dedup_faster(u: Number, r: Number) -> bool:
     """(7): with f_l = 1 and equal fixed work the deduplicating kernel is faster exactly when u(n) < r(n)."""
     return u < r
+
+
+def requested_bytes(kind: str, n: int, U: int, m: int, b: Number) -> Number:  # noqa: N803
+    """Expert bytes one MoE layer's kernel of `kind` requests on a pass of n tokens naming U distinct experts, b
+    bytes each: n m b per-slot ("slot"), U b deduplicating ("dedup") (3)."""
+    if kind not in ("slot", "dedup"):
+        raise ValueError(f"kind must be 'slot' or 'dedup', got {kind!r}")
+    return n * m * b if kind == "slot" else U * b
+
+
+def crossover(saving: Mapping[int, Number]) -> int | None:
+    """The crossover: the smallest n >= 2 from which the saving S(n) = tau_slot(n) - tau_dedup(n) is positive at
+    every larger n given (None if none). n = 1 is left out: one token runs the per-slot kernel either way. The bench
+    gives S(n) the sign of r(n) - u(n) (7), the plan its predicted saving, the engine its measured one."""
+    first = None
+    for n in sorted((n for n in saving if n >= 2), reverse=True):
+        if not saving[n] > 0:
+            break
+        first = n
+    return first
 
 
 def mean_drafted_reuse(rho: Sequence[Sequence[Number]], w: Sequence[Number], k: int) -> Number:

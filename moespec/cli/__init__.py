@@ -1,0 +1,69 @@
+"""The `moespec` command: a thin dispatcher. Each subcommand lives in its own module of this package, which
+defines `add_arguments(parser)` and `run(args) -> int`: it turns the arguments into its stage's config, calls the
+library and prints. Bad input ends with one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from moespec import MoespecError, __version__
+
+# subcommand -> one-line help; its module is moespec.cli.<subcommand>, imported only when the command runs.
+COMMANDS: dict[str, str] = {
+    "staircase": "best draft length k*(a), step points and speedup for a step-time vector",
+    "demo": "the main job on the built-in default (what `make demo` runs)",
+    "spec": "model shapes and bytes per weight format: w_l, W, D, kv(k); --list the presets",
+    "trace": "record the experts a local Hugging Face MoE checkpoint routes each token to",
+    "synth": "synthetic routing trace: stationary seeded uniform, popularity or calibrated process",
+    "reuse": "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)",
+    "bench": "time the expert kernels on a layer's real shapes: beta(n), fits (4)/(E.1), r(n), crossover",
+    "plan": "verify time (22), saving and band (18), crossover, AUTO kernel, k_hat*(a), speedup (21)",
+    "run": "speculative decoding on an HF MoE model: verify time per kernel, throughput, oracle draft",
+    "score": "score a plan against whole-model runs by the six rules of Table 8; pre-registration",
+    "report": "one self-contained HTML page of a job's artifacts: figures, tables, scores",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line (no usage dump) and exits with 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """All subcommands are listed; only the one named in argv imports its module and adds its arguments, so
+    `moespec --help` stays fast and one command's heavy imports never slow down another."""
+    parser = _Parser(prog="moespec", description="moespec: speculative decoding on mixture-of-experts models")
+    parser.add_argument("--version", action="version", version=f"moespec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        module = f"{__name__}.{name}"
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    if args.command is None:
+        build_parser([]).print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except MoespecError as e:
+        print(f"moespec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"moespec {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

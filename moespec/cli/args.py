@@ -1,0 +1,23 @@
+"""Argument parsing the commands share."""
+
+from __future__ import annotations
+
+from moespec import MoespecError
+
+
+def parse_ints(text: str, flag: str, least: int, most: int | None = None, what: str = "values") -> list[int]:
+    """'1-9' or '1,2,9' -> sorted distinct integers in least..most; one line naming the flag otherwise."""
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-"))
+            if lo > hi:
+                raise MoespecError(f"{flag} {text}: empty range (start above end)")
+            values = list(range(lo, hi + 1))
+        else:
+            values = sorted({int(v) for v in text.split(",")})
+    except ValueError:
+        raise MoespecError(f"{flag} {text!r}: give a range like 1-9 or a list like 1,2,9") from None
+    if values[0] < least or (most is not None and values[-1] > most):
+        raise MoespecError(f"{flag} {text}: {what} must be >= {least}" if most is None else
+                           f"{flag} {text}: {what} must lie in {least}..{most}")
+    return values

@@ -1,0 +1,79 @@
+"""`moespec bench`: time the expert kernels on a layer's real shapes: beta(n), fits (4)/(E.1), r(n), the crossover
+(moespec.measure.bench)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from moespec.cli.args import parse_ints
+from moespec.console import console
+from moespec.defaults import DTYPES, MODEL
+from moespec.measure.bench import (
+    DEFAULT_KERNELS,
+    DEFAULT_REPS,
+    DEFAULT_U_VALUES,
+    DEFAULT_WINDOWS,
+    BenchConfig,
+    is_noisy,
+    run_bench,
+)
+from moespec.measure.fits import NOISY_IQR
+from moespec.report.figures import bandwidth_figure, plot_format, save_figure
+from moespec.report.tables import bench_tables
+
+
+# ---- command: moespec bench --------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=MODEL, help=f"model preset or config path (default {MODEL})")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where the kernels run (cuda: our Triton kernels)")
+    p.add_argument("--layers", help="MoE layers to time, e.g. 0,7 (default: the first and L/2 - 1)")
+    p.add_argument("--dtype", default="bf16", choices=DTYPES, help="expert weight dtype (default bf16)")
+    p.add_argument("--kernels", default=DEFAULT_KERNELS,
+                   help=f"comma-separated kernels, or all (default {DEFAULT_KERNELS}; peers: hf-batched_mm, "
+                        f"hf-grouped_mm, hf-eager, and mlx-gather, mlx-sorted when mlx-lm is installed)")
+    p.add_argument("--trace", help="routing trace (.npz) for the recorded windows and u(n) (default: synthesize "
+                                   "the calibrated default for the model)")
+    p.add_argument("--n", default="1-9", help="pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-9)")
+    p.add_argument("--out", default="bench.json", help="results file (default bench.json)")
+    p.add_argument("--reps", type=int, default=DEFAULT_REPS,
+                   help=f"timed repetitions per pass (default {DEFAULT_REPS})")
+    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS,
+                   help=f"recorded windows per layer and n (default {DEFAULT_WINDOWS})")
+    p.add_argument("--u-values", type=int, default=DEFAULT_U_VALUES,
+                   help=f"chosen U values per n, evenly spread with both ends (default {DEFAULT_U_VALUES})")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
+    p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        plot_format(args.plot)  # before any work
+    layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, what="MoE layer indices"))
+    config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=args.dtype, kernels=args.kernels,
+                         n=tuple(parse_ints(args.n, "--n", 1, what="pass sizes n")), trace=args.trace, reps=args.reps,
+                         windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
+                         resume=args.resume)
+    out = console()
+    bench = run_bench(config, say=out.print)
+    for table in bench_tables(bench):
+        out.print(table)
+    before, after = bench["ceiling_before_after_gbps"]
+    out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
+    noisy = is_noisy(bench)
+    if noisy:
+        drift = bench["ceiling_iqr_gbps"] > NOISY_IQR * bench["ceiling_gbps"]
+        out.print(f"[bold red]warning: noisy run[/]: {bench['noisy']['count']} of {bench['noisy']['total']} timings "
+                  f"have an IQR above {NOISY_IQR:.0%} of their median (widest {bench['noisy']['worst']:.0%})"
+                  f"{'; the ceiling drifted' if drift else ''}; rerun on a quiet machine")
+    if args.plot:
+        save_figure(bandwidth_figure(bench), args.plot)
+    out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {bench['elapsed_s']:.0f} s")
+    rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
+    print(json.dumps({"model": bench["model"], "device_kind": bench["device_kind"], "dtype": bench["dtype"],
+                      "ceiling_gbps": round(bench["ceiling_gbps"], 2),
+                      "beta_gbps": {k: rounded(v["beta_gbps"], 2) for k, v in bench["kernels"].items()},
+                      "r": rounded(bench["r"], 3), "u": rounded(bench["u"], 3), "eps": rounded(bench["eps"], 4),
+                      "crossover": bench["crossover"], "noisy": noisy, "out": args.out}))
+    return 0

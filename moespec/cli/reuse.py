@@ -1,0 +1,87 @@
+"""`moespec reuse`: rho(n), U(n) and the expert bytes of a trace with bootstrap intervals (moespec.routing.reuse)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.table import Table
+
+from moespec.console import console as console_
+from moespec.defaults import FORMAT, N_MAX
+from moespec.formats.files import provenance
+from moespec.formats.trace import Trace, load_trace
+from moespec.report.figures import plot_format, reuse_figure, save_figure
+from moespec.routing.reuse import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_LEVEL,
+    ReuseStats,
+    reuse_stats,
+    trace_expert_bytes,
+    uniform_rho,
+)
+
+
+# ---- command: moespec reuse --------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="trace file (.npz) from `moespec trace` or `moespec synth`")
+    parser.add_argument("--n-max", type=int, default=N_MAX, help="largest window n (default 9)")
+    parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
+                        help="bootstrap resamples over documents (default 2000; 0: no intervals)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="interval level (default 0.95)")
+    parser.add_argument("--format", default=FORMAT,
+                        help="expert weight format for the byte quantities when the trace names a model (default bf16)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--plot", metavar="FILE", help="save the paper's Figure 1 (rho vs n) to FILE (.png/.pdf/.svg)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        plot_format(args.plot)  # before any work
+    trace = load_trace(args.trace)
+    w, units = trace_expert_bytes(trace, args.format)
+    stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w, units=units,
+                        show_progress=sys.stderr.isatty())
+    if args.plot:
+        save_figure(reuse_figure(stats, label=str(trace.meta.get("model") or args.trace)), args.plot)
+    if args.json:
+        print(json.dumps({"trace": str(args.trace), "meta": trace.meta, **stats.to_json(),
+                          "provenance": provenance()}))
+    else:
+        print_summary(stats, trace, args.trace)
+    return 0
+
+
+def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:
+    """A rich table: per n, the layer-mean reuse with its interval, the uniform value and the byte quantities."""
+    meta = trace.meta
+    kind = "synthetic" if meta.get("synthetic") else "recorded"
+    about = f"{meta.get('process')} process" if meta.get("process") else str(meta.get("source") or "")
+    in_bytes = stats.units.startswith("bytes")
+    scale, unit = (1e9, " GB") if in_bytes else (1.0, "")
+    table = Table(title=f"{path}: {kind} trace of {meta.get('model') or 'an unnamed model'} {about}".rstrip(),
+                  caption=f"{stats.num_tokens:,} tokens in {stats.num_documents} documents, L={stats.num_layers}, "
+                          f"N={stats.num_experts}, m={stats.m}; rho: layer mean with {stats.level:.0%} bootstrap "
+                          f"interval ({stats.bootstrap} resamples); bytes in {stats.units}")
+    for name in ("n", "rho(n)", "interval", "uniform", "U(n)", "u(n)", f"E_slot{unit}", f"E_dedup{unit}",
+                 f"gap (3){unit}", "rho_bar_(n-1) (11)"):
+        table.add_column(name, justify="right")
+    uniform = uniform_rho(stats.n_max, stats.num_experts, stats.m)
+    lo, hi = stats.ci.get("rho_mean", (None, None))
+    for n in range(1, stats.n_max + 1):
+        interval = f"[{lo[n]:.3f}, {hi[n]:.3f}]" if lo is not None else "-"
+        rho_bar = f"{stats.rho_bar[n - 1]:.3f}" if n >= 2 else "-"
+        table.add_row(str(n), f"{stats.rho_mean[n]:.3f}", interval, f"{uniform[n]:.3f}", f"{stats.union_mean[n]:.2f}",
+                      f"{stats.u[n]:.3f}", f"{stats.E_slot[n] / scale:.4g}", f"{stats.E_dedup[n] / scale:.4g}",
+                      f"{stats.gap[n] / scale:.4g}", rho_bar)
+    console = console_()
+    console.print(table)
+    for n in sorted({2, stats.n_max}):
+        if n <= stats.n_max:
+            per_layer = stats.rho[:, n]
+            console.print(f"rho_l({n}) over layers: min {per_layer.min():.3f} (layer {per_layer.argmin()}), "
+                          f"max {per_layer.max():.3f} (layer {per_layer.argmax()})")
+    if meta.get("calibrated_to"):
+        console.print(f"calibrated to: {json.dumps(meta['calibrated_to'])}")

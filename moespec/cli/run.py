@@ -1,0 +1,120 @@
+"""`moespec run`: speculative decoding on an HF MoE model: verify time per kernel, throughput, oracle or model draft
+(moespec.measure.run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from moespec import MoespecError
+from moespec.cli.args import parse_ints
+from moespec.console import console
+from moespec.defaults import DEPTH, KMAX, MODEL, N_MAX
+from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
+
+
+def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
+    """Verify times and the saving per n, the best measured k per acceptance, and one closing JSON line."""
+    policies = list(doc["verify_time_s"])
+    table = Table(title=f"verify time at depth {doc['depth']} (ms, median [95% interval]); {doc['model']} "
+                        f"{doc['moe_layers']} MoE layers {doc['dtype']}")
+    for col in ["n", *policies, "saving S(n)", *(["auto / best"] if doc["auto_ratio"] else [])]:
+        table.add_column(col, justify="right")
+    for n in doc["verify_time_s"]["slot"]:
+        cells = [f"{doc['verify_time_s'][p][n] * 1e3:.2f} [{doc['verify_time_ci_s'][p][n][0] * 1e3:.2f}, "
+                 f"{doc['verify_time_ci_s'][p][n][1] * 1e3:.2f}]" for p in policies]
+        s = doc["saving_s"][n]
+        cells.append(f"{s['median'] * 1e3:+.2f} [{s['lo'] * 1e3:+.2f}, {s['hi'] * 1e3:+.2f}]")
+        if doc["auto_ratio"]:
+            cells.append(f"{doc['auto_ratio'][n]:.3f}")
+        table.add_row(n, *cells)
+    out.print(table)
+    out.print(f"measured crossover: {doc['crossover'] or 'none'} (smallest n from which the saving stays positive)")
+    for row in doc["throughput_draft_model"]:
+        rate = "-" if row["realized_acceptance"] is None else f"{row['realized_acceptance']:.2f}"
+        out.print(f"draft model, {row['policy']} k = {row['k']}: {row['tokens_per_s']:.1f} tokens/s, acceptance {rate}")
+    best = {}
+    for row in doc["throughput"]:
+        key = (row["policy"], row["a"])
+        if key not in best or row["tokens_per_s"] > best[key]["tokens_per_s"]:
+            best[key] = row
+    if best:
+        table = Table(title="best measured draft length per acceptance (oracle draft): k* (tokens/s)")
+        grid = sorted({a for _, a in best})
+        table.add_column("policy")
+        for a in grid:
+            table.add_column(f"a={a:g}", justify="right")
+        for policy in dict.fromkeys(p for p, _ in best):
+            table.add_row(policy, *(f"{best[policy, a]['k']} ({best[policy, a]['tokens_per_s']:.1f})" for a in grid))
+        out.print(table)
+    rows = doc["throughput"] + doc["throughput_draft_model"]
+    gaps = [m["plain_top2_gap"] for r in rows for m in r["mismatches"]]
+    where = sorted({(r["policy"], r["k"]) for r in rows if not r["greedy_exact"]})
+    if doc["overhead_share"] is not None:
+        out.print(f"engine overhead: {doc['overhead_share']:.1%} of step time (median over cells); greedy tokens "
+                  f"equal plain decoding's: " + ("yes" if doc["greedy_exact"] else
+                                                 f"{'up to exact ties' if doc['greedy_match'] else '[bold red]NO[/]'}"
+                                                 f" (they differ in {len(where)} (policy, k) cells "
+                                                 f"{', '.join(f'{p} k={k}' for p, k in where)}; plain decoding's "
+                                                 f"top-2 logit gap where they first differ: "
+                                                 f"{', '.join(sorted({f'{g:.3g}' for g in gaps if g is not None}))})"))
+    out.print(f"wrote {path}")
+    print(json.dumps({"model": doc["model"], "depth": doc["depth"], "crossover": doc["crossover"],
+                      "verify_time_ms": {p: {n: round(v * 1e3, 3) for n, v in d.items()}
+                                         for p, d in doc["verify_time_s"].items()},
+                      "best_k": {f"{p}@{a:g}": r["k"] for (p, a), r in best.items()},
+                      "greedy_match": doc["greedy_match"], "out": path}))
+
+
+# ---- command: moespec run ---------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", help="a local HF checkpoint folder (any of the five MoE architectures)")
+    source.add_argument("--preset", help=f"a model preset with random weights (default {MODEL})")
+    p.add_argument("--layers", type=int, help=f"decoder layers of a preset model (default {DEFAULT_LAYERS})")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="weights dtype (default bf16)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
+    p.add_argument("--plan", help="plan.json: its AUTO policy (kernel per n) is run and recorded beside slot and dedup")
+    p.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d: tokens prefilled (default {DEPTH})")
+    p.add_argument("--n", default="1-9", help="verify pass sizes (default 1-9)")
+    p.add_argument("--reps", type=int, default=DEFAULT_REPS, help=f"verify samples per policy and n "
+                                                                  f"(default {DEFAULT_REPS})")
+    p.add_argument("--k", default="0-8", help="draft lengths of the throughput grid (default 0-8)")
+    p.add_argument("--a", help="acceptances of the throughput grid (default the paper's 11, 0.2..0.98)")
+    p.add_argument("--prompts", type=int, default=2, help="prompts per throughput cell (default 2)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
+    p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")
+    p.add_argument("--draft-model", help="a local HF causal LM sharing the tokenizer: the throughput grid drafts with "
+                                         "it (greedy) over --k instead of the oracle over --a")
+    p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
+    p.add_argument("--out", default="runs.json", help="results file (default runs.json)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
+
+
+def parse_acceptances(text: str | None) -> tuple[float, ...] | None:
+    """--a as numbers (None: the paper's grid)."""
+    if not text:
+        return None
+    try:
+        return tuple(float(a) for a in text.split(","))
+    except ValueError:
+        raise MoespecError(f"--a {text!r}: give acceptances like 0.4,0.6,0.8") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = RunConfig(out=args.out, model=args.model, preset=args.preset, layers=args.layers, dtype=args.dtype,
+                       device=args.device, plan=args.plan, depth=args.depth,
+                       n=tuple(parse_ints(args.n, "--n", 1, N_MAX, "pass sizes")), reps=args.reps,
+                       k=tuple(parse_ints(args.k, "--k", 0, KMAX, "draft lengths")), a=parse_acceptances(args.a),
+                       prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
+                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, resume=args.resume)
+    out = console()
+    runs = run_engine(config, say=out.print)
+    report(runs, args.out, out)
+    return 0

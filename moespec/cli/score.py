@@ -1,0 +1,47 @@
+"""`moespec score`: a plan against an engine's runs by the six rules of Table 8 (moespec.predict.score)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.table import Table
+
+from moespec.console import console as console_
+from moespec.predict.score import DEFAULT_VERSION, VERSIONS, Score, score_files
+
+
+# ---- command -------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="plan.json from `moespec plan`")
+    parser.add_argument("--runs", required=True, help="runs.json from `moespec run` (same model, device, dtype)")
+    parser.add_argument("--version", choices=tuple(VERSIONS), default=DEFAULT_VERSION,
+                        help="the plan version to score: its prediction (default) or, for a plan made with "
+                             "--runs, its calibrated version")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = score_files(args.plan, args.runs, args.version)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print_score(result)
+    return 0
+
+
+def print_score(result: Score) -> None:
+    """The rules as a table (rule, predicted, measured, verdict), then all-hold and pre-registration lines."""
+    runs = result.runs
+    t = Table(title=f"Scoring rules (Table 8), {result.version} version: {runs['model']} {runs['dtype']} on "
+                    f"{runs['device_kind']}, depth {runs['depth']}")
+    for name in ("rule", "predicted", "measured", "verdict"):
+        t.add_column(name)
+    for rule in result.rules:
+        t.add_row(rule.rule, *rule.shown, "[green]holds[/]" if rule.holds else "[red]fails[/]")
+    con = console_()
+    con.print(t)
+    con.print(f"all six hold: {'yes' if result.all_hold else 'no'}")
+    con.print(f"pre-registered: {'yes' if result.pre_registered else 'no'} (plan created "
+              f"{result.plan_created.isoformat()}, runs started {result.runs_started.isoformat()})")
+    con.print(f"plan sha256: {result.plan_sha256}")

@@ -1,0 +1,74 @@
+"""`moespec staircase`: k*(a), the step points and the speedup for a step-time vector (moespec.predict.staircase)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from fractions import Fraction
+from typing import Any
+
+from rich.table import Table
+
+from moespec import MoespecError, theory
+from moespec.console import console as console_
+from moespec.predict.staircase import analyse
+
+
+def parse_numbers(text: str, what: str) -> list[Fraction]:
+    """Parse a comma-separated list of decimals or fractions exactly; one clear error line otherwise."""
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(Fraction(item.strip()))
+        except (ValueError, ZeroDivisionError):
+            raise MoespecError(f"{what}: {item.strip()!r} is not a number") from None
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--step-times", required=True, metavar="V0,V1,...",
+                   help="step times V(0), ..., V(kmax), any unit, at least two, all positive")
+    p.add_argument("--acceptance", metavar="A,...",
+                   help="acceptances in [0, 1) (default: the paper's 11 values 0.2..0.98)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+
+
+def print_report(result: dict[str, Any]) -> None:
+    console = console_()
+    V = ", ".join(f"{v:g}" for v in result["step_times"])
+    console.print(f"step times V = ({V});  a0 = V(1)/V(0) - 1 = {result['a0']:.6g}")
+    console.print("step points a_j (B.31): k*(a) >= j exactly when a > a_j")
+    pts = Table()
+    for col in ("j", "a_j", "exact"):
+        pts.add_column(col, justify="right")
+    for j, (x, exact) in enumerate(zip(result["step_points"], result["step_points_exact"]), start=1):
+        pts.add_row(str(j), f"{x:.12f}", exact or "irrational")
+    console.print(pts)
+    stairs = " | ".join(f"k*={s['k']} on ({s['from']:.4f}, {s['to']:.4f}]" for s in result["intervals"])
+    console.print(f"staircase: k*(0) = {result['k_star_at_zero']}; {stairs}")
+    tab = Table()
+    for col in ("a", "k*(a)", "speedup (9)", "speculation helps"):
+        tab.add_column(col, justify="right")
+    for row in result["table"]:
+        tab.add_row(f"{row['a']:g}", str(row["k_star"]), f"{row['speedup']:.4f}", "yes" if row["helps"] else "no")
+    console.print(tab)
+
+
+def run(args: argparse.Namespace) -> int:
+    V = parse_numbers(args.step_times, "--step-times")
+    if len(V) < 2:
+        raise MoespecError(f"--step-times: need at least two times V(0), V(1), got {len(V)}")
+    bad = [v for v in V if v <= 0]
+    if bad:
+        raise MoespecError(f"--step-times: times must be positive, got {float(bad[0]):g}")
+    acceptances = (parse_numbers(args.acceptance, "--acceptance") if args.acceptance
+                   else list(theory.PAPER_ACCEPTANCES))
+    bad = [a for a in acceptances if not 0 <= a < 1]
+    if bad:
+        raise MoespecError(f"--acceptance: {float(bad[0]):g} is outside [0, 1)")
+    result = analyse(V, acceptances)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_report(result)
+    return 0

@@ -1,0 +1,39 @@
+"""`moespec synth`: a synthetic routing trace from a stationary seeded process (moespec.routing.synth)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from moespec import MoespecError
+from moespec.defaults import MODEL, PROFILE
+from moespec.routing.synth import PROCESSES, describe, synthesize
+
+
+# ---- command: moespec synth ----------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=MODEL, help=f"model preset or config path (default {MODEL})")
+    parser.add_argument("--process", default="calibrated", choices=PROCESSES,
+                        help="routing process (default calibrated)")
+    parser.add_argument("--profile", default=PROFILE, help=f"calibration targets (default {PROFILE})")
+    parser.add_argument("--rho2", type=float, help="calibrated: target layer-mean rho(2) (overrides the profile)")
+    parser.add_argument("--rho9", type=float, help="calibrated: target layer-mean rho(9) (overrides the profile)")
+    parser.add_argument("--tokens", type=int, default=100_000, help="tokens in all (default 100000)")
+    parser.add_argument("--docs", type=int, default=50,
+                        help="documents of equal length (default 50); calibrated: time grows with their length")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--out", required=True, help="trace file to write (.npz)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.rho2 is None) != (args.rho9 is None):
+        raise MoespecError("--rho2 and --rho9 go together")
+    targets = None if args.rho2 is None else (args.rho2, args.rho9)
+    if targets and args.process != "calibrated":
+        raise MoespecError("--rho2/--rho9 apply to --process calibrated only")
+    trace = synthesize(args.model, args.process, args.tokens, args.docs, args.seed, args.profile, targets,
+                       show_progress=sys.stderr.isatty())
+    trace.save(args.out)
+    print(f"synthesized {trace.num_tokens} tokens in {trace.num_documents} documents of {trace.meta['model']} "
+          f"routing ({describe(trace.meta)}) -> {args.out}")
+    return 0

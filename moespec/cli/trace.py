@@ -1,0 +1,39 @@
+"""`moespec trace`: record the experts a local Hugging Face MoE checkpoint routes each token to
+(moespec.routing.tracer)."""
+
+from __future__ import annotations
+
+import argparse
+
+from moespec.defaults import DTYPES
+from moespec.routing.tracer import TraceConfig, trace
+
+
+# -- command -----------------------------------------------------------------------------------------
+def _positive(text: str) -> int:
+    value = int(text) if text.lstrip("-").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (no hub access)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="raw text; WikiText top-level headings ' = Title = ' start documents")
+    source.add_argument("--jsonl", help="JSONL file, one document per record")
+    parser.add_argument("--field", default="text", help="JSONL key: a string or a list of strings (default text)")
+    parser.add_argument("--out", required=True, help="trace file to write (.npz)")
+    parser.add_argument("--max-tokens", type=_positive, default=None, help="stop after this many tokens in all")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="compute dtype (default fp32)")
+    parser.add_argument("--chunk", type=_positive, default=512, help="tokens per forward pass (default 512)")
+
+
+def run(args: argparse.Namespace) -> int:
+    done = trace(TraceConfig(model=args.model, out=args.out, text=args.text, jsonl=args.jsonl, field=args.field,
+                             max_tokens=args.max_tokens, device=args.device, dtype=args.dtype, chunk=args.chunk))
+    t = done.trace
+    print(f"traced {t.num_tokens} tokens in {t.num_documents} documents ({t.num_layers} MoE layers, m={t.m}) "
+          f"at {done.traced_tokens / max(done.seconds, 1e-9):,.0f} tokens/s -> {args.out}")
+    return 0

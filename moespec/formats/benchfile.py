@@ -1,0 +1,138 @@
+"""bench.json: the results file of `moespec bench`, its typed record `Bench` and its only loader `load_bench`, which
+validates it; every later reader (plan, report, demo) goes through it. Its tables and figure are drawn in
+moespec.report.html.
+
+bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U are strings):
+  format, format_version, model, spec     model name and ModelSpec fields
+  device, device_kind, dtype              "cpu: <model name>, <threads> threads" or "cuda: <GPU name>, sm<major><minor>,
+                                          <memory> GiB"; "cpu" or "cuda" (bench --device); "bf16" or "fp32"
+  ceiling_kind                            what the ceiling measures (moespec.measure.timing): "streaming read" (cpu) or
+                                          "device-to-device copy" (cuda; bytes read + written)
+  ceiling_gbps, ceiling_iqr_gbps          the measured ceiling in GB/s (1e9 B/s): median and IQR over the
+                                          samples before and after the timing; ceiling_before_after_gbps: each
+  layers, n                               MoE layers (trace layer index) and pass sizes timed
+  expert_bytes                            {layer: b}
+  kernels  {name: {kind, implementation, beta_gbps: {n: v}, beta_iqr_gbps: {n: v}}}  on requested bytes;
+           implementation: native or torch for ours (moespec.kernels.implementation), else the peer's engine
+           (kind 'slot': n m b, kind 'dedup': U b), median and IQR over recorded windows of all layers
+  r        {n: beta_dedup/beta_slot} of our kernels `dedup` and `slot` (empty if either is missing)
+  u        {n: E_dedup/E_slot} over every in-document window of every layer of the trace (bytes-weighted)
+  eps      {kernel: median over layers of its fit's median relative error on windows, n >= 2}
+  eps_engine {engine: max over its kernels' eps}  (moespec: slot, dedup; transformers: hf-*; mlx-lm: mlx-*)
+  crossover  smallest n >= 2 from which u(n) < r(n) for every larger n timed; null if none
+  fits     {layer: {kernel: {equation, passes, t_op_s, c_u_s_per_byte, c_re_s_per_byte, re_read_cost,
+           first_read_gbps | c_g_s_per_byte, c_t_s_per_token, union_gbps; eps}}}; null when not identifiable
+  per_layer {layer: {kernels: {kernel: {n: {windows, measured_mean_s, measured_median_s, predicted_mean_s}}},
+           one_token_s: {kernel, measured_s, predicted_s}}}: operation times over windows for prediction (22)
+           (measured: mean / median of the per-window medians; predicted: the fit at each window's (n, U),
+           averaged); t_l(1) from the per-slot kernel
+  chosen   {layer: {n: [{U, median_s: {kernel: s}, iqr_s: {kernel: s}}]}}   raw medians on chosen ids
+  windows  {layer: {n: [{start, U, median_s, iqr_s}]}}   raw medians on recorded windows (start: first token)
+  trace    {path, synthetic, source, note, num_tokens, num_documents, sha1}
+  protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr}  timer: "perf_counter" (cpu)
+           or "cuda events"
+  skipped_kernels {kernel: why}: kernels `--kernels all` left out because they cannot run at this dtype
+  noisy    {threshold, count, total, worst}: timings whose IQR exceeds threshold x median
+  elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
+Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on
+the CPU against a streaming read, and load_bench fills in those two keys (LEGACY_KEYS).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from moespec import MoespecError
+from moespec.defaults import DEVICE_KINDS, DTYPES
+from moespec.formats.files import Record, read_json
+
+FORMAT_NAME = "moespec-bench"
+FORMAT_VERSION = 1
+# what a file written before `bench --device` was measured on: every such bench ran on the CPU
+LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read"}
+
+
+# ---- bench.json --------------------------------------------------------------------------------------------
+# key -> type(s) every bench.json must carry (external checks read them)
+REQUIRED = {"format_version": int, "model": str, "device": str, "dtype": str, "ceiling_gbps": (int, float),
+            "layers": list, "n": list, "kernels": dict, "r": dict, "u": dict, "eps": dict,
+            "crossover": (int, type(None)), "fits": dict, "per_layer": dict, "chosen": dict, "provenance": dict}
+
+
+def _fail(path: str, problem: str) -> MoespecError:
+    return MoespecError(f"{path}: {problem}")
+
+
+def _check_n_map(path: str, name: str, values: Any, ns: list[int]) -> None:
+    """A {n: positive number} map whose keys are strings of timed pass sizes."""
+    if not isinstance(values, dict):
+        raise _fail(path, f"{name} must be an object keyed by n")
+    for key, value in values.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) in ns):
+            raise _fail(path, f"{name} has key {key!r}, not a timed pass size n in {ns}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise _fail(path, f"{name}[{key}] = {value!r} must be a positive number")
+
+
+class Bench(Record):
+    """A validated bench.json: read it as its JSON object; the typed accessors are what a plan decides on."""
+
+    @property
+    def ceiling_gbps(self) -> float:
+        return float(self["ceiling_gbps"])
+
+    @property
+    def r(self) -> dict[int, float]:
+        """r(n) = beta_dedup / beta_slot by pass size."""
+        return self.n_map(self["r"])
+
+    @property
+    def u(self) -> dict[int, float]:
+        """u(n) = E_dedup / E_slot by pass size."""
+        return self.n_map(self["u"])
+
+
+def load_bench(path: str | Path) -> Bench:
+    """Read and validate a bench.json (format, version, required keys and types, n ranges, positive bandwidths,
+    model name, device kind); returns the document as stored (n keys are strings), an older file with the
+    LEGACY_KEYS it lacks. Raises MoespecError naming the file."""
+    where = str(path)
+    doc = read_json(path, "bench")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise _fail(where, f"not a moespec bench file (format is not {FORMAT_NAME!r})")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise _fail(where, f"bench format version {doc.get('format_version')!r} is not supported (this moespec "
+                           f"reads version {FORMAT_VERSION})")
+    for key, kind in REQUIRED.items():
+        if key not in doc:
+            raise _fail(where, f"missing key {key!r}")
+        if isinstance(doc[key], bool) or not isinstance(doc[key], kind):
+            raise _fail(where, f"{key} has the wrong type ({type(doc[key]).__name__})")
+    if not doc["model"] or (isinstance(doc.get("spec"), dict) and doc["spec"].get("name") != doc["model"]):
+        raise _fail(where, f"model name {doc['model']!r} is empty or differs from its spec's")
+    if doc["dtype"] not in DTYPES:
+        raise _fail(where, f"dtype {doc['dtype']!r} is not one of {', '.join(DTYPES)}")
+    for key, value in LEGACY_KEYS.items():
+        doc.setdefault(key, value)
+    if doc["device_kind"] not in DEVICE_KINDS:
+        raise _fail(where, f"device_kind {doc['device_kind']!r} is not one of {', '.join(DEVICE_KINDS)}")
+    if not isinstance(doc["ceiling_kind"], str) or not doc["ceiling_kind"]:
+        raise _fail(where, f"ceiling_kind {doc['ceiling_kind']!r} must name what the ceiling measures")
+    ns = doc["n"]
+    if not ns or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in ns):
+        raise _fail(where, f"n must list pass sizes >= 1, got {ns!r}")
+    if not doc["ceiling_gbps"] > 0:
+        raise _fail(where, f"ceiling_gbps = {doc['ceiling_gbps']!r} must be positive")
+    for name, entry in doc["kernels"].items():
+        if not isinstance(entry, dict):
+            raise _fail(where, f"kernels.{name} must be an object")
+        _check_n_map(where, f"kernels.{name}.beta_gbps", entry.get("beta_gbps"), ns)
+    _check_n_map(where, "r", doc["r"], ns)
+    _check_n_map(where, "u", doc["u"], ns)
+    for kernel, value in doc["eps"].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise _fail(where, f"eps[{kernel}] = {value!r} must be a number >= 0")
+    if doc["crossover"] is not None and doc["crossover"] not in ns:
+        raise _fail(where, f"crossover {doc['crossover']!r} is not a timed pass size")
+    return Bench(doc, path)

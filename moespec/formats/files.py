@@ -1,0 +1,152 @@
+"""What every result file shares: atomic writes (temp file + rename, so a crash never leaves a half-written
+result), the one JSON reader, the provenance block every result file carries (device, dtype, versions, time, the
+exact command), the one walker of dotted keys with its type check, and `Record`, the typed record a format's loader
+returns (the validated document, read like the JSON object it is)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from moespec import MoespecError, __version__
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a temporary path in the target's folder, then rename it onto `path`.
+
+    The rename is atomic on POSIX, so readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomically write `obj` as indented JSON."""
+    return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=1) + "\n"))
+
+
+def read_json_bytes(path: str | os.PathLike, what: str) -> tuple[Any, bytes]:
+    """The JSON document in `path` (a `what` file) and the exact bytes it was read from (for a sha256); one line
+    naming the file when it is missing or unreadable."""
+    try:
+        raw = Path(path).read_bytes()
+        return json.loads(raw.decode("utf-8")), raw
+    except FileNotFoundError:
+        raise MoespecError(f"{path}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The JSON document in `path` (a `what` file); one line naming the file when it is missing or unreadable."""
+    return read_json_bytes(path, what)[0]
+
+
+def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
+    """Who made a result and how: device, dtype, library versions, UTC timestamp and the exact command."""
+    versions = {"moespec": __version__, "python": platform.python_version()}
+    for name in ("numpy", "torch", "transformers", "triton"):
+        module = sys.modules.get(name)
+        if module is not None:
+            versions[name] = getattr(module, "__version__", "?")
+    if "torch" in sys.modules and sys.modules["torch"].version.cuda:
+        versions["cuda"] = sys.modules["torch"].version.cuda
+    return {
+        "device": device,
+        "host": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores",
+        "dtype": dtype,
+        "versions": versions,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+
+NUMBER = (int, float)
+
+
+def field(doc: Any, where: str, keys: str, kind: type | tuple[type, ...] = NUMBER) -> Any:
+    """doc[k1][k2]... for keys "k1.k2..."; one line naming the file (`where`) and the key when it is absent or of the
+    wrong kind (bools are not numbers; numbers must be finite)."""
+    node = doc
+    parts = keys.split(".")
+    for i, key in enumerate(parts):
+        if not isinstance(node, Mapping) or key not in node:
+            raise MoespecError(f"{where}: missing key {'.'.join(parts[:i + 1])!r}")
+        node = node[key]
+    if isinstance(node, bool) or not isinstance(node, kind) or (kind is NUMBER and not np.isfinite(node)):
+        raise MoespecError(f"{where}: {keys} has the wrong type or value ({node!r})")
+    return node
+
+
+def is_number(x: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(x, NUMBER) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+class Record(dict):
+    """A validated result document and the file it came from. It is the JSON object itself (a dict: read it as
+    `rec["key"]`, write it with json); a format's subclass adds typed accessors for what later stages decide on."""
+
+    def __init__(self, doc: dict[str, Any], path: str | os.PathLike | None = None) -> None:
+        super().__init__(doc)
+        self.path = None if path is None else str(path)
+
+    @property
+    def model(self) -> str:
+        """The model the file is of (every moespec result file names it)."""
+        return self["model"]
+
+    @property
+    def device_kind(self) -> str | None:
+        return self.get("device_kind")
+
+    @property
+    def dtype(self) -> str | None:
+        return self.get("dtype")
+
+    @property
+    def crossover(self) -> int | None:
+        """The file's crossover n (bench, plan, runs), None where there is none."""
+        return self.get("crossover")
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        """The document as a plain dict."""
+        return dict(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path or 'in memory'})"
+
+    @staticmethod
+    def n_map(values: Mapping[str, Any]) -> dict[int, Any]:
+        """A JSON object keyed by pass size or draft length ("1", "2", ...) with int keys."""
+        return {int(n): v for n, v in values.items()}
+
+
+def timestamp(doc: Any, where: str) -> datetime:
+    """When a result file was made: its provenance timestamp (ISO; UTC where it names no zone)."""
+    text = field(doc, where, "provenance.timestamp", str)
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise MoespecError(f"{where}: provenance.timestamp {text!r} is not an ISO time") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)  # moespec writes UTC

@@ -1,0 +1,138 @@
+"""plan.json: the results file of `moespec plan`, its typed record `Plan` and its only loader `load_plan`, which
+validates it; every reader (run --plan, score, report, demo) goes through it. What the numbers mean is in
+moespec.predict.plan, which builds it.
+
+plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
+  model, device, device_kind, dtype   the bench's ("cpu" or "cuda": a plan holds for the device its bench timed)
+  eps (engine eps: max over slot and dedup), delta = eps/(1-eps) (relative error of each expert-op time (17)),
+  kmax, tau1_s, draft_time_s [h(0..kmax)]
+  coverage     {timed_layers, num_moe_layers (L, the MoE layers the sums cover), model_moe_layers, scale, rule}
+  crossover    n or null;  crossover_measured: the same on the measured-time version
+  kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
+  tau_hat      {slot|dedup|auto: {n: s}} prediction (22);  tau_measured: {slot|dedup: {n: s}}
+  saving       {n: {predicted_s, measured_s, band_s, lo_s, hi_s, u, r, margin, decided, byte_model, two_bandwidth}}
+  delta_steps  {version: {policy: d}}: (1-d) V <= V_hat <= (1+d) V, the delta of the version's bands (21); d
+               is null where the error bound reaches half of V(k) (a noisy bench, a calibration): no band, and
+               that version's rows carry speedup_lo = speedup_hi = null
+  step_times   {policy: [V_hat(0..kmax)]}
+  staircase    {policy: {k_at_zero, step_points: [a_1..a_kmax], intervals: [{k, lo, hi}]}}: k_hat* = k on (lo, hi]
+  table        [{a, policy, version, k_hat, speedup, speedup_lo, speedup_hi}] per acceptance of the paper's grid
+               and policy; version "prediction" (a row without it is one)
+  reuse_threshold {depth, rho_bar: {k: v}, rho_star: {a: {k: v}}, k_hat_bytes: {a: k}}  (16)
+  runs         null, or {path, moe_layers, depth} of --runs; then the calibrated version too:
+  tau_calibrated {slot|dedup|auto: {n: s}};  saving.{n}.calibrated_s;  crossover_calibrated (the last two equal
+               the predicted ones: the calibration adds the same measured time to both kernels)
+  step_times_calibrated, staircase_calibrated   as step_times and staircase
+  table_calibrated  rows as table's with version "calibrated", speedup_lo and speedup_hi null where d is null: a
+               list of its own, so that a reader that keys `table` by (policy, a) keeps reading the prediction
+  provenance
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from moespec import MoespecError, theory
+from moespec.defaults import KERNELS, POLICIES
+from moespec.formats.files import Record, is_number, read_json_bytes
+
+FORMAT_NAME = "moespec-plan"
+
+FORMAT_VERSION = 1
+
+# key -> type(s) every plan.json must carry (the engine and external checks read them)
+REQUIRED = {"format_version": int, "model": str, "device": str, "dtype": str, "eps": float, "kmax": int,
+            "crossover": (int, type(None)), "kernel_by_n": dict, "tau_hat": dict, "saving": dict,
+            "staircase": dict, "table": list, "provenance": dict}
+
+ROW_KEYS = ("a", "policy", "k_hat", "speedup", "speedup_lo", "speedup_hi")
+
+# table key -> the version of its rows, and the verify times they come from
+TABLES = {"table": ("prediction", "tau_hat"), "table_calibrated": ("calibrated", "tau_calibrated")}
+
+def _check_rows(rows: Any, key: str, version: str, kmax: int) -> str | None:
+    """The first problem with the table rows under `key`, or None."""
+    if not isinstance(rows, list):
+        return f"{key} must be a list of rows"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or any(k not in row for k in ROW_KEYS):
+            return f"{key}[{i}] must carry {', '.join(ROW_KEYS)}"
+        if row.get("version", "prediction") != version:
+            return f"{key}[{i}]: version {row.get('version')!r} is not {version!r}"
+        if row["policy"] not in POLICIES or not (is_number(row["a"]) and 0 <= row["a"] < 1):
+            return f"{key}[{i}]: policy {row['policy']!r} or acceptance {row['a']!r} is invalid"
+        if isinstance(row["k_hat"], bool) or not isinstance(row["k_hat"], int) or not 0 <= row["k_hat"] <= kmax:
+            return f"{key}[{i}]: k_hat {row['k_hat']!r} is outside 0..{kmax}"
+        if row["speedup_lo"] is None and row["speedup_hi"] is None:
+            continue  # no band: the step times' error bound reaches half of V(k) (a noisy bench, a calibration)
+        if not all(is_number(row[k]) for k in ROW_KEYS[3:]) or \
+                not row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"]:
+            return f"{key}[{i}]: need speedup_lo <= speedup <= speedup_hi"
+    return None
+
+def _check_plan(doc: Any) -> str | None:
+    """The first problem with a plan document, or None."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        return f"not a moespec plan file (format is not {FORMAT_NAME!r})"
+    if doc.get("format_version") != FORMAT_VERSION:
+        return f"plan format version {doc.get('format_version')!r} is not supported (this moespec reads " \
+               f"version {FORMAT_VERSION})"
+    for key, kind in REQUIRED.items():
+        if key not in doc:
+            return f"missing key {key!r}"
+        if isinstance(doc[key], bool) or not isinstance(doc[key], kind):
+            return f"{key} has the wrong type ({type(doc[key]).__name__})"
+    kmax, ns = doc["kmax"], {str(n) for n in range(1, doc["kmax"] + 2)}
+    if kmax < 1 or not 0 <= doc["eps"] < theory.EPS_LIMIT:
+        return f"kmax = {kmax} must be >= 1 and eps = {doc['eps']} in [0, 1/2)"
+    if doc["crossover"] is not None and not 2 <= doc["crossover"] <= kmax + 1:
+        return f"crossover {doc['crossover']} is outside n = 2..{kmax + 1}"
+    if set(doc["kernel_by_n"]) != ns or not all(v in KERNELS for v in doc["kernel_by_n"].values()):
+        return f"kernel_by_n must map every n = 1..{kmax + 1} to one of {', '.join(KERNELS)}"
+    for table, (version, times) in TABLES.items():
+        if table not in doc and times not in doc:
+            continue  # a plan made without --runs has no calibrated version
+        for p in POLICIES:
+            per_n = doc.get(times, {}).get(p)
+            if not isinstance(per_n, dict) or set(per_n) != ns or \
+                    not all(is_number(v) and v > 0 for v in per_n.values()):
+                return f"{times}.{p} must give a positive time for every n = 1..{kmax + 1}"
+        problem = _check_rows(doc.get(table), table, version, kmax)
+        if problem:
+            return problem
+    return None
+
+class Plan(Record):
+    """A validated plan.json: read it as its JSON object; the typed accessors are what an engine and a score use.
+    `sha256` is of the exact bytes read (a run records it; score checks the runs used this plan)."""
+
+    def __init__(self, doc: dict[str, Any], path: str | Path | None = None, sha256: str | None = None) -> None:
+        super().__init__(doc, path)
+        self.sha256 = sha256
+
+    @property
+    def kmax(self) -> int:
+        return self["kmax"]
+
+    @property
+    def kernel_by_n(self) -> dict[int, str]:
+        """The AUTO policy: the kernel to run at each pass size n."""
+        return self.n_map(self["kernel_by_n"])
+
+    @property
+    def moe_layers(self) -> int | None:
+        """The MoE layers the plan's sums cover (None in a plan that does not say)."""
+        coverage = self.get("coverage")
+        return coverage.get("num_moe_layers") if isinstance(coverage, dict) else None
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan.json (format, version, keys and types, kernel names, n ranges, the verify times
+    and table rows of each version present); raises MoespecError naming the file and the problem."""
+    doc, raw = read_json_bytes(path, "plan")
+    problem = _check_plan(doc)
+    if problem:
+        raise MoespecError(f"{path}: {problem}")
+    return Plan(doc, path, hashlib.sha256(raw).hexdigest())

@@ -1,0 +1,125 @@
+"""runs.json: the results file of `moespec run` (the engine's whole-model measurements), its typed record `Runs`
+and its only loader `load_runs`; every reader (plan, score, report, demo) goes through it. The loader checks what
+every reader needs (format, version, identity, depth); each accessor checks the keys it reads, where it reads them,
+so a verify-only run (no throughput) is as valid as a full one.
+
+runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
+  model, spec, source, moe_layers, device, device_kind, dtype, depth, prompts, tokens, replay (trace or null),
+  plan {path, sha256} or null, kernel_by_n (the AUTO policy used, or null)
+  verify_time_s       {policy: {n: median s}}        verify_time_ci_s {policy: {n: [lo, hi]}} (95% bootstrap)
+  verify_samples_s    {policy: {n: [s, ...]}}
+  saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
+  crossover           smallest n >= 2 from which the median saving stays positive (null if none)
+  auto_ratio          {n: tau_auto(n) / min(tau_slot(n), tau_dedup(n))} when a plan gave the AUTO policy
+  throughput          [{policy, k, a, tokens_per_s, realized_acceptance, tokens_per_step, G_a, steps,
+                        step_time_s, verify_time_s, overhead_share, greedy_exact, greedy_match, mismatches}]
+                      greedy_exact: the tokens equal plain decoding's; greedy_match: they do, or they first differ
+                      where plain decoding's two largest logits are exactly equal (a tie in the model's dtype,
+                      bf16 logits tie often on a random-weight model: either token is the greedy choice)
+                      mismatches: [{prompt, position, plain_top2_gap}] where the tokens first differ from plain
+                      decoding's and the gap between plain decoding's two largest logits there (a near tie,
+                      which rounding in a pass of another size can flip, or a real disagreement)
+  draft_model, throughput_draft_model   with --draft-model: its path and the rows above at a = null (the
+                      realized acceptance is the model's), drafted by it instead of the oracle
+  draft_time_s        {k: median draft + host time per step}, the h(k) `moespec plan --draft-time` reads
+  overhead_share      median over cells of the engine's share of step time
+  greedy_match, greedy_exact   over every cell (above)
+  provenance          device, dtype, versions, timestamp (the start of the run), command
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moespec import MoespecError
+from moespec.defaults import POLICIES
+from moespec.formats.files import NUMBER, Record, field, is_number, read_json, timestamp
+
+FORMAT_NAME = "moespec-runs"
+FORMAT_VERSION = 1
+IDENTITY = ("model", "device_kind", "dtype")  # runs speak only for their own model, device kind and dtype
+
+
+class Runs(Record):
+    """A validated runs.json: read it as its JSON object; the accessors below check what they return."""
+
+    @property
+    def where(self) -> str:
+        return self.path or "runs"
+
+    def check_identity(self, other: Mapping[str, Any], other_where: str, purpose: str) -> None:
+        """Refuse runs of another model, device kind or dtype than `other` (a bench or a plan)."""
+        for key in IDENTITY:
+            if self.get(key) != other.get(key):
+                raise MoespecError(f"{self.where}: {key} {self.get(key)!r} differs from {other_where}'s "
+                                   f"{other.get(key)!r}: {purpose}")
+
+    @property
+    def moe_layers(self) -> int:
+        """The MoE layers of the model the engine ran."""
+        return self._integer("moe_layers", 1)
+
+    @property
+    def depth(self) -> int:
+        return self._integer("depth", 0)
+
+    def _integer(self, key: str, least: int) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise MoespecError(f"{self.where}: {key} = {value!r} must be an integer >= {least}")
+        return value
+
+    @property
+    def started(self) -> datetime:
+        """When the runs started (their provenance timestamp)."""
+        return timestamp(self, self.where)
+
+    def series(self, key: str, index: range, positive: bool) -> np.ndarray:
+        """self[key] ("verify_time_s.slot" by n, "draft_time_s" by k) at every index, seconds: positive, or >= 0."""
+        try:
+            node = field(self, self.where, key, dict)
+        except MoespecError:
+            raise MoespecError(f"{self.where}: no {key} (an object of seconds keyed by n or k)") from None
+        missing = [i for i in index if str(i) not in node]
+        if missing:
+            raise MoespecError(f"{self.where}: {key} lacks {', '.join(map(str, missing))}; the plan needs "
+                               f"{index[0]}..{index[-1]} (--kmax {index[-1] - index[0]})")
+        for i in index:
+            value = node[str(i)]
+            if not (is_number(value) and (value > 0 if positive else value >= 0)):
+                raise MoespecError(f"{self.where}: {key}.{i} = {value!r} must be a "
+                                   f"{'positive' if positive else 'non-negative'} time in seconds")
+        return np.array([node[str(i)] for i in index], dtype=float)
+
+    def throughput(self) -> list[dict[str, Any]]:
+        """The oracle-draft throughput rows, each with a policy, k >= 0, a in [0, 1) and tokens_per_s > 0."""
+        rows = field(self, self.where, "throughput", list)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or row.get("policy") not in POLICIES:
+                raise MoespecError(f"{self.where}: throughput[{i}] needs a policy, one of {', '.join(POLICIES)}")
+            k, a, t = (field(row, f"{self.where}: throughput[{i}]", key, kind)
+                       for key, kind in (("k", int), ("a", NUMBER), ("tokens_per_s", NUMBER)))
+            if k < 0 or not 0 <= a < 1 or t <= 0:
+                raise MoespecError(f"{self.where}: throughput[{i}] needs k >= 0, a in [0, 1) and tokens_per_s > 0")
+        return rows
+
+
+def load_runs(path: str | Path) -> Runs:
+    """Read a runs.json and check what every reader needs: a JSON object of this format and version, naming its
+    model, device kind and dtype, with an integer depth >= 0. Raises MoespecError naming the file."""
+    doc = read_json(path, "runs")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise MoespecError(f"{path}: not a moespec runs file (format is not {FORMAT_NAME!r})")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise MoespecError(f"{path}: runs format version {doc.get('format_version')!r} is not supported (this "
+                           f"moespec reads version {FORMAT_VERSION})")
+    runs = Runs(doc, path)
+    for key in IDENTITY:
+        field(runs, str(path), key, str)
+    runs._integer("depth", 0)  # every reader uses or shows the depth
+    return runs

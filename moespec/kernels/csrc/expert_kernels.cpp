@@ -1,0 +1,485 @@
+// Native expert kernels of moespec: the per-slot and the deduplicating expert operation of one MoE layer,
+// fp32 or bf16 weights, AVX2 + FMA, OpenMP threads sharing the rows of every weight matrix.
+// The physics, the shape legend and the Python entry point are in moespec/kernels/__init__.py; this file is loaded
+// through ctypes (plain C ABI, no torch headers), so it builds in seconds with g++ alone.
+//
+// One "group" = one expert applied to a list of (token, router weight) entries:
+//   slot mode  : one group per slot (t, j), in token-major order  -> an expert is streamed once per slot;
+//   dedup mode : one group per distinct expert, ascending id       -> an expert is streamed once per pass.
+// Per group, phase 1 streams the gate and up rows (length d) once, applying each row chunk to every entry's
+// token with the accumulators in registers, then the activation; phase 2 streams the down rows (length f)
+// once and adds weight * (down h + bias) into each entry's output row. Both phases are cut into row tasks
+// that the threads take in turn (see run). The same code runs both modes, so neither is handicapped: they
+// differ only in how the slots are grouped.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+typedef uint16_t bf16;
+
+// fp32 lanes in one AVX2 register.
+constexpr int kLanes = 8;
+// Register tile: kTileRows weight rows x up to kTileTokens tokens, 12 accumulators plus the tokens' inputs
+// and one widened weight vector in the 16 ymm registers. Each input load then feeds 4 FMAs and each
+// weight load 3, which keeps the two FMA pipes busy (a 1 x 8 tile, one load per FMA, runs at ~half the
+// rate); and 4 rows of a 4 KiB-strided matrix still leave L1 ways free (8 rows would conflict in one set).
+constexpr int kTileRows = 4;
+constexpr int kTileTokens = 3;
+// Rows per work chunk (a multiple of kTileRows). While a chunk is computed, the same columns of the next
+// chunk are prefetched into L2, one cache line per line consumed.
+constexpr int kRowChunk = 8;
+// Row tasks start on multiples of this many rows: whole row chunks, and whole 16-element blocks of the
+// activation h, which each phase-1 task packs for its own rows.
+constexpr int kSplitAlign = 16;
+// Columns per block: the fp32 inputs of all of a group's tokens over one column block fit in 16 KiB, half
+// of L1, beside the rows of the tile being applied to them (a one-token group takes a whole 4096-wide row).
+constexpr int64_t kColBlockBytes = 16 << 10;
+// Groups of at most this many tokens prefetch their next row chunk. Up to ~6 tokens a core's tiles (~30
+// GMAC/s) consume weights faster than its share of DRAM bandwidth delivers them, so the loads must be in
+// flight early; beyond, the pass is compute-bound, the hardware prefetcher keeps up, and the prefetch
+// instructions would only take issue slots from the FMAs (~30% measured on L2-resident rows).
+constexpr int64_t kPrefetchMaxTokens = 6;
+// Padding of the packed input rows: strides that are multiples of 4 KiB would put the same column of every
+// token in the same L1 set.
+constexpr int64_t kPadFloats = 16;
+// Weights per row task (~0.5 MiB, ~8 tasks per OLMoE matrix): small enough that both threads share every
+// matrix evenly and a descheduled thread holds back little, large enough that the per-task start (a cold
+// first row chunk, two atomic operations) costs well under 1%.
+constexpr int64_t kTaskBytes = 512 << 10;
+// Groups a thread may run ahead of the slowest (ring slots of the activation h).
+constexpr int64_t kLookahead = 4;
+// Busy-wait rounds before a waiting thread starts yielding its core.
+constexpr int kSpinsBeforeYield = 1 << 12;
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(bf16 v) {
+    uint32_t u = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// Eight consecutive values as fp32 (biases, in natural order).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// Weight formats. A step is the columns one 256-bit weight load covers; it widens to kVecs fp32 vectors,
+// produced one at a time (half(p, v)) so a tile holds a single widened weight vector.
+template <class W>
+struct Fmt;
+
+template <>
+struct Fmt<float> {
+    static constexpr int kStep = 8, kVecs = 1;
+    static inline __m256 half(const float* p, int) { return _mm256_loadu_ps(p); }
+    static void pack(const float* src, int64_t lo, int64_t hi, int64_t, float* dst) {
+        std::copy(src + lo, src + hi, dst + lo);
+    }
+};
+
+// bf16 is the top half of an fp32. One 256-bit load holds 16 bf16, i.e. 8 dwords of (even, odd) element
+// pairs: shifting each dword left by 16 gives the even elements as fp32, masking off its low half gives
+// the odd ones, two cheap in-lane operations instead of a cross-lane widening. The inputs the weights
+// multiply are packed to match: within every full 16-column block, even columns first, then odd ones.
+template <>
+struct Fmt<bf16> {
+    static constexpr int kStep = 16, kVecs = 2;
+    static inline __m256 half(const bf16* p, int v) {
+        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm256_castsi256_ps(v == 0 ? _mm256_slli_epi32(raw, 16)
+                                          : _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    }
+    // Packs columns [lo, hi) of a length-K vector; lo is a multiple of kStep. A partial last block stays.
+    static void pack(const float* src, int64_t lo, int64_t hi, int64_t K, float* dst) {
+        int64_t b = lo;
+        for (; b + kStep <= std::min(hi, K / kStep * kStep); b += kStep)
+            for (int i = 0; i < kStep / 2; ++i) {
+                dst[b + i] = src[b + 2 * i];
+                dst[b + kStep / 2 + i] = src[b + 2 * i + 1];
+            }
+        std::copy(src + b, src + hi, dst + b);
+    }
+};
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// e^x for fp32 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative
+// error below 2e-7), 2^n built in the exponent field. Inputs are clamped to the normal fp32 range.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts, exact product
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+enum Act { kSilu = 0, kGptOss = 1 };
+
+struct ActParams {
+    int kind;
+    float alpha;  // gpt-oss: sigmoid slope
+    float limit;  // gpt-oss: clamp
+};
+
+// h = silu(g) * u, or gpt-oss: g' = min(g, limit), u' = clamp(u, -limit, limit), h = (u' + 1) g' sigmoid(alpha g').
+inline __m256 act8(__m256 g, __m256 u, const ActParams& a) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    if (a.kind == kSilu) {
+        __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+    }
+    const __m256 lim = _mm256_set1_ps(a.limit);
+    g = _mm256_min_ps(g, lim);
+    u = _mm256_max_ps(_mm256_min_ps(u, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+    __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_mul_ps(_mm256_set1_ps(-a.alpha), g))));
+    return _mm256_mul_ps(_mm256_add_ps(u, one), _mm256_mul_ps(g, sig));
+}
+
+inline float act1(float g, float u, const ActParams& a) {
+    if (a.kind == kSilu) return g / (1.0f + std::exp(-g)) * u;
+    g = std::min(g, a.limit);
+    u = std::max(std::min(u, a.limit), -a.limit);
+    return (u + 1.0f) * (g / (1.0f + std::exp(-a.alpha * g)));
+}
+
+// res[r * ldr + t] += <row r of w, xs[t]> over columns [k0, k1), for R rows (stride ldw) and G packed token
+// vectors. Each step widens one weight vector at a time (per row, per half) against the inputs of all G
+// tokens held in registers. A one-token tile keeps a separate accumulator per half: 8 FMA chains, not 4.
+// With `prefetch`, each cache line of weights read also requests the line kRowChunk rows further down
+// (the same columns of the next row chunk) into L2, so the next chunk finds its rows there.
+template <class W, int R, int G>
+inline void dot_tile(const W* w, int64_t ldw, const float* const* xs, int64_t k0, int64_t k1, bool prefetch,
+                     float* res, int64_t ldr) {
+    using F = Fmt<W>;
+    constexpr int V = F::kVecs;
+    constexpr int A = R * G * V <= 8 ? V : 1;  // accumulators per (row, token)
+    constexpr int64_t kLineCols = 64 / sizeof(W);
+    __m256 acc[R][G][A];
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
+            _Pragma("GCC unroll 2") for (int a = 0; a < A; ++a) acc[r][t][a] = _mm256_setzero_ps();
+    auto step = [&](int64_t k) __attribute__((always_inline)) {
+        _Pragma("GCC unroll 2") for (int v = 0; v < V; ++v) {
+            __m256 xv[G];
+            _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) xv[t] = _mm256_loadu_ps(xs[t] + k + v * kLanes);
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
+                const __m256 wv = F::half(w + r * ldw + k, v);
+                _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
+                    acc[r][t][v % A] = _mm256_fmadd_ps(wv, xv[t], acc[r][t][v % A]);
+            }
+        }
+    };
+    int64_t k = k0;
+    if (prefetch)
+        for (; k + kLineCols <= k1; k += kLineCols) {
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(w + (r + kRowChunk) * ldw + k), _MM_HINT_T1);
+            _Pragma("GCC unroll 4") for (int64_t s = 0; s < kLineCols; s += F::kStep) step(k + s);
+        }
+    for (; k + F::kStep <= k1; k += F::kStep) step(k);
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) {
+            __m256 sum = acc[r][t][0];
+            if constexpr (A == 2) sum = _mm256_add_ps(sum, acc[r][t][1]);
+            float s = hsum(sum);
+            for (int64_t kk = k; kk < k1; ++kk) s += to_f32(w[r * ldw + kk]) * xs[t][kk];
+            res[r * ldr + t] += s;
+        }
+}
+
+template <class W, int R>
+void dot_tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, bool pf,
+                     float* res, int64_t ldr) {
+    static_assert(kTileTokens == 3, "dispatches token blocks of 1 to 3");
+    switch (G) {
+        case 1: dot_tile<W, R, 1>(w, ldw, xs, k0, k1, pf, res, ldr); break;
+        case 2: dot_tile<W, R, 2>(w, ldw, xs, k0, k1, pf, res, ldr); break;
+        default: dot_tile<W, R, 3>(w, ldw, xs, k0, k1, pf, res, ldr); break;
+    }
+}
+
+// y[t * ldy + r - lo] = <row r of w, xs[t]> over K columns, for rows [lo, hi) and any number G of packed
+// token vectors (res: scratch of kRowChunk * G floats). Rows are streamed once, chunk by chunk. Within a
+// chunk the columns go in blocks small enough that the inputs of all G tokens stay in L1 with a tile's
+// rows; each tile of kTileRows rows is applied to the tokens in blocks of at most kTileTokens, as even as
+// possible, the blocks after the first reading the tile's weights from L1.
+template <class W>
+void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const float* const* xs, int64_t G, float* y,
+                 int64_t ldy, float* res) {
+    constexpr int64_t kLineCols = 64 / sizeof(W);
+    const int64_t blocks = (G + kTileTokens - 1) / kTileTokens;
+    const int64_t per_block = (G + blocks - 1) / blocks;
+    const int64_t kb = std::max(kLineCols, kColBlockBytes / (4 * G) / kLineCols * kLineCols);
+    for (int64_t r0 = lo; r0 < hi; r0 += kRowChunk) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRowChunk, hi - r0));
+        // Prefetch the next chunk (first token block only) while this one is read, if it is ours and whole.
+        const bool pf = G <= kPrefetchMaxTokens && r0 + 2 * kRowChunk <= hi;
+        std::fill(res, res + kRowChunk * G, 0.0f);
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+            const int64_t k1 = std::min(K, k0 + kb);
+            int r = 0;
+            for (; r + kTileRows <= rows; r += kTileRows)
+                for (int64_t b = 0; b < G; b += per_block)
+                    dot_tile_tokens<W, kTileRows>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
+                                                  k0, k1, pf && b == 0, res + r * G + b, G);
+            for (; r < rows; ++r)
+                for (int64_t b = 0; b < G; b += per_block)
+                    dot_tile_tokens<W, 1>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
+                                          k0, k1, pf && b == 0, res + r * G + b, G);
+        }
+        for (int r = 0; r < rows; ++r)
+            for (int64_t t = 0; t < G; ++t) y[t * ldy + r0 - lo + r] = res[r * G + t];
+    }
+}
+
+// Rows per task of a matrix with rows of K weights: about kTaskBytes of weights, a multiple of kSplitAlign.
+template <class W>
+int64_t task_rows(int64_t K) {
+    const int64_t rows = kTaskBytes / std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
+    return std::max<int64_t>(kSplitAlign, rows / kSplitAlign * kSplitAlign);
+}
+
+inline bf16 to_bf16(float v) {  // round to nearest even, as torch does; NaN stays NaN
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
+    return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// A vector of fp32 or bf16 values (dtype code 0 or 1), read or written as fp32.
+struct Vec {
+    void* p;
+    int dtype;
+    float get(int64_t i) const {
+        return dtype == 0 ? static_cast<const float*>(p)[i] : to_f32(static_cast<const bf16*>(p)[i]);
+    }
+    void set(int64_t i, float v) const {
+        if (dtype == 0) static_cast<float*>(p)[i] = v;
+        else static_cast<bf16*>(p)[i] = to_bf16(v);
+    }
+};
+
+struct Problem {
+    int64_t n, m, N, d, f;
+    Vec x;               // [n, d]
+    const int64_t* ids;  // [n, m]
+    Vec rw;              // [n, m] router weights
+    Vec out;             // [n, d], written
+    ActParams act;
+};
+
+// The expert operation as a dataflow of row tasks. Group g has T1 phase-1 tasks (a share of the gate and
+// up rows: dot products, activation, packed into h[g % kLookahead]) and T2 phase-2 tasks (a share of the
+// down rows, added into the thread's own output buffer). Threads claim tasks in group order from two
+// shared counters: a phase-2 task as soon as all phase-1 tasks of its group are done, else the next
+// phase-1 task if its h slot is free (phase 2 of group g - kLookahead done). So the threads split the
+// rows of every matrix between them like a row-parallel loop, but with no barrier: a thread that the OS
+// deschedules holds up one task, not the pass, while the other one runs ahead by up to kLookahead groups.
+template <class W>
+int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, const W* down_bias, bool dedup,
+        int nthreads) {
+    using F = Fmt<W>;
+    const int64_t n = P.n, m = P.m, N = P.N, d = P.d, f = P.f, slots = n * m;
+    for (int64_t s = 0; s < slots; ++s)
+        if (P.ids[s] < 0 || P.ids[s] >= N) return 1;
+
+    // Groups as (expert, [begin, end) into the entry list); entries are slot indices s = t * m + j.
+    std::vector<int64_t> g_expert, g_begin, entries(slots);
+    if (dedup) {  // counting sort by expert id: ascending experts, tokens in order inside each
+        std::vector<int64_t> count(N + 1, 0);
+        for (int64_t s = 0; s < slots; ++s) ++count[P.ids[s] + 1];
+        for (int64_t e = 0; e < N; ++e) count[e + 1] += count[e];
+        std::vector<int64_t> pos(count.begin(), count.end() - 1);
+        for (int64_t s = 0; s < slots; ++s) entries[pos[P.ids[s]]++] = s;
+        for (int64_t e = 0; e < N; ++e)
+            if (count[e + 1] > count[e]) {
+                g_expert.push_back(e);
+                g_begin.push_back(count[e]);
+            }
+    } else {
+        for (int64_t s = 0; s < slots; ++s) {
+            entries[s] = s;
+            g_expert.push_back(P.ids[s]);
+            g_begin.push_back(s);
+        }
+    }
+    const int64_t groups = static_cast<int64_t>(g_expert.size());
+    g_begin.push_back(slots);
+    int64_t gmax = 0;
+    for (int64_t g = 0; g < groups; ++g) gmax = std::max(gmax, g_begin[g + 1] - g_begin[g]);
+
+    const int64_t ldx = d + kPadFloats, ldh = f + kPadFloats;  // packed input and activation row strides
+    std::vector<float> xin(n * d), xpk(n * ldx), rw(slots);
+    for (int64_t i = 0; i < n * d; ++i) xin[i] = P.x.get(i);
+    for (int64_t s = 0; s < slots; ++s) rw[s] = P.rw.get(s);
+    for (int64_t t = 0; t < n; ++t) F::pack(xin.data() + t * d, 0, d, d, xpk.data() + t * ldx);
+    const int64_t rows1 = task_rows<W>(2 * d), rows2 = task_rows<W>(f);  // phase 1 reads gate and up rows
+    const int64_t T1 = (f + rows1 - 1) / rows1, T2 = (d + rows2 - 1) / rows2;
+    std::vector<float> hbuf(kLookahead * gmax * ldh);
+    std::vector<std::atomic<int64_t>> done1(groups), done2(groups);
+    for (int64_t g = 0; g < groups; ++g) {
+        done1[g].store(0, std::memory_order_relaxed);
+        done2[g].store(0, std::memory_order_relaxed);
+    }
+    std::atomic<int64_t> next1{0}, next2{0};
+    const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nthreads, groups * std::max(T1, T2))));
+    std::vector<float> outs(static_cast<size_t>(nt) * n * d, 0.0f);
+
+#pragma omp parallel num_threads(nt)
+    {
+        float* my_out = outs.data() + static_cast<size_t>(omp_get_thread_num()) * n * d;
+        std::vector<const float*> ptrs(gmax);
+        std::vector<float> graw(gmax * rows1), uraw(gmax * rows1), yraw(gmax * rows2), res(kRowChunk * gmax);
+        int idle = 0;
+        for (;;) {
+            int64_t i2 = next2.load(std::memory_order_relaxed);
+            if (i2 >= groups * T2) break;
+            const int64_t g2 = i2 / T2;
+            if (done1[g2].load(std::memory_order_acquire) == T1) {
+                if (!next2.compare_exchange_weak(i2, i2 + 1, std::memory_order_relaxed)) continue;
+                // Phase 2: down rows [lo, hi) against every entry's h; out[t] += weight * (down h + bias).
+                const int64_t e = g_expert[g2], G = g_begin[g2 + 1] - g_begin[g2];
+                const int64_t* ent = entries.data() + g_begin[g2];
+                const int64_t lo = (i2 % T2) * rows2, hi = std::min(d, lo + rows2);
+                const float* h = hbuf.data() + (g2 % kLookahead) * gmax * ldh;
+                for (int64_t i = 0; i < G; ++i) ptrs[i] = h + i * ldh;
+                matvec_rows(down + e * d * f, f, lo, hi, ptrs.data(), G, yraw.data(), rows2, res.data());
+                const W* bd = down_bias ? down_bias + e * d : nullptr;
+                for (int64_t i = 0; i < G; ++i) {
+                    float* o = my_out + (ent[i] / m) * d;
+                    const float* y = yraw.data() + i * rows2;
+                    const float wgt = rw[ent[i]];
+                    for (int64_t r = lo; r < hi; ++r) o[r] += wgt * (y[r - lo] + (bd ? to_f32(bd[r]) : 0.0f));
+                }
+                done2[g2].fetch_add(1, std::memory_order_release);
+                idle = 0;
+                continue;
+            }
+            int64_t i1 = next1.load(std::memory_order_relaxed);
+            const int64_t g1 = i1 / T1;
+            if (i1 < groups * T1 && (g1 < kLookahead || done2[g1 - kLookahead].load(std::memory_order_acquire) == T2)) {
+                if (!next1.compare_exchange_weak(i1, i1 + 1, std::memory_order_relaxed)) continue;
+                // Phase 1: gate and up rows [lo, hi), each streamed once for all G tokens, then h = act(g, u).
+                const int64_t e = g_expert[g1], G = g_begin[g1 + 1] - g_begin[g1];
+                const int64_t* ent = entries.data() + g_begin[g1];
+                const int64_t lo = (i1 % T1) * rows1, hi = std::min(f, lo + rows1);
+                for (int64_t i = 0; i < G; ++i) ptrs[i] = xpk.data() + (ent[i] / m) * ldx;
+                const W* gate = gate_up + e * 2 * f * d;
+                matvec_rows(gate, d, lo, hi, ptrs.data(), G, graw.data(), rows1, res.data());
+                matvec_rows(gate + f * d, d, lo, hi, ptrs.data(), G, uraw.data(), rows1, res.data());
+                const W* bg = gu_bias ? gu_bias + e * 2 * f : nullptr;
+                const W* bu = gu_bias ? bg + f : nullptr;
+                float* h = hbuf.data() + (g1 % kLookahead) * gmax * ldh;
+                for (int64_t i = 0; i < G; ++i) {
+                    float* gr = graw.data() + i * rows1;  // row j at gr[j - lo]; overwritten by h, then packed
+                    const float* ur = uraw.data() + i * rows1;
+                    int64_t j = lo;
+                    for (; j + kLanes <= hi; j += kLanes) {
+                        __m256 gv = _mm256_loadu_ps(gr + j - lo), uv = _mm256_loadu_ps(ur + j - lo);
+                        if (bg) {
+                            gv = _mm256_add_ps(gv, load8(bg + j));
+                            uv = _mm256_add_ps(uv, load8(bu + j));
+                        }
+                        _mm256_storeu_ps(gr + j - lo, act8(gv, uv, P.act));
+                    }
+                    for (; j < hi; ++j)
+                        gr[j - lo] = act1(gr[j - lo] + (bg ? to_f32(bg[j]) : 0.0f),
+                                          ur[j - lo] + (bu ? to_f32(bu[j]) : 0.0f), P.act);
+                    F::pack(gr, 0, hi - lo, hi - lo, h + i * ldh + lo);
+                }
+                done1[g1].fetch_add(1, std::memory_order_release);
+                idle = 0;
+                continue;
+            }
+            // Nothing claimable: another thread holds the tasks this one waits for.
+            if (++idle < kSpinsBeforeYield) _mm_pause();
+            else std::this_thread::yield();
+        }
+    }
+    for (int64_t i = 0; i < n * d; ++i) {
+        float v = 0.0f;
+        for (int t = 0; t < nt; ++t) v += outs[static_cast<size_t>(t) * n * d + i];
+        P.out.set(i, v);
+    }
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Bumped whenever the signature of an exported function changes (the loader checks it).
+int moespec_abi_version() { return 2; }
+
+// Dtype codes: 0 fp32, 1 bf16. wdtype: weights and biases; xdtype: x and out; rdtype: router weights.
+// mode: 0 per-slot, 1 dedup; act: 0 silu, 1 gpt-oss. All arrays contiguous; ids int64. out [n, d] is
+// written. Returns 0, or 1 on an expert id outside [0, N).
+int moespec_expert_op(int wdtype, int xdtype, int rdtype, int mode, int act, float alpha, float limit, int64_t n,
+                      int64_t m, int64_t N, int64_t d, int64_t f, const void* x, const int64_t* ids, const void* rw,
+                      const void* gate_up, const void* down, const void* gate_up_bias, const void* down_bias,
+                      void* out, int nthreads) {
+    Problem P{n, m, N, d, f, Vec{const_cast<void*>(x), xdtype}, ids, Vec{const_cast<void*>(rw), rdtype},
+              Vec{out, xdtype}, ActParams{act, alpha, limit}};
+    if (wdtype == 0)
+        return run<float>(P, static_cast<const float*>(gate_up), static_cast<const float*>(down),
+                          static_cast<const float*>(gate_up_bias), static_cast<const float*>(down_bias),
+                          mode == 1, nthreads);
+    return run<bf16>(P, static_cast<const bf16*>(gate_up), static_cast<const bf16*>(down),
+                     static_cast<const bf16*>(gate_up_bias), static_cast<const bf16*>(down_bias), mode == 1,
+                     nthreads);
+}
+
+// Streaming read of nbytes (a multiple of 32) split in contiguous parts between threads: the device
+// ceiling. Returns an xor of the data so the loads cannot be optimized away.
+uint64_t moespec_stream_read(const void* buf, int64_t nbytes, int nthreads) {
+    const int64_t vecs = nbytes / 32;
+    const __m256i* p = static_cast<const __m256i*>(buf);
+    uint64_t total = 0;
+#pragma omp parallel num_threads(nthreads) reduction(^ : total)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t per = (vecs + nt - 1) / nt, lo = std::min(vecs, tid * per), hi = std::min(vecs, lo + per);
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t i = lo;
+        for (; i + 4 <= hi; i += 4) {
+            a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+            a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
+            a2 = _mm256_xor_si256(a2, _mm256_loadu_si256(p + i + 2));
+            a3 = _mm256_xor_si256(a3, _mm256_loadu_si256(p + i + 3));
+        }
+        for (; i < hi; ++i) a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
+        __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+        alignas(32) uint64_t lanes[4];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+        total ^= lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+    }
+    return total;
+}
+
+}  // extern "C"

@@ -1,0 +1,129 @@
+"""Loader of moespec's native expert kernels (`moespec/kernels/csrc/expert_kernels.cpp`).
+
+The source exposes a plain C ABI and includes no torch header, so it is compiled with g++ alone in a few
+seconds on first use (no ninja, no pybind11, nothing downloaded) and loaded with ctypes. The shared
+library is cached under `$MOESPEC_CACHE_DIR` (default `~/.cache/moespec/native`), named by a hash of the
+source, the flags and the compiler, and written by an atomic rename so concurrent first uses are safe.
+
+It needs x86-64 with AVX2 and FMA. When the CPU lacks them, no compiler is found, the build fails, or
+`MOESPEC_NATIVE=0` is set, `load()` returns None and `status()` says why; moespec.kernels then runs its
+pure-torch path, which gives the same results more slowly.
+
+torch is imported first on purpose: its wheel ships an OpenMP runtime with the soname libgomp.so.1, so
+the dynamic loader binds this library to that already-loaded runtime and torch and the kernels share one
+thread pool instead of two pools spinning against each other on the same cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch  # noqa: F401  (loaded before the library, see the module docstring)
+
+SOURCE = Path(__file__).parent / "csrc" / "expert_kernels.cpp"
+# -O3 for unrolled register tiles, AVX2 + FMA for the 8-lane fp32 FMAs and the bf16 widening,
+# -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
+CXXFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+ABI_VERSION = 2
+# A cold build takes ~2-8 s on a 2-core machine; anything past this is a broken toolchain.
+BUILD_TIMEOUT_S = 120
+
+_status = "not loaded yet"
+
+
+def cache_dir() -> Path:
+    """Where compiled libraries are kept: $MOESPEC_CACHE_DIR, else $XDG_CACHE_HOME/moespec/native."""
+    if os.environ.get("MOESPEC_CACHE_DIR"):
+        return Path(os.environ["MOESPEC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "moespec" / "native"
+
+
+def _cpu_supported() -> str | None:
+    """None when this CPU runs the kernels, else the reason it cannot."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"needs x86-64, this is {platform.machine()}"
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "cannot read /proc/cpuinfo to check for AVX2 and FMA"
+    missing = {"avx2", "fma"} - set(flags.split())
+    return f"CPU lacks {', '.join(sorted(missing))}" if missing else None
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _build(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(CXXFLAGS).encode() + version.encode() + str(ABI_VERSION).encode()
+    ).hexdigest()[:16]
+    folder = cache_dir()
+    target = folder / f"moespec_kernels_{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".build-", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *CXXFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-800:]}")
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    lib.moespec_abi_version.restype = i32
+    lib.moespec_expert_op.restype = i32
+    lib.moespec_expert_op.argtypes = [i32, i32, i32, i32, i32, f32, f32, i64, i64, i64, i64, i64,
+                                      ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32]
+    lib.moespec_stream_read.restype = ctypes.c_uint64
+    lib.moespec_stream_read.argtypes = [ptr, i64, i32]
+    return lib
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels (built on first use), or None with the reason in `status()`."""
+    global _status
+    if os.environ.get("MOESPEC_NATIVE", "1") == "0":
+        _status = "disabled by MOESPEC_NATIVE=0"
+        return None
+    reason = _cpu_supported()
+    cxx = _compiler()
+    if reason is None and cxx is None:
+        reason = "no C++ compiler (g++ or $CXX) found"
+    if reason is not None:
+        _status = reason
+        return None
+    try:
+        path = _build(cxx)
+        lib = _bind(ctypes.CDLL(str(path)))
+        if lib.moespec_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"{path} has ABI {lib.moespec_abi_version()}, expected {ABI_VERSION}")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        _status = f"build or load failed: {err}"
+        return None
+    _status = f"native ({path})"
+    return lib
+
+
+def status() -> str:
+    """One line: which implementation `load()` gave and where from, or why the native one is unavailable."""
+    load()
+    return _status

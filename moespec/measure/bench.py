@@ -1,0 +1,425 @@
+"""The benchmark of one MoE layer's expert operation (paper Section 2, Table 1, Figure 2,
+Appendix E; DESIGN.md "Measurement protocol").
+
+Physics. The expert operation is memory-bound (moespec.kernels), so a kernel is judged by its effective
+bandwidth beta_p(n) = requested expert bytes / time: n m b for a per-slot kernel, U b for a deduplicating one
+(b = w_l, the bytes of one expert; U distinct experts among the pass's n m slots). The deduplicating kernel is
+faster exactly where the byte share u(n) = E_dedup/E_slot lies below the bandwidth ratio r(n) = beta_dedup /
+beta_slot (7), so both are measured here on the model's real per-layer shapes and dtype (random weights).
+
+Two kinds of expert ids are timed, each after a cache flush (moespec.measure.timing: a write larger than the last-level
+cache, then a clean read) so every first read of an expert comes from DRAM:
+- chosen ids: for each n, passes whose n m slots name exactly U distinct experts, U over the reachable range
+  m .. min(n m, N) (every token still names m distinct experts). At fixed n the per-slot kernel requests the
+  same n m b bytes whatever U, so how its time moves with U separates the first read of an expert (U slots)
+  from a repeated slot (n m - U), which a cache may serve: fit (4) t = t_op + c_u U b + c_re (n m - U) b and
+  the re-read cost c_re/c_u. The deduplicating kernel gets (E.1) t = t_op + c_g U b + c_t n (moespec.measure.fits).
+- windows of recorded routing: n consecutive tokens of one document at one layer of a trace, the routing the
+  model really produces. The fits never see them, so their median relative error on the windows is an honest
+  bandwidth error eps (Section 3.5, 4); beta_p(n) is the median over these windows, pooled over the layers.
+Kernels are interleaved per pass (and their order rotated per repetition) so drift on a shared machine hits all
+of them alike; each figure is a median over repetitions with its interquartile range. The device's ceiling
+(moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is printed beside every bandwidth.
+
+`--device cuda` runs the kernels on a GPU (slot and dedup as our Triton kernels) and times them with CUDA
+events; weights and inputs are drawn on the CPU and then copied, so every device times the same values.
+
+Work is split into units, one (layer, n, kernel set) each; each finished unit is saved atomically to
+`OUT.partial`, so `--resume` after an interruption re-times nothing already done.
+
+bench.json: its keys are documented in moespec.formats.benchfile, which reads, validates and reports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from moespec import MoespecError, kernels, theory
+from moespec.console import progress
+from moespec.defaults import DTYPES, KERNELS, MODEL, N_MAX, PROFILE, TORCH_DTYPES, TRACE_DOCS, TRACE_TOKENS
+from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench
+from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.files import provenance, write_json
+from moespec.formats.trace import Trace, load_trace
+from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
+from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
+from moespec.measure.timing import Timer, median_iqr, resolve_device, timer_for
+from moespec.model.spec import ModelSpec, resolve
+from moespec.routing.reuse import reuse_stats
+from moespec.routing.synth import PROFILES, synthesize
+
+DEFAULT_KERNELS = ",".join(KERNELS)  # the hf-* peers run 10-20x slower on this CPU: opt in with --kernels all
+# Defaults sized so two OLMoE layers at n = 1..9 with our two kernels take about 2 min on this 2-core machine at
+# ~20 GB/s (5 reps x (1 + 8 x 8 chosen + 9 x 16 window passes) per layer), inside 5 minutes even at half that.
+DEFAULT_REPS = 5
+DEFAULT_WINDOWS = 16  # recorded windows per layer and n: enough for a median and a median relative error
+DEFAULT_U_VALUES = 8  # chosen U per n (all when fewer reach): ~60 passes at n = 2..9 for each 3-coefficient fit
+WEIGHT_STD = 0.02  # random weights ~ a trained expert's entries: keeps activations finite; time is value-blind
+NOISY_SHARE = 0.1  # a run with more than 10% noisy timings (IQR > fits.NOISY_IQR x median) gets a warning
+
+
+# ---- chosen ids ------------------------------------------------------------------------------------------
+def union_range(n: int, m: int, N: int) -> range:  # noqa: N803
+    """Reachable U for n tokens of m distinct experts among N: m (all tokens alike) .. min(n m, N) (none repeat)."""
+    return range(m, min(n * m, N) + 1)
+
+
+def union_grid(n: int, m: int, N: int, size: int) -> list[int]:  # noqa: N803
+    """`size` reachable U values evenly spread over the range, both ends included (all when fewer)."""
+    lo, hi = m, min(n * m, N)
+    if hi - lo + 1 <= size:
+        return list(range(lo, hi + 1))
+    return np.rint(np.linspace(lo, hi, size)).astype(int).tolist()  # step > 1: rounding keeps them distinct
+
+
+def chosen_ids(n: int, m: int, N: int, U: int, rng: np.random.Generator) -> np.ndarray:  # noqa: N803
+    """ids [n, m] (int64) whose n m slots name exactly U distinct experts, each token m distinct ones.
+
+    A random set of U experts is laid out cyclically over the first ceil(U/m) tokens (m consecutive positions
+    mod U are distinct because m <= U, and they cover all U because n m >= U); the other tokens draw random
+    m-subsets of the same U; tokens and slots are then shuffled."""
+    if not (1 <= m < N and n >= 1):
+        raise MoespecError(f"chosen ids need n >= 1 and 1 <= m < N, got n={n}, m={m}, N={N}")
+    if U not in union_range(n, m, N):
+        raise MoespecError(f"U = {U} distinct experts is unreachable for n={n} tokens of m={m} among N={N}: "
+                           f"need {m} <= U <= {min(n * m, N)}")
+    experts = rng.permutation(N)[:U]
+    cover = -(-U // m)
+    first = experts[(np.arange(cover * m) % U).reshape(cover, m)]
+    rest = experts[np.argsort(rng.random((n - cover, U)), axis=1)[:, :m]]
+    ids = np.concatenate([first, rest])[rng.permutation(n)]
+    return rng.permuted(ids, axis=1).astype(np.int64)
+
+
+# ---- the plan: which passes each (layer, n) unit times ----------------------------------------------------
+@dataclass(frozen=True)
+class Pass:
+    """One pass to time: ids [n, m] with U distinct experts; `start` is a recorded window's first token."""
+
+    source: str  # "chosen" or "window"
+    ids: np.ndarray
+    U: int  # noqa: N815
+    start: int | None = None
+
+
+def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u_values: int,
+              seed: int) -> list[Pass]:
+    """Chosen passes over the U grid, then up to `windows` recorded windows sampled without replacement."""
+    rng = np.random.default_rng([seed, layer, n])
+    passes = [Pass("chosen", chosen_ids(n, spec.m, spec.N, U, rng), U)
+              for U in union_grid(n, spec.m, spec.N, u_values)]
+    starts = trace.window_starts(n)
+    if starts.size == 0:
+        raise MoespecError(f"the trace has no window of {n} tokens inside one document (longest document: "
+                           f"{int(trace.document_lengths.max())} tokens); lower --n")
+    for start in np.sort(rng.choice(starts, size=min(windows, starts.size), replace=False)).tolist():
+        ids = trace.experts[start:start + n, layer].astype(np.int64)
+        passes.append(Pass("window", ids, int(np.unique(ids).size), start))
+    return passes
+
+
+def bench_layers(layers: tuple[int, ...] | None, spec: ModelSpec) -> list[int]:
+    """The MoE layer indices to time (0..L-1), sorted; default: the first and the one before the middle (OLMoE:
+    0, 7)."""
+    if layers is None:
+        return sorted({0, max(spec.L // 2 - 1, 0)})
+    layers = sorted(set(layers))
+    bad = [layer for layer in layers if not 0 <= layer < spec.L]
+    if bad:
+        raise MoespecError(f"--layers: layer {bad[0]} outside 0..{spec.L - 1} ({spec.name} has {spec.L} MoE layers)")
+    return layers
+
+
+def bench_kernels() -> dict[str, str]:
+    """name -> kind of every kernel worth timing (the float64 reference is the tests' ground truth, not a kernel)."""
+    return {name: k.kind for name, k in kernels.KERNELS.items() if name != "reference"}  # the registry as it is now
+
+
+def parse_kernels(text: str, spec: ModelSpec, dtype: str, device: str = "cpu") -> tuple[list[str], dict[str, str]]:
+    """The kernels to time and, for `all`, those left out because they cannot run this layer at `dtype` on
+    `device` (with why); a kernel named explicitly that cannot run is an error, found before anything is timed."""
+    known = bench_kernels()
+    names = list(known) if text == "all" else list(dict.fromkeys(text.split(",")))
+    for name in names:
+        if name not in known:
+            raise MoespecError(f"unknown kernel {name!r}; choose from {', '.join(known)}, or all")
+    failing = _cannot_run(names, spec, dtype, device)
+    if failing and text != "all":
+        name, why = next(iter(failing.items()))
+        raise MoespecError(f"kernel {name} cannot run {spec.name} experts in {dtype} on {device}: {why}")
+    return [name for name in names if name not in failing], failing
+
+
+def _cannot_run(names: list[str], spec: ModelSpec, dtype: str, device: str) -> dict[str, str]:
+    """kernel -> why it fails on a tiny layer with this model's structure (N, m, biases, activation) at dtype
+    on device."""
+    layer = layer_weights(dataclasses.replace(spec, hidden=8, expert_width=8), 0, dtype, 0, device)
+    ids = chosen_ids(2, spec.m, spec.N, spec.m + 1, np.random.default_rng(0))
+    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], 8, layer.gate_up.dtype, device)[0]
+    failing = {}
+    for name in names:
+        try:
+            layer.run(name, *inputs)
+        except Exception as e:  # noqa: BLE001 - a peer library may fail in its own ways; all mean "not here"
+            failing[name] = " ".join(str(e).split())[:200] or type(e).__name__
+    return failing
+
+
+def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, dict[str, Any]]:
+    """The trace to sample windows from and u(n), with a description; synthesizes the default without --trace."""
+    if path is None:
+        if spec.name not in PROFILES[PROFILE]:
+            raise MoespecError(f"no --trace given and no calibrated default routing for {spec.name} (the "
+                               f"{PROFILE} profile covers {', '.join(PROFILES[PROFILE])}); pass "
+                               f"--trace from `moespec trace` or `moespec synth`")
+        trace = synthesize(spec.name, "calibrated", TRACE_TOKENS, TRACE_DOCS, seed, PROFILE)
+        note = (f"no --trace given: synthesized the calibrated default trace ({PROFILE} profile, "
+                f"{TRACE_TOKENS} tokens in {TRACE_DOCS} documents, seed {seed})")
+    else:
+        trace = load_trace(path)
+        trace.check_fits(spec, path, model=spec.name)
+        note = f"{'synthetic' if trace.meta.get('synthetic') else 'recorded'} trace {path}"
+    digest = hashlib.sha1(trace.experts.tobytes() + trace.doc_starts.tobytes()).hexdigest()
+    return trace, {"path": path, "synthetic": bool(trace.meta.get("synthetic")), "source": trace.meta.get("source"),
+                   "note": note, "num_tokens": trace.num_tokens, "num_documents": trace.num_documents, "sha1": digest}
+
+
+@dataclass
+class LayerWeights:
+    """Random expert weights of one MoE layer in the kernels' layout (moespec.kernels shape legend)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    act: Activation
+
+    def run(self, kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return expert_op(kernel, x, ids, weights, self.gate_up, self.down, self.gate_up_bias, self.down_bias,
+                         self.act)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: str = "cpu") -> LayerWeights:
+    """Seeded random weights of the layer's real shape and dtype on `device`; biases and the clamped SwiGLU for
+    gpt-oss. Drawn by the CPU generator whatever the device, so every device gets the same values."""
+    gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, layer]).generate_state(1)[0]))
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.empty(*shape, dtype=torch_dtype(dtype)).normal_(0.0, WEIGHT_STD, generator=gen).to(device)
+
+    N, d, f = spec.N, spec.hidden, spec.expert_width  # noqa: N806
+    biases = (normal(N, 2 * f), normal(N, d)) if spec.expert_bias else (None, None)
+    return LayerWeights(normal(N, 2 * f, d), normal(N, d, f), *biases,
+                        GPT_OSS if spec.model_type == "gpt_oss" else SILU)
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each repetition
+
+
+def _inputs(passes: list[Pass], d: int, dtype: torch.dtype,
+            device: str | torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(x, ids, router weights) per pass on `device`; values are seeded on the CPU (the same on every device)
+    and do not change a memory-bound time."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for p in passes:
+        n, m = p.ids.shape
+        x = torch.randn(n, d, generator=gen).to(dtype)
+        weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(dtype)
+        out.append((x.to(device), torch.from_numpy(p.ids).to(device), weights.to(device)))
+    return out
+
+
+def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, timer: Timer,
+               advance: Callable[[int], None]) -> Timings:
+    """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
+    flush, in an order rotated per round, so drift and order effects hit all kernels alike."""
+    inputs = _inputs(passes, layer.gate_up.shape[2], layer.gate_up.dtype, layer.gate_up.device)
+    for kernel in kernels:
+        layer.run(kernel, *inputs[0])
+    samples: Timings = [{kernel: [] for kernel in kernels} for _ in passes]
+    for rep in range(reps):
+        order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
+        for inp, times in zip(inputs, samples):
+            for kernel in order:
+                timer.flush()
+                times[kernel].append(timer.time(partial(layer.run, kernel, *inp)))
+            advance(1)
+    return samples
+
+
+def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings) -> dict[str, Any]:
+    """A finished unit as saved in the checkpoint: per pass its source, U, a window's start, median/IQR per kernel."""
+    rows = []
+    for p, times in zip(passes, samples):
+        stats = {kernel: median_iqr(t) for kernel, t in times.items()}
+        rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
+                     "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()}})
+    return {"layer": layer, "n": n, "kernels": kernels, "passes": rows}
+
+
+def unit_key(layer: int, n: int, kernels: list[str]) -> str:
+    """A unit's key in the checkpoint."""
+    return f"layer {layer} n {n} kernels {','.join(kernels)}"
+
+
+def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float, reps: int,
+              timer: Timer) -> tuple[float, dict[str, float]]:
+    """Seconds the timed calls of `passes` will take, from one probe of each kernel on the smallest and the largest
+    pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
+    small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
+    total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
+    probe = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None)
+    for kernel, kind in kinds.items():
+        (t_lo,), (t_hi,) = probe[0][kernel], probe[1][kernel]
+        lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
+        per_byte = (t_hi - t_lo) / (hi - lo) if hi > lo else 0.0
+        per_byte = per_byte if per_byte > 0 else t_hi / hi  # a noisy probe: no fixed time
+        fixed = max(t_lo - per_byte * lo, 0.0)
+        speeds[kernel] = hi / t_hi / 1e9
+        total += reps * sum(fixed + per_byte * theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in passes)
+    return total, speeds
+
+
+def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: dict[tuple[int, int], list[Pass]],
+             checkpoint: Checkpoint, ceiling: float, timer: Timer, say: Callable[[str], None]) -> None:
+    """Time every unit the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
+    printing the estimated time."""
+    kernels = list(kinds)
+    pending = [key for key in plan if unit_key(*key, kernels) not in checkpoint.units]
+    say(f"plan: {len(plan)} units (layer, n), {len(plan) - len(pending)} done; each up to {config.u_values} "
+              f"chosen U values and {config.windows} recorded windows, {config.reps} reps, every timed call after a "
+              f"{timer.flush_bytes >> 20} MiB cache flush, timed by {timer.timer_name}")
+    if not pending:
+        return
+    layers = sorted({layer for layer, _ in pending})
+    start = time.perf_counter()
+    weights: LayerWeights | None = layer_weights(spec, layers[0], config.dtype, config.seed, timer.device)
+    generate = time.perf_counter() - start
+    seconds, speeds = _estimate(kinds, weights, [p for key in pending for p in plan[key]], spec.m,
+                                spec.expert_bytes(layers[0], config.dtype), config.reps, timer)
+    seconds += generate * (len(layers) - 1)
+    estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+    say(f"estimated time: {estimate} (probe on requested bytes: "
+              f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in speeds.items())}; ceiling {ceiling:.1f} GB/s)")
+    with progress("bench", sum(len(plan[key]) for key in pending) * config.reps,
+                  enabled=sys.stderr.isatty()) as advance:
+        for layer in layers:
+            weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
+            for n in [n for lay, n in pending if lay == layer]:
+                samples = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance)
+                checkpoint.save(unit_key(layer, n, kernels),
+                                unit_record(layer, n, kernels, plan[layer, n], samples))
+            weights = None  # frees the layer (and the peers' modules cached on its tensors)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One bench: the model (a preset name or a config path), its MoE `layers` to time (None: the first and L/2 - 1),
+    the weight dtype, the kernels ("slot,dedup", any comma-separated names of moespec.kernels.KERNELS, or "all":
+    every one that can run here), the pass sizes `n`, the routing trace (None: the calibrated default), the
+    timed repetitions per pass, recorded `windows` and chosen `u_values` per (layer, n), the seed, the device;
+    written to `out`, checkpointed in OUT.partial/ (`resume` continues it)."""
+
+    out: str
+    model: str = MODEL
+    layers: tuple[int, ...] | None = None
+    dtype: str = "bf16"
+    kernels: str = DEFAULT_KERNELS
+    n: tuple[int, ...] = tuple(range(1, N_MAX + 1))
+    trace: str | None = None
+    reps: int = DEFAULT_REPS
+    windows: int = DEFAULT_WINDOWS
+    u_values: int = DEFAULT_U_VALUES
+    seed: int = 0
+    device: str = "cpu"
+    resume: bool = False
+
+    def check(self) -> None:
+        """Every number in its domain, before any work."""
+        for flag, value, least in (("--reps", self.reps, 1), ("--windows", self.windows, 1),
+                                   ("--u-values", self.u_values, 2)):
+            if value < least:
+                raise MoespecError(f"{flag} must be >= {least}, got {value}")
+        if not self.n or min(self.n) < 1:
+            raise MoespecError(f"--n: pass sizes must be >= 1, got {list(self.n)}")
+        if self.dtype not in DTYPES:
+            raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(DTYPES)}")
+
+
+def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: None) -> Bench:
+    """Time the expert operation of each chosen layer and pass size with each kernel (the module docstring), fit
+    (4) and (E.1), write bench.json to config.out and return it; `say` receives one line per stage (the CLI
+    prints them)."""
+    started = time.perf_counter()
+    config.check()
+    device = resolve_device(config.device)
+    spec = resolve(config.model)
+    ns, layers = sorted(set(config.n)), bench_layers(config.layers, spec)
+    names, skipped = parse_kernels(config.kernels, spec, config.dtype, device)
+    kinds = {k: bench_kernels()[k] for k in names}
+    trace, trace_info = bench_trace(spec, config.trace, config.seed)
+    plan = {(layer, n): plan_unit(trace, spec, layer, n, config.windows, config.u_values, config.seed)
+            for layer in layers for n in ns}
+    timer = timer_for(device)
+    key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
+           "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
+           "trace_sha1": trace_info["sha1"]}
+    checkpoint = Checkpoint(config.out, key, config.resume, "bench")
+    u = reuse_stats(trace, max(ns), bootstrap=0,
+                    expert_bytes=[spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]).u
+    impl = {k: implementation(k, torch_dtype(config.dtype), device) if engine_of(k) == "moespec" else engine_of(k)
+            for k in kinds}
+    say(f"moespec bench: {spec.name} {config.dtype} on {timer.name}; MoE layers {', '.join(map(str, layers))}; "
+        f"n = {', '.join(map(str, ns))}; kernels {', '.join(f'{k} ({impl[k]})' for k in kinds)}")
+    for name, why in skipped.items():
+        say(f"skipped {name}: it cannot run {config.dtype} on {device} ({why})")
+    say(f"trace: {trace_info['note']}")
+    if checkpoint.stale:
+        say(f"starting over: {checkpoint.folder} held units of an earlier run (--resume continues one)")
+    before = timer.ceiling()
+    first, first_iqr = median_iqr(before)
+    say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
+    _measure(spec, config, kinds, plan, checkpoint, first, timer, say)
+    after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
+    ceiling, ceiling_iqr = median_iqr(before + after)
+
+    units = {key: checkpoint.units[unit_key(*key, list(kinds))] for key in plan}
+    b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
+           "device": timer.name, "device_kind": timer.kind, "dtype": config.dtype, "ceiling_kind": timer.ceiling_kind,
+           "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
+           "ceiling_before_after_gbps": [first, median_iqr(after)[0]],
+           "layers": layers, "n": ns, "expert_bytes": {str(layer): b[layer] for layer in layers},
+           **analyze(units, kinds, spec.m, b, layers, ns, {n: float(u[n]) for n in ns}),
+           "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
+           "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,
+                        "seed": config.seed, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
+                        "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
+           "skipped_kernels": skipped, "noisy": noise(units), "provenance": provenance(timer.name, config.dtype)}
+    for kernel in kinds:
+        doc["kernels"][kernel]["implementation"] = impl[kernel]
+    doc["elapsed_s"] = time.perf_counter() - started
+    write_json(config.out, doc)
+    checkpoint.remove()
+    return Bench(doc, config.out)
+
+
+def is_noisy(bench: Bench) -> bool:
+    """More than NOISY_SHARE of the timings noisy, or a ceiling that drifted by more than fits.NOISY_IQR."""
+    drift = bench["ceiling_iqr_gbps"] > NOISY_IQR * bench["ceiling_gbps"]
+    return drift or bench["noisy"]["count"] > NOISY_SHARE * bench["noisy"]["total"]

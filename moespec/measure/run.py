@@ -1,0 +1,386 @@
+"""The engine measures, on a whole model, what `moespec plan` predicts (paper Section 4, App. D.2,
+D.3, E).
+
+Physics. A verification pass of n tokens at context depth d costs tau_p(n): the dense weights and the KV cache
+read once, plus the expert operation of every MoE layer, which requests n m experts per layer with the per-slot
+kernel and the U distinct ones with the deduplicating kernel. Speculative decoding with draft length k spends
+V(k) = tau(k + 1) + h(k) per step (h: draft and host time) and yields G_a(k) = (1 - a^(k+1)) / (1 - a) tokens
+at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures both halves:
+
+1. verify time: the context of d tokens is prefilled once; each sample crops the KV cache back to d and times
+   one forward of n new tokens, for n = 1..9 and each kernel policy (interleaved, their order rotated per
+   repetition, so drift hits all alike). With --replay, every MoE layer of each pass selects the experts of a
+   window of the trace (moespec.model.policies), so a random-weight model verifies passes with realistic reuse.
+   Medians with 95% bootstrap intervals; the saving S(n) = tau_slot(n) - tau_dedup(n) with its interval.
+2. throughput: per prompt, the target's greedy continuation by plain decoding first; then speculative decoding
+   with the ORACLE draft (that continuation, each token corrupted with probability 1 - a, so acceptance is
+   geometric at rate a) for every policy, k = 0..8 and acceptance of the paper's grid (k = 0 drafts nothing, so
+   it runs once per policy and serves every a). Each cell reports tokens/s, the realized acceptance, tokens per
+   step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the tokens equal
+   plain decoding's.
+Every finished unit (one n's verify samples, one throughput cell) is checkpointed to OUT.partial: --resume
+re-measures nothing already done.
+
+runs.json: its keys are documented in moespec.formats.runsfile, which owns the format.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from moespec import MoespecError, theory
+from moespec.console import progress
+from moespec.defaults import DEPTH, KERNELS, KMAX, MODEL, N_MAX
+from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.files import provenance, write_json
+from moespec.formats.planfile import load_plan
+from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
+from moespec.formats.trace import Trace, load_trace
+from moespec.measure.timing import resolve_device
+from moespec.model import speculative
+from moespec.model.load import LoadedModel, load_model
+from moespec.model.policies import set_policy, set_replay
+from moespec.model.spec import ModelSpec
+
+DEFAULT_LAYERS = 4  # OLMoE's real layer shapes, 4 of its 16 layers: ~1.7 GB of bf16 weights, fits 24 GiB easily
+DEFAULT_REPS = 7  # verify-time samples per (policy, n): a median and a bootstrap interval of it
+BOOTSTRAP = 2000  # resamples for the 95% intervals: their ends move by < 1% of the interval between seeds
+CONFIDENCE = 0.95
+# Prompts are prefilled by transformers' eager experts (a GEMM per hit expert): the policies under test are made
+# for verify passes of <= 9 tokens, and a per-slot kernel would stream every expert once per prompt token.
+PREFILL_POLICY = "eager"
+
+
+def bootstrap_median(samples: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
+    """(median, lo, hi): the 95% percentile-bootstrap interval of the median."""
+    x = np.asarray(samples, dtype=float)
+    meds = np.median(rng.choice(x, size=(BOOTSTRAP, x.size)), axis=1)
+    lo, hi = np.quantile(meds, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return float(np.median(x)), float(lo), float(hi)
+
+
+def bootstrap_saving(slot: list[float], dedup: list[float], rng: np.random.Generator) -> dict[str, float]:
+    """S = median(slot) - median(dedup) with the 95% bootstrap interval (both sample sets resampled)."""
+    a, b = np.asarray(slot, dtype=float), np.asarray(dedup, dtype=float)
+    diffs = (np.median(rng.choice(a, size=(BOOTSTRAP, a.size)), axis=1)
+             - np.median(rng.choice(b, size=(BOOTSTRAP, b.size)), axis=1))
+    lo, hi = np.quantile(diffs, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return {"median": float(np.median(a) - np.median(b)), "lo": float(lo), "hi": float(hi)}
+
+
+# ---- the model, the prompts and the replayed routing ------------------------------------------------------
+def load_plan_kernels(path: str | None) -> tuple[dict[str, Any] | None, dict[int, str] | None]:
+    """The plan's identity (path, sha256, model) and its AUTO policy (kernel per n)."""
+    if path is None:
+        return None, None
+    plan = load_plan(path)
+    info = {"path": path, "sha256": plan.sha256, "model": plan.model, "moe_layers": plan.moe_layers}
+    return info, plan.kernel_by_n
+
+
+def replay_windows(trace: Trace | None, path: str | None, spec: ModelSpec, n: int, count: int,
+                   seed: int) -> list[np.ndarray] | None:
+    """`count` windows [n, L, m] of the trace (the model's L MoE layers), sampled with a seeded generator."""
+    if trace is None:
+        return None
+    starts = trace.window_starts(n)
+    if starts.size == 0:
+        raise MoespecError(f"{path}: no window of {n} tokens inside one document")
+    picks = np.random.default_rng([seed, n]).choice(starts, size=count, replace=starts.size < count)
+    return [trace.experts[s:s + n, :spec.L].astype(np.int64) for s in picks.tolist()]
+
+
+def replay_documents(trace: Trace, path: str, spec: ModelSpec, count: int, length: int, seed: int) -> list[np.ndarray]:
+    """The first `length` rows [length, L, m] of `count` seeded documents that long: generated position p of
+    prompt i replays row p of document i, whatever pass carries it."""
+    docs = [(s, e) for s, e in trace.documents() if e - s >= length]
+    if not docs:
+        raise MoespecError(f"{path}: no document of {length} tokens to replay while decoding (lower --tokens)")
+    picks = np.random.default_rng([seed, length]).choice(len(docs), size=count, replace=len(docs) < count)
+    return [trace.experts[docs[i][0]:docs[i][0] + length, :spec.L].astype(np.int64) for i in picks.tolist()]
+
+
+def model_name(lm: LoadedModel, config: RunConfig) -> str:
+    """The model's name as plans and scores know it: the preset's (its layer count is `moe_layers`), or the
+    checkpoint's spec name."""
+    return lm.spec.name if config.model else config.preset or MODEL
+
+
+def prompts(count: int, depth: int, vocab: int, seed: int) -> list[list[int]]:
+    """Seeded random token ids: a random-weight model has no text to prefer, and the context length (not its
+    content) is what the verify time depends on."""
+    rng = np.random.default_rng([seed, depth])
+    return [rng.integers(3, vocab, size=depth).tolist() for _ in range(count)]
+
+
+# ---- 1. verify time ---------------------------------------------------------------------------------------
+def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
+                   kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
+                   advance: Any) -> dict[str, dict[int, list[float]]]:
+    """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass)."""
+    context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
+    state = None
+    samples: dict[str, dict[int, list[float]]] = {p: {} for p in policies}
+    rng = np.random.default_rng(config.seed)
+    for n in ns:
+        key = f"verify n {n}"
+        if key not in checkpoint.units:
+            if state is None:
+                set_policy(lm.model, PREFILL_POLICY)
+                state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
+            windows = replay_windows(trace, config.replay, lm.spec, n, config.reps, config.seed)
+            tokens = rng.integers(3, lm.model.config.vocab_size, size=(config.reps, n))
+            unit: dict[str, list[float]] = {p: [] for p in policies}
+            for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
+                set_policy(lm.model, policy, kernel_by_n)
+                set_replay(lm.model, None if windows is None else windows[0])
+                speculative.timed_forward(lm.model, tokens[0].tolist(), state)
+            for rep in range(config.reps):
+                order = policies[rep % len(policies):] + policies[:rep % len(policies)]
+                for policy in order:
+                    set_policy(lm.model, policy, kernel_by_n)
+                    set_replay(lm.model, None if windows is None else windows[rep])
+                    unit[policy].append(speculative.timed_forward(lm.model, tokens[rep].tolist(), state))
+                    advance(1)
+            set_replay(lm.model, None)
+            checkpoint.save(key, unit)
+        for policy in policies:
+            samples[policy][n] = checkpoint.units[key][policy]
+    return samples
+
+
+# ---- 2. throughput ----------------------------------------------------------------------------------------
+def throughput_cells(policies: list[str], ks: list[int], acceptances: list[float]) -> list[tuple[str, int, float]]:
+    """(policy, k, a) to run: k = 0 once per policy (it drafts nothing, so a does not enter)."""
+    return [(p, k, a) for p in policies for k in ks for a in (acceptances if k else [acceptances[0]])]
+
+
+class Prompts:
+    """The throughput prompts, each prefilled once, and each policy's plain greedy decoding of them (the oracle's
+    continuation and the tokens every speculative run must reproduce), made on first use."""
+
+    def __init__(self, lm: LoadedModel, config: RunConfig, trace: Trace | None) -> None:
+        self.lm, self.config = lm, config
+        self.contexts = prompts(config.prompts, config.depth, lm.model.config.vocab_size, config.seed + 1)
+        self.states: list[Any] | None = None
+        self.plain: dict[str, list[list[int]]] = {}
+        self.margins: dict[str, list[list[float]]] = {}
+        self.rows = None if trace is None else replay_documents(trace, config.replay, lm.spec, config.prompts,
+                                                                 config.tokens + KMAX + 1, config.seed)
+
+    def route(self, i: int) -> Any:
+        """Prompt i's router for decoding: replay its document's rows by generated position (or None)."""
+        if self.rows is None:
+            return None
+        rows = self.rows[i]
+        return lambda position, n: set_replay(self.lm.model, rows[position:position + n])
+
+    def prefilled(self) -> list[Any]:
+        if self.states is None:
+            set_policy(self.lm.model, PREFILL_POLICY)
+            self.states = [speculative.prefill(self.lm.model, self.ids(c)) for c in self.contexts]
+        return self.states
+
+    def continuations(self, policy: str, kernel_by_n: dict[int, str] | None) -> list[list[int]]:
+        if policy not in self.plain:
+            states = self.prefilled()
+            set_policy(self.lm.model, policy, kernel_by_n)
+            self.margins[policy] = [[] for _ in self.contexts]
+            self.plain[policy] = [speculative.plain_decode(self.lm.model, self.ids(c), self.config.tokens + KMAX + 1,
+                                                           prefilled=s, route=self.route(i),
+                                                           margins=self.margins[policy][i])
+                                  for i, (c, s) in enumerate(zip(self.contexts, states))]
+            set_replay(self.lm.model, None)
+        return self.plain[policy]
+
+    def ids(self, context: list[int]) -> Any:
+        return torch.tensor([context], device=self.lm.device)
+
+
+def measure_cell(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_by_n: dict[int, str] | None, ps: Prompts,
+                 config: RunConfig, drafter: Any = None) -> dict:
+    """One throughput cell over all prompts: speculative decoding at (policy, k) with the oracle draft at
+    acceptance a, or with the draft model `drafter` (a is then None and the acceptance is what it achieves)."""
+    conts = ps.continuations(policy, kernel_by_n)
+    set_policy(lm.model, policy, kernel_by_n)
+    tokens, mismatches, records = 0, [], []
+    for i, (context, cont, state) in enumerate(zip(ps.contexts, conts, ps.prefilled())):
+        draft = speculative.ModelDraft(drafter) if drafter is not None else \
+            speculative.OracleDraft(cont, a, config.seed + i, lm.model.config.vocab_size, len(context))
+        out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, config.tokens, prefilled=state,
+                                                   route=ps.route(i))
+        if out != cont[:config.tokens]:  # where it first differs and how near greedy was to a tie there
+            p = next(j for j, (x, y) in enumerate(zip(out, cont)) if x != y)
+            mismatches.append({"prompt": i, "position": p, "plain_top2_gap": ps.margins[policy][i][p - 1]
+                               if p else None})
+        tokens += len(out)
+        records += recs
+    set_replay(lm.model, None)
+    steps = len(records)
+    wall = sum(r.step_s for r in records)
+    verify = sum(r.verify_s for r in records)
+    host = sum(r.host_s + r.draft_s for r in records)
+    rate = speculative.acceptance_rate(records)
+    rate = None if np.isnan(rate) else rate
+    return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if drafter is None else "model",
+            "tokens_per_s": tokens / wall, "realized_acceptance": rate,
+            "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
+            "tokens_per_step": tokens / steps,
+            "G_a": float(theory.geometric_sum(rate if a is None else a, k)) if k and rate is not None else 1.0,
+            "steps": steps, "step_time_s": wall / steps,
+            "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,
+            "greedy_exact": not mismatches, "greedy_match": all(m["plain_top2_gap"] == 0 for m in mismatches),
+            "mismatches": mismatches}
+
+
+def expand_k0(cells: list[dict], acceptances: list[float]) -> list[dict]:
+    """Throughput rows with the k = 0 measurement listed at every acceptance (plain decoding ignores a)."""
+    rows = []
+    for cell in cells:
+        rows += [cell | {"a": a} for a in acceptances] if cell["k"] == 0 else [cell]
+    return rows
+
+
+# ---- results ----------------------------------------------------------------------------------------------
+def summarize(lm: LoadedModel, config: RunConfig, samples: dict[str, dict[int, list[float]]], policies: list[str],
+              cells: list[dict], acceptances: list[float], plan_info: dict | None,
+              kernel_by_n: dict[int, str] | None, started: dict[str, Any]) -> dict[str, Any]:
+    """runs.json from the measured samples and cells (keys in the module docstring)."""
+    rng = np.random.default_rng(config.seed)
+    stats = {p: {n: bootstrap_median(v, rng) for n, v in samples[p].items()} for p in policies}
+    ns = sorted(samples["slot"])
+    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns}
+    rows = [] if config.draft_model else expand_k0(cells, acceptances)
+    per_k: dict[int, list[float]] = {}
+    for cell in cells:
+        per_k.setdefault(cell["k"], []).append(cell["draft_host_s"])
+    doc = {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": model_name(lm, config),
+        "spec": lm.spec.to_dict(),
+        "source": lm.source, "moe_layers": lm.spec.L, "device": started["device"],
+        "device_kind": started["device"].split(":")[0], "dtype": config.dtype, "depth": config.depth,
+        "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
+        "kernel_by_n": None if kernel_by_n is None else {str(n): k for n, k in sorted(kernel_by_n.items())},
+        "verify_time_s": {p: {str(n): stats[p][n][0] for n in ns} for p in policies},
+        "verify_time_ci_s": {p: {str(n): [stats[p][n][1], stats[p][n][2]] for n in ns} for p in policies},
+        "verify_samples_s": {p: {str(n): samples[p][n] for n in ns} for p in policies},
+        "saving_s": {str(n): v for n, v in saving.items()},
+        "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}),
+        "auto_ratio": None if "auto" not in policies else {
+            str(n): stats["auto"][n][0] / min(stats["slot"][n][0], stats["dedup"][n][0]) for n in ns},
+        "throughput": rows, "draft_model": config.draft_model,
+        "throughput_draft_model": cells if config.draft_model else [],
+        "draft_time_s": {str(k): float(np.median(v)) for k, v in sorted(per_k.items())},
+        "overhead_share": float(np.median([c["overhead_share"] for c in cells])) if cells else None,
+        "greedy_match": all(c["greedy_match"] for c in cells),
+        "greedy_exact": all(c["greedy_exact"] for c in cells),
+        "provenance": started,
+    }
+    return doc
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One engine run: the model (a local checkpoint `model`, or a `preset` with random weights cut to `layers`
+    decoder layers), its dtype and device, a plan whose AUTO policy runs beside slot and dedup, the context depth,
+    the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
+    None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell; `throughput=False` measures
+    the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed;
+    written to `out`, checkpointed in OUT.partial/ (`resume` continues it)."""
+
+    out: str = "runs.json"
+    model: str | None = None
+    preset: str | None = None
+    layers: int | None = None
+    dtype: str = "bf16"
+    device: str = "cpu"
+    plan: str | None = None
+    depth: int = DEPTH
+    n: tuple[int, ...] = tuple(range(1, N_MAX + 1))
+    reps: int = DEFAULT_REPS
+    k: tuple[int, ...] = tuple(range(KMAX + 1))
+    a: tuple[float, ...] | None = None
+    prompts: int = 2
+    tokens: int = 32
+    throughput: bool = True
+    draft_model: str | None = None
+    replay: str | None = None
+    seed: int = 0
+    resume: bool = False
+
+    def check(self) -> None:
+        """Every number in its domain, before any work."""
+        if self.model is not None and self.preset is not None:
+            raise MoespecError("give a checkpoint (--model) or a preset (--preset), not both")
+        for flag, value, least in (("--depth", self.depth, 1), ("--reps", self.reps, 2),
+                                   ("--prompts", self.prompts, 1), ("--tokens", self.tokens, 1)):
+            if value < least:
+                raise MoespecError(f"{flag} must be >= {least}, got {value}")
+        if not self.n or not all(1 <= n <= N_MAX for n in self.n):
+            raise MoespecError(f"--n: pass sizes must lie in 1..{N_MAX}, got {list(self.n)}")
+        if not self.k or not all(0 <= k <= KMAX for k in self.k):
+            raise MoespecError(f"--k: draft lengths must lie in 0..{KMAX}, got {list(self.k)}")
+        for a in self.acceptances:
+            if not 0 <= a <= 1:
+                raise MoespecError(f"--a: acceptance {a} outside [0, 1]")
+
+    @property
+    def acceptances(self) -> list[float]:
+        return [float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)]
+
+
+def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
+    """Measure the verify times and the throughput grid on the model (the module docstring), write runs.json to
+    config.out and return it; `say` receives one line per stage (the CLI prints them)."""
+    config.check()
+    ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
+    device = resolve_device(config.device)
+    started = provenance(device, config.dtype)  # the timestamp says when the run began (score: pre-registration)
+    plan_info, kernel_by_n = load_plan_kernels(config.plan)  # inputs are checked before the model loads
+    trace = None if config.replay is None else load_trace(config.replay)
+    layers = config.layers if config.layers is not None or config.model else DEFAULT_LAYERS
+    lm = load_model(path=config.model, preset=None if config.model else config.preset or MODEL,
+                    layers=layers, dtype=config.dtype, device=device, seed=config.seed)
+    if plan_info and plan_info["model"] != model_name(lm, config):
+        raise MoespecError(f"{config.plan}: a plan for {plan_info['model']}, but the run is of "
+                           f"{model_name(lm, config)}")
+    if plan_info and plan_info["moe_layers"] not in (None, lm.spec.L):
+        say(f"[yellow]note[/]: {config.plan} plans {plan_info['moe_layers']} MoE layers, this model has "
+            f"{lm.spec.L}: its AUTO policy applies, its verify times do not (score will refuse the pair)")
+    if trace is not None:
+        trace.check_fits(lm.spec, config.replay, prefix=True)
+    policies = list(KERNELS) + (["auto"] if kernel_by_n else [])
+    drafter = None
+    if config.draft_model:
+        drafter = load_model(path=config.draft_model, dtype=config.dtype, device=device).model
+        if drafter.config.vocab_size != lm.model.config.vocab_size:
+            raise MoespecError(f"{config.draft_model}: vocabulary of {drafter.config.vocab_size} tokens, the "
+                               f"target's has {lm.model.config.vocab_size}: a draft must share the tokenizer")
+    cells = [] if not config.throughput else [(p, k, None) for p in policies for k in ks] if drafter else \
+        throughput_cells(policies, ks, acceptances)
+    key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
+           "n": ns, "reps": config.reps, "k": ks, "a": acceptances, "prompts": config.prompts,
+           "tokens": config.tokens, "replay": config.replay, "plan": plan_info, "seed": config.seed,
+           "draft_model": config.draft_model}
+    checkpoint = Checkpoint(config.out, key, config.resume, "run")
+    say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); policies "
+        f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
+    total = len(ns) * config.reps * len(policies) + len(cells) * config.prompts
+    with progress("run", total, enabled=sys.stderr.isatty()) as advance:
+        samples = measure_verify(lm, config, ns, policies, kernel_by_n, trace, checkpoint, advance)
+        ps, measured = Prompts(lm, config, trace), []
+        for policy, k, a in cells:
+            unit = f"cell {policy} k {k} a {a if k else '-'}"
+            if unit not in checkpoint.units:
+                checkpoint.save(unit, measure_cell(lm, policy, k, a, kernel_by_n, ps, config, drafter))
+            measured.append(checkpoint.units[unit])
+            advance(config.prompts)
+    doc = summarize(lm, config, samples, policies, measured, acceptances, plan_info, kernel_by_n, started)
+    write_json(config.out, doc)
+    checkpoint.remove()
+    return Runs(doc, config.out)

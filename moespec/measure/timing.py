@@ -1,0 +1,258 @@
+"""How one timed call is measured on a device: the cache flush before it, the clock around it, and the ceiling
+every bandwidth is printed beside (used by `moespec bench`).
+
+Physics. The expert operation is memory-bound (moespec.kernels): its time is the bytes it streams over the
+bandwidth it streams them at. In decoding, a model far larger than any cache is read from DRAM (HBM on a GPU)
+on every step, so a timed call must find none of its weights in a cache. Before each timed call the flush
+therefore writes a buffer larger than the last-level cache (the CPU's L3, the GPU's L2), which evicts every line,
+then reads a second, clean buffer at least as large. The read matters: after the write alone the cache is full
+of dirty lines, and the timed call would pay for writing them back to memory while it streams its weights (up to
+a cache of extra traffic) which the ceiling does not pay; the read replaces them by clean lines that are dropped
+for free.
+
+The clock. On the CPU the kernels are synchronous, so time.perf_counter around the call is its time. A CUDA call
+only enqueues kernels and returns, so the host clock would measure the launch; CUDA events recorded on the
+current stream before and after the call bracket the device's work instead. As in triton.testing.do_bench, the
+start event is queued behind the flush and a short device-side spin (GPU_LAUNCH_LEAD_S), so the call's launches
+overlap them (~0.9 ms in all) and the events measure the kernels' execution, not the host's launch latency
+(which a serving engine hides with CUDA graphs); only launches slower than that would show as idle time.
+
+The ceiling: what the device's memory delivers to the simplest streaming code, in GB/s (1e9 B/s).
+- cpu, "streaming read": one read of a 256 MiB buffer (the native AVX2 reader on all threads, each a contiguous
+  part; else a torch integer sum). The expert operation only reads its weights, so a read is its ceiling.
+- cuda, "device-to-device copy": a 1 GiB copy_ within the device (the driver's copy), counting the bytes read and
+  written, 2 nbytes / t, the figure HBM bandwidth is usually quoted as. A GPU reaches its memory bandwidth only
+  with many requests in flight, and the driver's copy is the standard, best-tuned kernel that keeps them so: the
+  usual yardstick for a memory-bound kernel (a pure read may reach somewhat more, having no writes to turn around).
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from abc import ABC, abstractmethod
+from pathlib import Path
+from time import perf_counter
+from typing import Callable
+
+import torch
+
+from moespec import MoespecError
+from moespec.kernels import native
+
+__all__ = [
+    "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "flush_bytes", "device_name",
+    "resolve_device", "Timer", "CpuTimer", "CudaTimer", "timer_for",
+]
+
+STREAM_READ_BYTES = 256 << 20  # the CPU ceiling's buffer: 8x a 32 MiB L3, so nearly every byte comes from DRAM
+CEILING_REPEATS = 7  # ceiling samples per measurement: a median and an IQR that shows drift
+FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the last-level cache, so no expert byte survives in it ...
+FLUSH_MIN_BYTES = 64 << 20  # ... and at least 64 MiB when the CPU's cache size cannot be read
+GPU_L2_FALLBACK_BYTES = 50 << 20  # an H100's L2, for a torch that does not report L2_cache_size
+# GPU L2s are split into partitions with hashed addresses and do not evict in strict LRU order, so the flush
+# goes well past 2 x L2 where that is small: writing 1 GiB and reading 256 MiB (the size triton's do_bench
+# clears) takes ~0.3 ms at HBM speeds, cheap beside a timed call, and gives the host that long to launch the
+# call's kernels before the device reaches them (a Python wrapper with a few launches needs ~0.1 ms).
+GPU_FLUSH_WRITE_MIN_BYTES = 1 << 30
+GPU_FLUSH_READ_MIN_BYTES = 256 << 20
+# After the flush the device spins this long (torch.cuda._sleep) before the timed call's start event: the host
+# then has flush + lead (~0.9 ms) to launch the call's kernels, so none waits on the host. Our Triton wrappers
+# measured 0.16-0.37 ms of host launch time on an H200 against a 0.32 ms flush: without the lead, small passes
+# showed launch gaps as bandwidth dips.
+GPU_LAUNCH_LEAD_S = 0.6e-3
+GPU_SLEEP_CALIBRATION_CYCLES = 1 << 22  # ~2 ms at ~2 GHz: long enough that the events' ~1 us resolution is noise
+COPY_BYTES = 1 << 30  # the GPU ceiling's copy: 20x an H100's L2, ~0.5 ms at 4 TB/s, far above the events' ~1 us
+
+
+# ---- CPU helpers -------------------------------------------------------------------------------------------
+class StreamRead:
+    """The CPU ceiling: each call reads a fixed nbytes buffer once, start to end, and returns GB/s.
+
+    The native AVX2 reader runs on all threads when available (each thread one contiguous part), else a
+    torch integer sum."""
+
+    def __init__(self, nbytes: int = STREAM_READ_BYTES, threads: int | None = None) -> None:
+        self._buf = torch.ones(nbytes // 8, dtype=torch.int64)
+        self._threads = threads
+
+    def __call__(self) -> float:
+        lib, nbytes = native.load(), self._buf.numel() * 8
+        start = perf_counter()
+        if lib is not None:
+            lib.moespec_stream_read(self._buf.data_ptr(), nbytes, self._threads or torch.get_num_threads())
+        else:
+            self._buf.sum()
+        return nbytes / (perf_counter() - start) / 1e9
+
+
+def measure_stream_read(nbytes: int = STREAM_READ_BYTES, repeats: int = CEILING_REPEATS,
+                        threads: int | None = None) -> list[float]:
+    """GB/s of `repeats` streaming reads of one nbytes buffer, after one untimed read."""
+    read = StreamRead(nbytes, threads)
+    read()
+    return [read() for _ in range(repeats)]
+
+
+class CacheFlusher:
+    """Call it before a timed call so that call finds no expert weights in any CPU cache.
+
+    It writes a buffer larger than the last-level cache (default 64 MiB, twice this machine's 32 MiB L3),
+    which evicts everything, then reads a second buffer of the same size, which replaces the dirty lines
+    by clean ones (see the module docstring)."""
+
+    def __init__(self, nbytes: int = FLUSH_MIN_BYTES) -> None:
+        self._dirty = torch.empty(nbytes // 4, dtype=torch.float32)
+        self._clean = torch.ones(nbytes // 8, dtype=torch.int64)
+        self._value = 0.0
+
+    def __call__(self) -> None:
+        self._value += 1.0
+        self._dirty.fill_(self._value)
+        lib = native.load()
+        if lib is not None:
+            lib.moespec_stream_read(self._clean.data_ptr(), self._clean.numel() * 8, torch.get_num_threads())
+        else:
+            self._clean.sum()
+
+
+def median_iqr(samples: list[float]) -> tuple[float, float]:
+    """(median, interquartile range) of timing samples."""
+    q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else [samples[0]] * 3
+    return q[1], q[2] - q[0]
+
+
+def flush_bytes() -> int:
+    """FLUSH_LLC_MULTIPLE x the CPU's last-level cache (from sysfs), at least FLUSH_MIN_BYTES."""
+    llc = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+            llc = max(llc, int(size.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(size[-1:], 0))
+        except (OSError, ValueError):
+            continue
+    return max(FLUSH_LLC_MULTIPLE * llc, FLUSH_MIN_BYTES)
+
+
+def device_name() -> str:
+    """'cpu: <model name>, <threads> threads' (torch's intra-op threads, which our kernels use)."""
+    name = platform.processor() or platform.machine()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"cpu: {name}, {torch.get_num_threads()} threads"
+
+
+# ---- timers --------------------------------------------------------------------------------------------------
+def resolve_device(name: str) -> str:
+    """`name` ("cpu", "cuda" or "cuda:N") checked against this machine; raises MoespecError when it names no
+    device here."""
+    kind, colon, index = name.partition(":")
+    if not (name == "cpu" or kind == "cuda" and (not colon or index.isdigit())):
+        raise MoespecError(f"--device {name}: unknown device; use cpu, cuda or cuda:N")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise MoespecError(f"--device {name}: no CUDA device here (torch.cuda.is_available() is False)")
+        if colon and int(index) >= torch.cuda.device_count():
+            raise MoespecError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                               f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    return name
+
+
+class Timer(ABC):
+    """How a timed call is measured on one device: `flush()` before it, `time(fn)` around it, `ceiling()` beside.
+
+    device: the torch device string; kind: "cpu" or "cuda"; name: the device in words; flush_bytes: the bytes
+    the flush writes; timer_name: the clock; ceiling_kind: what the ceiling measures (module docstring)."""
+
+    device: str
+    kind: str
+    name: str
+    flush_bytes: int
+    timer_name: str
+    ceiling_kind: str
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Evict every cache line the device's memory traffic could reuse, leaving clean lines only."""
+
+    @abstractmethod
+    def time(self, fn: Callable[[], object]) -> float:
+        """Seconds one call of fn takes on the device."""
+
+    @abstractmethod
+    def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
+        """GB/s of `repeats` ceiling measurements on an nbytes buffer (default: the kind's size)."""
+
+
+class CpuTimer(Timer):
+    """perf_counter around the call, CacheFlusher before it, a streaming read as the ceiling."""
+
+    kind, timer_name, ceiling_kind = "cpu", "perf_counter", "streaming read"
+
+    def __init__(self) -> None:
+        self.device, self.name, self.flush_bytes = "cpu", device_name(), flush_bytes()
+        self._flusher = CacheFlusher(self.flush_bytes)
+
+    def flush(self) -> None:
+        self._flusher()
+
+    def time(self, fn: Callable[[], object]) -> float:
+        start = perf_counter()
+        fn()
+        return perf_counter() - start
+
+    def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
+        return measure_stream_read(nbytes or STREAM_READ_BYTES, repeats)
+
+
+class CudaTimer(Timer):
+    """CUDA events around the call, an L2 flush (write, then clean read) before it, a device copy as the ceiling."""
+
+    kind, timer_name, ceiling_kind = "cuda", "cuda events", "device-to-device copy"
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0) or GPU_L2_FALLBACK_BYTES
+        self.name = f"cuda: {props.name}, sm{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB"
+        self.flush_bytes = max(FLUSH_LLC_MULTIPLE * l2, GPU_FLUSH_WRITE_MIN_BYTES)
+        clean = max(FLUSH_LLC_MULTIPLE * l2, GPU_FLUSH_READ_MIN_BYTES)
+        self._dirty = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=device)
+        self._clean = torch.ones(clean // 4, dtype=torch.float32, device=device)
+        self._value = 0.0
+        self._lead_cycles = 0
+        cycles_per_s = GPU_SLEEP_CALIBRATION_CYCLES / self.time(lambda: torch.cuda._sleep(GPU_SLEEP_CALIBRATION_CYCLES))
+        self._lead_cycles = int(GPU_LAUNCH_LEAD_S * cycles_per_s)
+
+    def flush(self) -> None:
+        self._value += 1.0
+        with torch.cuda.device(self.device):
+            self._dirty.fill_(self._value)
+            self._clean.sum()
+            if self._lead_cycles:
+                torch.cuda._sleep(self._lead_cycles)
+
+    def time(self, fn: Callable[[], object]) -> float:
+        with torch.cuda.device(self.device):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
+        nbytes = nbytes or COPY_BYTES
+        src = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # untimed: pages in both buffers
+        return [2 * nbytes / self.time(lambda: dst.copy_(src)) / 1e9 for _ in range(repeats)]
+
+
+def timer_for(device: str) -> Timer:
+    """The Timer of a device named as `resolve_device` accepts it."""
+    device = resolve_device(device)
+    return CpuTimer() if device == "cpu" else CudaTimer(device)

@@ -1,0 +1,274 @@
+"""Greedy speculative decoding, in the spirit of gpt-fast: draft k tokens, verify them in one pass, keep the prefix.
+
+Physics first. Decoding one token costs one pass over the target's bytes, whatever the pass's size as long
+as it stays memory-bound; a pass of k+1 tokens therefore costs little more than a pass of one, except for the
+expert bytes an MoE pass adds with every distinct expert its tokens route to. A step feeds the last accepted
+token and k drafted ones through the target in ONE forward with the KV cache, keeps the longest prefix of
+the draft on which the target's greedy choice agrees, and appends the target's own token after it: every step
+yields accepted+1 tokens, and the output is exactly greedy decoding's (`plain_decode`), only the number of
+passes changes. The rejected drafts' keys and values are cut from the cache (DynamicCache.crop). A draft that
+each position matches with probability a, independently, is accepted geometrically: P(accepted >= j) = a^j.
+
+Drafts implement `propose(tokens_so_far, k) -> k tokens`, tokens_so_far being the prompt and every token
+decoded so far:
+- `OracleDraft`: the target's own greedy continuation, each token replaced with probability 1-a by another
+  one at random: acceptance is geometric at rate a exactly, with no draft model to pay for;
+- `ModelDraft`: a small causal LM sharing the tokenizer, greedy, with its own KV cache kept in step.
+
+Timing (StepRecord, seconds, perf_counter with CUDA synchronized around the verify forward): draft_s the
+proposal, verify_s the target's forward, host_s the rest of the step (argmax, acceptance, cache crop).
+transformers v5 notes: crop takes a negative count of tokens to drop, and sliding-window cache layers
+(gpt-oss) can only roll back while `activate_past_recording` keeps the tokens past the window until crop.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from moespec import MoespecError
+from moespec.model.load import cache_argument
+
+__all__ = ["StepRecord", "Draft", "OracleDraft", "ModelDraft", "Prefill", "prefill", "timed_forward", "plain_decode",
+           "speculative_decode", "realized_acceptance", "acceptance_rate"]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One speculative step: `drafted` tokens proposed, `accepted` of them kept; times in seconds."""
+
+    drafted: int
+    accepted: int
+    verify_s: float
+    step_s: float
+    draft_s: float
+    host_s: float  # step_s less verify_s and draft_s
+
+
+# Called before each forward of decoding with (position, n): the pass feeds n tokens, the first of them the
+# position-th generated token (0: the prompt's greedy successor). moespec.measure.run uses it to replay the experts of
+# trace row `position` at every position, so routing is a function of the position alone and plain and
+# speculative decoding see the same model. It runs outside every timed interval.
+Route = Callable[[int, int], None]
+
+
+class Draft(Protocol):
+    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
+        """k draft tokens to follow tokens_so_far (the prompt and the tokens decoded so far)."""
+
+
+# ---------------------------------------------------------------- model plumbing
+
+def _new_cache(model: Any) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()  # sliding-window layers keep what crop may need to restore
+    return cache
+
+
+def _forward(model: Any, tokens: list[int], cache: Any, keep: int = 0) -> torch.Tensor:
+    """Logits [len(tokens), vocab] of feeding `tokens` after the cache (only the last `keep` when keep > 0)."""
+    ids = torch.tensor([tokens], device=model.device)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{cache_argument(model): cache})
+    return out.logits[0]
+
+
+def _rollback(cache: Any, tokens: int) -> None:
+    """Drop the last `tokens` positions; crop(0) still trims the sliding layers back to their window."""
+    if cache.get_seq_length() > 0:
+        cache.crop(-tokens)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _prompt(prompt_ids: torch.Tensor) -> list[int]:
+    if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] < 1:
+        raise MoespecError(f"prompt_ids must be one sequence [1, P >= 1], got {tuple(prompt_ids.shape)}")
+    return prompt_ids[0].tolist()
+
+
+# ---------------------------------------------------------------- prefill and timed passes
+
+@dataclass
+class Prefill:
+    """The KV cache of a prompt and the greedy token after it: what every decoding of that prompt starts from."""
+
+    cache: Any
+    first: int
+    length: int
+
+
+def prefill(model: Any, prompt_ids: torch.LongTensor) -> Prefill:
+    """One forward of the whole prompt; decodings that pass `prefilled=` start from a copy of its cache."""
+    history = _prompt(prompt_ids)
+    cache = _new_cache(model)
+    with torch.inference_mode():
+        first = int(_forward(model, history, cache, keep=1)[-1].argmax())
+        _rollback(cache, 0)
+    return Prefill(cache, first, len(history))
+
+
+def timed_forward(model: Any, tokens: list[int], state: Prefill) -> float:
+    """Seconds of one forward of `tokens` (a verify pass) after the prefilled context, every logit computed;
+    the cache is cropped back to the context afterwards, so passes can be timed again and again."""
+    with torch.inference_mode():
+        _sync(model.device)
+        start = time.perf_counter()
+        _forward(model, tokens, state.cache)
+        _sync(model.device)
+        seconds = time.perf_counter() - start
+        _rollback(state.cache, len(tokens))
+    return seconds
+
+
+# ---------------------------------------------------------------- decoding
+
+def plain_decode(model: Any, prompt_ids: torch.LongTensor, max_new: int, prefilled: Prefill | None = None,
+                 route: Route | None = None, margins: list[float] | None = None) -> list[int]:
+    """max_new greedy tokens after the prompt, one forward each with a KV cache (no stop at end-of-sequence);
+    `prefilled`: a `prefill` of this prompt to start from (its cache is copied); `margins`, when given, receives
+    the gap between the two largest logits behind every token after the first: how close greedy was to a tie."""
+    prompt = _prompt(prompt_ids)
+    if max_new < 0:
+        raise MoespecError(f"max_new must be >= 0, got {max_new}")
+    if prefilled is not None and prefilled.length != len(prompt):
+        raise MoespecError(f"the prefill holds {prefilled.length} tokens but the prompt has {len(prompt)}")
+    if max_new == 0:
+        return []
+    state = prefilled or prefill(model, prompt_ids)
+    cache, tokens = copy.deepcopy(state.cache), [state.first]
+    with torch.inference_mode():
+        while len(tokens) < max_new:
+            if route is not None:
+                route(len(tokens) - 1, 1)
+            logits = _forward(model, tokens[-1:], cache, keep=1)[-1]
+            tokens.append(int(logits.argmax()))
+            if margins is not None:
+                top = logits.float().topk(2).values
+                margins.append(float(top[0] - top[1]))
+    return tokens
+
+
+def speculative_decode(model: Any, prompt_ids: torch.LongTensor, draft: Draft, k: int, max_new: int,
+                       prefilled: Prefill | None = None,
+                       route: Route | None = None) -> tuple[list[int], list[StepRecord]]:
+    """max_new greedy tokens by speculative decoding with k draft tokens a step (k = 0: plain decoding through
+    the same loop), and a record of every step after the prompt's prefill (`prefilled`: a `prefill` of this
+    prompt, whose cache is copied, so many decodings share one prefill)."""
+    history = _prompt(prompt_ids)
+    if k < 0 or max_new < 0:
+        raise MoespecError(f"need k >= 0 and max_new >= 0, got k={k}, max_new={max_new}")
+    if prefilled is not None and prefilled.length != len(history):
+        raise MoespecError(f"the prefill holds {prefilled.length} tokens but the prompt has {len(history)}")
+    if max_new == 0:
+        return [], []
+    state = prefilled or prefill(model, prompt_ids)
+    cache, records, tokens = copy.deepcopy(state.cache), [], [state.first]
+    with torch.inference_mode():
+        history = history + tokens  # the last token is decoded but not yet in the cache
+        while len(tokens) < max_new:
+            if route is not None:
+                route(len(tokens) - 1, k + 1)
+            start = time.perf_counter()
+            proposal = list(draft.propose(history, k))
+            if len(proposal) != k:
+                raise MoespecError(f"the draft proposed {len(proposal)} tokens when asked for {k}")
+            _sync(model.device)
+            drafted = time.perf_counter()
+            logits = _forward(model, [history[-1], *proposal], cache)
+            _sync(model.device)
+            verified = time.perf_counter()
+            target = logits.argmax(-1).tolist()  # target[i]: the greedy token after proposal[:i]
+            accepted = next((i for i, (d, t) in enumerate(zip(proposal, target)) if d != t), k)
+            _rollback(cache, k - accepted)
+            new = [*proposal[:accepted], target[accepted]]
+            tokens += new
+            history += new
+            end = time.perf_counter()
+            records.append(StepRecord(k, accepted, verified - drafted, end - start, drafted - start, end - verified))
+    return tokens[:max_new], records
+
+
+def realized_acceptance(records: list[StepRecord]) -> float:
+    """Accepted over drafted tokens over all steps (NaN when nothing was drafted). Under geometric acceptance
+    at rate a it tends to a (1 - a^k) / ((1 - a) k): a itself only at k = 1."""
+    drafted = sum(r.drafted for r in records)
+    return sum(r.accepted for r in records) / drafted if drafted else math.nan
+
+
+def acceptance_rate(records: list[StepRecord]) -> float:
+    """The per-position acceptance a itself: accepted tokens over the positions tested, sum accepted /
+    sum (accepted + [accepted < drafted]), the maximum-likelihood estimate of a geometric rate (NaN when
+    nothing was drafted)."""
+    tested = sum(r.accepted + (r.accepted < r.drafted) for r in records)
+    return sum(r.accepted for r in records) / tested if tested else math.nan
+
+
+# ---------------------------------------------------------------- drafts
+
+@dataclass
+class OracleDraft:
+    """Proposes the target's greedy continuation of the prompt (`continuation`: plain_decode's tokens, which
+    must cover max_new + k - 1 positions; past its end tokens are random), each token independently replaced
+    with probability 1-a by a different token drawn uniformly from the vocabulary. `prompt_len` places the
+    proposals: position p of the continuation follows prompt_len + p tokens."""
+
+    continuation: list[int]
+    a: float
+    seed: int
+    vocab_size: int
+    prompt_len: int
+    rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.a <= 1.0 or self.vocab_size < 2 or self.prompt_len < 1:
+            raise MoespecError(f"OracleDraft needs 0 <= a <= 1, vocab_size >= 2, prompt_len >= 1; "
+                               f"got a={self.a}, vocab_size={self.vocab_size}, prompt_len={self.prompt_len}")
+        self.rng = np.random.default_rng(self.seed)
+
+    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
+        start = len(tokens_so_far) - self.prompt_len
+        out = []
+        for p in range(start, start + k):
+            true = self.continuation[p] if p < len(self.continuation) else -1
+            if true >= 0 and self.rng.random() < self.a:
+                out.append(true)
+            else:  # uniform over the vocabulary less the true token
+                other = int(self.rng.integers(self.vocab_size - (true >= 0)))
+                out.append(other + (0 <= true <= other))
+        return out
+
+
+class ModelDraft:
+    """A causal LM drafting greedily; its KV cache holds the longest prefix it shares with the tokens so far,
+    so drafts the target rejected are cropped away before the next proposal."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.cache = _new_cache(model)
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+
+    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
+        if k == 0:
+            return []
+        shared = next((i for i, (a, b) in enumerate(zip(self.cached, tokens_so_far)) if a != b),
+                      min(len(self.cached), len(tokens_so_far)))
+        keep = min(shared, len(tokens_so_far) - 1)  # feed at least one token to get logits
+        _rollback(self.cache, len(self.cached) - keep)
+        self.cached, feed, out = list(tokens_so_far[:keep]), list(tokens_so_far[keep:]), []
+        with torch.inference_mode():
+            for _ in range(k):
+                next_token = int(_forward(self.model, feed, self.cache, keep=1)[-1].argmax())
+                self.cached += feed
+                feed = [next_token]
+                out.append(next_token)
+        return out

@@ -1,0 +1,276 @@
+"""`moespec plan`: whole-model verify time, the kernel saving with its band, the crossover, the best draft length
+and the speedup, from a bench (bandwidths) and a trace (bytes); with an engine's runs.json, also the calibrated
+version. The numbers and their error bounds are computed in `moespec.predict.verify` (physics in its docstring); this
+module reads the inputs, assembles plan.json and prints it.
+
+Physics first. A verification pass of n tokens costs the one-token pass plus what the expert operation of every
+MoE layer adds when it serves n tokens instead of one (22):
+
+    tau_hat_p(n) = tau_meas(1) + sum_l (t_bar_{p,l}(n) - t_bar_l(1)),   p in {slot, dedup},
+
+with t_bar_{p,l}(n) the layer's op time averaged over recorded windows: the fit at each window's bytes (the
+PREDICTION) or the measured per-window median (the MEASURED-TIME version); t_bar_l(1) is the per-slot kernel's,
+since both engines run it on one token. The sum covers the first L MoE layers of the model (--moe-layers: all of
+them, or the shape-faithful prefix an engine runs with fewer layers). The bench times only some MoE layers; each
+covered layer takes the timed layers' time per expert byte, scaled by its own w_l (sum over the L layers =
+(W_L / W_timed) x sum over timed ones). Given the whole-model verify times an engine measured with dedup off
+(--runs), the CALIBRATED version takes the growth with n of the time outside the expert operation from them:
+
+    tau_cal_p(n) = tau_meas_slot(n) - sum_l t_bar_{slot,l}(n) + sum_l t_bar_{p,l}(n)   (fits),
+
+so tau_cal_slot is the measured time and tau_cal_dedup inherits its growth outside the expert operation.
+
+The saving S_hat(n) = tau_slot(n) - tau_dedup(n) carries the band (18): with every bandwidth off by |e| <= eps,
+|S_hat - S| <= eps/(1-eps) (M^e_slot + M^e_dedup), M^e_p the summed expert-op times (here the predicted ones,
+for which the bound holds with factor eps <= eps/(1-eps)). Which kernel is faster is decided where the margin
+(19) |ln r(n) - ln u(n)| - ln((1+eps)/(1-eps)) is positive. The crossover is the smallest n >= 2 from which
+S_hat > 0 at every larger n; the AUTO policy runs at each n the kernel of smaller predicted time (per-slot below
+the crossover and dedup from it, when the saving changes sign once). Step times V_hat(k) = tau_p(k+1) + h(k), h
+the draft and host time per step, give k_hat*(a), the exact step points and the speedup, whose true value lies
+in the band (21) for the step-time delta of its version and policy (needs eps < 1/2; see moespec.predict.verify). For
+comparison, the one-bandwidth byte model of published cost models: reuse threshold rho*_k(a) (16) against the
+trace's rho_bar_k, both for the model of L MoE layers, and "dedup is faster wherever u(n) < 1", which bytes alone
+cannot decide (the two-bandwidth sign is that of r(n) - u(n), (7)).
+
+plan.json: its keys are documented in moespec.formats.planfile, which owns the format.
+
+What plan reads from runs.json (written by `moespec run`): format "moespec-runs", format_version 1; model,
+device_kind, dtype (must be the bench's); moe_layers (int, MoE layers of the model the engine ran: the default
+--moe-layers) and depth (int: the default --depth); verify_time_s.slot {n: median s} for n = 1..kmax+1 (--runs; n
+= 1 is the default --tau1); draft_time_s {k: median draft + host time per step} for k = 0..kmax (--draft-time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from moespec import MoespecError, theory
+from moespec.defaults import DEPTH, KERNELS, KMAX, POLICIES
+from moespec.formats.benchfile import load_bench
+from moespec.formats.files import provenance, write_json
+from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, Plan
+from moespec.formats.runsfile import Runs, load_runs
+from moespec.formats.trace import Trace, load_trace
+from moespec.model.spec import ModelSpec
+from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, with_auto
+from moespec.routing.reuse import derive, reuse_stats
+
+RUNS_CALIBRATE = "runs calibrate only a plan of their own model, device kind and dtype"
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What `make_plan` plans from: a bench (its path), a trace, the one-token pass time `tau1` (seconds) or an
+    engine's runs (their dedup-off verify times calibrate the plan and supply tau1, the MoE layers and the depth),
+    the largest draft `kmax`, the draft + host time per step `draft_time` (one number, kmax + 1 numbers, or a
+    runs.json path), the context depth, the MoE layers covered and the device the plan is for (the bench's);
+    written to `out` when given."""
+
+    bench: str
+    trace: str
+    tau1: float | None = None
+    runs: str | None = None
+    kmax: int = KMAX
+    draft_time: str = "0"
+    depth: int | None = None
+    moe_layers: int | None = None
+    device: str | None = None
+    out: str | None = None
+
+
+def _spec_of(bench: Mapping[str, Any], trace: Trace, trace_path: str) -> ModelSpec:
+    """The bench's model spec, after checking the trace routes that model."""
+    spec = ModelSpec.from_dict(bench["spec"]) if isinstance(bench.get("spec"), dict) else \
+        ModelSpec.from_name(bench["model"])
+    trace.check_fits(spec, trace_path, model=bench["model"])
+    return spec
+
+
+
+
+def _eps(bench: Mapping[str, Any], where: str) -> float:
+    """Engine eps = max over the two kernels; eps >= 1/2 leaves (21) without a band."""
+    missing = [k for k in KERNELS if k not in bench["eps"]]
+    if missing:
+        raise MoespecError(f"{where}: no fit error eps for kernel(s) {', '.join(missing)}")
+    eps = float(max(bench["eps"][k] for k in KERNELS))
+    if not eps < theory.EPS_LIMIT:
+        raise MoespecError(f"{where}: eps = {eps:.3g} >= 1/2: the speedup band (21) needs eps < 1/2")
+    return eps
+
+
+def reduced_model(spec: ModelSpec, moe_layers: int) -> ModelSpec:
+    """The first `moe_layers` MoE layers of `spec` with the dense layers before them: the shape-faithful model an
+    engine runs when it keeps fewer layers (`spec` itself when it keeps them all)."""
+    if moe_layers == spec.L:
+        return spec
+    last = spec.moe_layers[moe_layers - 1]
+    return replace(spec, layers=last + 1, dense_layers=tuple(i for i in spec.dense_layers if i <= last),
+                   sliding_layers=tuple(i for i in spec.sliding_layers if i <= last))
+
+
+def _moe_layers(spec: ModelSpec, given: int | None, runs: Runs | None, runs_path: str) -> int:
+    """L: --moe-layers, else the runs' moe_layers, else the model's; the calibration needs the runs' own L."""
+    ran = None if runs is None else runs.moe_layers
+    if given is not None and ran is not None and given != ran:
+        raise MoespecError(f"--moe-layers {given} differs from the {ran} MoE layers of the model {runs_path} "
+                           f"timed: the calibrated version needs that model")
+    L = given if given is not None else ran if ran is not None else spec.L
+    if not 1 <= L <= spec.L:
+        raise MoespecError(f"{L} MoE layers (--moe-layers or {runs_path}) is outside 1..{spec.L}, the MoE layers "
+                           f"of {spec.name}")
+    return L
+
+
+def draft_times(text: str, kmax: int, bench: Mapping[str, Any], bench_path: str) -> list[float]:
+    """h(0..kmax), seconds >= 0: one number (every step), kmax+1 comma-separated numbers, or a runs.json path
+    (its draft_time_s: the measured median draft + host time per step at each draft length k)."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        if not Path(text).is_file():
+            raise MoespecError(f"--draft-time {text!r}: not a number, a comma-separated list of numbers or a "
+                               f"runs.json file") from None
+        runs = load_runs(text)
+        runs.check_identity(bench, bench_path, RUNS_CALIBRATE)
+        return runs.series("draft_time_s", range(kmax + 1), positive=False).tolist()
+    if len(values) == 1:
+        values *= kmax + 1
+    if len(values) != kmax + 1 or not all(np.isfinite(v) and v >= 0 for v in values):
+        raise MoespecError(f"--draft-time needs one or {kmax + 1} finite times >= 0 (h(0..{kmax})), got {text!r}")
+    return values
+
+
+# ---- the plan ------------------------------------------------------------------------------------------------
+def _crossover(saving: np.ndarray) -> int | None:
+    """The crossover (theory.crossover) of a saving indexed by n - 1."""
+    return theory.crossover(dict(enumerate(saving.tolist(), start=1)))
+
+
+def _n_map(values: Sequence[float]) -> dict[str, float]:
+    return {str(n): float(v) for n, v in enumerate(values, start=1)}
+
+
+def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
+               draft_time: Sequence[float] | None = None, depth: int | None = None, bench_path: str = "bench",
+               trace_path: str = "trace", runs: Mapping[str, Any] | None = None, runs_path: str = "runs",
+               moe_layers: int | None = None) -> dict[str, Any]:
+    """The plan document (keys in moespec.formats.planfile) from a validated bench and a trace; tau1 = tau_meas(1)
+    in seconds (default: the runs' dedup-off n = 1); runs (a runs.json document, checked where read) add the
+    calibrated version and the defaults of depth and moe_layers."""
+    if runs is not None and not isinstance(runs, Runs):
+        runs = Runs(dict(runs), runs_path)
+    if kmax < 1:
+        raise MoespecError(f"--kmax must be >= 1, got {kmax}")
+    if tau1 is None and runs is None:
+        raise MoespecError("the one-token pass time is needed: give --tau1 or --runs")
+    spec = _spec_of(bench, trace, trace_path)
+    eps = _eps(bench, bench_path)
+    delta = float(theory.delta_from_eps(eps))
+    ns = range(1, kmax + 2)
+    tau_runs = None if runs is None else runs.series("verify_time_s.slot", ns, positive=True)
+    tau1 = float(tau_runs[0]) if tau1 is None else tau1
+    if not (np.isfinite(tau1) and tau1 > 0):
+        raise MoespecError(f"--tau1 = {tau1} must be a positive time in seconds (the one-token pass)")
+    h = list(draft_time) if draft_time is not None else [0.0] * (kmax + 1)
+    depth = depth if depth is not None else runs.depth if runs is not None else DEPTH
+    L = _moe_layers(spec, moe_layers, runs, runs_path)
+    model = reduced_model(spec, L)
+    times = layer_times(bench, bench_path, ns)
+    fmt = bench["dtype"]
+    bad = [layer for layer in bench["layers"] if not 0 <= layer < spec.L]
+    if bad:
+        raise MoespecError(f"{bench_path}: timed layers {bad} outside the model's MoE layers 0..{spec.L - 1}")
+    w = np.array([model.expert_bytes(layer, fmt) for layer in range(L)], dtype=float)
+    scale = float(w.sum() / sum(spec.expert_bytes(layer, fmt) for layer in bench["layers"]))
+    M = expert_times(times, "predicted", scale)
+    pred = anchored(tau1, M, delta, per_n=False)
+    meas = anchored(tau1, expert_times(times, "measured", scale), 0.0, per_n=False).tau
+    if min(v.min() for v in (*pred.tau.values(), *meas.values())) <= 0:
+        raise MoespecError(f"--tau1 = {tau1} s is shorter than the time the bench's expert operations drop "
+                           f"below one token's: a predicted verify time is not positive")
+    s_pred, s_meas = pred.tau["slot"] - pred.tau["dedup"], meas["slot"] - meas["dedup"]
+    band = delta * (M["slot"] + M["dedup"])  # (18)
+    policy = kernel_by_n(s_pred)
+    versions = {"prediction": with_auto(pred, policy)}
+    if tau_runs is not None:
+        cal = anchored(tau_runs, M, delta, per_n=True)
+        if cal.tau["dedup"].min() <= 0:
+            raise MoespecError(f"{runs_path}: a dedup-off verify time is shorter than the predicted saving: a "
+                               f"calibrated dedup verify time is not positive")
+        versions["calibrated"] = with_auto(cal, policy)
+    step = {v: steps(t, h, v) for v, t in versions.items()}
+    stats = reuse_stats(trace, n_max=ns[-1], bootstrap=0)
+    reuse = derive(stats.rho[:L], stats.union[:L], w, trace.m)  # byte quantities of the L covered layers
+    saving = {}
+    for n in ns[1:]:
+        u, r = float(reuse["u"][n]), bench["r"].get(str(n))
+        margin = None if r is None else float(theory.kernel_margin(u, r, eps))
+        saving[str(n)] = {
+            "predicted_s": float(s_pred[n - 1]), "measured_s": float(s_meas[n - 1]), "band_s": float(band[n - 1]),
+            "lo_s": float(s_pred[n - 1] - band[n - 1]), "hi_s": float(s_pred[n - 1] + band[n - 1]),
+            "u": u, "r": r, "margin": margin, "decided": margin is not None and margin > 0,
+            "byte_model": "dedup" if u < 1 else "slot",
+            "two_bandwidth": None if r is None else "dedup" if u < r else "slot"}
+    mW, D, kv = model.byte_model(fmt, depth, kmax)
+    rho_bar = [float(reuse["rho_bar"][k]) for k in range(1, kmax + 1)]
+    V_bytes = theory.byte_step_times(mW, D, kv, rho_bar)
+    grid = [float(a) for a in theory.PAPER_ACCEPTANCES]
+    plan = {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": bench["model"],
+        "device": bench["device"], "device_kind": bench["device_kind"], "dtype": fmt, "eps": eps, "delta": delta,
+        "kmax": kmax, "tau1_s": tau1, "draft_time_s": h,
+        "coverage": {"timed_layers": bench["layers"], "num_moe_layers": L, "model_moe_layers": spec.L,
+                     "scale": scale,
+                     "rule": f"each of the first {L} MoE layers takes the timed layers' op time per expert byte "
+                             f"times its w_l: sum over them = (W_{L} / W_timed) x sum over timed layers"},
+        "crossover": _crossover(s_pred), "crossover_measured": _crossover(s_meas),
+        "kernel_by_n": {str(n): k for n, k in policy.items()},
+        "tau_hat": {p: _n_map(versions["prediction"].tau[p]) for p in POLICIES},
+        "tau_measured": {p: _n_map(meas[p]) for p in KERNELS},
+        "saving": saving, "delta_steps": {v: s["delta"] for v, s in step.items()},
+        "step_times": step["prediction"]["step_times"], "staircase": step["prediction"]["staircase"],
+        "table": step["prediction"]["table"],
+        "reuse_threshold": {
+            "depth": depth, "rho_bar": {str(k): rb for k, rb in enumerate(rho_bar, start=1)},
+            "rho_star": {str(a): {str(k): float(theory.reuse_threshold_bytes(a, k, mW, D, kv))
+                                  for k in range(1, kmax + 1)} for a in grid},
+            "k_hat_bytes": {str(a): int(theory.best_draft_length(V_bytes, a)) for a in grid}},
+        "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
+        "provenance": provenance(device=bench["device"], dtype=fmt),
+    }
+    if runs is not None:
+        tau_cal = versions["calibrated"].tau
+        s_cal = tau_cal["slot"] - tau_cal["dedup"]
+        for n in ns[1:]:
+            saving[str(n)]["calibrated_s"] = float(s_cal[n - 1])
+        plan.update({"tau_calibrated": {p: _n_map(tau_cal[p]) for p in POLICIES},
+                     "crossover_calibrated": _crossover(s_cal),
+                     "step_times_calibrated": step["calibrated"]["step_times"],
+                     "staircase_calibrated": step["calibrated"]["staircase"],
+                     "table_calibrated": step["calibrated"]["table"]})
+    return plan
+
+
+def make_plan(config: PlanConfig) -> Plan:
+    """Load and check the inputs, build the plan (build_plan) and write it to config.out when given."""
+    bench = load_bench(config.bench)
+    if config.device is not None and config.device != bench.device_kind:
+        raise MoespecError(f"{config.bench} was measured on {bench.device_kind}; a {config.device} plan needs a "
+                           f"bench run with --device {config.device}")
+    trace = load_trace(config.trace)
+    runs = None
+    if config.runs is not None:
+        runs = load_runs(config.runs)
+        runs.check_identity(bench, config.bench, RUNS_CALIBRATE)
+    h = draft_times(config.draft_time, config.kmax, bench, config.bench)
+    doc = build_plan(bench, trace, config.tau1, config.kmax, h, config.depth, bench_path=config.bench,
+                     trace_path=config.trace, runs=runs, runs_path=config.runs or "runs", moe_layers=config.moe_layers)
+    if config.out:
+        write_json(config.out, doc)
+    return Plan(doc, config.out)

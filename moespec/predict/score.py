@@ -1,0 +1,381 @@
+"""Scoring: does a plan (plan.json) hold up against an engine's whole-model runs (runs.json)?
+
+The plan predicts, from the expert-op bench and a routing trace alone, the whole-model verify time tau_p(n) of
+each kernel (22), the saving S(n) = tau_slot(n) - tau_dedup(n), the crossover (the smallest n from which the
+saving stays positive), and per acceptance a the best draft length k_hat*(a) with its speedup and band (21).
+The runs measure the same quantities on the engine. The paper's six scoring rules (Table 8, Section 4.4), fixed
+before any whole-model run, decide whether the prediction holds:
+
+ 1. crossover within one. Measured crossover: the smallest n from which the MEDIAN of the measured saving is
+    positive at every larger measured n (the point estimate, as in Section 2); predicted: the same on the plan's
+    predicted saving. "No crossover" counts as n = n_top + 1 (10 over n = 2..9), so a measured crossover at 9 is
+    within one of none. Both are read over the same n, 2..n_top, n_top <= 9 the largest n up to which both files
+    hold every n (the plan's own `crossover` is the same number when it covers n = 2..9; it is reported too).
+ 2. k_hat* within one at >= 9 of 11 acceptances. Measured k*(a) = argmax over measured k of tokens_per_s (the
+    smallest k on ties, as theory.best_draft_length); predicted k_hat*(a) from the plan's table. Holds when the
+    count within one is >= ceil(9/11 x acceptances scored).
+ 3. throughput lost at k_hat* <= 6% at every acceptance: loss(a) = 1 - T(k_hat*(a)) / max_k T(k), measured T.
+ 4. sign of S(n) right wherever its 95% interval excludes 0: at each n whose measured bootstrap interval [lo, hi]
+    excludes 0, the plan's predicted saving must have the measured sign (a predicted 0 has none). Vacuously true
+    when no interval excludes 0 (reported as "vacuous").
+ 5. verify time within 15% for both kernels: max over kernel and n = 2..n_top of |tau_hat - tau_meas| / tau_meas.
+    n = 1 is left out, as in the paper: tau_hat(1) is the measured one-token time the plan starts from.
+ 6. best speedup inside (21): measured best speedup max_k T(k)/T(0) inside the plan's band
+    [speedup_lo, speedup_hi] at k_hat* at every acceptance (the plan built each band with its step-time delta,
+    plan.json delta_steps; the largest over policies is reported, null when no policy has one). A calibrated
+    row may have no band (speedup_lo, speedup_hi null: the plan could not bound the speedup there); such an
+    acceptance is not decidable and is reported as "no band", neither inside nor outside. The rule then holds
+    when every decidable acceptance is inside and at least one is decidable: a band the plan did not give
+    cannot count for it, and a rule with nothing to decide does not hold (unlike rule 4, whose vacuous case
+    is the paper's).
+
+Rules 2, 3 and 6 compare throughput per policy. Each policy both files hold is scored and reported; the verdict
+is AUTO's when the runs measured it (the policy the plan recommends: at each n the kernel with the smaller
+predicted time), else every fixed policy measured must hold. The throughput rows use the nominal acceptance
+a (the oracle draft makes acceptance geometric at rate a); realized_acceptance is not read.
+
+Honesty: the score records the plan's sha256 (of the file's bytes), its creation time and the time the runs
+started; "pre_registered" is true only when the plan was created strictly before the runs started (timestamps
+have whole seconds, so the same second does not count). The two files must name the same model, device kind
+and dtype.
+
+Versions (--version): a plan carries its PREDICTION (from the bench and trace alone) and, when made with
+--runs, its CALIBRATED version (moespec.predict.plan). Every rule reads the chosen version's keys, nothing of the
+other; the default is the prediction. Asking for the calibrated version of a plan made without --runs is an
+error. pre_registered is decided the same way for both (the calibrated version is built from an engine's runs,
+so it is pre-registered only against runs started after the plan was made).
+
+What score reads from runs.json (written by `moespec run`):
+  format "moespec-runs", format_version 1, model, device_kind, dtype, depth (int)
+  verify_time_s  {slot|dedup: {n: median seconds}}   n as strings
+  saving_s       {n: {median, lo, hi}}                S(n) with its 95% bootstrap interval, seconds
+  throughput     [{policy: slot|dedup|auto, k, a, tokens_per_s, ...}], one row per (policy, k, a); every scored
+                 (policy, a) needs k = 0 (plain decoding) and the plan's k_hat*
+  provenance     {timestamp: ISO time the runs started, ...}
+From plan.json (moespec.formats.planfile): model, device_kind, dtype, provenance.timestamp, and per version (VERSIONS):
+                 prediction                    calibrated
+  verify time    tau_hat.{slot,dedup}.{n}      tau_calibrated.{slot,dedup}.{n}
+  saving         saving.{n}.predicted_s        saving.{n}.calibrated_s
+  crossover      crossover                     crossover_calibrated          (reported, not scored)
+  table rows     table                         table_calibrated              {a, policy, k_hat, speedup_lo, speedup_hi}
+  band delta     delta_steps.prediction        delta_steps.calibrated        {policy: d}, d null where no band
+
+`--json` prints one document:
+  rules           six {"name", "rule", "value", "holds", ...}, in Table 8's order; name and its details:
+                    crossover        value: measured n or null; predicted, plan_crossover, scored_n, none_counts_as
+                    k_hat            value: count within one; of, needed, policy, per_policy
+                    throughput_loss  value: largest loss (fraction); at_a, limit, policy, per_policy
+                    saving_sign      value: right signs; of (intervals excluding 0), vacuous, per_n
+                    verify_time      value: largest relative error; at {kernel, n}, limit, errors {kernel: {n: e}}
+                    speedup_band     value: acceptances inside; of (decidable ones), no_band (count), delta
+                                     (null: no band), policy, per_policy; per acceptance inside is null at no band
+                  per_policy: {policy: {value, holds, per_acceptance: [...]}}, policy: the policies the verdict uses
+  version         "prediction" or "calibrated": the plan version scored
+  all_hold        all six hold
+  plan_sha256, plan_created, runs_started, pre_registered
+  model, device_kind, dtype, depth
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from fractions import Fraction
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from moespec import MoespecError, theory
+from moespec.defaults import KERNELS, N_MAX, POLICIES
+from moespec.formats.files import NUMBER, timestamp
+from moespec.formats.files import field as _field
+from moespec.formats.planfile import load_plan
+from moespec.formats.runsfile import Runs, load_runs
+
+CROSSOVER_WITHIN = 1  # rule 1: |predicted - measured| <= 1
+K_WITHIN = 1  # rule 2: |k_hat* - k*| <= 1 ...
+K_SHARE = Fraction(9, 11)  # ... at >= 9 of the paper's 11 acceptances, scaled to the acceptances present
+LOSS_LIMIT = 0.06  # rule 3: at most 6% of the best measured throughput lost by drafting k_hat*
+VERIFY_LIMIT = 0.15  # rule 5: verify time within 15%
+# A value at its limit to float precision counts as within: 1 - 0.94/1 is 0.06000000000000005 in floats.
+SLACK = 1e-9
+# Both files write acceptances as floats; 6 digits keep the paper's grid (0.95 vs 0.98) apart and absorb printing.
+ACCEPTANCE_DIGITS = 6
+
+
+class Keys(NamedTuple):
+    """Where one version of the prediction lies in plan.json."""
+    tau: str  # {slot|dedup|auto: {n: s}}
+    saving: str  # saving.{n}.<this>
+    crossover: str
+    table: str
+    delta: str  # delta_steps.<this>
+
+
+VERSIONS = {"prediction": Keys("tau_hat", "predicted_s", "crossover", "table", "prediction"),
+            "calibrated": Keys("tau_calibrated", "calibrated_s", "crossover_calibrated", "table_calibrated",
+                               "calibrated")}
+DEFAULT_VERSION = "prediction"
+
+
+def _check_pair(plan: dict[str, Any], runs: dict[str, Any], plan_path: str, runs_path: str) -> None:
+    """A plan scores only the runs of its own model, device kind, dtype and number of MoE layers (a plan's sums
+    (22) cover `coverage.num_moe_layers` layers; an engine may run a model with fewer)."""
+    for key in ("model", "device_kind", "dtype"):
+        mine, theirs = _field(plan, plan_path, key, str), runs[key]
+        if mine != theirs:
+            raise MoespecError(f"{plan_path} is a plan for {key} {mine!r} but {runs_path} measured {theirs!r}")
+    covered, ran = plan.get("coverage", {}).get("num_moe_layers"), runs.get("moe_layers")
+    if covered is not None and ran is not None and covered != ran:
+        raise MoespecError(f"{plan_path} plans {covered} MoE layers but {runs_path} ran {ran}: make the plan with "
+                           f"--moe-layers {ran} (or --runs from such a run)")
+
+
+def _keys(plan: dict[str, Any], version: str, plan_path: str) -> Keys:
+    """The chosen version's keys, after checking the plan holds that version."""
+    if version not in VERSIONS:
+        raise MoespecError(f"version {version!r} is not one of {', '.join(VERSIONS)}")
+    keys = VERSIONS[version]
+    if keys.tau not in plan and keys.table not in plan:
+        raise MoespecError(f"{plan_path} has no {version} version (the plan was made without --runs); score "
+                           f"--version prediction, or make the plan with --runs")
+    return keys
+
+
+def _delta(plan: dict[str, Any], keys: Keys, plan_path: str) -> float | None:
+    """The largest step-time delta over policies of the version's bands; None when no policy has a band."""
+    ds = _field(plan, plan_path, f"delta_steps.{keys.delta}", dict)
+    for policy, d in ds.items():
+        if d is not None and (isinstance(d, bool) or not isinstance(d, NUMBER) or not np.isfinite(d)):
+            raise MoespecError(f"{plan_path}: delta_steps.{keys.delta}.{policy} has the wrong type or value ({d!r})")
+    known = [d for d in ds.values() if d is not None]
+    return max(known) if known else None
+
+
+def _scored_n(plan: dict[str, Any], runs: dict[str, Any], runs_path: str) -> list[int]:
+    """n = 2..n_top: n_top <= N_MAX the largest n up to which both files hold the saving at every n."""
+    measured = _field(runs, runs_path, "saving_s", dict)
+    ns = []
+    for n in range(2, N_MAX + 1):
+        if str(n) not in plan["saving"] or str(n) not in measured:
+            break
+        ns.append(n)
+    if not ns:
+        raise MoespecError(f"{runs_path} and the plan share no saving at n = 2: nothing to score")
+    return ns
+
+
+# ---- rules on n ----------------------------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    """One scoring rule: its Table 8 wording, measured value, verdict, details for JSON and the table's cells."""
+    name: str
+    rule: str
+    value: Any
+    holds: bool
+    detail: dict[str, Any] = field(default_factory=dict)
+    shown: tuple[str, str] = ("", "")  # (predicted, measured) as printed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "rule": self.rule, "value": self.value, "holds": self.holds, **self.detail}
+
+
+def _or(n: int | None, none: int) -> int:
+    return none if n is None else n
+
+
+def crossover_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
+                   runs_path: str, keys: Keys) -> Verdict:
+    predicted = theory.crossover({n: _field(plan, plan_path, f"saving.{n}.{keys.saving}") for n in ns})
+    measured = theory.crossover({n: _field(runs, runs_path, f"saving_s.{n}.median") for n in ns})
+    plan_crossover = _field(plan, plan_path, keys.crossover, (int, type(None)))
+    none = ns[-1] + 1
+    holds = abs(_or(predicted, none) - _or(measured, none)) <= CROSSOVER_WITHIN
+    shown = tuple("none" if c is None else f"n = {c}" for c in (predicted, measured))
+    return Verdict("crossover", "crossover within one", measured, holds,
+                   {"predicted": predicted, "plan_crossover": plan_crossover, "scored_n": ns,
+                    "none_counts_as": none}, (f"{shown[0]} (n = 2..{ns[-1]})", shown[1]))
+
+
+def sign_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
+              runs_path: str, keys: Keys) -> Verdict:
+    per_n = []
+    for n in ns:
+        lo, hi = (_field(runs, runs_path, f"saving_s.{n}.{key}") for key in ("lo", "hi"))
+        if lo > 0 or hi < 0:
+            predicted = _field(plan, plan_path, f"saving.{n}.{keys.saving}")
+            per_n.append({"n": n, "lo": lo, "hi": hi, "predicted_s": predicted,
+                          "right": bool(np.sign(predicted) == np.sign(lo))})
+    right = sum(p["right"] for p in per_n)
+    vacuous = not per_n
+    wrong = ", ".join(str(p["n"]) for p in per_n if not p["right"])
+    return Verdict("saving_sign", "sign of S(n) right wherever its 95% interval excludes 0", right,
+                   right == len(per_n), {"of": len(per_n), "vacuous": vacuous, "per_n": per_n},
+                   ("sign of S_hat(n)", "no interval excludes 0 (vacuous)" if vacuous else
+                    f"{right} of {len(per_n)} right" + (f", wrong at n = {wrong}" if wrong else "")))
+
+
+def verify_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
+                runs_path: str, keys: Keys) -> Verdict:
+    errors = {p: {str(n): _relative_error(_field(plan, plan_path, f"{keys.tau}.{p}.{n}"), runs, runs_path, p, n)
+                  for n in ns} for p in KERNELS}
+    kernel, n = max(((p, n) for p in KERNELS for n in errors[p]), key=lambda pn: errors[pn[0]][pn[1]])
+    worst = errors[kernel][n]
+    return Verdict("verify_time", "verify time within 15%, both kernels", worst, worst <= VERIFY_LIMIT + SLACK,
+                   {"at": {"kernel": kernel, "n": int(n)}, "limit": VERIFY_LIMIT, "errors": errors},
+                   (f"{keys.tau} slot, dedup, n = 2..{ns[-1]}", f"{worst:.1%} ({kernel}, n = {n})"))
+
+
+def _relative_error(predicted: float, runs: dict[str, Any], runs_path: str, kernel: str, n: int) -> float:
+    """|tau_hat - tau_meas| / tau_meas, after checking the measured time is positive."""
+    tau = _field(runs, runs_path, f"verify_time_s.{kernel}.{n}")
+    if tau <= 0:
+        raise MoespecError(f"{runs_path}: verify_time_s.{kernel}.{n} = {tau} is not a positive time")
+    return abs(predicted - tau) / tau
+
+
+# ---- rules on acceptances ------------------------------------------------------------------------------------
+def _curves(rows: list[dict[str, Any]], runs_path: str) -> dict[str, dict[float, dict[int, float]]]:
+    """policy -> a -> k -> measured tokens per second (one row per policy, k and a)."""
+    out: dict[str, dict[float, dict[int, float]]] = {}
+    for row in rows:
+        curve = out.setdefault(row["policy"], {}).setdefault(round(row["a"], ACCEPTANCE_DIGITS), {})
+        if row["k"] in curve:
+            raise MoespecError(f"{runs_path}: two throughput rows for policy {row['policy']}, k = {row['k']}, "
+                               f"a = {row['a']}")
+        curve[row["k"]] = row["tokens_per_s"]
+    return out
+
+
+def acceptance_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
+                    keys: Keys = VERSIONS[DEFAULT_VERSION]) -> dict[str, list[dict]]:
+    """Per policy both files hold and per acceptance both hold: k_hat* (the version's table), k* (measured,
+    smallest on ties), the throughput lost at k_hat*, the measured best speedup and the plan's band (21);
+    inside is None where the row has no band."""
+    table = {(row["policy"], round(row["a"], ACCEPTANCE_DIGITS)): row for row in plan[keys.table]}
+    out = {}
+    for policy, by_a in _curves(runs["throughput"], runs_path).items():
+        rows = []
+        for a, curve in sorted(by_a.items()):
+            planned = table.get((policy, a))
+            if planned is None:
+                continue
+            k_hat = planned["k_hat"]
+            missing = sorted({0, k_hat} - set(curve))
+            if missing:
+                raise MoespecError(f"{runs_path}: no throughput for policy {policy} at a = {a}, k = {missing[0]} "
+                                   f"({'plain decoding' if missing[0] == 0 else 'the plan k_hat*'})")
+            k_star = max(sorted(curve), key=lambda k: curve[k])  # the first, i.e. smallest, maximizer
+            best = curve[k_star] / curve[0]
+            lo, hi = planned["speedup_lo"], planned["speedup_hi"]
+            rows.append({"a": a, "k_hat": k_hat, "k_star": k_star, "loss": 1 - curve[k_hat] / curve[k_star],
+                         "speedup": best, "lo": lo, "hi": hi,
+                         "inside": None if lo is None or hi is None else lo - SLACK <= best <= hi + SLACK})
+        if rows:
+            out[policy] = rows
+    if not out:
+        raise MoespecError(f"{runs_path}: no throughput row matches a (policy, acceptance) of the plan's table")
+    return out
+
+
+def _by_policy(name: str, rule: str, per_policy: dict[str, list[dict]], keys: Sequence[str],
+               judge: Callable[[list[dict]], tuple[Any, bool, dict[str, Any], str]], predicted: str,
+               extra: dict[str, Any] | None = None) -> Verdict:
+    """A rule judged per policy (judge -> value, holds, details, text); the verdict is AUTO's when measured, else
+    every fixed policy's; the value is that of the first deciding policy that fails, else of the first; the
+    measured cell lists every policy scored."""
+    judged = {p: judge(rows) for p, rows in per_policy.items()}
+    deciding = ["auto"] if "auto" in judged else [p for p in POLICIES if p in judged]
+    failing = [p for p in deciding if not judged[p][1]]
+    value, _, detail, _ = judged[(failing or deciding)[0]]
+    text = "; ".join(f"{p}: {judged[p][3]}" for p in POLICIES if p in judged)
+    per = {p: {"value": v, "holds": h, **d, "per_acceptance": [{k: r[k] for k in ("a", *keys)}
+                                                              for r in per_policy[p]]}
+           for p, (v, h, d, _) in judged.items()}
+    return Verdict(name, rule, value, not failing, {**detail, **(extra or {}), "policy": deciding,
+                                                      "per_policy": per}, (predicted, text))
+
+
+def _k_hat(rows: list[dict]) -> tuple[int, bool, dict[str, Any], str]:
+    within = sum(abs(r["k_hat"] - r["k_star"]) <= K_WITHIN for r in rows)
+    needed = math.ceil(K_SHARE * len(rows))
+    return within, within >= needed, {"of": len(rows), "needed": needed}, f"{within} of {len(rows)} (need {needed})"
+
+
+def _loss(rows: list[dict]) -> tuple[float, bool, dict[str, Any], str]:
+    worst = max(rows, key=lambda r: r["loss"])
+    return worst["loss"], worst["loss"] <= LOSS_LIMIT + SLACK, {"at_a": worst["a"], "limit": LOSS_LIMIT}, \
+        f"{worst['loss']:.1%} at a = {worst['a']:g}"
+
+
+def _inside(rows: list[dict]) -> tuple[int, bool, dict[str, Any], str]:
+    """Acceptances without a band are not decidable: holds when every decidable one is inside and there is one."""
+    decidable = [r for r in rows if r["inside"] is not None]
+    inside = sum(r["inside"] for r in decidable)
+    no_band = len(rows) - len(decidable)
+    text = f"{inside} of {len(decidable)} inside" + (f", {no_band} no band" if no_band else "")
+    return inside, bool(decidable) and inside == len(decidable), {"of": len(decidable), "no_band": no_band}, text
+
+
+@dataclass
+class Score:
+    """The six verdicts and what makes them honest: which plan (sha256), written when, against runs started when."""
+    rules: list[Verdict]
+    plan_sha256: str
+    plan_created: datetime
+    runs_started: datetime
+    runs: dict[str, Any]
+    version: str = DEFAULT_VERSION
+
+    @property
+    def all_hold(self) -> bool:
+        return all(r.holds for r in self.rules)
+
+    @property
+    def pre_registered(self) -> bool:
+        return self.plan_created < self.runs_started
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` document (module docstring)."""
+        return {"rules": [r.to_json() for r in self.rules], "version": self.version, "all_hold": self.all_hold,
+                "plan_sha256": self.plan_sha256, "plan_created": self.plan_created.isoformat(),
+                "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
+                **{key: self.runs[key] for key in ("model", "device_kind", "dtype", "depth")}}
+
+
+def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, plan_path: str = "plan",
+          runs_path: str = "runs", version: str = DEFAULT_VERSION) -> Score:
+    """The six rules of a validated plan (load_plan) against validated runs (load_runs), reading the plan's
+    `version` ("prediction" or "calibrated") only."""
+    runs = runs if isinstance(runs, Runs) else Runs(dict(runs), runs_path)
+    started = runs.started  # checked before any rule is scored
+    runs.throughput()  # every row valid before any rule reads one
+    keys = _keys(plan, version, plan_path)
+    _check_pair(plan, runs, plan_path, runs_path)
+    ns = _scored_n(plan, runs, runs_path)
+    delta = _delta(plan, keys, plan_path)
+    per_policy = acceptance_rows(plan, runs, runs_path, keys)
+    band = "band (21), delta = " + ("none (no band)" if delta is None else f"{delta:.3g}")
+    rules = [
+        crossover_rule(plan, runs, ns, plan_path, runs_path, keys),
+        _by_policy("k_hat", "k_hat* within one at >= 9 of 11 acceptances", per_policy, ("k_hat", "k_star"),
+                   _k_hat, f"k_hat*(a) of the plan's {keys.table}"),
+        _by_policy("throughput_loss", "throughput lost at k_hat* <= 6% at every acceptance", per_policy,
+                   ("k_hat", "k_star", "loss"), _loss, "at most 6%"),
+        sign_rule(plan, runs, ns, plan_path, runs_path, keys),
+        verify_rule(plan, runs, ns, plan_path, runs_path, keys),
+        _by_policy("speedup_band", "best speedup inside (21)", per_policy, ("k_star", "speedup", "lo", "hi",
+                                                                            "inside"),
+                   _inside, band, {"delta": delta}),
+    ]
+    return Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version)
+
+
+def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION) -> Score:
+    """Load and score: the plan's sha256 is of the exact bytes read."""
+    plan = load_plan(plan_path)
+    return score(plan, load_runs(runs_path), plan.sha256, plan_path, runs_path, version)
+
+

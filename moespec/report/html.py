@@ -1,0 +1,444 @@
+"""One self-contained HTML page (DIR/report.html) of everything a moespec job left in DIR.
+
+What it shows and why. A job (`moespec demo`, or the commands run by hand) leaves one file per stage of the chain
+trace -> reuse -> bench -> theory -> predict -> engine in one folder. Each file answers one question; the report
+puts the answers side by side, so that one page says what was measured, on what, when and by which command, and
+whether the prediction made before the engine ran held up against it:
+
+  header        model, device, dtype, context depth, MoE layers, the trace (synthetic and calibrated to what, or
+                recorded), and each artifact's creation time, command and host (its provenance)
+  Figure 1      reuse rho(n): layer mean with bootstrap interval, against uniform iid routing      trace.npz
+  Figure 2      each kernel's effective bandwidth vs n with the device ceiling; Table 1 (r(n), u(n)) and
+                the fits (the re-read cost c_re/c_u)                                              bench.json
+  staircase     k_hat*(a) and its step points for slot, dedup and AUTO, per plan version          plan.json
+  Figure 4      the measured saving S(n) with its 95% interval against the predicted saving and its band
+                (18), its measured-time version and the calibrated one                 plan.json (+ runs.json)
+  Figure 5      per acceptance: predicted k_hat* vs the measured best k, the throughput lost at k_hat* vs
+                the bound (20), the speedup error vs the band (21)                      plan.json + runs.json
+  Tables 3, 8   per n the saving error and the verify-time error; the six scoring rules (moespec.predict.score)
+  engine        verify times per n and kernel, AUTO ratio, engine overhead, greedy agreement and the top-2
+                logit gap of every mismatch                                        runs.json, runs-verify.json
+
+A section whose artifact is missing or unreadable says so in one line and the rest of the page is still made,
+so a folder holding only bench.json gives a report of the bench; a folder with no artifact is an error. The
+figures are PNGs embedded as base64 and the style sheet is inline, so the page opens offline and travels as one
+file; nothing else is written to DIR.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from moespec import MoespecError, theory
+from moespec.defaults import N_MAX, POLICIES
+from moespec.formats.files import atomic_write
+from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, acceptance_rows, score_files
+from moespec.report.figures import (
+    FIG_DPI,
+    MS,
+    PLAN_VERSIONS,
+    acceptance_figure,
+    bandwidth_figure,
+    reuse_figure,
+    saving_figure,
+    staircase_figure,
+)
+from moespec.report.folder import ARTIFACTS, DEFAULT_NAME, RUNS, RUNS_VERIFY, Folder, load_folder
+from moespec.report.tables import FITS_CAPTION, TABLE1_CAPTION, fits_table, table1
+from moespec.routing.reuse import reuse_stats
+from moespec.routing.synth import describe
+
+CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1150px; margin: 2em auto; padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .88em; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: right; }
+th { background: #f3f3f3; } td.text, th.text { text-align: left; }
+caption { caption-side: bottom; font-size: .85em; color: #555; text-align: left; padding-top: .3em; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: .92em; color: #333; max-width: 60em; }
+p.missing { background: #fff6e0; border-left: 4px solid #e0a000; padding: .5em .8em; }
+.holds { color: #17752a; font-weight: 600; } .fails { color: #b01c1c; font-weight: 600; }
+"""
+
+
+# ---- HTML pieces ---------------------------------------------------------------------------------------------
+class Markup(str):
+    """A table cell that is already HTML (everything else is escaped)."""
+
+
+VERDICT = {True: Markup('<span class="holds">holds</span>'), False: Markup('<span class="fails">fails</span>')}
+
+
+def _e(value: Any) -> str:
+    return value if isinstance(value, Markup) else html.escape(str(value))
+
+
+def _table(columns: Sequence[str] | None, rows: Iterable[Sequence[str]], caption: str | None = None,
+           text_columns: int = 0) -> str:
+    """A table of formatted cells (no header row when `columns` is None); the first `text_columns` columns are
+    left-aligned text."""
+    cls = lambda i: ' class="text"' if i < text_columns else ""  # noqa: E731
+    head = "" if columns is None else \
+        "<thead><tr>" + "".join(f"<th{cls(i)}>{_e(c)}</th>" for i, c in enumerate(columns)) + "</tr></thead>"
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+                   for row in rows)
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
+    return f"<table>{cap}{head}<tbody>{body}</tbody></table>"
+
+
+def _facts(items: Iterable[tuple[str, str]]) -> str:
+    """Name-value lines as a two-column table."""
+    return _table(None, items, text_columns=2)
+
+
+def _figure(fig: Any, caption: str) -> str:
+    """A matplotlib Figure as an embedded PNG with its caption."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=FIG_DPI)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return (f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def _missing(text: str) -> str:
+    return f'<p class="missing">Not shown: {_e(text)}.</p>'
+
+
+def _ms(seconds: float | None, spec: str = ".3f") -> str:
+    return "-" if seconds is None else format(seconds * MS, spec)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _policies(present: Iterable[str]) -> list[str]:
+    """The policies among `present`, in POLICIES' order."""
+    present = set(present)
+    return [p for p in POLICIES if p in present]
+
+
+# ---- header --------------------------------------------------------------------------------------------------
+def _provenance(name: str, doc: Any) -> dict[str, Any]:
+    meta = doc.meta if name == "trace.npz" else doc
+    return meta.get("provenance") or {}
+
+
+def _distinct(values: Iterable[Any]) -> str:
+    """The different values the artifacts give (a folder that mixes jobs shows it), or '-'."""
+    seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "")))
+    return " / ".join(seen) if seen else "-"
+
+
+def _trace_text(f: Folder) -> str:
+    trace = f.docs.get("trace.npz")
+    if trace is not None:
+        meta = trace.meta
+        what = f"synthetic: {describe(meta)}" if meta.get("synthetic") else f"recorded: {meta.get('source')}"
+        return f"{what}; {trace.num_tokens:,} tokens in {trace.num_documents} documents (trace.npz)"
+    bench_trace = f.docs.get("bench.json", {}).get("trace")
+    if bench_trace:
+        kind = "synthetic" if bench_trace.get("synthetic") else "recorded"
+        return f"{kind}: {bench_trace.get('source')}, {bench_trace.get('num_tokens')} tokens (as bench.json " \
+               f"records it; trace.npz is not here)"
+    return "-"
+
+
+def _layers_text(f: Folder) -> str:
+    d = f.docs
+    parts = []
+    if "trace.npz" in d:
+        parts.append(f"the trace records {d['trace.npz'].num_layers}")
+    if "bench.json" in d:
+        parts.append(f"the bench timed layer(s) {', '.join(map(str, d['bench.json']['layers']))}")
+    if "plan.json" in d and isinstance(d["plan.json"].get("coverage"), dict):
+        cov = d["plan.json"]["coverage"]
+        parts.append(f"the plan covers {cov['num_moe_layers']} of {cov['model_moe_layers']}")
+    ran = [f"{d[name].get('moe_layers')} ({name})" for name in (RUNS, RUNS_VERIFY) if name in d]
+    if ran:
+        parts.append(f"the engine ran {', '.join(ran)}")
+    return "; ".join(parts) or "-"
+
+
+def _model(f: Folder) -> str:
+    return _distinct(doc.meta.get("model") if name == "trace.npz" else doc.get("model") for name, doc in f.docs.items())
+
+
+def header(f: Folder) -> str:
+    """What ran on what (the artifacts' model, device, dtype, depth, layers, trace), then each artifact's status and
+    provenance."""
+    d = f.docs
+    jsons = [doc for name, doc in d.items() if name != "trace.npz"]
+    plan = d.get("plan.json", {})
+    plan_depth = (plan.get("runs") or {}).get("depth") or (plan.get("reuse_threshold") or {}).get("depth")
+    summary = [
+        ("model", _model(f)),
+        ("device", _distinct(d[name].get("device") for name in ("bench.json", "plan.json", RUNS, RUNS_VERIFY)
+                             if name in d)),
+        ("dtype", _distinct([*(doc.get("dtype") for doc in jsons), d.get("demo.json", {}).get("format")])),
+        ("context depth", _distinct([*(d[name].get("depth") for name in (RUNS, RUNS_VERIFY, "demo.json")
+                                       if name in d), plan_depth])),
+        ("MoE layers", _layers_text(f)),
+        ("trace", _trace_text(f)),
+    ]
+    rows = []
+    for name, (writer, _) in ARTIFACTS.items():
+        if name not in d:
+            rows.append([name, writer, f.problems[name], "-", "-", "-"])
+            continue
+        prov = _provenance(name, d[name])
+        rows.append([name, writer, "read", prov.get("timestamp", "-"), prov.get("command", "-"),
+                     prov.get("host", "-")])
+    return _facts(summary) + _table(("artifact", "written by", "status", "created (UTC)", "command", "host"), rows,
+                                    "created and command: each file's provenance", text_columns=6)
+
+
+# ---- Figure 1: reuse -----------------------------------------------------------------------------------------
+def reuse_section(f: Folder) -> str:
+    """Figure 1: the trace's reuse (App. D.2 estimator, bootstrap over documents) drawn by reuse_figure."""
+    trace = f.docs["trace.npz"]
+    n_max = int(min(N_MAX, trace.document_lengths.max()))  # a window never crosses a document
+    stats = reuse_stats(trace, n_max)
+    lo, hi = stats.ci["rho_mean"]
+    fig = reuse_figure(stats, label=str(trace.meta.get("model") or "trace"))
+    values = "; ".join(f"rho({n}) = {stats.rho_mean[n]:.3f} [{lo[n]:.3f}, {hi[n]:.3f}]" for n in sorted({2, n_max})
+                       if n <= n_max)
+    caption = (f"Look at how far the layer-mean reuse (dots, {stats.level:.0%} bootstrap band over "
+               f"{stats.num_documents} documents) lies above the dotted uniform iid curve: the higher, the more "
+               f"experts a pass of n tokens shares and the fewer bytes a deduplicating kernel reads ({values}).")
+    return _figure(fig, caption)
+
+
+# ---- Figure 2, Table 1: bandwidth ----------------------------------------------------------------------------
+def bandwidth_section(f: Folder) -> str:
+    """Figure 2 (bandwidth_figure), Table 1 and the fits of bench.json, with its ceiling, eps and noise."""
+    bench = f.docs["bench.json"]
+    where = "at no n here" if bench["crossover"] is None else f"from n = {bench['crossover']} on here"
+    caption = ("Compare each kernel's effective bandwidth with the dotted device ceiling and with the other "
+               "kernel's: the deduplicating kernel is faster at n wherever u(n) < r(n) = beta_dedup/beta_slot "
+               f"(Table 1), {where}.")
+    noisy = bench.get("noisy") or {}
+    facts = [("ceiling", f"{bench['ceiling_gbps']:.1f} GB/s ({bench['ceiling_kind']})"),
+             ("fit error eps", ", ".join(f"{k} {v:.3f}" for k, v in bench["eps"].items()) or "-"),
+             ("crossover", "none" if bench["crossover"] is None else f"n = {bench['crossover']}")]
+    if noisy:
+        facts.append(("noisy timings", f"{noisy.get('count')} of {noisy.get('total')} have an IQR above "
+                                       f"{noisy.get('threshold')} x their median"))
+    columns, rows = table1(bench)
+    fit_columns, fit_rows = fits_table(bench)
+    fits = _table(fit_columns, fit_rows, FITS_CAPTION, text_columns=3) if fit_rows else \
+        "<p>bench.json holds no fits.</p>"
+    return (_figure(bandwidth_figure(bench), caption) + "<h3>Table 1: effective bandwidth, GB/s (% of ceiling)</h3>"
+            + _table(columns, rows, TABLE1_CAPTION) + "<h3>Fits on chosen ids: (4) and (E.1)</h3>" + fits
+            + _facts(facts))
+
+
+# ---- staircase -----------------------------------------------------------------------------------------------
+def staircase_section(f: Folder) -> str:
+    """k_hat*(a) of each policy as a step function with its step points, one panel per plan version; the step
+    times and step points as tables."""
+    plan = f.docs["plan.json"]
+    versions = [v for v, (stairs, _) in PLAN_VERSIONS.items() if stairs in plan]
+    policies = _policies(plan[PLAN_VERSIONS[versions[0]][0]])
+    tables = []
+    for version in versions:
+        stairs_key, times_key = PLAN_VERSIONS[version]
+        stairs, times = plan[stairs_key], plan[times_key]
+        rows = []
+        for k in range(plan["kmax"] + 1):
+            step_points = [("-" if k == 0 else "not reached" if stairs[p]["step_points"][k - 1] >= 1 else
+                            f"{stairs[p]['step_points'][k - 1]:.4f}") for p in policies]
+            rows.append([str(k), *(_ms(times[p][k]) for p in policies), *step_points])
+        tables.append(f"<h3>{_e(version)}: step times and step points (B.31)</h3>" + _table(
+            ("k", *(f"V_hat(k) {p}, ms" for p in policies), *(f"a_k {p}" for p in policies)), rows,
+            "V_hat(k) = tau(k+1) + h(k): the plan's step time drafting k tokens; k_hat*(a) >= k exactly when a > a_k"))
+    caption = ("Read off the best draft length at your acceptance rate and where each policy's staircase jumps "
+               "(its step points): a policy whose steps come at lower acceptances drafts more tokens sooner.")
+    return _figure(staircase_figure(plan, versions, policies), caption) + "".join(tables)
+
+
+# ---- Figure 4: saving ----------------------------------------------------------------------------------------
+def saving_section(f: Folder) -> str:
+    """Figure 4: the plan's predicted saving with its band (18), measured-time and calibrated versions, and the
+    engine's measured saving with its 95% interval when runs.json is there."""
+    runs = f.docs.get(RUNS)
+    note = "" if runs is not None else _missing(f"the engine's measured saving: {f.problems[RUNS]}")
+    caption = ("Look for the engine's measured saving (black, 95% interval) inside the shaded band (18) around the "
+               "predicted saving: above zero the deduplicating kernel is faster, and the crossover is the n from "
+               "which the saving stays positive.")
+    return _figure(saving_figure(f.docs["plan.json"], runs), caption) + note
+
+
+# ---- Figure 5 and Tables 3, 8: prediction against measurement --------------------------------------------------
+def _compared(f: Folder) -> tuple[Any, dict[str, list[dict]]] | str:
+    """The score (moespec.predict.score, default version) and the per-acceptance comparison, or why there is none."""
+    plan_path, runs_path = str(f.path / "plan.json"), str(f.path / RUNS)
+    try:
+        return (score_files(plan_path, runs_path),
+                acceptance_rows(f.docs["plan.json"], f.docs[RUNS], runs_path))
+    except MoespecError as e:
+        return f"the plan cannot be scored against {RUNS}: {e}"
+
+
+def acceptance_section(f: Folder) -> str:
+    """Figure 5 and its table: per policy and acceptance, k_hat* vs k*, the loss vs (20), the speedup vs (21)."""
+    compared = _compared(f)
+    if isinstance(compared, str):
+        return _missing(compared)
+    _, per_policy = compared
+    per_policy = {p: per_policy[p] for p in _policies(per_policy)}
+    plan = f.docs["plan.json"]
+    predicted = {(row["policy"], round(row["a"], ACCEPTANCE_DIGITS)): row["speedup"] for row in plan["table"]}
+    deltas = plan.get("delta_steps", {}).get("prediction", {})
+    rows = []
+    for p, entries in per_policy.items():
+        delta = deltas.get(p)
+        bound = None if delta is None else float(theory.throughput_loss_bound(delta))
+        for r in entries:
+            e = r["speedup"] / predicted[p, r["a"]] - 1
+            rows.append([p, f"{r['a']:g}", str(r["k_hat"]), str(r["k_star"]), _pct(r["loss"]),
+                         "no band" if bound is None else _pct(bound), f"{predicted[p, r['a']]:.3f}",
+                         f"{r['speedup']:.3f}", f"{e:+.1%}",
+                         "no band" if r["lo"] is None else f"[{r['lo']:.3f}, {r['hi']:.3f}]",
+                         "no band" if r["inside"] is None else "yes" if r["inside"] else "no"])
+    fig = acceptance_figure(per_policy, predicted, deltas, plan["kmax"], LOSS_LIMIT)
+    caption = ("Check, per acceptance, that the plan's k_hat* is within one of the measured best k (left), that the "
+               "throughput it loses stays under its bound (20) (middle) and that the speedup error stays inside the "
+               "band (21) (right).")
+    table = _table(("policy", "a", "k_hat*", "k* measured", "loss at k_hat*", "bound (20)", "speedup predicted",
+                    "speedup measured", "error", "band (21)", "inside"), rows,
+                   "bound (20) and band (21) use the plan's step-time delta of each policy (delta_steps.prediction); "
+                   "measured speedup: best measured throughput over plain decoding's", text_columns=1)
+    return _figure(fig, caption) + table
+
+
+def score_section(f: Folder) -> str:
+    """Table 3 (per n: saving error against (18), verify-time error per kernel) and Table 8 (the six verdicts)."""
+    compared = _compared(f)
+    if isinstance(compared, str):
+        return _missing(compared)
+    result, _ = compared
+    plan, runs = f.docs["plan.json"], f.docs[RUNS]
+    rules = {rule.name: rule for rule in result.rules}
+    errors = rules["verify_time"].detail["errors"]
+    rows = []
+    for n in errors["slot"]:
+        s, m = plan["saving"][n], runs["saving_s"][n]
+        error = s["predicted_s"] - m["median"]
+        rows.append([n, _ms(s["predicted_s"], "+.3f"), _ms(s["band_s"]), f"{_ms(m['median'], '+.3f')} "
+                     f"[{_ms(m['lo'], '+.3f')}, {_ms(m['hi'], '+.3f')}]", _ms(error, "+.3f"),
+                     "yes" if abs(error) <= s["band_s"] else "no", _pct(errors["slot"][n]), _pct(errors["dedup"][n])])
+    table3 = _table(("n", "S_hat ms", "band (18) ± ms", "S measured ms [95%]", "S_hat - S ms", "within (18)",
+                     "verify error slot", "verify error dedup"), rows,
+                    f"{result.version} version; verify error |tau_hat - tau| / tau, n = 1 left out (tau_hat(1) is the "
+                    f"measured one-token time)")
+    table8 = _table(("rule", "predicted", "measured", "verdict"),
+                    [[r.rule, *r.shown, VERDICT[r.holds]] for r in result.rules], text_columns=3)
+    ran_with = (runs.get("plan") or {}).get("sha256")
+    facts = [("all six hold", "yes" if result.all_hold else "no"),
+             ("pre-registered", f"{'yes' if result.pre_registered else 'no'} (plan created "
+                                f"{result.plan_created.isoformat()}, runs started {result.runs_started.isoformat()})"),
+             ("plan sha256", result.plan_sha256),
+             ("the runs used this plan", "no plan recorded" if ran_with is None else
+              "yes (same sha256)" if ran_with == result.plan_sha256 else f"no: they used {ran_with}")]
+    return ("<h3>Table 3: saving and verify time per n</h3>" + table3
+            + "<h3>Table 8: the six scoring rules</h3>" + table8 + _facts(facts))
+
+
+# ---- engine facts --------------------------------------------------------------------------------------------
+def _with_interval(value: float, interval: Sequence[float] | None) -> str:
+    return _ms(value) + ("" if not interval else f" [{_ms(interval[0])}, {_ms(interval[1])}]")
+
+
+def _engine(name: str, runs: dict[str, Any]) -> str:
+    """One runs file: verify times per n and policy, the saving, AUTO ratio, overhead, h(k), greedy agreement."""
+    verify, ci = runs.get("verify_time_s") or {}, runs.get("verify_time_ci_s") or {}
+    policies = _policies(verify)
+    ratio = runs.get("auto_ratio")
+    rows = []
+    for n in sorted({n for p in policies for n in verify[p]}, key=int):
+        saving = runs["saving_s"].get(n) if isinstance(runs.get("saving_s"), dict) else None
+        rows.append([n, *(_with_interval(verify[p][n], ci.get(p, {}).get(n)) if n in verify[p] else "-"
+                          for p in policies),
+                     "-" if saving is None else f"{_ms(saving['median'], '+.3f')} [{_ms(saving['lo'], '+.3f')}, "
+                                                f"{_ms(saving['hi'], '+.3f')}]",
+                     *([] if ratio is None else [f"{ratio[n]:.3f}" if n in ratio else "-"])])
+    table = _table(("n", *(f"tau {p} ms [95%]" for p in policies), "S(n) ms [95%]",
+                    *([] if ratio is None else ["AUTO ratio"])), rows,
+                   "medians with 95% bootstrap intervals; AUTO ratio: tau_auto / min(tau_slot, tau_dedup)")
+    cells = runs.get("throughput", []) + (runs.get("throughput_draft_model") or [])
+    mismatches = [[c["policy"], str(c["k"]), "-" if c.get("a") is None else f"{c['a']:g}", str(m["prompt"]),
+                   str(m["position"]), f"{m['plain_top2_gap']:.4g}"]
+                  for c in cells for m in c.get("mismatches", [])]
+    draft = runs.get("draft_time_s") or {}
+    share = runs.get("overhead_share")
+    facts = [("engine", f"{runs.get('source', '-')}; {runs.get('moe_layers')} MoE layers, depth {runs['depth']}"),
+             ("replayed routing", runs.get("replay") or "none (the model's own routers)"),
+             ("measured crossover", "none" if runs.get("crossover") is None else f"n = {runs['crossover']}"),
+             ("engine overhead", "no throughput measured" if share is None else
+              f"{share:.1%} of step time (median over cells)"),
+             ("draft + host time h(k)", ", ".join(f"{k}: {_ms(v)} ms" for k, v in draft.items()) or "not measured"),
+             ("greedy agreement", ("no throughput measured" if not cells else
+                                   f"every run's tokens equal plain decoding's ({len(cells)} cells)"
+                                   if runs.get("greedy_exact", runs.get("greedy_match")) else
+                                   f"equal up to exact ties: {len(mismatches)} first difference(s) at a top-2 logit "
+                                   f"gap of 0, below" if runs.get("greedy_match") else
+                                   f"NO: {len(mismatches)} mismatch(es), below"))]
+    out = f"<h3>{_e(name)}</h3>" + table + _facts(facts)
+    if mismatches:
+        out += _table(("policy", "k", "a", "prompt", "position", "plain top-2 logit gap"), mismatches,
+                      "where the tokens first differ from plain decoding's; a small gap is a near tie that rounding "
+                      "in a pass of another size can flip", text_columns=1)
+    return out
+
+
+def engine_section(f: Folder) -> str:
+    """The engine facts of runs.json and of runs-verify.json, each present."""
+    present = [name for name in (RUNS, RUNS_VERIFY) if name in f.docs]
+    if not present:
+        return _missing(f.problems[RUNS] + "; " + f.problems[RUNS_VERIFY])
+    return "".join(_engine(name, f.docs[name]) for name in present) + \
+        ("" if RUNS in f.docs else _missing(f.problems[RUNS]))
+
+
+# ---- the page ------------------------------------------------------------------------------------------------
+# (anchor, link text, title, the artifacts it needs, the function that renders it from them)
+SECTIONS: tuple[tuple[str, str, str, tuple[str, ...], Callable[[Folder], str]], ...] = (
+    ("reuse", "Figure 1", "Figure 1: reuse rho(n) of the trace", ("trace.npz",), reuse_section),
+    ("bandwidth", "Figure 2, Table 1", "Figure 2 and Table 1: effective bandwidth of each kernel", ("bench.json",),
+     bandwidth_section),
+    ("staircase", "staircase", "The staircase k_hat*(a) and its step points", ("plan.json",), staircase_section),
+    ("saving", "Figure 4", "Figure 4: the saving S(n), measured against predicted", ("plan.json",), saving_section),
+    ("acceptance", "Figure 5", "Figure 5: best draft length, throughput loss and speedup, per acceptance",
+     ("plan.json", RUNS), acceptance_section),
+    ("score", "Tables 3, 8", "Tables 3 and 8: the prediction scored", ("plan.json", RUNS), score_section),
+    ("engine", "engine", "The engine: verify times, AUTO, overhead, greedy agreement", (), engine_section),
+)
+
+
+def render(f: Folder) -> str:
+    """The whole page."""
+    model = _model(f)
+    body = [f"<h1>moespec report: {_e(model)}</h1>", f"<p>{_e(f.path.resolve())}</p>", header(f)]
+    body.append("<nav>" + " | ".join(f'<a href="#{anchor}">{_e(link)}</a>' for anchor, link, *_ in SECTIONS)
+                + "</nav>")
+    for anchor, _, title, needs, section in SECTIONS:
+        problem = f.missing(*needs)
+        body.append(f'<section id="{anchor}"><h2>{_e(title)}</h2>'
+                    f"{_missing(problem) if problem else section(f)}</section>")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>moespec report: {_e(model)}'
+            f"</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
+    """Read DIR's artifacts and write the page to `out` (default DIR/report.html); returns its path."""
+    f = load_folder(folder)
+    page = render(f)
+    return atomic_write(out or f.path / DEFAULT_NAME, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+
+
