@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, DTYPES, FORMAT, KMAX, MODEL, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import Bench, load_bench
-from moespec.formats.demofile import Steps
+from moespec.formats.demofile import Demo, Steps
 from moespec.formats.files import provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
@@ -170,9 +170,10 @@ class Quiet:
         return lambda *args: None
 
 
-def demo(config: DemoConfig, view: DemoView = Quiet()) -> dict[str, Any]:
-    """The whole chain on the built-in default (module docstring); returns the demo.json document, also written to
-    config.out/demo.json with every other artifact. A re-run with the same settings reuses the finished steps."""
+def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
+    """The whole chain on the built-in default (module docstring); returns what demo.json records (written to
+    config.out/demo.json with every other artifact, with its provenance). A re-run with the same settings reuses
+    the finished steps."""
     config.check()
     out_dir = Path(config.out)
     result, trace, stats = routing_and_theory(config.model, config.format, config.depth, config.kmax, config.tokens,
@@ -192,7 +193,7 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> dict[str, Any]:
         if config.engine_layers:
             result["engine"] = _engine(config, out_dir, steps, view)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=config.format)})
-    return result
+    return Demo(result, out_dir / "demo.json")
 
 
 def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> Bench:

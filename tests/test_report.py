@@ -74,9 +74,9 @@ class Page(HTMLParser):
 
 
 def engine_runs(plan: dict[str, Any]) -> dict[str, Any]:
-    """A runs.json of `moespec run --plan` (keys in moespec.formats.runsfile): make_runs' verify times plus AUTO, intervals,
-    the saving, and a throughput grid at every (policy, k, a) of the plan whose tokens/s follow the plan's own step
-    times with a 2% slowdown per drafted token; one cell differs from plain decoding at a near tie."""
+    """A runs.json of `moespec run --plan` (keys in moespec.formats.runsfile): make_runs' verify times plus AUTO,
+    intervals, the saving, and a throughput grid at every (policy, k, a) of the plan whose tokens/s follow the plan's
+    own step times with a 2% slowdown per drafted token; one cell differs from plain decoding at a near tie."""
     runs = make_runs()
     verify = runs["verify_time_s"]
     ns = list(verify["slot"])

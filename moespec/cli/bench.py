@@ -8,7 +8,7 @@ import json
 
 from moespec.cli.args import parse_ints
 from moespec.console import console
-from moespec.defaults import DTYPES, MODEL
+from moespec.defaults import DTYPES, MODEL, N_MAX
 from moespec.measure.bench import (
     DEFAULT_KERNELS,
     DEFAULT_REPS,
@@ -28,13 +28,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=MODEL, help=f"model preset or config path (default {MODEL})")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the kernels run (cuda: our Triton kernels)")
     p.add_argument("--layers", help="MoE layers to time, e.g. 0,7 (default: the first and L/2 - 1)")
-    p.add_argument("--dtype", default="bf16", choices=DTYPES, help="expert weight dtype (default bf16)")
+    p.add_argument("--dtype", default=BenchConfig.dtype, choices=DTYPES,
+                   help=f"expert weight dtype (default {BenchConfig.dtype})")
     p.add_argument("--kernels", default=DEFAULT_KERNELS,
                    help=f"comma-separated kernels, or all (default {DEFAULT_KERNELS}; peers: hf-batched_mm, "
                         f"hf-grouped_mm, hf-eager, and mlx-gather, mlx-sorted when mlx-lm is installed)")
     p.add_argument("--trace", help="routing trace (.npz) for the recorded windows and u(n) (default: synthesize "
                                    "the calibrated default for the model)")
-    p.add_argument("--n", default="1-9", help="pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-9)")
+    p.add_argument("--n", default=f"1-{N_MAX}",
+                   help=f"pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-{N_MAX})")
     p.add_argument("--out", default="bench.json", help="results file (default bench.json)")
     p.add_argument("--reps", type=int, default=DEFAULT_REPS,
                    help=f"timed repetitions per pass (default {DEFAULT_REPS})")

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=DEVICE_KINDS,
                         help="the device the plan is for; must be the one the bench timed (default: the bench's)")
     parser.add_argument("--out", help="write plan.json here")
-    parser.add_argument("--kmax", type=int, default=KMAX, help="largest draft length k (default 8)")
+    parser.add_argument("--kmax", type=int, default=KMAX, help=f"largest draft length k (default {KMAX})")
     parser.add_argument("--draft-time", default="0", metavar="H",
                         help="draft + host time per step h(k), seconds: one number, h(0..kmax), or a runs.json "
                              "(its measured draft_time_s) (default 0: oracle)")

@@ -14,7 +14,7 @@ from rich.table import Table
 from moespec import MoespecError
 from moespec.cli.args import parse_ints
 from moespec.console import console
-from moespec.defaults import DEPTH, KMAX, MODEL, N_MAX
+from moespec.defaults import DEPTH, DTYPES, KMAX, MODEL, N_MAX
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 
 
@@ -77,23 +77,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--model", help="a local HF checkpoint folder (any of the five MoE architectures)")
     source.add_argument("--preset", help=f"a model preset with random weights (default {MODEL})")
     p.add_argument("--layers", type=int, help=f"decoder layers of a preset model (default {DEFAULT_LAYERS})")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="weights dtype (default bf16)")
+    p.add_argument("--dtype", default=RunConfig.dtype, choices=DTYPES,
+                   help=f"weights dtype (default {RunConfig.dtype})")
     p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
     p.add_argument("--plan", help="plan.json: its AUTO policy (kernel per n) is run and recorded beside slot and dedup")
     p.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d: tokens prefilled (default {DEPTH})")
-    p.add_argument("--n", default="1-9", help="verify pass sizes (default 1-9)")
+    p.add_argument("--n", default=f"1-{N_MAX}", help=f"verify pass sizes (default 1-{N_MAX})")
     p.add_argument("--reps", type=int, default=DEFAULT_REPS, help=f"verify samples per policy and n "
                                                                   f"(default {DEFAULT_REPS})")
-    p.add_argument("--k", default="0-8", help="draft lengths of the throughput grid (default 0-8)")
+    p.add_argument("--k", default=f"0-{KMAX}", help=f"draft lengths of the throughput grid (default 0-{KMAX})")
     p.add_argument("--a", help="acceptances of the throughput grid (default the paper's 11, 0.2..0.98)")
-    p.add_argument("--prompts", type=int, default=2, help="prompts per throughput cell (default 2)")
-    p.add_argument("--tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
+    p.add_argument("--prompts", type=int, default=RunConfig.prompts,
+                   help=f"prompts per throughput cell (default {RunConfig.prompts})")
+    p.add_argument("--tokens", type=int, default=RunConfig.tokens,
+                   help=f"tokens generated per prompt (default {RunConfig.tokens})")
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")
     p.add_argument("--draft-model", help="a local HF causal LM sharing the tokenizer: the throughput grid drafts with "
                                          "it (greedy) over --k instead of the oracle over --a")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
-    p.add_argument("--out", default="runs.json", help="results file (default runs.json)")
+    p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
 
 

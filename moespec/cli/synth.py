@@ -29,8 +29,6 @@ def run(args: argparse.Namespace) -> int:
     if (args.rho2 is None) != (args.rho9 is None):
         raise MoespecError("--rho2 and --rho9 go together")
     targets = None if args.rho2 is None else (args.rho2, args.rho9)
-    if targets and args.process != "calibrated":
-        raise MoespecError("--rho2/--rho9 apply to --process calibrated only")
     trace = synthesize(args.model, args.process, args.tokens, args.docs, args.seed, args.profile, targets,
                        show_progress=sys.stderr.isatty())
     trace.save(args.out)

@@ -26,8 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="trace file to write (.npz)")
     parser.add_argument("--max-tokens", type=_positive, default=None, help="stop after this many tokens in all")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="compute dtype (default fp32)")
-    parser.add_argument("--chunk", type=_positive, default=512, help="tokens per forward pass (default 512)")
+    parser.add_argument("--dtype", choices=DTYPES, default=TraceConfig.dtype,
+                        help=f"compute dtype (default {TraceConfig.dtype})")
+    parser.add_argument("--chunk", type=_positive, default=TraceConfig.chunk,
+                        help=f"tokens per forward pass (default {TraceConfig.chunk})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,17 +8,26 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moespec import MoespecError
-from moespec.formats.files import read_json, write_json
+from moespec.formats.files import Record, read_json, write_json
 
 STEPS_FILE = "demo-steps.json"  # the measuring steps finished in the output folder, with the settings they used
 
 
-def load_demo(path: str | Path) -> dict[str, Any]:
+class Demo(Record):
+    """demo.json: what each step of the demo found (its keys are read where they are shown)."""
+
+    @property
+    def engine(self) -> dict[str, Any] | None:
+        """Steps 4-7: crossovers, AUTO per acceptance measured beside the plan, the rules that hold (or None)."""
+        return self.get("engine")
+
+
+def load_demo(path: str | Path) -> Demo:
     """demo.json: a JSON object (its keys are read where they are shown)."""
     doc = read_json(path, "demo summary")
     if not isinstance(doc, dict):
         raise MoespecError(f"{path}: not a moespec demo summary (not a JSON object)")
-    return doc
+    return Demo(doc, path)
 
 
 class Steps:

@@ -19,7 +19,8 @@ cache, then a clean read) so every first read of an expert comes from DRAM:
   bandwidth error eps (Section 3.5, 4); beta_p(n) is the median over these windows, pooled over the layers.
 Kernels are interleaved per pass (and their order rotated per repetition) so drift on a shared machine hits all
 of them alike; each figure is a median over repetitions with its interquartile range. The device's ceiling
-(moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is printed beside every bandwidth.
+(moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is printed beside every
+bandwidth.
 
 `--device cuda` runs the kernels on a GPU (slot and dedup as our Triton kernels) and times them with CUDA
 events; weights and inputs are drawn on the CPU and then copied, so every device times the same values.

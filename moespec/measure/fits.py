@@ -154,7 +154,8 @@ def _layer(units: Units, kinds: dict[str, str], m: int, b: float, layer: int,
 def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], layers: list[int], ns: list[int],
             u: dict[int, float]) -> dict[str, Any]:
     """bench.json's derived keys from timed units: kernels (beta_p(n) on requested bytes, median and IQR over the
-    recorded windows of all layers), r, u, eps, eps_engine, crossover, fits and per_layer (see moespec.formats.benchfile)."""
+    recorded windows of all layers), r, u, eps, eps_engine, crossover, fits and per_layer (see
+    moespec.formats.benchfile)."""
     fits, per_layer, errors = {}, {}, {k: [] for k in kinds}
     for layer in layers:
         fits[str(layer)], eps, per_layer[str(layer)] = _layer(units, kinds, m, b[layer], layer, ns)

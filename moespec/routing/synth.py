@@ -252,6 +252,8 @@ def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, 
     spec = resolve(model)
     if process not in PROCESSES:
         raise MoespecError(f"unknown process {process!r}; one of {', '.join(PROCESSES)}")
+    if targets is not None and process != "calibrated":
+        raise MoespecError("--rho2/--rho9 apply to --process calibrated only")
     lengths = document_lengths(tokens, docs)
     rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {"model": spec.name, "spec": spec.to_dict(), "source": f"synthetic:{process}",

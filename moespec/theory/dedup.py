@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Sequence
 
+from moespec.defaults import KERNELS
 from moespec.theory.core import Number, geometric_sum, q
 
 
@@ -39,7 +40,7 @@ def dedup_faster(u: Number, r: Number) -> bool:
 def requested_bytes(kind: str, n: int, U: int, m: int, b: Number) -> Number:  # noqa: N803
     """Expert bytes one MoE layer's kernel of `kind` requests on a pass of n tokens naming U distinct experts, b
     bytes each: n m b per-slot ("slot"), U b deduplicating ("dedup") (3)."""
-    if kind not in ("slot", "dedup"):
+    if kind not in KERNELS:
         raise ValueError(f"kind must be 'slot' or 'dedup', got {kind!r}")
     return n * m * b if kind == "slot" else U * b
 
