@@ -230,8 +230,9 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
                        prompts=1, tokens=ENGINE_TOKENS, **engine)
     steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
-    for version in VERSIONS:
-        view.score(score_files(plan, scored.out, version))
+    for version, keys in VERSIONS.items():
+        if keys.table in load_plan(plan):
+            view.score(score_files(plan, scored.out, version))
     view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
     view.say(f"report -> {write_report(out_dir)}")
     return engine_summary(out_dir)
@@ -239,21 +240,22 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
 
 def engine_summary(out_dir: Path) -> dict[str, Any]:
     """What the engine steps found: crossovers, AUTO's best draft length and speedup per acceptance measured beside
-    the plan's prediction and calibration, and the six verdicts of each version."""
+    each version of the plan (prediction, calibrated, whole-pass), and the six verdicts of each."""
     runs = load_runs(out_dir / "runs.json")
     plan = load_plan(out_dir / "plan.json")
     rows = [r for r in runs["throughput"] if r["policy"] == "auto"]
+    versions = {v: keys for v, keys in VERSIONS.items() if keys.table in plan}
     per_a = {}
     for a in sorted({r["a"] for r in rows}):
         T = {r["k"]: r["tokens_per_s"] for r in rows if r["a"] == a}
         best = max(T, key=lambda k: (T[k], -k))
-        planned = {v: next(r for r in plan[t] if r["policy"] == "auto" and abs(r["a"] - a) < 1e-9)
-                   for v, t in (("prediction", "table"), ("calibrated", "table_calibrated"))}
+        planned = {v: next(r for r in plan[keys.table] if r["policy"] == "auto" and abs(r["a"] - a) < 1e-9)
+                   for v, keys in versions.items()}
         per_a[str(a)] = {"k_measured": best, "speedup_measured": T[best] / T[0],
                          **{f"k_{v}": row["k_hat"] for v, row in planned.items()},
                          **{f"speedup_{v}": [row["speedup"], row["speedup_lo"], row["speedup_hi"]]
                             for v, row in planned.items()}}
-    scores = {v: score_files(str(out_dir / "plan.json"), str(out_dir / "runs.json"), v) for v in VERSIONS}
+    scores = {v: score_files(str(out_dir / "plan.json"), str(out_dir / "runs.json"), v) for v in versions}
     return {"runs": str(out_dir / "runs.json"), "plan": str(out_dir / "plan.json"),
             "report": str(out_dir / "report.html"), "crossover_predicted": plan["crossover"],
             "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],

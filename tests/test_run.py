@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 
 import numpy as np
@@ -14,8 +15,8 @@ from moespec import cli, theory
 from moespec.formats.trace import Trace
 from moespec.measure import run as R
 
-SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--k", "0,1,2", "--a", "0.5,0.9", "--prompts", "1",
-         "--tokens", "5", "--dtype", "fp32"]
+SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
+         "--prompts", "1", "--tokens", "5", "--dtype", "fp32"]
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -36,8 +37,9 @@ def tiny_run(tiny_checkpoints, tmp_path_factory):
 def test_run_writes_the_documented_keys(tiny_run):
     out, doc, stdout = tiny_run
     assert doc["format"] == R.FORMAT_NAME and doc["format_version"] == R.FORMAT_VERSION
-    assert set(doc["verify_time_s"]) == {"slot", "dedup"} and set(doc["verify_time_s"]["slot"]) == {"1", "2", "3"}
-    for policy in ("slot", "dedup"):
+    assert set(doc["verify_time_s"]) == {"slot", "dedup", "outside"}
+    assert set(doc["verify_time_s"]["slot"]) == {"1", "2", "3"}
+    for policy in ("slot", "dedup", "outside"):
         for n, t in doc["verify_time_s"][policy].items():
             lo, hi = doc["verify_time_ci_s"][policy][n]
             assert 0 < lo <= t <= hi and len(doc["verify_samples_s"][policy][n]) == 2
@@ -54,6 +56,9 @@ def test_run_writes_the_documented_keys(tiny_run):
     assert doc["greedy_match"] is doc["greedy_exact"] is True and doc["depth"] == 8 and doc["moe_layers"] == 2
     assert set(doc["draft_time_s"]) == {"0", "1", "2"}
     assert doc["provenance"]["timestamp"] and doc["device_kind"] == "cpu"
+    assert set(doc["ceiling_gbps"]) == {"before", "between", "after"} and min(doc["ceiling_gbps"].values()) > 0
+    assert set(doc["noise"]["per_n"]) == {"1", "2", "3"} and doc["noise"]["target"] == R.TARGET
+    assert all(v["rounds"] == 2 and v["stopped_by"] in ("target", "max_reps") for v in doc["noise"]["per_n"].values())
     assert json.loads(stdout.strip().splitlines()[-1])["out"] == str(out)
     assert not (out.parent / "runs.json.partial").exists()
 
@@ -139,3 +144,26 @@ def test_draft_model_grid(tiny_checkpoints, tmp_path):
     assert {(r["policy"], r["k"]) for r in rows} == {(p, k) for p in ("slot", "dedup") for k in (0, 1, 2)}
     assert all(r["a"] is None and r["draft"] == "model" for r in rows)
     assert "draft model, slot k = 2" in stdout
+
+
+def test_disturbed_rounds_are_dropped_and_repeated(tiny_checkpoints, tmp_path, monkeypatch):
+    """A round whose reference read runs at a fraction of the machine's bandwidth is measured again, and the rounds
+    stop at the target interval, the round limit or the budget, whichever comes first; the file says which."""
+    reads = iter([20.0] * 8 + [2.0] + [20.0] * 1000)  # GB/s: the ninth reference read is disturbed
+    monkeypatch.setattr(R, "StreamRead", lambda nbytes: lambda: next(reads))
+    passes = itertools.cycle([0.010, 0.011, 0.012])  # seconds: spread too wide for a 1e-9 target
+    monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
+    out = tmp_path / "runs.json"
+    argv = ["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps", "3", "--max-reps", "4",
+            "--target", "1e-9", "--no-throughput", "--dtype", "fp32", "--out", str(out)]
+    assert run_cli(argv)[0] == 0
+    noise = json.loads(out.read_text())["noise"]
+    unit = noise["per_n"]["2"]
+    assert unit["repeated"] == 1 and noise["repeated"] == 1  # reads 7-9 are round 3: its slowest read was 2 GB/s
+    assert unit["rounds"] == 4 and unit["stopped_by"] == "max_reps" and not unit["met"] and not noise["met"]
+    doc = json.loads(out.read_text())
+    assert all(len(v["2"]) == 4 for v in doc["verify_samples_s"].values())  # the dropped round left no sample
+    monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: 0.01)  # a steady pass meets any target
+    code, _, _ = run_cli([*argv[:-1], str(tmp_path / "loose.json")])
+    loose = json.loads((tmp_path / "loose.json").read_text())["noise"]["per_n"]["2"]
+    assert code == 0 and loose["rounds"] == 3 and loose["stopped_by"] == "target" and loose["met"]

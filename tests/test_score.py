@@ -75,15 +75,17 @@ def set_throughput(runs: dict[str, Any], a: float, values: dict[int, float], pol
 
 
 def with_calibrated(plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan as made with --runs: a calibrated version equal to the prediction (the tests then change one)."""
+    """The plan as made with --runs that also timed the pass with the expert operation taken out: a calibrated and
+    a whole-pass version equal to the prediction (the tests then change one)."""
     plan = copy.deepcopy(plan)
     plan["runs"] = {"path": "runs0.json", "moe_layers": 26, "depth": 512}
-    plan["tau_calibrated"] = copy.deepcopy(plan["tau_hat"])
-    plan["crossover_calibrated"] = plan["crossover"]
-    plan["delta_steps"]["calibrated"] = {"slot": 0.04, "dedup": 0.05, "auto": 0.045}
-    plan["table_calibrated"] = [{**row, "version": "calibrated"} for row in plan["table"]]
-    for entry in plan["saving"].values():
-        entry["calibrated_s"] = entry["predicted_s"]
+    for version, suffix in (("calibrated", "_calibrated"), ("whole-pass", "_whole_pass")):
+        plan[f"tau{suffix}"] = copy.deepcopy(plan["tau_hat"])
+        plan[f"crossover{suffix}"] = plan["crossover"]
+        plan["delta_steps"][version] = {"slot": 0.04, "dedup": 0.05, "auto": 0.045}
+        plan[f"table{suffix}"] = [{**row, "version": version} for row in plan["table"]]
+        for entry in plan["saving"].values():
+            entry[f"{suffix[1:]}_s"] = entry["predicted_s"]
     return plan
 
 
@@ -239,8 +241,9 @@ def test_auto_decides_when_measured_else_every_fixed_policy(tmp_path: Path, plan
 
 
 # plan keys of each version (as moespec.score.VERSIONS) and, per rule, a change to one version that breaks it
-KEYS = {"prediction": ("tau_hat", "predicted_s", "table"), "calibrated": ("tau_calibrated", "calibrated_s",
-                                                                          "table_calibrated")}
+KEYS = {"prediction": ("tau_hat", "predicted_s", "table"),
+        "calibrated": ("tau_calibrated", "calibrated_s", "table_calibrated"),
+        "whole-pass": ("tau_whole_pass", "whole_pass_s", "table_whole_pass")}
 
 
 def _late_saving(plan, tau, saving, table):  # predicted savings positive from n = 8 only: crossover 8 vs 5
@@ -269,16 +272,16 @@ def _high_band(plan, tau, saving, table):  # measured best speedup 1.5 below eve
 @pytest.mark.parametrize("rule, breaks", [("crossover", _late_saving), ("k_hat", _k_hat_8),
                                           ("throughput_loss", _k_hat_8), ("saving_sign", _wrong_sign),
                                           ("verify_time", _slow_dedup), ("speedup_band", _high_band)])
-@pytest.mark.parametrize("broken", ["prediction", "calibrated"])
+@pytest.mark.parametrize("broken", list(KEYS))
 def test_each_rule_reads_the_chosen_version_only(tmp_path: Path, plan, runs, rule, breaks, broken: str) -> None:
-    """A change to one version flips the rule's verdict there and leaves the other version's verdict alone."""
+    """A change to one version flips the rule's verdict there and leaves the other versions' verdicts alone."""
     plan = with_calibrated(plan)
     breaks(plan, *KEYS[broken])
-    other = "calibrated" if broken == "prediction" else "prediction"
     doc = scored(tmp_path, plan, runs, broken)
     assert doc["version"] == broken and not doc["by_name"][rule]["holds"] and not doc["all_hold"]
-    doc = scored(tmp_path, plan, runs, other)
-    assert doc["version"] == other and doc["all_hold"]
+    for other in KEYS.keys() - {broken}:
+        doc = scored(tmp_path, plan, runs, other)
+        assert doc["version"] == other and doc["all_hold"]
 
 
 def test_calibrated_crossover_and_delta_are_reported(tmp_path: Path, plan, runs) -> None:

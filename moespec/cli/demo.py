@@ -97,14 +97,16 @@ def print_engine_summary(engine: dict[str, Any], bench: dict[str, Any]) -> None:
     r = ", ".join(f"{v:.2f}" for v in bench["r"].values())
     c.print(f"[bold]summary[/bold]: crossover from the bench n = {bench['crossover']}, predicted n = "
             f"{engine['crossover_predicted']}, measured n = {engine['crossover_measured']}; r(1..9) = {r}")
-    t = Table(title="AUTO policy per acceptance: best draft length and speedup, measured vs plan "
-                    "(prediction / calibrated, band (21))", title_justify="left")
-    for col in ("a", "k measured", "k_hat pred / cal", "speedup measured", "predicted [band]", "calibrated [band]"):
+    versions = list(engine["rules_hold"])
+    t = Table(title=f"AUTO policy per acceptance: best draft length and speedup, measured vs plan "
+                    f"({' / '.join(versions)}, band (21))", title_justify="left")
+    for col in ("a", "k measured", "k_hat " + " / ".join(versions), "speedup measured",
+                *(f"{v} [band]" for v in versions)):
         t.add_column(col, justify="right")
     band = lambda s: f"{s[0]:.2f}" + ("" if s[1] is None else f" [{s[1]:.2f}, {s[2]:.2f}]")  # noqa: E731
     for a, row in engine["auto"].items():
-        t.add_row(a, str(row["k_measured"]), f"{row['k_prediction']} / {row['k_calibrated']}",
-                  f"{row['speedup_measured']:.2f}", band(row["speedup_prediction"]), band(row["speedup_calibrated"]))
+        t.add_row(a, str(row["k_measured"]), " / ".join(str(row[f"k_{v}"]) for v in versions),
+                  f"{row['speedup_measured']:.2f}", *(band(row[f"speedup_{v}"]) for v in versions))
     c.print(t)
     for version, names in engine["rules_hold"].items():
         c.print(f"scoring rules holding, {version}: {len(names)} of 6 ({', '.join(names) or 'none'})")

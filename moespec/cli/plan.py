@@ -12,7 +12,7 @@ from rich.table import Table
 
 from moespec.console import console as console_
 from moespec.defaults import DEPTH, DEVICE_KINDS, KERNELS, KMAX, POLICIES
-from moespec.formats.planfile import TABLES
+from moespec.formats.planfile import TABLES, VERSION_SUFFIX
 from moespec.predict.plan import PlanConfig, make_plan
 
 
@@ -113,9 +113,9 @@ def print_summary(plan: Mapping[str, Any], out: str | None) -> None:
         b.add_row(k, f"{rb:.3f}", *(f"{per_k[k]:.3f}{'*' if rb > per_k[k] else ''}"
                                     for per_k in reuse["rho_star"].values()))
     con.print(b)
-    for suffix in ("", "_calibrated") if calibrated else ("",):
-        for p in POLICIES:
+    for version, suffix in VERSION_SUFFIX.items():
+        for p in POLICIES if f"staircase{suffix}" in plan else ():
             pts = ", ".join(f"{x:.4f}" for x in plan[f"staircase{suffix}"][p]["step_points"])
-            con.print(f"step points (B.31) {p}{suffix.replace('_', ' ')}: {pts}")
+            con.print(f"step points (B.31) {p} {version}: {pts}")
     if out:
         con.print(f"plan -> {out}")

@@ -35,6 +35,14 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
         table.add_row(n, *cells)
     out.print(table)
     out.print(f"measured crossover: {doc['crossover'] or 'none'} (smallest n from which the saving stays positive)")
+    noise = doc.get("noise")
+    if noise:
+        short = [n for n, v in noise["per_n"].items() if not v["met"]]
+        ceiling = ", ".join(f"{when} {v:.1f}" for when, v in doc["ceiling_gbps"].items())
+        out.print(f"noise: every median within +-{noise['target']:.0%} (95% interval) "
+                  + ("at every n" if not short else f"[bold red]except at n = {', '.join(short)}[/] (budget or "
+                                                    f"round limit reached; the machine stayed noisy)")
+                  + f"; {noise['repeated']} disturbed round(s) dropped and repeated; ceiling GB/s {ceiling}")
     for row in doc["throughput_draft_model"]:
         rate = "-" if row["realized_acceptance"] is None else f"{row['realized_acceptance']:.2f}"
         out.print(f"draft model, {row['policy']} k = {row['k']}: {row['tokens_per_s']:.1f} tokens/s, acceptance {rate}")
@@ -85,6 +93,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", default=f"1-{N_MAX}", help=f"verify pass sizes (default 1-{N_MAX})")
     p.add_argument("--reps", type=int, default=DEFAULT_REPS, help=f"verify samples per policy and n "
                                                                   f"(default {DEFAULT_REPS})")
+    p.add_argument("--max-reps", type=int, default=RunConfig.max_reps,
+                   help=f"verify rounds at most (default {RunConfig.max_reps})")
+    p.add_argument("--target", type=float, default=RunConfig.target,
+                   help=f"rounds go on until each median's 95%% interval is within +-TARGET of it (default "
+                        f"{RunConfig.target})")
+    p.add_argument("--budget", type=float, default=RunConfig.budget_s,
+                   help=f"seconds of verify rounds per pass size at most (default {RunConfig.budget_s:g})")
     p.add_argument("--k", default=f"0-{KMAX}", help=f"draft lengths of the throughput grid (default 0-{KMAX})")
     p.add_argument("--a", help="acceptances of the throughput grid (default the paper's 11, 0.2..0.98)")
     p.add_argument("--prompts", type=int, default=RunConfig.prompts,
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     config = RunConfig(out=args.out, model=args.model, preset=args.preset, layers=args.layers, dtype=args.dtype,
                        device=args.device, plan=args.plan, depth=args.depth,
                        n=tuple(parse_ints(args.n, "--n", 1, N_MAX, "pass sizes")), reps=args.reps,
+                       max_reps=args.max_reps, target=args.target, budget_s=args.budget,
                        k=tuple(parse_ints(args.k, "--k", 0, KMAX, "draft lengths")), a=parse_acceptances(args.a),
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
                        draft_model=args.draft_model, replay=args.replay, seed=args.seed, resume=args.resume)

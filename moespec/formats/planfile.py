@@ -25,6 +25,10 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   step_times_calibrated, staircase_calibrated   as step_times and staircase
   table_calibrated  rows as table's with version "calibrated", speedup_lo and speedup_hi null where d is null: a
                list of its own, so that a reader that keys `table` by (policy, a) keeps reading the prediction
+  tau_whole_pass, saving.{n}.whole_pass_s, crossover_whole_pass, step_times_whole_pass, staircase_whole_pass,
+  table_whole_pass (version "whole-pass")   the whole-pass version, when the runs of --runs measured the verify
+               time with the expert operation taken out (verify_time_s.outside): the time outside the expert
+               operation measured at each n plus the predicted expert time (moespec.predict.verify.whole_pass)
   provenance
 """
 
@@ -50,7 +54,11 @@ REQUIRED = {"format_version": int, "model": str, "device": str, "dtype": str, "e
 ROW_KEYS = ("a", "policy", "k_hat", "speedup", "speedup_lo", "speedup_hi")
 
 # table key -> the version of its rows, and the verify times they come from
-TABLES = {"table": ("prediction", "tau_hat"), "table_calibrated": ("calibrated", "tau_calibrated")}
+# version -> the suffix of its keys: tau<suffix> (the prediction's are tau_hat), table<suffix>, staircase<suffix>,
+# step_times<suffix>, crossover<suffix>, saving.{n}.<suffix without _>_s
+VERSION_SUFFIX = {"prediction": "", "calibrated": "_calibrated", "whole-pass": "_whole_pass"}
+# table key -> the version of its rows, and the verify times they come from
+TABLES = {f"table{s}": (v, f"tau{s or '_hat'}") for v, s in VERSION_SUFFIX.items()}
 
 def _check_rows(rows: Any, key: str, version: str, kmax: int) -> str | None:
     """The first problem with the table rows under `key`, or None."""
@@ -93,7 +101,7 @@ def _check_plan(doc: Any) -> str | None:
         return f"kernel_by_n must map every n = 1..{kmax + 1} to one of {', '.join(KERNELS)}"
     for table, (version, times) in TABLES.items():
         if table not in doc and times not in doc:
-            continue  # a plan made without --runs has no calibrated version
+            continue  # a plan made without --runs has no calibrated version (nor a whole-pass one)
         for p in POLICIES:
             per_n = doc.get(times, {}).get(p)
             if not isinstance(per_n, dict) or set(per_n) != ns or \

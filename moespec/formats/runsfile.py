@@ -7,6 +7,8 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   model, spec, source, moe_layers, device, device_kind, dtype, depth, prompts, tokens, replay (trace or null),
   plan {path, sha256} or null, kernel_by_n (the AUTO policy used, or null)
   verify_time_s       {policy: {n: median s}}        verify_time_ci_s {policy: {n: [lo, hi]}} (95% bootstrap)
+                      policies slot, dedup, auto (with a plan) and outside (the expert operation taken out: the
+                      time of the rest of the pass, which the plan's whole-pass version reads; absent in older files)
   verify_samples_s    {policy: {n: [s, ...]}}
   saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
   crossover           smallest n >= 2 from which the median saving stays positive (null if none)
@@ -24,6 +26,12 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   draft_time_s        {k: median draft + host time per step}, the h(k) `moespec plan --draft-time` reads
   overhead_share      median over cells of the engine's share of step time
   greedy_match, greedy_exact   over every cell (above)
+  noise               {target, met, repeated, per_n: {n: {rounds, repeated, met, seconds, reference_gbps, stopped_by}}}:
+                      rounds kept, rounds dropped as disturbed (a reference read below 70% of the median
+                      bandwidth), whether every median's 95% interval came within +-target of it, and what stopped
+                      the rounds (target, max_reps, budget, disturbed)
+  ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
+                      and the throughput grid, and after
   provenance          device, dtype, versions, timestamp (the start of the run), command
 """
 

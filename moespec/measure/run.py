@@ -27,6 +27,7 @@ runs.json: its keys are documented in moespec.formats.runsfile, which owns the f
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,14 +42,21 @@ from moespec.formats.files import provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
-from moespec.measure.timing import resolve_device
+from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr, resolve_device
 from moespec.model import speculative
 from moespec.model.load import LoadedModel, load_model
 from moespec.model.policies import set_policy, set_replay
 from moespec.model.spec import ModelSpec
 
 DEFAULT_LAYERS = 4  # OLMoE's real layer shapes, 4 of its 16 layers: ~1.7 GB of bf16 weights, fits 24 GiB easily
-DEFAULT_REPS = 7  # verify-time samples per (policy, n): a median and a bootstrap interval of it
+DEFAULT_REPS = 7  # verify-time samples per (policy, n) at least: a median and a bootstrap interval of it
+# Rounds go on until every median's 95% interval is within +-5% of it (issue 13), up to MAX_REPS rounds or the
+# budget per pass size: a pass of the 2-layer demo model takes 30-200 ms, so 60 rounds of four policies fit in it.
+TARGET = 0.05
+MAX_REPS = 60
+BUDGET_S = 60.0
+DISTURBED = 0.7  # a reference read below 70% of the median bandwidth so far: the round was disturbed
+REFERENCE_BYTES = 64 << 20  # read before every timed pass: evicts a 32 MiB last-level cache, measures the machine
 BOOTSTRAP = 2000  # resamples for the 95% intervals: their ends move by < 1% of the interval between seeds
 CONFIDENCE = 0.95
 # Prompts are prefilled by transformers' eager experts (a GEMM per hit expert): the policies under test are made
@@ -119,39 +127,71 @@ def prompts(count: int, depth: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 # ---- 1. verify time ---------------------------------------------------------------------------------------
+def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) -> bool:
+    """The 95% bootstrap interval of the median lies within +-target of it."""
+    med, lo, hi = bootstrap_median(samples, rng)
+    return max(med - lo, hi - med) <= target * med
+
+
 def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
                    kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
-                   advance: Any) -> dict[str, dict[int, list[float]]]:
-    """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass)."""
+                   advance: Any) -> dict[int, dict[str, Any]]:
+    """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass).
+
+    Rounds run every policy once, in an order rotated per round; before each timed pass a reference read of
+    REFERENCE_BYTES evicts the last-level cache and measures the machine's bandwidth at that moment. A round whose
+    slowest reference read falls below DISTURBED x the median so far was disturbed (another job took the memory
+    bus or a core): its samples are dropped and the round is repeated. Rounds go on, past config.reps, until every
+    policy's median has a 95% interval within +-config.target of it, or config.max_reps rounds are kept, or the
+    round budget config.budget_s is spent; the unit records which."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     state = None
-    samples: dict[str, dict[int, list[float]]] = {p: {} for p in policies}
+    reference = StreamRead(REFERENCE_BYTES)
     rng = np.random.default_rng(config.seed)
     for n in ns:
         key = f"verify n {n}"
-        if key not in checkpoint.units:
-            if state is None:
-                set_policy(lm.model, PREFILL_POLICY)
-                state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
-            windows = replay_windows(trace, config.replay, lm.spec, n, config.reps, config.seed)
-            tokens = rng.integers(3, lm.model.config.vocab_size, size=(config.reps, n))
-            unit: dict[str, list[float]] = {p: [] for p in policies}
-            for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
+        if key in checkpoint.units:
+            continue
+        if state is None:
+            set_policy(lm.model, PREFILL_POLICY)
+            state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
+        windows = replay_windows(trace, config.replay, lm.spec, n, config.max_reps, config.seed)
+        tokens = rng.integers(3, lm.model.config.vocab_size, size=(config.max_reps, n))
+        for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
+            set_policy(lm.model, policy, kernel_by_n)
+            set_replay(lm.model, None if windows is None else windows[0])
+            speculative.timed_forward(lm.model, tokens[0].tolist(), state)
+        samples: dict[str, list[float]] = {p: [] for p in policies}
+        kept_reference: list[float] = []
+        repeated, started = 0, time.perf_counter()
+        while True:
+            rep = len(kept_reference)
+            order = policies[rep % len(policies):] + policies[:rep % len(policies)]
+            times, reads = {}, []
+            for policy in order:
                 set_policy(lm.model, policy, kernel_by_n)
-                set_replay(lm.model, None if windows is None else windows[0])
-                speculative.timed_forward(lm.model, tokens[0].tolist(), state)
-            for rep in range(config.reps):
-                order = policies[rep % len(policies):] + policies[:rep % len(policies)]
-                for policy in order:
-                    set_policy(lm.model, policy, kernel_by_n)
-                    set_replay(lm.model, None if windows is None else windows[rep])
-                    unit[policy].append(speculative.timed_forward(lm.model, tokens[rep].tolist(), state))
-                    advance(1)
-            set_replay(lm.model, None)
-            checkpoint.save(key, unit)
-        for policy in policies:
-            samples[policy][n] = checkpoint.units[key][policy]
-    return samples
+                set_replay(lm.model, None if windows is None else windows[rep])
+                reads.append(reference())
+                times[policy] = speculative.timed_forward(lm.model, tokens[rep].tolist(), state)
+            if kept_reference and min(reads) < DISTURBED * float(np.median(kept_reference)):
+                repeated += 1
+            else:
+                kept_reference.append(min(reads))
+                for policy, t in times.items():
+                    samples[policy].append(t)
+                advance(len(policies))
+            kept, spent = len(kept_reference), time.perf_counter() - started
+            met = kept >= config.reps and all(_interval_ok(samples[p], rng, config.target) for p in policies)
+            if met or kept >= config.max_reps or (kept >= config.reps and spent > config.budget_s) \
+                    or repeated > config.max_reps:
+                break
+        set_replay(lm.model, None)
+        checkpoint.save(key, {"samples": samples, "noise": {
+            "rounds": kept, "repeated": repeated, "met": met, "seconds": spent,
+            "reference_gbps": float(np.median(kept_reference)),
+            "stopped_by": "target" if met else "max_reps" if kept >= config.max_reps else
+            "disturbed" if repeated > config.max_reps else "budget"}})
+    return {n: checkpoint.units[f"verify n {n}"] for n in ns}
 
 
 # ---- 2. throughput ----------------------------------------------------------------------------------------
@@ -247,11 +287,13 @@ def expand_k0(cells: list[dict], acceptances: list[float]) -> list[dict]:
 
 
 # ---- results ----------------------------------------------------------------------------------------------
-def summarize(lm: LoadedModel, config: RunConfig, samples: dict[str, dict[int, list[float]]], policies: list[str],
+def summarize(lm: LoadedModel, config: RunConfig, units: dict[int, dict[str, Any]], policies: list[str],
               cells: list[dict], acceptances: list[float], plan_info: dict | None,
-              kernel_by_n: dict[int, str] | None, started: dict[str, Any]) -> dict[str, Any]:
-    """runs.json from the measured samples and cells (keys in the module docstring)."""
+              kernel_by_n: dict[int, str] | None, started: dict[str, Any],
+              ceilings: dict[str, list[float]]) -> dict[str, Any]:
+    """runs.json from the measured verify units and cells (keys in moespec.formats.runsfile)."""
     rng = np.random.default_rng(config.seed)
+    samples = {p: {n: unit["samples"][p] for n, unit in units.items()} for p in policies}
     stats = {p: {n: bootstrap_median(v, rng) for n, v in samples[p].items()} for p in policies}
     ns = sorted(samples["slot"])
     saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns}
@@ -279,6 +321,10 @@ def summarize(lm: LoadedModel, config: RunConfig, samples: dict[str, dict[int, l
         "overhead_share": float(np.median([c["overhead_share"] for c in cells])) if cells else None,
         "greedy_match": all(c["greedy_match"] for c in cells),
         "greedy_exact": all(c["greedy_exact"] for c in cells),
+        "noise": {"target": config.target, "met": all(u["noise"]["met"] for u in units.values()),
+                  "repeated": sum(u["noise"]["repeated"] for u in units.values()),
+                  "per_n": {str(n): u["noise"] for n, u in units.items()}},
+        "ceiling_gbps": {when: median_iqr(v)[0] for when, v in ceilings.items()},
         "provenance": started,
     }
     return doc
@@ -303,6 +349,10 @@ class RunConfig:
     depth: int = DEPTH
     n: tuple[int, ...] = tuple(range(1, N_MAX + 1))
     reps: int = DEFAULT_REPS
+    max_reps: int = MAX_REPS
+    target: float = TARGET
+    budget_s: float = BUDGET_S
+    outside: bool = True
     k: tuple[int, ...] = tuple(range(KMAX + 1))
     a: tuple[float, ...] | None = None
     prompts: int = 2
@@ -317,6 +367,9 @@ class RunConfig:
         """Every number in its domain, before any work."""
         if self.model is not None and self.preset is not None:
             raise MoespecError("give a checkpoint (--model) or a preset (--preset), not both")
+        if self.max_reps < self.reps or not 0 < self.target < 1 or not self.budget_s > 0:
+            raise MoespecError(f"need --max-reps >= --reps, 0 < --target < 1 and --budget > 0, got {self.max_reps}, "
+                               f"{self.target} and {self.budget_s}")
         for flag, value, least in (("--depth", self.depth, 1), ("--reps", self.reps, 2),
                                    ("--prompts", self.prompts, 1), ("--tokens", self.tokens, 1)):
             if value < least:
@@ -364,15 +417,19 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     cells = [] if not config.throughput else [(p, k, None) for p in policies for k in ks] if drafter else \
         throughput_cells(policies, ks, acceptances)
     key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
-           "n": ns, "reps": config.reps, "k": ks, "a": acceptances, "prompts": config.prompts,
+           "n": ns, "reps": config.reps, "max_reps": config.max_reps, "target": config.target,
+           "budget_s": config.budget_s, "outside": config.outside, "k": ks, "a": acceptances, "prompts": config.prompts,
            "tokens": config.tokens, "replay": config.replay, "plan": plan_info, "seed": config.seed,
            "draft_model": config.draft_model}
     checkpoint = Checkpoint(config.out, key, config.resume, "run")
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
-    total = len(ns) * config.reps * len(policies) + len(cells) * config.prompts
+    verify = policies + (["outside"] if config.outside else [])
+    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
+    ceilings = {"before": measure_stream_read()}
     with progress("run", total, enabled=sys.stderr.isatty()) as advance:
-        samples = measure_verify(lm, config, ns, policies, kernel_by_n, trace, checkpoint, advance)
+        units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance)
+        ceilings["between"] = measure_stream_read()
         ps, measured = Prompts(lm, config, trace), []
         for policy, k, a in cells:
             unit = f"cell {policy} k {k} a {a if k else '-'}"
@@ -380,7 +437,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
                 checkpoint.save(unit, measure_cell(lm, policy, k, a, kernel_by_n, ps, config, drafter))
             measured.append(checkpoint.units[unit])
             advance(config.prompts)
-    doc = summarize(lm, config, samples, policies, measured, acceptances, plan_info, kernel_by_n, started)
+    ceilings["after"] = measure_stream_read()
+    doc = summarize(lm, config, units, verify, measured, acceptances, plan_info, kernel_by_n, started, ceilings)
     write_json(config.out, doc)
     checkpoint.remove()
     return Runs(doc, config.out)

@@ -12,6 +12,9 @@ implementations `fn(module, hidden_states [T, d], top_k_index [T, m], top_k_weig
 so that is where the kernels go. `set_policy` picks one of POLICIES:
 - `slot`, `dedup`: kernels.expert_op with that kernel (registered as `moespec-slot`, `moespec-dedup`);
 - `auto` (`moespec-auto`): per pass, the kernel a plan chose for its size n (`kernel_by_n`);
+- `outside` (`moespec-outside`): the expert operation taken out (every MoE layer adds zero): a pass under it takes
+  the time outside the expert operation (attention, dense weights, routers, KV cache, head), which the whole-pass
+  prediction adds to the predicted expert time (moespec.predict.verify);
 - `eager`, `batched_mm`, `grouped_mm`: transformers' own implementations, for comparison.
 Our kernels want the layout gate_up [N, 2f, d], down [N, d, f]; `kernels.from_hf_experts` gives it once per
 module (the canonical classes share their storage, gpt-oss's transposed interleaved weights are copied).
@@ -48,8 +51,10 @@ from moespec.model.spec import ModelSpec
 
 __all__ = ["POLICIES", "moe_experts", "set_policy", "set_replay"]
 
-# our kernels, AUTO (a plan's kernel per pass size), and transformers' own implementations for comparison
-POLICIES = (*KERNELS, "auto", "eager", "batched_mm", "grouped_mm")
+# our kernels, AUTO (a plan's kernel per pass size), OUTSIDE (the expert operation taken out, to time the rest of a
+# pass) and transformers' own implementations for comparison
+OURS = (*KERNELS, "auto", "outside")
+POLICIES = (*OURS, "eager", "batched_mm", "grouped_mm")
 
 
 # ---------------------------------------------------------------- experts modules and their state
@@ -123,6 +128,15 @@ ALL_EXPERTS_FUNCTIONS.register("moespec-dedup", _implementation("dedup"))
 ALL_EXPERTS_FUNCTIONS.register("moespec-auto", _implementation(None))
 
 
+def _outside(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The expert operation taken out: every MoE layer adds nothing, so a pass times what lies outside it."""
+    return torch.zeros_like(hidden_states)
+
+
+ALL_EXPERTS_FUNCTIONS.register("moespec-outside", _outside)
+
+
 def _kernel_table(kernel_by_n: dict[int, str] | None) -> tuple[list[int], list[str]]:
     if not kernel_by_n:
         raise MoespecError("policy 'auto' needs kernel_by_n, a plan's {pass size n: 'slot' | 'dedup'}")
@@ -145,7 +159,7 @@ def set_policy(model: Any, policy: str, kernel_by_n: dict[int, str] | None = Non
     table = _kernel_table(kernel_by_n) if policy == "auto" else None
     for module in moe_experts(model):
         _state(module).kernel_by_n = table
-    name = f"moespec-{policy}" if policy in (*KERNELS, "auto") else policy
+    name = f"moespec-{policy}" if policy in OURS else policy
     try:
         model.set_experts_implementation(name)
     except (ValueError, KeyError, RuntimeError) as e:

@@ -53,11 +53,11 @@ from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, KERNELS, KMAX, POLICIES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.files import provenance, write_json
-from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, Plan
+from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.model.spec import ModelSpec
-from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, with_auto
+from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
 from moespec.routing.reuse import derive, reuse_stats
 
 RUNS_CALIBRATE = "runs calibrate only a plan of their own model, device kind and dtype"
@@ -174,6 +174,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     delta = float(theory.delta_from_eps(eps))
     ns = range(1, kmax + 2)
     tau_runs = None if runs is None else runs.series("verify_time_s.slot", ns, positive=True)
+    measured_outside = runs is not None and "outside" in (runs.get("verify_time_s") or {})
+    tau_outside = runs.series("verify_time_s.outside", ns, positive=True) if measured_outside else None
     tau1 = float(tau_runs[0]) if tau1 is None else tau1
     if not (np.isfinite(tau1) and tau1 > 0):
         raise MoespecError(f"--tau1 = {tau1} must be a positive time in seconds (the one-token pass)")
@@ -204,6 +206,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
             raise MoespecError(f"{runs_path}: a dedup-off verify time is shorter than the predicted saving: a "
                                f"calibrated dedup verify time is not positive")
         versions["calibrated"] = with_auto(cal, policy)
+    if tau_outside is not None:
+        versions["whole-pass"] = with_auto(whole_pass(tau_outside, M, delta), policy)
     step = {v: steps(t, h, v) for v, t in versions.items()}
     stats = reuse_stats(trace, n_max=ns[-1], bootstrap=0)
     reuse = derive(stats.rho[:L], stats.union[:L], w, trace.m)  # byte quantities of the L covered layers
@@ -244,16 +248,17 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
         "provenance": provenance(device=bench["device"], dtype=fmt),
     }
-    if runs is not None:
-        tau_cal = versions["calibrated"].tau
-        s_cal = tau_cal["slot"] - tau_cal["dedup"]
+    for version in [v for v in versions if v != "prediction"]:
+        suffix = VERSION_SUFFIX[version]
+        tau = versions[version].tau
+        s_version = tau["slot"] - tau["dedup"]
         for n in ns[1:]:
-            saving[str(n)]["calibrated_s"] = float(s_cal[n - 1])
-        plan.update({"tau_calibrated": {p: _n_map(tau_cal[p]) for p in POLICIES},
-                     "crossover_calibrated": _crossover(s_cal),
-                     "step_times_calibrated": step["calibrated"]["step_times"],
-                     "staircase_calibrated": step["calibrated"]["staircase"],
-                     "table_calibrated": step["calibrated"]["table"]})
+            saving[str(n)][f"{suffix[1:]}_s"] = float(s_version[n - 1])
+        plan.update({f"tau{suffix}": {p: _n_map(tau[p]) for p in POLICIES},
+                     f"crossover{suffix}": _crossover(s_version),
+                     f"step_times{suffix}": step[version]["step_times"],
+                     f"staircase{suffix}": step[version]["staircase"],
+                     f"table{suffix}": step[version]["table"]})
     return plan
 
 

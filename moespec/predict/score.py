@@ -40,10 +40,11 @@ have whole seconds, so the same second does not count). The two files must name 
 and dtype.
 
 Versions (--version): a plan carries its PREDICTION (from the bench and trace alone) and, when made with
---runs, its CALIBRATED version (moespec.predict.plan). Every rule reads the chosen version's keys, nothing of the
-other; the default is the prediction. Asking for the calibrated version of a plan made without --runs is an
-error. pre_registered is decided the same way for both (the calibrated version is built from an engine's runs,
-so it is pre-registered only against runs started after the plan was made).
+--runs, its CALIBRATED version and, where those runs timed the pass with the expert operation taken out, its
+WHOLE-PASS version (moespec.predict.plan). Every rule reads the chosen version's keys, nothing of another; the
+default is the prediction. Asking for a version the plan lacks is an error. pre_registered is decided the same
+way for all (the calibrated and whole-pass versions are built from an engine's runs, so they are pre-registered
+only against runs started after the plan was made).
 
 What score reads from runs.json (written by `moespec run`):
   format "moespec-runs", format_version 1, model, device_kind, dtype, depth (int)
@@ -59,6 +60,7 @@ From plan.json (moespec.formats.planfile): model, device_kind, dtype, provenance
   crossover      crossover                     crossover_calibrated          (reported, not scored)
   table rows     table                         table_calibrated              {a, policy, k_hat, speedup_lo, speedup_hi}
   band delta     delta_steps.prediction        delta_steps.calibrated        {policy: d}, d null where no band
+  (whole-pass: as calibrated, with whole_pass in place of calibrated and delta_steps.whole-pass)
 
 `--json` prints one document:
   rules           six {"name", "rule", "value", "holds", ...}, in Table 8's order; name and its details:
@@ -116,7 +118,9 @@ class Keys(NamedTuple):
 
 VERSIONS = {"prediction": Keys("tau_hat", "predicted_s", "crossover", "table", "prediction"),
             "calibrated": Keys("tau_calibrated", "calibrated_s", "crossover_calibrated", "table_calibrated",
-                               "calibrated")}
+                               "calibrated"),
+            "whole-pass": Keys("tau_whole_pass", "whole_pass_s", "crossover_whole_pass", "table_whole_pass",
+                               "whole-pass")}
 DEFAULT_VERSION = "prediction"
 
 
@@ -139,7 +143,8 @@ def _keys(plan: dict[str, Any], version: str, plan_path: str) -> Keys:
         raise MoespecError(f"version {version!r} is not one of {', '.join(VERSIONS)}")
     keys = VERSIONS[version]
     if keys.tau not in plan and keys.table not in plan:
-        raise MoespecError(f"{plan_path} has no {version} version (the plan was made without --runs); score "
+        raise MoespecError(f"{plan_path} has no {version} version (the plan was made without --runs, or from runs "
+                           f"that did not time the pass with the expert operation taken out); score "
                            f"--version prediction, or make the plan with --runs")
     return keys
 

@@ -12,6 +12,8 @@ pass time and swaps the whole-model expert time of that pass for the one kernel 
                    per-slot kernel on one token, so M_p(1) = M_slot(1) = sum_l t_bar_l(1) for both kernels and
                    tau_p(1) = tau_meas(1). t_bar: the fit at each recorded window's bytes, averaged.
   measured-time    the same with the measured per-window op times in place of the fits.
+  whole-pass       tau_p(n) = tau_out(n) + M_p(n): the verify time measured with the expert operation taken out,
+                   plus the predicted expert time (`whole_pass`; no anchor to subtract).
   calibrated       tau_meas = tau_meas_slot(n), the whole-model verify time measured with dedup off, M_anchor =
                    M_slot(n) (fits): the growth with n of the time outside the expert operation comes from that
                    measurement, so tau_cal_slot(n) = tau_meas_slot(n) and tau_cal_dedup(n) = tau_meas_slot(n) -
@@ -96,6 +98,15 @@ def anchored(tau_meas: float | np.ndarray, M: dict[str, np.ndarray], delta: floa
     tau = {p: tau_meas + (M[p] - anchor) for p in KERNELS}
     bound = {p: np.where(first | (per_n and p == "slot"), 0.0, delta * (M[p] + anchor)) for p in KERNELS}
     return VerifyTimes(tau, bound)
+
+
+def whole_pass(tau_outside: np.ndarray, M: dict[str, np.ndarray], delta: float) -> VerifyTimes:
+    """The WHOLE-PASS version: tau_p(n) = tau_out(n) + M_p(n), the engine's measured time outside the expert
+    operation (the model run with it taken out, at each n) plus the predicted whole-model expert time. Beyond the
+    paper: (22) carries the one-token pass's outside time to every n, so it misses how attention, the dense weights
+    and the head grow with n; this version measures that growth instead of assuming it away. Only the expert term
+    is predicted, so the bound is delta M_p(n) (17)."""
+    return VerifyTimes({p: tau_outside + M[p] for p in KERNELS}, {p: delta * M[p] for p in KERNELS})
 
 
 def kernel_by_n(saving: np.ndarray) -> dict[int, str]:

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from moespec import MoespecError, theory
 from moespec.formats.files import atomic_write
+from moespec.formats.planfile import VERSION_SUFFIX
 from moespec.routing.reuse import ReuseStats, uniform_rho
 
 PLOT_FORMATS = ("png", "pdf", "svg")  # what matplotlib writes without extra backends
@@ -85,8 +86,7 @@ MS = 1e3  # times are stored in seconds and shown in milliseconds
 
 
 # plan.json version -> (its staircase key, its step-time key)
-PLAN_VERSIONS = {"prediction": ("staircase", "step_times"), "calibrated": ("staircase_calibrated",
-                                                                           "step_times_calibrated")}
+PLAN_VERSIONS = {v: (f"staircase{s}", f"step_times{s}") for v, s in VERSION_SUFFIX.items()}
 
 
 def staircase_figure(plan: Any, versions: Sequence[str], policies: Sequence[str]) -> Figure:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Sequence
 from moespec import MoespecError, theory
 from moespec.defaults import N_MAX, POLICIES
 from moespec.formats.files import atomic_write
-from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, acceptance_rows, score_files
+from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, VERSIONS, acceptance_rows, score_files
 from moespec.report.figures import (
     FIG_DPI,
     MS,
@@ -346,8 +346,16 @@ def score_section(f: Folder) -> str:
              ("plan sha256", result.plan_sha256),
              ("the runs used this plan", "no plan recorded" if ran_with is None else
               "yes (same sha256)" if ran_with == result.plan_sha256 else f"no: they used {ran_with}")]
+    versions = [v for v, keys in VERSIONS.items() if keys.table in plan]
+    by_version = {v: score_files(str(f.path / "plan.json"), str(f.path / RUNS), v) for v in versions}
+    cell = lambda rule: Markup(f"{VERDICT[rule.holds]} {_e(rule.shown[1])}")  # noqa: E731
+    table8_all = _table(("rule", *versions), [[rule.rule, *(cell(s.rules[i]) for s in by_version.values())]
+                                              for i, rule in enumerate(result.rules)],
+                        "each version of the plan scored against the same runs: the verdict and what was measured",
+                        text_columns=1)
     return ("<h3>Table 3: saving and verify time per n</h3>" + table3
-            + "<h3>Table 8: the six scoring rules</h3>" + table8 + _facts(facts))
+            + "<h3>Table 8: the six scoring rules</h3>" + table8 + _facts(facts)
+            + "<h3>Table 8 by plan version</h3>" + table8_all)
 
 
 # ---- engine facts --------------------------------------------------------------------------------------------
