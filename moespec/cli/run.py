@@ -16,6 +16,7 @@ from moespec.cli.args import parse_ints
 from moespec.console import console
 from moespec.defaults import DEPTH, DTYPES, KMAX, MODEL, N_MAX
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
+from moespec.model.dense import DENSE
 
 
 def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
@@ -88,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=RunConfig.dtype, choices=DTYPES,
                    help=f"weights dtype (default {RunConfig.dtype})")
     p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
+    p.add_argument("--dense", default=RunConfig.dense, choices=DENSE,
+                   help=f"dense weights of verify passes: our native kernel or torch's F.linear (default "
+                        f"{RunConfig.dense})")
     p.add_argument("--plan", help="plan.json: its AUTO policy (kernel per n) is run and recorded beside slot and dedup")
     p.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d: tokens prefilled (default {DEPTH})")
     p.add_argument("--n", default=f"1-{N_MAX}", help=f"verify pass sizes (default 1-{N_MAX})")
@@ -132,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
                        max_reps=args.max_reps, target=args.target, budget_s=args.budget,
                        k=tuple(parse_ints(args.k, "--k", 0, KMAX, "draft lengths")), a=parse_acceptances(args.a),
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
-                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, resume=args.resume)
+                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, resume=args.resume,
+                       dense=args.dense)
     out = console()
     runs = run_engine(config, say=out.print)
     report(runs, args.out, out)

@@ -30,6 +30,8 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       rounds kept, rounds dropped as disturbed (a reference read below 70% of the median
                       bandwidth), whether every median's 95% interval came within +-target of it, and what stopped
                       the rounds (target, max_reps, budget, disturbed)
+  dense               what ran the dense weights of verify passes: "native" (moespec.model.dense), "torch", or
+                      "torch (why the native kernel is unavailable)"; absent in older files
   ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
                       and the throughput grid, and after
   provenance          device, dtype, versions, timestamp (the start of the run), command

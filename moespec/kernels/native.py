@@ -1,6 +1,7 @@
-"""Loader of moespec's native expert kernels (`moespec/kernels/csrc/expert_kernels.cpp`).
+"""Loader of moespec's native kernels: the expert operation (`moespec/kernels/csrc/expert_kernels.cpp`) and the
+dense linear layers of a verification pass (`csrc/dense_kernels.cpp`), built into one library.
 
-The source exposes a plain C ABI and includes no torch header, so it is compiled with g++ alone in a few
+The sources expose a plain C ABI and include no torch header, so they are compiled with g++ alone in a few
 seconds on first use (no ninja, no pybind11, nothing downloaded) and loaded with ctypes. The shared
 library is cached under `$MOESPEC_CACHE_DIR` (default `~/.cache/moespec/native`), named by a hash of the
 source, the flags and the compiler, and written by an atomic rename so concurrent first uses are safe.
@@ -28,11 +29,12 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded before the library, see the module docstring)
 
-SOURCE = Path(__file__).parent / "csrc" / "expert_kernels.cpp"
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("expert_kernels.cpp", "dense_kernels.cpp"))
 # -O3 for unrolled register tiles, AVX2 + FMA for the 8-lane fp32 FMAs and the bf16 widening,
 # -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
 CXXFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
-ABI_VERSION = 2
+ABI_VERSION = 2  # of expert_kernels.cpp (moespec_abi_version)
+DENSE_ABI_VERSION = 1  # of dense_kernels.cpp (moespec_dense_abi_version)
 # A cold build takes ~2-8 s on a 2-core machine; anything past this is a broken toolchain.
 BUILD_TIMEOUT_S = 120
 
@@ -66,7 +68,8 @@ def _compiler() -> str | None:
 def _build(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CXXFLAGS).encode() + version.encode() + str(ABI_VERSION).encode()
+        b"".join(s.read_bytes() for s in SOURCES) + " ".join(CXXFLAGS).encode() + version.encode()
+        + f"{ABI_VERSION}.{DENSE_ABI_VERSION}".encode()
     ).hexdigest()[:16]
     folder = cache_dir()
     target = folder / f"moespec_kernels_{key}.so"
@@ -76,7 +79,7 @@ def _build(cxx: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".build-", suffix=".so")
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *CXXFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+        proc = subprocess.run([cxx, *CXXFLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-800:]}")
@@ -94,6 +97,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                       ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32]
     lib.moespec_stream_read.restype = ctypes.c_uint64
     lib.moespec_stream_read.argtypes = [ptr, i64, i32]
+    lib.moespec_dense_abi_version.restype = i32
+    lib.moespec_dense_cpu_has_dot.restype = i32
+    lib.moespec_linear.restype = i32
+    lib.moespec_linear.argtypes = [i32, i32, i32, i32, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i32, i32]
     return lib
 
 
@@ -114,8 +121,9 @@ def load() -> ctypes.CDLL | None:
     try:
         path = _build(cxx)
         lib = _bind(ctypes.CDLL(str(path)))
-        if lib.moespec_abi_version() != ABI_VERSION:
-            raise RuntimeError(f"{path} has ABI {lib.moespec_abi_version()}, expected {ABI_VERSION}")
+        if (lib.moespec_abi_version(), lib.moespec_dense_abi_version()) != (ABI_VERSION, DENSE_ABI_VERSION):
+            raise RuntimeError(f"{path} has ABI {lib.moespec_abi_version()}.{lib.moespec_dense_abi_version()}, "
+                               f"expected {ABI_VERSION}.{DENSE_ABI_VERSION}")
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         _status = f"build or load failed: {err}"
         return None

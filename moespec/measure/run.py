@@ -44,6 +44,7 @@ from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr, resolve_device
 from moespec.model import speculative
+from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense
 from moespec.model.load import LoadedModel, load_model
 from moespec.model.policies import set_policy, set_replay
 from moespec.model.spec import ModelSpec
@@ -353,6 +354,7 @@ class RunConfig:
     target: float = TARGET
     budget_s: float = BUDGET_S
     outside: bool = True
+    dense: str = DEFAULT_DENSE
     k: tuple[int, ...] = tuple(range(KMAX + 1))
     a: tuple[float, ...] | None = None
     prompts: int = 2
@@ -365,6 +367,8 @@ class RunConfig:
 
     def check(self) -> None:
         """Every number in its domain, before any work."""
+        if self.dense not in DENSE:
+            raise MoespecError(f"--dense {self.dense!r}: one of {', '.join(DENSE)}")
         if self.model is not None and self.preset is not None:
             raise MoespecError("give a checkpoint (--model) or a preset (--preset), not both")
         if self.max_reps < self.reps or not 0 < self.target < 1 or not self.budget_s > 0:
@@ -399,6 +403,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     layers = config.layers if config.layers is not None or config.model else DEFAULT_LAYERS
     lm = load_model(path=config.model, preset=None if config.model else config.preset or MODEL,
                     layers=layers, dtype=config.dtype, device=device, seed=config.seed)
+    dense_path = set_dense(lm.model, config.dense)
     if plan_info and plan_info["model"] != model_name(lm, config):
         raise MoespecError(f"{config.plan}: a plan for {plan_info['model']}, but the run is of "
                            f"{model_name(lm, config)}")
@@ -411,6 +416,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     drafter = None
     if config.draft_model:
         drafter = load_model(path=config.draft_model, dtype=config.dtype, device=device).model
+        set_dense(drafter, config.dense)
         if drafter.config.vocab_size != lm.model.config.vocab_size:
             raise MoespecError(f"{config.draft_model}: vocabulary of {drafter.config.vocab_size} tokens, the "
                                f"target's has {lm.model.config.vocab_size}: a draft must share the tokenizer")
@@ -418,11 +424,12 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         throughput_cells(policies, ks, acceptances)
     key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
            "n": ns, "reps": config.reps, "max_reps": config.max_reps, "target": config.target,
-           "budget_s": config.budget_s, "outside": config.outside, "k": ks, "a": acceptances, "prompts": config.prompts,
-           "tokens": config.tokens, "replay": config.replay, "plan": plan_info, "seed": config.seed,
+           "budget_s": config.budget_s, "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
+           "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info, "seed": config.seed,
            "draft_model": config.draft_model}
     checkpoint = Checkpoint(config.out, key, config.resume, "run")
-    say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); policies "
+    say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
+        f"{dense_path}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
@@ -439,6 +446,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
             advance(config.prompts)
     ceilings["after"] = measure_stream_read()
     doc = summarize(lm, config, units, verify, measured, acceptances, plan_info, kernel_by_n, started, ceilings)
+    doc["dense"] = dense_path
     write_json(config.out, doc)
     checkpoint.remove()
     return Runs(doc, config.out)

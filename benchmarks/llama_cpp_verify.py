@@ -1,0 +1,567 @@
+"""llama.cpp's verify pass beside moespec's engine: the same model, the same depth, n = 1..9 (issue 13, item 5).
+
+Physics. A verification pass of n tokens at context depth d is memory-bound: its time is the bytes it reads over
+the bandwidth it reads them at, so no engine can beat bytes / ceiling, where the ceiling is the measured
+streaming-read bandwidth of this machine (moespec.measure.timing). The bytes (moespec.model.spec) are
+- D: the dense weights read once per pass (attention, norms, routers, the output head, n embedding rows);
+- the experts: a per-slot kernel reads n m W (m experts per token, W = the bytes of one expert in every MoE
+  layer), a deduplicating kernel reads each distinct expert once, U(n) W per layer, where under uniform iid
+  routing (trace-free) U(n) = N (1 - (1 - m/N)^n) of the N experts;
+- kv: the cached keys and values of the d + n positions, kv(k = n - 1) at depth d.
+llama.cpp's CPU expert product (ggml's mul_mat_id) groups a batch's rows by expert and reads each selected expert
+once, so its bytes are of the deduplicating kind; moespec runs both of its kernels ("slot" and "dedup"). The
+table puts each engine's measured time beside the limit its kind of bytes allows, and their ratio.
+
+What it does.
+1. llama.cpp, where it can: the llama-bench binary given by --llama-bench, else WORK/build/bin/llama-bench, else
+   built there from llama.cpp's source (--llama-src, or the tree vendored in the llama-cpp-python sdist, which
+   `pip download` fetches into WORK/src; cmake and a C++ compiler needed; about 10 minutes on 2 cores). Where
+   none can be had, or it cannot time a pass at a depth (no -d/--n-depth), one line says
+   "llama.cpp comparison skipped: ..." and moespec is still timed.
+2. The engine's model exported to GGUF (bf16), cached in WORK: moespec.model.load builds the preset with random
+   weights (seed --seed, --layers of its decoder layers, vocabulary 32768), transformers' save_pretrained writes
+   it as safetensors, and llama.cpp's own convert_hf_to_gguf.py converts it (--outtype bf16). moespec's rounds
+   build the same weights from the same seed, so both engines run one model.
+3. Rounds, interleaved (--rounds): a round runs llama-bench for every n (`-p n -n 0 -d DEPTH -r REPS -t THREADS`:
+   each sample is one llama_decode of n tokens after a DEPTH-token context, which llama-bench prefills once and
+   restores before every sample; one warm-up pass of n tokens first, at depth 0) and moespec's engine for every n
+   (moespec.measure.run.run_engine with throughput=False: one prefill of DEPTH tokens, the cache cropped back
+   before each timed pass of n tokens, slot and dedup interleaved), the two engines' order alternating from
+   round to round (A B, B A, ...) so drift hits both alike. The ceiling is measured before the first round,
+   between every two engine blocks and after the last.
+4. Per engine and n: the median of all rounds' samples with a distribution-free 95% interval (order statistics
+   of the median: [x_(j), x_(k-j+1)] with the largest j whose binomial coverage is >= 95%; with fewer than 6
+   samples no such j exists and [min, max] is given with its coverage); the ratio moespec / llama.cpp of the
+   medians with a 95% bootstrap interval; the bytes of a pass and bytes / ceiling.
+
+The tokenizer. A random-weight preset has no tokenizer, and convert_hf_to_gguf.py needs one (it writes the
+vocabulary into the GGUF; llama.cpp loads a model only with one). We construct a byte-level BPE tokenizer with the
+`tokenizers` library that fills the model's vocabulary exactly: the 256 byte symbols of the ByteLevel alphabet,
+then merges of pairs of byte symbols in a fixed order until id vocab - 2, and one special token <|endoftext|> at
+id vocab - 1 (its bos and eos), with the ByteLevel pre-tokenizer (GPT-2's split regex) and decoder. Nothing is
+trained and nothing downloaded; the tokens never matter for the timing (llama-bench and moespec both feed random
+token ids), only the vocabulary's size, which must equal the embedding's rows. The converter identifies a BPE
+tokenizer's pre-tokenizer by hashing its encoding of a fixed text against the published models it knows; a
+constructed vocabulary matches none, so the converter is run with that one lookup (get_vocab_base_pre) answering
+"gpt-2", which is what this tokenizer's ByteLevel pre-tokenizer is. Everything else (tensor names, expert stacking,
+hyperparameters, the vocabulary and merges themselves) is the converter's own work.
+
+Caveats.
+- llama-bench's prompt pass computes the logits of the last token only; a verify pass (and moespec's) needs all
+  n. The output head's bytes are read once either way, so the byte model is the same; the extra n - 1 rows of
+  the head's product are compute that llama.cpp's number leaves out.
+- Caches: llama-bench times its samples back to back, while moespec's engine reads a buffer larger than the
+  last-level cache before every timed pass; what survives in llama.cpp's cache between samples (the KV cache of
+  a 512-token context is ~8 MB, this CPU's L3 32 MiB) is not read from memory, so it can come out a few percent
+  above the limit.
+- Routing: both engines' routers decide (random weights, random token ids); the dedup bytes use the uniform
+  expectation U(n), not the realized unions.
+- Threads: llama-bench -t THREADS and torch.set_num_threads(THREADS) (default: torch's, i.e. this machine's
+  cores); the ceiling reads on torch's threads too.
+- On a shared or busy machine the times are noisy; run it when the machine is quiet.
+
+    .venv/bin/python benchmarks/llama_cpp_verify.py --out out/llama-cpp-verify.json [--work DIR]
+        [--llama-bench PATH] [--rounds 4] [--reps 7] [--depth 512] [--layers 2] [--n 1-9]
+
+It prints the ceiling, then the table, and ends with one JSON line; --out receives the whole result (device,
+dtype, versions of moespec, torch and llama.cpp, the timestamp, the exact command, every sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moespec import MoespecError
+from moespec.cli.args import parse_ints
+from moespec.defaults import DEPTH, MODEL, N_MAX
+from moespec.formats.files import provenance, write_json
+from moespec.measure.run import RunConfig, run_engine
+from moespec.measure.timing import median_iqr, timer_for
+from moespec.model.load import PRESET_VOCAB, load_model, preset_config
+from moespec.model.spec import ModelSpec
+
+FORMAT = "bf16"  # the exported GGUF's type, the engine's dtype and the byte model's format
+LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build and convert with
+POLICIES = ("slot", "dedup")  # moespec's kernels as the engine runs them
+CONFIDENCE = 0.95
+BOOTSTRAP = 2000  # resamples of the ratio's interval
+BUILD_TIMEOUT_S = 3600  # a cold llama-bench build takes ~10 minutes on 2 cores
+BENCH_TIMEOUT_S = 3600  # one llama-bench call (all n of one round)
+EOS = "<|endoftext|>"
+
+# Run in a child interpreter: llama.cpp's converter, its BPE pre-tokenizer lookup answering "gpt-2" (see the
+# module docstring). argv: the llama.cpp source tree, the Hugging Face folder, the GGUF to write.
+CONVERT = """
+import sys
+src, model, out = sys.argv[1:4]
+sys.path[:0] = [src, src + "/gguf-py"]
+import convert_hf_to_gguf as cli
+for name, module in list(sys.modules.items()):
+    if name == "convert_hf_to_gguf" or name.startswith("conversion"):
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
+                cls.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = ["convert_hf_to_gguf.py", model, "--outtype", "bf16", "--outfile", out]
+cli.main()
+"""
+
+
+class Skip(Exception):
+    """Why the llama.cpp side cannot run here (one line)."""
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---- statistics ----------------------------------------------------------------------------------------------
+def median_interval(samples: list[float]) -> dict:
+    """The median with its distribution-free interval [x_(j), x_(k-j+1)] (1-based order statistics): the largest
+    j whose coverage 1 - 2 P(Binomial(k, 1/2) <= j - 1) is >= 95%; [min, max] with its coverage below 6 samples."""
+    x, k = sorted(samples), len(samples)
+    coverage = lambda j: 1 - 2 * sum(math.comb(k, i) for i in range(j)) / 2 ** k
+    j = 1
+    while j + 1 <= (k + 1) // 2 and coverage(j + 1) >= CONFIDENCE:
+        j += 1
+    return {"median": float(np.median(x)), "lo": x[j - 1], "hi": x[k - j], "coverage": coverage(j), "k": k}
+
+
+def ratio_interval(num: list[float], den: list[float], rng: np.random.Generator) -> dict:
+    """median(num) / median(den) with its 95% percentile-bootstrap interval (both sample sets resampled)."""
+    a, b = np.asarray(num), np.asarray(den)
+    r = (np.median(rng.choice(a, size=(BOOTSTRAP, a.size)), axis=1)
+         / np.median(rng.choice(b, size=(BOOTSTRAP, b.size)), axis=1))
+    lo, hi = np.quantile(r, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return {"ratio": float(np.median(a) / np.median(b)), "lo": float(lo), "hi": float(hi)}
+
+
+# ---- the bytes of a pass -------------------------------------------------------------------------------------
+def pass_bytes(spec: ModelSpec, n: int, depth: int) -> dict:
+    """D, kv and the experts of an n-token pass at depth d: per slot n m w_l, deduplicated U(n) w_l per MoE layer
+    with the uniform iid union U(n) = N (1 - (1 - m/N)^n)."""
+    union = spec.N * (1 - (1 - spec.m / spec.N) ** n)
+    dense, kv = spec.dense_bytes(FORMAT, tokens=n), spec.kv_bytes(k=n - 1, depth=depth)
+    slot = n * spec.m * spec.W(FORMAT)
+    dedup = round(sum(union * spec.expert_bytes(layer, FORMAT) for layer in range(spec.L)))
+    return {"dense": dense, "kv": kv, "experts_slot": slot, "experts_dedup": dedup, "union": union,
+            "slot": dense + kv + slot, "dedup": dense + kv + dedup}
+
+
+# ---- llama.cpp: source, binary, GGUF -------------------------------------------------------------------------
+def is_source(path: Path) -> bool:
+    return (path / "convert_hf_to_gguf.py").is_file() and (path / "tools" / "llama-bench").is_dir()
+
+
+def llama_source(args: argparse.Namespace, work: Path, bench: Path | None, fetch: bool) -> Path:
+    """llama.cpp's source tree: --llama-src, a tree holding the binary (build/bin/llama-bench inside it), one
+    unpacked in WORK/src, or (fetch) the llama-cpp-python sdist's vendored tree, downloaded with pip."""
+    if args.llama_src:
+        if not is_source(Path(args.llama_src)):
+            raise Skip(f"--llama-src {args.llama_src}: no llama.cpp source tree (convert_hf_to_gguf.py, tools/)")
+        return Path(args.llama_src)
+    candidates = list(bench.resolve().parents) if bench else []
+    candidates += sorted((work / "src").glob("llama_cpp_python-*/vendor/llama.cpp"), reverse=True)
+    for path in candidates:
+        if is_source(path):
+            return path
+    if not fetch:
+        raise Skip("no llama.cpp source to convert the model with (give --llama-src DIR)")
+    dest = work / "src"
+    dest.mkdir(parents=True, exist_ok=True)
+    say(f"llama.cpp: fetching llama-cpp-python=={LLAMA_CPP_PYTHON} (its vendored llama.cpp) into {dest}")
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                          f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(dest)],
+                         check=False, capture_output=True, text=True)
+    sdists = sorted(dest.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))
+    if got.returncode or not sdists:
+        tail = (got.stderr or got.stdout).strip().splitlines()[-1:] or ["pip gave no output"]
+        raise Skip(f"could not fetch llama-cpp-python=={LLAMA_CPP_PYTHON} with pip: {tail[0]}")
+    with tarfile.open(sdists[0]) as tar:
+        tar.extractall(dest, filter="data")
+    path = dest / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    if not is_source(path):
+        raise Skip(f"{sdists[0]}: no vendored llama.cpp source in it")
+    return path
+
+
+def build_llama_bench(src: Path, work: Path, threads: int) -> Path:
+    """cmake-build the llama-bench target of `src` in WORK/build (native CPU flags, Release); the log in
+    WORK/build.log."""
+    if shutil.which("cmake") is None:
+        raise Skip("no llama-bench binary (--llama-bench) and no cmake to build one")
+    build, log = work / "build", work / "build.log"
+    say(f"llama.cpp: building llama-bench from {src} in {build} (about 10 minutes on 2 cores; log {log})")
+    steps = [["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+              "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+             ["cmake", "--build", str(build), "-j", str(threads), "--target", "llama-bench"]]
+    with log.open("w") as out:
+        for step in steps:
+            try:
+                code = subprocess.run(step, check=False, stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=BUILD_TIMEOUT_S).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            if code:
+                raise Skip(f"building llama-bench failed ({' '.join(step[:2])}: {code}; see {log})")
+    binary = build / "bin" / "llama-bench"
+    if not binary.is_file():
+        raise Skip(f"the build finished without {binary} (see {log})")
+    return binary
+
+
+def llama_bench(args: argparse.Namespace, work: Path, threads: int) -> Path:
+    """The llama-bench binary, checked to time a pass at a depth (-d/--n-depth)."""
+    if args.llama_bench:
+        binary = Path(args.llama_bench)
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise Skip(f"--llama-bench {binary}: not an executable file")
+    elif (work / "build" / "bin" / "llama-bench").is_file():
+        binary = work / "build" / "bin" / "llama-bench"
+    elif args.no_build:
+        raise Skip(f"no llama-bench binary (--llama-bench PATH, or one in {work / 'build/bin'}) and --no-build")
+    else:
+        binary = build_llama_bench(llama_source(args, work, None, fetch=True), work, threads)
+    usage = subprocess.run([str(binary), "--help"], check=False, capture_output=True, text=True, timeout=60)
+    if "--n-depth" not in usage.stdout + usage.stderr:
+        raise Skip(f"{binary} has no -d/--n-depth, so it cannot time a pass at depth {args.depth}")
+    return binary
+
+
+def write_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer of exactly `vocab` ids (see the module docstring), as tokenizer.json and
+    tokenizer_config.json in `folder`."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    ids = {symbol: i for i, symbol in enumerate(alphabet)}
+    merges = []
+    for a in alphabet:
+        for b in alphabet:
+            if len(ids) == vocab - 1:
+                break
+            ids[a + b] = len(ids)
+            merges.append((a, b))
+    if len(ids) != vocab - 1:
+        raise MoespecError(f"a vocabulary of {vocab} ids is more than byte pairs give ({len(ids) + 1})")
+    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(EOS, special=True)])
+    if tokenizer.get_vocab_size() != vocab:
+        raise MoespecError(f"the constructed tokenizer has {tokenizer.get_vocab_size()} ids, the model {vocab}")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS}, indent=1) + "\n")
+
+
+def export_gguf(args: argparse.Namespace, work: Path, bench: Path | None) -> Path:
+    """The engine's model as a bf16 GGUF in WORK (made once per preset, layers and seed; --gguf takes one as is)."""
+    if args.gguf:
+        if not Path(args.gguf).is_file():
+            raise Skip(f"--gguf {args.gguf}: no such file")
+        return Path(args.gguf)
+    stem = f"{MODEL}-L{args.layers}-v{PRESET_VOCAB}-seed{args.seed}-{FORMAT}"
+    gguf = work / f"{stem}.gguf"
+    if gguf.is_file():
+        return gguf
+    src = llama_source(args, work, bench, fetch=not args.no_build)
+    folder, partial, log = work / f"hf-{stem}", work / f"{stem}.gguf.partial", work / f"convert-{stem}.log"
+    say(f"export: building {MODEL} ({args.layers} layers, seed {args.seed}) and writing it to {folder}")
+    lm = load_model(preset=MODEL, layers=args.layers, dtype=FORMAT, seed=args.seed)
+    lm.model.save_pretrained(folder)
+    vocab = lm.model.config.vocab_size
+    del lm
+    gc.collect()
+    write_tokenizer(folder, vocab)
+    say(f"export: {src / 'convert_hf_to_gguf.py'} --outtype bf16 -> {gguf} (log {log})")
+    with log.open("w") as out:
+        code = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(folder), str(partial)],
+                              check=False, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code or not partial.is_file():
+        raise Skip(f"convert_hf_to_gguf.py failed (exit {code}; see {log})")
+    partial.rename(gguf)
+    shutil.rmtree(folder)  # the safetensors copy (as large as the GGUF) is not needed again
+    return gguf
+
+
+def changelog_commit(src: Path | None) -> str | None:
+    """The llama.cpp commit a llama-cpp-python sdist's CHANGELOG names for its release (src: its vendored tree)."""
+    changelog = None if src is None else src.parents[1] / "CHANGELOG.md"
+    if changelog is None or not changelog.is_file():
+        return None
+    text = changelog.read_text(errors="replace")
+    section = re.search(rf"## \[{re.escape(LLAMA_CPP_PYTHON)}\](.*?)(?:\n## \[|\Z)", text, re.DOTALL)
+    found = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1)) if section else None
+    return found.group(1) if found else None
+
+
+# ---- the two engines' rounds ---------------------------------------------------------------------------------
+def llama_round(binary: Path, gguf: Path, ns: list[int], args: argparse.Namespace, threads: int,
+                raw: Path) -> tuple[dict[int, list[float]], list[dict]]:
+    """One llama-bench call: every n, reps samples each, at the depth; seconds per n and llama-bench's rows."""
+    cmd = [str(binary), "-m", str(gguf), "-p", ",".join(map(str, ns)), "-n", "0", "-d", str(args.depth),
+           "-t", str(threads), "-r", str(args.reps), "-o", "jsonl"]
+    try:
+        got = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise Skip(f"llama-bench ran past {BENCH_TIMEOUT_S} s") from None
+    raw.write_text(got.stdout)
+    if got.returncode:
+        tail = got.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise Skip(f"llama-bench failed (exit {got.returncode}): {tail[0]}")
+    rows = [json.loads(line) for line in got.stdout.splitlines() if line.strip().startswith("{")]
+    samples = {}
+    for row in rows:
+        if row.get("n_gen") == 0 and row.get("n_depth") == args.depth and row.get("n_prompt") in ns:
+            samples[row["n_prompt"]] = [t / 1e9 for t in row["samples_ns"]]
+    if sorted(samples) != ns:
+        raise Skip(f"llama-bench reported n = {sorted(samples)} at depth {args.depth}, asked for {ns}")
+    return samples, rows
+
+
+def moespec_round(ns: list[int], args: argparse.Namespace, path: Path) -> tuple[dict[str, dict[int, list[float]]],
+                                                                                   dict | None]:
+    """One engine run of the verify times (both kernels, every n, exactly --reps kept samples each: an engine that
+    adds rounds until its intervals are narrow is held to the same count as llama-bench); its runs.json is kept at
+    `path`. Returns the samples and the engine's own noise record (None where it keeps none)."""
+    wanted = {"out": str(path), "preset": MODEL, "layers": args.layers, "dtype": FORMAT, "device": "cpu",
+              "depth": args.depth, "n": tuple(ns), "reps": args.reps, "throughput": False, "seed": args.seed,
+              "max_reps": args.reps, "outside": False}  # the last two only where the engine has them
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    runs = run_engine(RunConfig(**{k: v for k, v in wanted.items() if k in known}))
+    samples = {p: {n: list(runs["verify_samples_s"][p][str(n)]) for n in ns} for p in POLICIES}
+    gc.collect()  # the round's model goes before the next block starts
+    return samples, runs.get("noise")
+
+
+# ---- output --------------------------------------------------------------------------------------------------
+def ms(stat: dict | None) -> str:
+    if stat is None:
+        return "-"
+    return f"{stat['median'] * 1e3:7.2f} [{stat['lo'] * 1e3:.2f}, {stat['hi'] * 1e3:.2f}]"
+
+
+def print_report(result: dict, ns: list[int]) -> None:
+    c = result["ceiling"]
+    gbps = lambda x: "-" if x is None else f"{x:.2f}"
+    print(f"ceiling ({c['kind']}, {result['threads']} threads): {c['median_gbps']:.2f} GB/s, median of "
+          f"{len(c['all_gbps'])} reads (IQR {c['iqr_gbps']:.2f}); before {gbps(c['before_median_gbps'])}, between "
+          f"{gbps(c['between_median_gbps'])}, after {gbps(c['after_median_gbps'])} GB/s")
+    rows = result["by_n"]
+    print(f"\nverify time at depth {result['depth']}, ms: median [95% interval] over {result['rounds']} round(s) "
+          f"x {result['reps']} reps")
+    print(f"{'n':>2}  {'llama.cpp':<26}{'moespec slot':<26}{'moespec dedup':<26}{'slot/llama':>11}{'dedup/llama':>12}")
+    for n in ns:
+        row = rows[str(n)]
+        ratio = {p: "-" if row["ratio"][p] is None else f"{row['ratio'][p]['ratio']:.2f}" for p in POLICIES}
+        print(f"{n:>2}  {ms(row['llama_cpp']):<26}{ms(row['moespec']['slot']):<26}{ms(row['moespec']['dedup']):<26}"
+              f"{ratio['slot']:>11}{ratio['dedup']:>12}")
+    print(f"\nbytes per pass (MB = 1e6 B) and the physical limit bytes / {c['median_gbps']:.2f} GB/s; "
+          "% of limit = limit / measured time (llama.cpp's bytes are of the dedup kind)")
+    print(f"{'n':>2}{'dense':>9}{'kv':>7}{'U(n)':>7}{'slot MB':>9}{'dedup MB':>10}{'limit slot':>12}{'limit dedup':>13}"
+          f"{'llama %':>9}{'slot %':>8}{'dedup %':>9}")
+    for n in ns:
+        row, b = rows[str(n)], rows[str(n)]["bytes"]
+        share = lambda s, lim: "-" if s is None else f"{100 * lim / s['median']:.0f}"
+        print(f"{n:>2}{b['dense'] / 1e6:9.1f}{b['kv'] / 1e6:7.1f}{b['union']:7.1f}{b['slot'] / 1e6:9.1f}"
+              f"{b['dedup'] / 1e6:10.1f}{row['limit_s']['slot'] * 1e3:10.2f}ms{row['limit_s']['dedup'] * 1e3:11.2f}ms"
+              f"{share(row['llama_cpp'], row['limit_s']['dedup']):>9}"
+              f"{share(row['moespec']['slot'], row['limit_s']['slot']):>8}"
+              f"{share(row['moespec']['dedup'], row['limit_s']['dedup']):>9}")
+
+
+def headline(result: dict, ns: list[int]) -> dict:
+    """The one JSON line: medians in seconds per n, ratios, limits."""
+    rows = result["by_n"]
+    pick = lambda f: {str(n): f(rows[str(n)]) for n in ns}
+    sig = lambda x: None if x is None else float(f"{x:.4g}")
+    return {"program": "llama_cpp_verify", "out": result["out"], "depth": result["depth"],
+            "ceiling_gbps": sig(result["ceiling"]["median_gbps"]),
+            "llama_cpp_skipped": result["llama_cpp"].get("skipped"),
+            "llama_cpp_s": pick(lambda r: sig(r["llama_cpp"] and r["llama_cpp"]["median"])),
+            "moespec_slot_s": pick(lambda r: sig(r["moespec"]["slot"]["median"])),
+            "moespec_dedup_s": pick(lambda r: sig(r["moespec"]["dedup"]["median"])),
+            "ratio_slot": pick(lambda r: sig(r["ratio"]["slot"] and r["ratio"]["slot"]["ratio"])),
+            "ratio_dedup": pick(lambda r: sig(r["ratio"]["dedup"] and r["ratio"]["dedup"]["ratio"])),
+            "limit_slot_s": pick(lambda r: sig(r["limit_s"]["slot"])),
+            "limit_dedup_s": pick(lambda r: sig(r["limit_s"]["dedup"]))}
+
+
+# ---- main ----------------------------------------------------------------------------------------------------
+def default_work() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moespec" / "llama-cpp"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/llama-cpp-verify.json", help="the result JSON (default %(default)s)")
+    p.add_argument("--work", default=str(default_work()),
+                   help="where llama.cpp's source, build and the GGUF live (default %(default)s)")
+    p.add_argument("--llama-bench", help="a built llama-bench binary (default: WORK/build/bin/llama-bench, built "
+                                         "there when missing)")
+    p.add_argument("--llama-src", help="a llama.cpp source tree (default: found beside the binary or in WORK/src, "
+                                       "else the llama-cpp-python sdist's, fetched with pip)")
+    p.add_argument("--gguf", help="use this GGUF of the engine's model instead of exporting one to WORK")
+    p.add_argument("--no-build", action="store_true", help="never fetch or build llama.cpp (skip it if absent)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of both engines (default %(default)s)")
+    p.add_argument("--reps", type=int, default=7, help="samples per engine, n and round (default %(default)s)")
+    p.add_argument("--depth", type=int, default=DEPTH, help="context depth d (default %(default)s)")
+    p.add_argument("--layers", type=int, default=2, help=f"decoder layers of {MODEL} (default %(default)s)")
+    p.add_argument("--n", default=f"1-{N_MAX}", help="verify pass sizes (default %(default)s)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="threads of both engines and the ceiling (default: torch's, %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the random weights' seed (default %(default)s)")
+    args = p.parse_args(argv)
+    for flag, value, least in (("--rounds", args.rounds, 1), ("--reps", args.reps, 2), ("--depth", args.depth, 1),
+                               ("--layers", args.layers, 1), ("--threads", args.threads, 1)):
+        if value < least:
+            p.error(f"{flag} must be >= {least}, got {value}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ns = parse_ints(args.n, "--n", 1, N_MAX, "pass sizes")
+    work, out = Path(args.work).expanduser(), Path(args.out)
+    rounds_dir = out.parent / f"{out.stem}-rounds"
+    work.mkdir(parents=True, exist_ok=True)
+    rounds_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    _, spec = preset_config(ModelSpec.from_name(MODEL), args.layers, PRESET_VOCAB)
+    started = provenance("cpu", FORMAT) | {"command": shlex.join(sys.argv), "python": sys.executable}
+
+    binary = gguf = skipped = None
+    try:
+        binary = llama_bench(args, work, args.threads)
+        gguf = export_gguf(args, work, binary)
+    except Skip as why:
+        skipped = str(why)
+        print(f"llama.cpp comparison skipped: {skipped}", flush=True)
+    src = None
+    if binary is not None:
+        try:
+            src = llama_source(args, work, binary, fetch=False)
+        except Skip:
+            pass
+
+    timer = timer_for("cpu")
+    ceilings: list[tuple[str, list[float]]] = [("before", timer.ceiling())]
+    say(f"ceiling before: {median_iqr(ceilings[0][1])[0]:.2f} GB/s")
+    llama_samples: dict[int, list[float]] = {n: [] for n in ns}
+    moe_samples = {p: {n: [] for n in ns} for p in POLICIES}
+    llama_rows: list[dict] = []
+    moe_noise: list[dict | None] = []
+    order = []
+    for r in range(args.rounds):
+        blocks = ["llama.cpp", "moespec"] if r % 2 == 0 else ["moespec", "llama.cpp"]
+        for block in blocks:
+            if block == "llama.cpp" and skipped:
+                continue
+            t0 = time.perf_counter()
+            if block == "llama.cpp":
+                try:
+                    got, rows = llama_round(binary, gguf, ns, args, args.threads, rounds_dir / f"llama-round{r}.jsonl")
+                except Skip as why:
+                    skipped = str(why)
+                    print(f"llama.cpp comparison skipped: {skipped}", flush=True)
+                    continue
+                llama_rows += rows
+                for n in ns:
+                    llama_samples[n] += got[n]
+            else:
+                got, noise = moespec_round(ns, args, rounds_dir / f"moespec-round{r}.json")
+                moe_noise.append(noise)
+                for p in POLICIES:
+                    for n in ns:
+                        moe_samples[p][n] += got[p][n]
+            order.append(block)
+            ceilings.append(("between", timer.ceiling()))
+            say(f"round {r + 1}/{args.rounds}: {block} in {time.perf_counter() - t0:.0f} s; ceiling "
+                f"{median_iqr(ceilings[-1][1])[0]:.2f} GB/s")
+    if len(ceilings) > 1:
+        ceilings[-1] = ("after", ceilings[-1][1])
+    else:
+        ceilings.append(("after", timer.ceiling()))
+
+    if skipped:  # a failure mid-run drops llama.cpp's partial samples: the comparison needs every round
+        llama_samples = {n: [] for n in ns}
+    every = [g for _, s in ceilings for g in s]
+    phase = lambda name: [g for kind, s in ceilings if kind == name for g in s]
+    ceiling = median_iqr(every)[0]
+    rng = np.random.default_rng(args.seed)
+    by_n = {}
+    for n in ns:
+        b = pass_bytes(spec, n, args.depth)
+        ll = median_interval(llama_samples[n]) if llama_samples[n] else None
+        by_n[str(n)] = {
+            "bytes": b,
+            "limit_s": {p: b[p] / (ceiling * 1e9) for p in POLICIES},
+            "llama_cpp": ll, "llama_cpp_samples_s": llama_samples[n],
+            "moespec": {p: median_interval(moe_samples[p][n]) for p in POLICIES},
+            "moespec_samples_s": {p: moe_samples[p][n] for p in POLICIES},
+            "ratio": {p: ratio_interval(moe_samples[p][n], llama_samples[n], rng) if ll else None for p in POLICIES},
+        }
+    meta = llama_rows[0] if llama_rows else {}
+    reported = meta.get("build_commit")
+    versions = started["versions"] | {
+        "llama.cpp": reported if reported not in (None, "unknown") else changelog_commit(src),
+        "llama.cpp_build_commit": reported, "llama.cpp_build_number": meta.get("build_number"),
+        "llama.cpp_sdist_changelog": changelog_commit(src),
+        "llama-cpp-python_sdist": LLAMA_CPP_PYTHON if src and "llama_cpp_python" in str(src) else None}
+    between = phase("between")
+    result = {
+        "format": "moespec-llama-cpp-verify", "format_version": 1, "out": str(out),
+        "provenance": started | {"device": timer.name, "versions": versions},
+        "model": spec.to_dict(), "dtype": FORMAT, "depth": args.depth, "n": ns, "rounds": args.rounds,
+        "reps": args.reps, "threads": args.threads, "seed": args.seed, "block_order": order,
+        "ceiling": {"kind": timer.ceiling_kind, "median_gbps": ceiling, "iqr_gbps": median_iqr(every)[1],
+                    "all_gbps": every, "before_median_gbps": median_iqr(phase("before"))[0],
+                    "between_median_gbps": median_iqr(between)[0] if between else None,
+                    "after_median_gbps": median_iqr(phase("after"))[0], "phases": ceilings},
+        "llama_cpp": {"skipped": skipped, "binary": None if binary is None else str(binary.resolve()),
+                      "gguf": None if gguf is None else str(gguf.resolve()),
+                      "gguf_bytes": None if gguf is None else gguf.stat().st_size,
+                      "source": None if src is None else str(src),
+                      "bench_fields": {k: meta.get(k) for k in ("build_commit", "build_number", "cpu_info",
+                                                                "backends", "model_type", "model_size",
+                                                                "model_n_params", "n_batch", "n_ubatch",
+                                                                "n_threads", "type_k", "type_v", "flash_attn",
+                                                                "repack")} if meta else None,
+                      "timing": "llama-bench -p n -n 0 -d DEPTH: one llama_decode of n tokens after the restored "
+                                "DEPTH-token context; the last token's logits only"},
+        "moespec": {"timing": "run_engine(throughput=False): one forward of n tokens after the prefilled context, "
+                              "every logit", "noise_per_round": moe_noise,
+                    "runs": [str(p) for p in sorted(rounds_dir.glob("moespec-round*.json"))]},
+        "bytes_note": "dedup bytes: the uniform iid union U(n) = N (1 - (1 - m/N)^n) per MoE layer; llama.cpp's "
+                      "mul_mat_id reads each selected expert once (dedup kind)",
+        "by_n": by_n,
+    }
+    write_json(out, result)
+    print_report(result, ns)
+    print(json.dumps(headline(result, ns)))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except MoespecError as err:
+        print(f"llama_cpp_verify: {err}", file=sys.stderr)
+        sys.exit(2)

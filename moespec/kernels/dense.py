@@ -1,0 +1,148 @@
+"""Dense linear layers of a verification pass on the CPU: y = x W^T + b for a few tokens at once.
+
+Physics. A verification pass pushes n <= 16 tokens through every dense layer (attention projections, the
+LM head). A weight does n multiply-adds per call, so the layer is a stream of W past n input rows: its time
+is W's bytes over the machine's streaming-read bandwidth (LM head 32768 x 2048 bf16 = 134 MB: ~4 ms at
+~33 GB/s), the same for n = 1 as for n = 5, as long as the cores keep up with the multiply-adds. torch's
+F.linear reaches ~55% of that bandwidth here (torch 2.13: ~8 ms for the LM head at n = 1..9). The native
+kernel (dense_kernels.cpp) reads each W row once per call and applies it to all n tokens held in L1, with
+fp32 accumulation, the OpenMP threads sharing the rows of W. Its fma path (AVX2 + FMA, every dtype) keeps up
+with memory to n ~ 4-5 on two cores; its dot path (AVX512-BF16, for bf16 W and bf16 x on CPUs that have
+it) doubles the multiply-add rate and keeps up to n ~ 6-8; past that, both are bound by their
+multiply-adds and the time grows with n.
+
+Shape legend
+    n  tokens: the product of x's leading dimensions, 1..16
+    K  input features        M  output features
+
+    x       [..., K]  fp32 or bf16
+    weight  [M, K]    fp32 or bf16, contiguous (torch nn.Linear layout)
+    bias    [M]       fp32 or bf16, or None
+    y       [..., M]  in x's dtype: y = x.float() @ weight.float().T + bias.float(), rounded once
+
+The kernel is built into the same library as the expert kernels (moespec.kernels.native): `MOESPEC_NATIVE=0`
+disables both and `available()` / `native.status()` say why they are unavailable. The engine installs it in a
+model with moespec.model.dense.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moespec.kernels import native
+
+MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
+ISA = {"auto": 0, "fma": 1, "dot": 2}
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def available() -> bool:
+    """Whether `linear` can run (the native library built and loaded)."""
+    return native.load() is not None
+
+
+def status() -> str:
+    """One line: the native library and the dense paths this CPU runs, or why it is unavailable."""
+    lib = native.load()
+    if lib is None:
+        return native.status()
+    return f"{native.status()}; dense: {'dot path (AVX512-BF16) for bf16 x bf16, ' if has_dot_path() else ''}fma path"
+
+
+def has_dot_path() -> bool:
+    """Whether this CPU runs the AVX512-BF16 dot path (bf16 weight and bf16 x)."""
+    lib = native.load()
+    return lib is not None and bool(lib.moespec_dense_cpu_has_dot())
+
+
+def takes(x: object, weight: object, bias: object = None) -> bool:
+    """Whether `linear` runs this call natively: the library loaded, CPU tensors of fp32 or bf16, a contiguous 2-D
+    weight [M, K], x [..., K] of 1..MAX_TOKENS rows, bias None or [M]. A check, never an error: the engine sends
+    everything else (a prefill, another dtype) to torch."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and available()):
+        return False
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in _DTYPE_CODE for t in tensors):
+        return False
+    if weight.dim() != 2 or not weight.is_contiguous() or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        return False
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        return False
+    return 1 <= math.prod(x.shape[:-1]) <= MAX_TOKENS and weight.shape[0] >= 1 and weight.shape[1] >= 1
+
+
+def _check_tensor(name: str, t: object) -> torch.dtype:
+    """t's dtype, once t is known to be a CPU tensor of a supported dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cpu:
+        raise ValueError(f"{name} is on {t.device}; linear runs on the CPU")
+    dtype = t.dtype
+    if dtype not in _DTYPE_CODE:
+        raise ValueError(f"{name} is {dtype}; linear takes float32 or bfloat16")
+    return dtype
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           threads: int | None = None, isa: str = "auto") -> torch.Tensor:
+    """y = x @ weight.T + bias with the native kernel: y [..., M] in x's dtype (see the module docstring).
+
+    Every argument is checked before a pointer reaches native code: CPU tensors of float32 or bfloat16,
+    weight 2-D and contiguous (a transposed weight is refused rather than copied on every call), x [..., K]
+    with at most 16 rows once its leading dimensions are flattened, bias [M]. `threads` defaults to
+    torch.get_num_threads(); `isa` is "auto", "fma" or "dot" (see the module docstring). The result carries
+    no autograd graph. Zero-size shapes (n, K or M = 0) are computed by `linear_reference`.
+
+    Lean on purpose: right after a cache flush each torch call costs microseconds of misses, and a 2048 x
+    2048 bf16 layer streams in ~0.25 ms, so every attribute is read once and a 2-D x is not reshaped."""
+    xdtype, wdtype = _check_tensor("x", x), _check_tensor("weight", weight)
+    bdtype = None if bias is None else _check_tensor("bias", bias)
+    if isa not in ISA:
+        raise ValueError(f"isa must be one of {', '.join(ISA)}, got {isa!r}")
+    ws, xs = weight.shape, x.shape
+    if len(ws) != 2:
+        raise ValueError(f"weight must be 2-D [M, K], got {tuple(ws)}")
+    M, K = ws
+    if len(xs) == 0 or xs[-1] != K:
+        raise ValueError(f"x {tuple(xs)} must be [..., K={K}] for weight {tuple(ws)}")
+    if bias is not None and bias.shape != (M,):
+        raise ValueError(f"bias {tuple(bias.shape)} must be [M={M}] for weight {tuple(ws)}")
+    lead = xs[:-1]
+    n = lead[0] if len(lead) == 1 else math.prod(lead)
+    if n > MAX_TOKENS:
+        raise ValueError(f"x has n={n} rows (leading dims {tuple(lead)}); linear takes at most {MAX_TOKENS}")
+    if not weight.is_contiguous():
+        raise ValueError(f"weight {tuple(ws)} with strides {weight.stride()} is not contiguous; pass "
+                         "weight.contiguous() once instead of a copy on every call")
+    if n == 0 or K == 0 or M == 0:
+        return linear_reference(x, weight, bias)
+    lib = native.load()
+    if lib is None:
+        raise RuntimeError(f"native dense kernels unavailable: {native.status()}")
+    x2 = x if len(xs) == 2 else x.reshape(n, K)
+    row_stride, col_stride = x2.stride()
+    if col_stride != 1 or (n > 1 and row_stride < K):
+        x2, row_stride = x2.contiguous(), K
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    y = torch.empty((*lead, M), dtype=xdtype)  # contiguous: [n, M] with row stride M
+    xcode = _DTYPE_CODE[xdtype]
+    rc = lib.moespec_linear(
+        _DTYPE_CODE[wdtype], xcode, 0 if bias is None else _DTYPE_CODE[bdtype], xcode, n, K, M, x2.data_ptr(),
+        row_stride if n > 1 else K, weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), M,
+        threads or torch.get_num_threads(), ISA[isa])
+    if rc == 4:
+        raise ValueError("isa='dot' needs bf16 weight and bf16 x on a CPU with AVX512-BF16")
+    if rc != 0:
+        raise RuntimeError(f"moespec_linear rejected its arguments (code {rc})")
+    return y
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition in plain torch: fp32 products and sums, one rounding to x's dtype at the end."""
+    y = x.float() @ weight.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)

@@ -1,0 +1,192 @@
+"""Tests of the native dense linear layer (moespec.kernels.dense, csrc/dense_kernels.cpp) against `linear_reference`.
+
+Tolerances. Both sides accumulate in fp32, in different orders, so on random inputs they agree to a few
+fp32 roundings of the sum of |products|: |y - ref| <= 1e-5 * (|x| @ |W|^T + |b|) elementwise, a bound
+relative to that absolute sum rather than to y, which can cancel to ~0. A bf16 output is one rounding of
+the fp32 result, so it lies within 2^-8 * |ref| (one bf16 rounding, with room for the fp32 differences to
+flip a tie) of the unrounded fp32 reference, plus the same fp32 term. On small-integer inputs every
+product and partial sum is exact in fp32, so there the native result must equal the reference bit for
+bit, in every dtype, shape, tail and path; that is what pins down indexing, tails and bias handling.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from moespec.kernels import dense, native
+
+pytestmark = pytest.mark.skipif(not dense.available(), reason=f"native dense kernels: {dense.status()}")
+
+BF16, F32 = torch.bfloat16, torch.float32
+# (K, M): K below, at and past a 16-column step, odd, not a multiple of 8 or 16; M below and past the
+# 4-row tile, and 1001 rows of K = 130 (several row tasks with a remainder row).
+SHAPES = [(7, 1), (13, 3), (16, 5), (33, 33), (130, 1001), (2049, 33)]
+NS = [1, 2, 9, 16]
+PATHS = ["auto", "fma"]  # auto: the dot path for bf16 x bf16 where the CPU has AVX512-BF16
+
+
+def _ints(shape, dtype, gen, lo=-4, hi=5):
+    return torch.randint(lo, hi, shape, generator=gen).to(dtype)
+
+
+def _check_close(y: torch.Tensor, x, w, b):
+    """y within the module docstring's tolerance of the fp32 reference."""
+    ref = x.float() @ w.float().T + (0 if b is None else b.float())
+    mag = x.float().abs() @ w.float().abs().T + (0 if b is None else b.float().abs())
+    tol = 1e-5 * mag + 1e-30
+    if y.dtype == BF16:
+        tol = tol + 2.0 ** -8 * ref.abs()
+    err = (y.float() - ref).abs()
+    assert bool((err <= tol).all()), f"max excess {float((err - tol).max()):.3g} (max err {float(err.max()):.3g})"
+
+
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("wdtype,xdtype", list(itertools.product([BF16, F32], repeat=2)))
+@pytest.mark.parametrize("K,M", SHAPES)
+def test_exact_on_integers(K, M, wdtype, xdtype, isa):
+    gen = torch.Generator().manual_seed(K * 1000 + M)
+    w = _ints((M, K), wdtype, gen)
+    for n, with_bias in itertools.product(NS, [False, True]):
+        x = _ints((n, K), xdtype, gen)
+        b = _ints((M,), wdtype, gen, -50, 51) if with_bias else None
+        y = dense.linear(x, w, b, isa=isa)
+        assert y.shape == (n, M) and y.dtype == xdtype
+        assert torch.equal(y, dense.linear_reference(x, w, b)), (n, with_bias)
+
+
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("wdtype,xdtype", list(itertools.product([BF16, F32], repeat=2)))
+@pytest.mark.parametrize("K,M", SHAPES)
+def test_random_within_tolerance(K, M, wdtype, xdtype, isa):
+    gen = torch.Generator().manual_seed(7 * K + M)
+    w = torch.randn(M, K, generator=gen).to(wdtype)
+    for n, with_bias in itertools.product(NS, [False, True]):
+        x = torch.randn(n, K, generator=gen).to(xdtype)
+        b = torch.randn(M, generator=gen).to(wdtype) if with_bias else None
+        _check_close(dense.linear(x, w, b, isa=isa), x, w, b)
+
+
+def test_all_equal_rows_give_equal_outputs():
+    """Every row of W is the same and the values are exact, so every output column must be the same."""
+    gen = torch.Generator().manual_seed(3)
+    for wdtype, (K, M) in itertools.product([BF16, F32], [(13, 7), (2049, 37)]):
+        w = _ints((1, K), wdtype, gen).expand(M, K).contiguous()
+        x = _ints((9, K), BF16, gen)
+        y = dense.linear(x, w)
+        assert torch.equal(y, y[:, :1].expand_as(y))
+        assert torch.equal(y, dense.linear_reference(x, w))
+
+
+def test_paths_agree_and_threads_do_not_change_the_result():
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(515, 1037, generator=gen).to(BF16)
+    x = torch.randn(9, 1037, generator=gen).to(BF16)
+    for isa in PATHS:
+        ys = [dense.linear(x, w, isa=isa, threads=t) for t in (1, 2, 3)]
+        assert all(torch.equal(ys[0], y) for y in ys[1:])  # each row is summed by one thread, in one order
+        _check_close(ys[0], x, w, None)
+
+
+@pytest.mark.skipif(not dense.has_dot_path(), reason="CPU without AVX512-BF16")
+def test_dot_path_on_request():
+    gen = torch.Generator().manual_seed(9)
+    w, x = _ints((33, 2049), BF16, gen), _ints((16, 2049), BF16, gen)
+    assert torch.equal(dense.linear(x, w, isa="dot"), dense.linear_reference(x, w))
+    with pytest.raises(ValueError, match="dot"):
+        dense.linear(x.float(), w, isa="dot")
+
+
+def test_mixed_bias_dtype_and_large_values():
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(40, 24, generator=gen).to(BF16)
+    x = (1e4 * torch.randn(3, 24, generator=gen)).to(BF16)
+    b = torch.randn(40, generator=gen)  # fp32 bias with bf16 weights
+    _check_close(dense.linear(x, w, b), x, w, b)
+
+
+def test_leading_dims_flatten_and_strided_x():
+    gen = torch.Generator().manual_seed(13)
+    w = torch.randn(21, 19, generator=gen)
+    x = torch.randn(2, 3, 19, generator=gen)
+    y = dense.linear(x, w)
+    assert y.shape == (2, 3, 21)
+    _check_close(y.reshape(6, 21), x.reshape(6, 19), w, None)
+    x1 = torch.randn(19, generator=gen)  # a single token without a batch dim
+    assert dense.linear(x1, w).shape == (21,)
+    wide = torch.randn(5, 40, generator=gen)
+    cases = [wide[:, 3:22],  # row stride 40 > K: passed as ldx
+             torch.randn(19, 5, generator=gen).T,  # column stride 5: copied
+             torch.randn(19, generator=gen).expand(4, 19)]  # row stride 0: copied
+    for xs in cases:
+        _check_close(dense.linear(xs, w), xs, w, None)
+
+
+def test_zero_size_shapes_follow_the_reference():
+    w = torch.randn(6, 4)
+    assert dense.linear(torch.randn(0, 4), w).shape == (0, 6)
+    b = torch.randn(6)
+    assert torch.equal(dense.linear(torch.randn(3, 0), torch.randn(6, 0), b), b.expand(3, 6))
+
+
+def test_rejects_bad_inputs_before_native_code():
+    w, x = torch.randn(8, 16), torch.randn(2, 16)
+    with pytest.raises(ValueError, match="at most 16"):
+        dense.linear(torch.randn(17, 16), w)
+    with pytest.raises(ValueError, match="at most 16"):
+        dense.linear(torch.randn(3, 6, 16), w)
+    with pytest.raises(ValueError, match="^x is on meta"):
+        dense.linear(torch.empty(2, 16, device="meta"), w)
+    with pytest.raises(ValueError, match="^weight is on meta"):
+        dense.linear(x, torch.empty(8, 16, device="meta"))
+    with pytest.raises(ValueError, match="^bias is on meta"):
+        dense.linear(x, w, torch.empty(8, device="meta"))
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        dense.linear(x, torch.randn(2, 8, 16))
+    with pytest.raises(ValueError, match=r"must be \[\.\.\., K=16\]"):
+        dense.linear(torch.randn(2, 15), w)
+    with pytest.raises(ValueError, match=r"bias \(7,\) must be \[M=8\]"):
+        dense.linear(x, w, torch.randn(7))
+    with pytest.raises(ValueError, match="not contiguous"):
+        dense.linear(x, torch.randn(16, 8).T)
+    with pytest.raises(ValueError, match="float16"):
+        dense.linear(x.half(), w)
+    with pytest.raises(ValueError, match="int64"):
+        dense.linear(x, w.long())
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        dense.linear([[1.0] * 16], w)
+    with pytest.raises(ValueError, match="isa"):
+        dense.linear(x, w, isa="avx512")
+
+
+def test_rejects_cuda_tensors():
+    try:
+        xc = torch.empty(2, 16, device="cuda")
+    except (RuntimeError, AssertionError) as err:  # a CPU-only torch cannot build one
+        pytest.skip(f"no CUDA tensor here: {err}")
+    with pytest.raises(ValueError, match="^x is on cuda"):
+        dense.linear(xc, torch.randn(8, 16))
+
+
+def test_native_entry_point_rejects_bad_arguments():
+    """The C ABI's own checks, for callers other than `linear`: return codes, nothing written."""
+    lib = native.load()
+    x, w, y = torch.randn(2, 16), torch.randn(8, 16), torch.zeros(2, 8)
+    px, pw, py = x.data_ptr(), w.data_ptr(), y.data_ptr()
+
+    def call(wd=0, xd=0, bd=0, yd=0, n=2, K=16, M=8, x=px, ldx=16, w=pw, b=None, y=py, ldy=8, isa=0):
+        return lib.moespec_linear(wd, xd, bd, yd, n, K, M, x, ldx, w, b, y, ldy, 1, isa)
+
+    assert call() == 0 and torch.allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
+    y.zero_()
+    assert [call(wd=2), call(yd=-1), call(isa=3)] == [1, 1, 1]
+    assert [call(n=0), call(n=17), call(K=0), call(M=0), call(ldx=15), call(ldy=7)] == [2] * 6
+    assert [call(x=None), call(w=None), call(y=None)] == [3, 3, 3]
+    assert call(isa=2) == 4  # fp32 weights never take the dot path
+    assert not y.any()
+
+
+def test_status_names_the_library():
+    assert dense.status().startswith("native (")
