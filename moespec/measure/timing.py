@@ -66,6 +66,14 @@ COPY_BYTES = 1 << 30  # the GPU ceiling's copy: 20x an H100's L2, ~0.5 ms at 4 T
 
 
 # ---- CPU helpers -------------------------------------------------------------------------------------------
+def random_words(nbytes: int) -> torch.Tensor:
+    """A buffer of nbytes of seeded random int64 words for the CPU to read. Not a constant fill: on a shared host
+    the kernel may merge identical pages (KSM), and a read of one physical page repeated reads from cache; seen
+    here as impossible 50-59 GB/s "ceilings" from buffers of ones."""
+    gen = torch.Generator().manual_seed(nbytes)
+    return torch.randint(-(2**62), 2**62, (nbytes // 8,), dtype=torch.int64, generator=gen)
+
+
 class StreamRead:
     """The CPU ceiling: each call reads a fixed nbytes buffer once, start to end, and returns GB/s.
 
@@ -73,7 +81,7 @@ class StreamRead:
     torch integer sum."""
 
     def __init__(self, nbytes: int = STREAM_READ_BYTES, threads: int | None = None) -> None:
-        self._buf = torch.ones(nbytes // 8, dtype=torch.int64)
+        self._buf = random_words(nbytes)
         self._threads = threads
 
     def __call__(self) -> float:
@@ -103,7 +111,7 @@ class CacheFlusher:
 
     def __init__(self, nbytes: int = FLUSH_MIN_BYTES) -> None:
         self._dirty = torch.empty(nbytes // 4, dtype=torch.float32)
-        self._clean = torch.ones(nbytes // 8, dtype=torch.int64)
+        self._clean = random_words(nbytes)
         self._value = 0.0
 
     def __call__(self) -> None:
