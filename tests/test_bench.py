@@ -276,6 +276,10 @@ def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str
     assert doc["u"]["1"] == 1.0 and doc["u"]["3"] < doc["u"]["2"] < 1
     assert set(doc["eps"]) <= {"slot", "dedup"} and set(doc["fits"]) == {"0", "1"}
     assert doc["crossover"] in (None, 2, 3)
+    assert set(doc["ceiling_by_n_gbps"]) == {"1", "2", "3"} and min(doc["ceiling_by_n_gbps"].values()) > 0
+    for kernel in ("slot", "dedup"):  # FLOPs per token-slot: 2 x 3 d f (d = 64, f = 32 here)
+        flops = doc["kernels"][kernel]["gflops"]
+        assert set(flops) == {"1", "2", "3"} and min(flops.values()) > 0
     assert [row["U"] for row in doc["chosen"]["0"]["3"]] == bench.union_grid(3, 2, 8, 3)
     windows = doc["windows"]["1"]["2"]
     assert len(windows) == 2 and all(row["U"] in bench.union_range(2, 2, 8) for row in windows)

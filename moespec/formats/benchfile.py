@@ -15,6 +15,8 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   kernels  {name: {kind, implementation, beta_gbps: {n: v}, beta_iqr_gbps: {n: v}}}  on requested bytes;
            implementation: native or torch for ours (moespec.kernels.implementation), else the peer's engine
            (kind 'slot': n m b, kind 'dedup': U b), median and IQR over recorded windows of all layers
+           gflops: {n: v} (newer files): 2 x 3 d f FLOPs per token-slot over the kernel's time, median over windows
+  ceiling_by_n_gbps {n: median of the ceiling samples taken between the rounds of that n} (newer files)
   r        {n: beta_dedup/beta_slot} of our kernels `dedup` and `slot` (empty if either is missing)
   u        {n: E_dedup/E_slot} over every in-document window of every layer of the trace (bytes-weighted)
   eps      {kernel: median over layers of its fit's median relative error on windows, n >= 2}

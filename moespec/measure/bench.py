@@ -246,13 +246,15 @@ def _inputs(passes: list[Pass], d: int, dtype: torch.dtype,
 
 
 def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, timer: Timer,
-               advance: Callable[[int], None]) -> Timings:
+               advance: Callable[[int], None]) -> tuple[Timings, list[float]]:
     """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
-    flush, in an order rotated per round, so drift and order effects hit all kernels alike."""
+    flush, in an order rotated per round, so drift and order effects hit all kernels alike. After each round one
+    ceiling sample (GB/s): a kernel's share of the ceiling is then taken against the machine of its own rounds."""
     inputs = _inputs(passes, layer.gate_up.shape[2], layer.gate_up.dtype, layer.gate_up.device)
     for kernel in kernels:
         layer.run(kernel, *inputs[0])
     samples: Timings = [{kernel: [] for kernel in kernels} for _ in passes]
+    ceilings = []
     for rep in range(reps):
         order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
         for inp, times in zip(inputs, samples):
@@ -260,17 +262,20 @@ def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps
                 timer.flush()
                 times[kernel].append(timer.time(partial(layer.run, kernel, *inp)))
             advance(1)
-    return samples
+        ceilings += timer.ceiling(repeats=1)
+    return samples, ceilings
 
 
-def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings) -> dict[str, Any]:
-    """A finished unit as saved in the checkpoint: per pass its source, U, a window's start, median/IQR per kernel."""
+def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
+                ceilings: list[float]) -> dict[str, Any]:
+    """A finished unit as saved in the checkpoint: per pass its source, U, a window's start, median/IQR per kernel;
+    the ceiling samples taken between its rounds."""
     rows = []
     for p, times in zip(passes, samples):
         stats = {kernel: median_iqr(t) for kernel, t in times.items()}
         rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
                      "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()}})
-    return {"layer": layer, "n": n, "kernels": kernels, "passes": rows}
+    return {"layer": layer, "n": n, "kernels": kernels, "passes": rows, "ceiling_gbps": ceilings}
 
 
 def unit_key(layer: int, n: int, kernels: list[str]) -> str:
@@ -284,7 +289,7 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
     pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
     total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
-    probe = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None)
+    probe, _ = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None)
     for kernel, kind in kinds.items():
         (t_lo,), (t_hi,) = probe[0][kernel], probe[1][kernel]
         lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
@@ -322,9 +327,9 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         for layer in layers:
             weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
             for n in [n for lay, n in pending if lay == layer]:
-                samples = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance)
+                samples, ceilings = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance)
                 checkpoint.save(unit_key(layer, n, kernels),
-                                unit_record(layer, n, kernels, plan[layer, n], samples))
+                                unit_record(layer, n, kernels, plan[layer, n], samples, ceilings))
             weights = None  # frees the layer (and the peers' modules cached on its tensors)
 
 
@@ -406,7 +411,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
            "ceiling_before_after_gbps": [first, median_iqr(after)[0]],
            "layers": layers, "n": ns, "expert_bytes": {str(layer): b[layer] for layer in layers},
-           **analyze(units, kinds, spec.m, b, layers, ns, {n: float(u[n]) for n in ns}),
+           **analyze(units, kinds, spec.m, b, layers, ns, {n: float(u[n]) for n in ns},
+                     slot_flops=2 * 3 * spec.hidden * spec.expert_width),
            "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
            "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,
                         "seed": config.seed, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,

@@ -152,10 +152,11 @@ def _layer(units: Units, kinds: dict[str, str], m: int, b: float, layer: int,
 
 
 def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], layers: list[int], ns: list[int],
-            u: dict[int, float]) -> dict[str, Any]:
+            u: dict[int, float], slot_flops: float | None = None) -> dict[str, Any]:
     """bench.json's derived keys from timed units: kernels (beta_p(n) on requested bytes, median and IQR over the
-    recorded windows of all layers), r, u, eps, eps_engine, crossover, fits and per_layer (see
-    moespec.formats.benchfile)."""
+    recorded windows of all layers; with `slot_flops`, the FLOPs of one token-slot (2 x 3 d f), the FLOP rate
+    gflops(n)), r, u, eps, eps_engine, crossover, fits, per_layer and, where the units sampled it between their
+    rounds, the ceiling per n (see moespec.formats.benchfile)."""
     fits, per_layer, errors = {}, {}, {k: [] for k in kinds}
     for layer in layers:
         fits[str(layer)], eps, per_layer[str(layer)] = _layer(units, kinds, m, b[layer], layer, ns)
@@ -170,16 +171,22 @@ def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], la
             q1, beta[str(n)], q3 = np.percentile(values, [25, 50, 75]).tolist()
             iqr[str(n)] = q3 - q1
         kernels[kernel] = {"kind": kind, "beta_gbps": beta, "beta_iqr_gbps": iqr}
+        if slot_flops is not None:  # every slot's token is multiplied by its expert, whatever the kernel reads
+            kernels[kernel]["gflops"] = {str(n): float(np.median(
+                [n * m * slot_flops / r["median_s"][kernel] / 1e9
+                 for layer in layers for k, r in _rows(units, layer, "window") if k == n])) for n in ns}
     r = {} if not {"slot", "dedup"} <= set(kinds) else {
         n: kernels["dedup"]["beta_gbps"][str(n)] / kernels["slot"]["beta_gbps"][str(n)] for n in ns}
     eps = {k: float(np.median(v)) for k, v in errors.items() if v}
     engines: dict[str, list[float]] = {}
     for kernel, value in eps.items():
         engines.setdefault(engine_of(kernel), []).append(value)
+    ceilings = {n: [c for layer in layers for c in units[layer, n].get("ceiling_gbps", [])] for n in ns}
+    by_n = {str(n): float(np.median(c)) for n, c in ceilings.items() if c}
     return {"kernels": kernels, "r": {str(n): v for n, v in r.items()}, "u": {str(n): u[n] for n in ns},
             "eps": eps, "eps_engine": {e: max(v) for e, v in engines.items()},
             "crossover": theory.crossover({n: r[n] - u[n] for n in ns if n in r}),  # (7): dedup faster where u < r
-            "fits": fits, "per_layer": per_layer}
+            "fits": fits, "per_layer": per_layer, **({"ceiling_by_n_gbps": by_n} if len(by_n) == len(ns) else {})}
 
 
 def raw_medians(units: Units, source: str) -> dict[str, dict[str, list[dict[str, Any]]]]:

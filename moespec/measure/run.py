@@ -425,8 +425,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
            "n": ns, "reps": config.reps, "max_reps": config.max_reps, "target": config.target,
            "budget_s": config.budget_s, "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
-           "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info, "seed": config.seed,
-           "draft_model": config.draft_model}
+           "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
+           "seed": config.seed, "draft_model": config.draft_model}
     checkpoint = Checkpoint(config.out, key, config.resume, "run")
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; policies "

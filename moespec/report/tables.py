@@ -9,8 +9,9 @@ from rich.table import Table
 
 Rows = tuple[list[str], list[list[str]]]  # (column names, rows of cells), for the terminal and the HTML report
 
-TABLE1_CAPTION = ("median over recorded windows; slot kind on n m b, dedup kind on U b; dedup faster where "
-                  "u(n) < r(n) (7)")
+TABLE1_CAPTION = ("median over recorded windows; slot kind on n m b, dedup kind on U b; % of the ceiling sampled "
+                  "between the rounds of that n; dedup faster where u(n) < r(n) (7); GFLOP/s: 2 x 3 d f per "
+                  "token-slot")
 
 FITS_CAPTION = ("eps: median relative error on the recorded windows; no fit: chosen ids at fewer than two pass "
                 "sizes n >= 2")
@@ -19,17 +20,21 @@ def _gbps(value: float, ceiling: float) -> str:
     return f"{value:.1f} ({value / ceiling:.0%})"
 
 def table1(doc: Any) -> Rows:
-    """Table 1: per n, the ceiling, each kernel's beta in GB/s (% of ceiling), r(n), u(n) and the faster kernel."""
-    ceiling = doc["ceiling_gbps"]
+    """Table 1: per n, the ceiling (sampled between that n's rounds where the bench did, else the run's), each
+    kernel's beta in GB/s (% of that ceiling), r(n), u(n), the faster kernel, and our dedup kernel's FLOP rate
+    (where the bench recorded it: a rate that keeps rising with n while the share of the ceiling falls marks the
+    compute-bound regime, many tokens per expert)."""
     kernels = doc["kernels"]
     labels = [k if k == v["kind"] else f"{k} ({v['kind']})" for k, v in kernels.items()]
+    flops = kernels.get("dedup", {}).get("gflops")
     rows = []
     for n in map(str, doc["n"]):
+        ceiling = doc.get("ceiling_by_n_gbps", {}).get(n, doc["ceiling_gbps"])
         r, u = doc["r"].get(n), doc["u"][n]
         faster = "same kernel" if n == "1" else "-" if r is None else "dedup" if u < r else "slot"
         rows.append([n, f"{ceiling:.1f}", *[_gbps(v["beta_gbps"][n], ceiling) for v in kernels.values()],
-                     "-" if r is None else f"{r:.3f}", f"{u:.3f}", faster])
-    return ["n", "ceiling", *labels, "r(n)", "u(n)", "faster"], rows
+                     "-" if r is None else f"{r:.3f}", f"{u:.3f}", faster, *([f"{flops[n]:.0f}"] if flops else [])])
+    return ["n", "ceiling", *labels, "r(n)", "u(n)", "faster", *(["dedup GFLOP/s"] if flops else [])], rows
 
 def fits_table(doc: Any) -> Rows:
     """The fits per layer and kernel: equation, t_op, first-read bandwidth, re-read cost c_re/c_u, c_t, eps."""
