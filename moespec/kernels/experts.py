@@ -79,6 +79,17 @@ def _check(x, ids, weights, gate_up, down, gate_up_bias, down_bias) -> tuple[int
         raise MoespecError(f"down_bias {tuple(down_bias.shape)} is not [N={N}, d={d}]")
     if ids.dtype not in _INT_DTYPES:
         raise MoespecError(f"ids must be integers, got {ids.dtype}")
+    # No pointer the kernels cannot read: every tensor where the weights are (ids may stay on the host for a GPU),
+    # and the weights on a device the kernels run on (a meta tensor has no memory at all).
+    home = gate_up.device.type
+    if home not in ("cpu", "cuda"):
+        raise MoespecError(f"gate_up is on {gate_up.device}: the expert kernels run on cpu or cuda tensors")
+    for name, t in (("x", x), ("ids", ids), ("weights", weights), ("down", down), ("gate_up_bias", gate_up_bias),
+                    ("down_bias", down_bias)):
+        if t is not None and t.device.type != home and not (name == "ids" and home == "cuda" and
+                                                            t.device.type == "cpu"):
+            raise MoespecError(f"{name} is on {t.device} but gate_up on {gate_up.device}: put every tensor of the "
+                               f"expert operation on one device")
     return n, m, N, d, f
 
 
