@@ -57,8 +57,10 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here); verify
 # rounds until every median's 95% interval is within 5% (at least 7, at most 40 rounds or 8 s per pass size: a
 # round of four 30-60 ms passes takes ~0.2 s), and a reduced throughput grid: every k = 0..8 (the score needs the
-# plan's k_hat* measured) at 4 acceptances, one prompt of 16 tokens per cell: ~2 min here.
-ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S, ENGINE_TOKENS = 2, 7, 40, 8.0, 16
+# plan's k_hat* measured) at 4 acceptances, two prompts of 32 tokens per cell (the realized acceptance of a cell
+# then rests on ~40-200 drafted tokens): ~3 min here.
+ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 7, 40, 8.0
+ENGINE_PROMPTS, ENGINE_TOKENS = 2, 32
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
@@ -229,7 +231,7 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
     steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
     view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
-                       prompts=1, tokens=ENGINE_TOKENS, outside=False, **engine)  # the plan read the outside time
+                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)  # the plan read the outside time
     steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
     for version, keys in VERSIONS.items():
         if keys.table in load_plan(plan):

@@ -11,6 +11,8 @@ Tolerances, on the largest absolute error divided by the largest absolute refere
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -271,3 +273,34 @@ def test_tensors_off_the_weights_device_are_refused_before_native_code(where):
     for kernel in ("slot", "dedup"):
         with pytest.raises(MoespecError, match="meta"):
             K.expert_op(kernel, args["x"], args["ids"], args["weights"], args["gate_up"], args["down"])
+
+
+AVX2_CHECK = """
+import torch
+from moespec import kernels as K
+from moespec.kernels import dense
+gen = torch.Generator().manual_seed(0)
+for mode in ("slot", "dedup"):
+    for n in (1, 2, 9):
+        x = torch.randn(n, 64, generator=gen).bfloat16()
+        ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
+        w = torch.softmax(torch.randn(n, 2, generator=gen), -1).bfloat16()
+        gu = (0.1 * torch.randn(8, 64, 64, generator=gen)).bfloat16()
+        dn = (0.1 * torch.randn(8, 64, 32, generator=gen)).bfloat16()
+        got = K.expert_op(mode, x, ids, w, gu, dn).float()
+        ref = K.reference_float64(x, ids, w, gu, dn).float()
+        assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (mode, n, (got - ref).abs().max())
+x, wt = torch.randn(9, 130, generator=gen).bfloat16(), torch.randn(33, 130, generator=gen).bfloat16()
+ref = dense.linear_reference(x, wt).float()
+assert torch.allclose(dense.linear(x, wt).float(), ref, atol=0.1, rtol=2 ** -7)
+assert not dense.has_dot_path()
+print("avx2 paths ok")
+"""
+
+
+def test_the_avx2_paths_run_where_the_cpu_has_the_dot_instructions(tmp_path):
+    """MOESPEC_NATIVE_DOT=0 keeps the bf16 kernels on their AVX2 path: the path of every AVX2-only machine, checked
+    against the reference even on a CPU with AVX512-BF16 (a fresh process: the switch is read once)."""
+    env = {**os.environ, "MOESPEC_NATIVE_DOT": "0"}
+    proc = subprocess.run([sys.executable, "-c", AVX2_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "avx2 paths ok" in proc.stdout, proc.stderr[-2000:]

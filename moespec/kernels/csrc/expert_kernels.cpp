@@ -1,5 +1,6 @@
 // Native expert kernels of moespec: the per-slot and the deduplicating expert operation of one MoE layer,
-// fp32 or bf16 weights, AVX2 + FMA, OpenMP threads sharing the rows of every weight matrix.
+// fp32 or bf16 weights, AVX2 + FMA, OpenMP threads sharing the rows of every weight matrix. With bf16 weights
+// and bf16 x on a CPU with AVX512-BF16 (detected at run time), phase 1 multiplies on the dot path (vdpbf16ps).
 // The physics, the shape legend and the Python entry point are in moespec/kernels/__init__.py; this file is loaded
 // through ctypes (plain C ABI, no torch headers), so it builds in seconds with g++ alone.
 //
@@ -18,8 +19,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -34,16 +37,27 @@ constexpr int kLanes = 8;
 // rate); and 4 rows of a 4 KiB-strided matrix still leave L1 ways free (8 rows would conflict in one set).
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 3;
-// Rows per work chunk (a multiple of kTileRows). While a chunk is computed, the same columns of the next
-// chunk are prefetched into L2, one cache line per line consumed.
+// Rows per work chunk (a multiple of kTileRows).
 constexpr int kRowChunk = 8;
+// One-token groups stream their rows one after the other, one row per tile, with no software prefetch:
+// that is a plain sequential read, which the hardware prefetcher serves at ~29 GB/s per core, against
+// ~21-27 GB/s for kTileRows rows read side by side (four 4 KiB pages at once), prefetched or not
+// (measured on this machine's 2-core EPYC). Larger groups keep the 4-row tiles, which load each input
+// once per 4 rows.
+constexpr int64_t kSequentialMaxTokens = 1;
+// Software prefetch distance of the 4-row tiles, in bytes of weights ahead of the tile being read (whole
+// tiles). A gate or up row is one 4 KiB page and a down row half of one, so the hardware prefetcher,
+// which stops at page ends, retrains on every row; the prefetch keeps this many bytes in flight per core
+// instead, one request per cache line consumed, into L2 (_MM_HINT_T1; into L1, _MM_HINT_T0 evicts the
+// rows being read: -30%). 16 KiB measured 1-4% faster than 32 KiB, 64 KiB 3-5% slower.
+constexpr int64_t kPrefetchBytes = 16 << 10;
 // Row tasks start on multiples of this many rows: whole row chunks, and whole 16-element blocks of the
 // activation h, which each phase-1 task packs for its own rows.
 constexpr int kSplitAlign = 16;
 // Columns per block: the fp32 inputs of all of a group's tokens over one column block fit in 16 KiB, half
 // of L1, beside the rows of the tile being applied to them (a one-token group takes a whole 4096-wide row).
 constexpr int64_t kColBlockBytes = 16 << 10;
-// Groups of at most this many tokens prefetch their next row chunk. Up to ~6 tokens a core's tiles (~30
+// Groups of at most this many tokens prefetch their 4-row tiles. Up to ~6 tokens a core's tiles (~30
 // GMAC/s) consume weights faster than its share of DRAM bandwidth delivers them, so the loads must be in
 // flight early; beyond, the pass is compute-bound, the hardware prefetcher keeps up, and the prefetch
 // instructions would only take issue slots from the FMAs (~30% measured on L2-resident rows).
@@ -51,10 +65,11 @@ constexpr int64_t kPrefetchMaxTokens = 6;
 // Padding of the packed input rows: strides that are multiples of 4 KiB would put the same column of every
 // token in the same L1 set.
 constexpr int64_t kPadFloats = 16;
-// Weights per row task (~0.5 MiB, ~8 tasks per OLMoE matrix): small enough that both threads share every
-// matrix evenly and a descheduled thread holds back little, large enough that the per-task start (a cold
-// first row chunk, two atomic operations) costs well under 1%.
-constexpr int64_t kTaskBytes = 512 << 10;
+// Weights per row task (~1 MiB, 4 tasks per OLMoE gate, up or down matrix): small enough that both threads
+// share every matrix evenly and a descheduled thread holds back little, large enough that the per-task
+// start costs little: each task begins a new sequential stream, which the hardware prefetcher must pick
+// up cold. Measured against 0.5 MiB: +2-6% at ~60 GB/s, neutral at ~35 GB/s; 0.25 MiB: -7-13%.
+constexpr int64_t kTaskBytes = 1 << 20;
 // Groups a thread may run ahead of the slowest (ring slots of the activation h).
 constexpr int64_t kLookahead = 4;
 // Busy-wait rounds before a waiting thread starts yielding its core.
@@ -170,43 +185,52 @@ inline float act1(float g, float u, const ActParams& a) {
 
 // res[r * ldr + t] += <row r of w, xs[t]> over columns [k0, k1), for R rows (stride ldw) and G packed token
 // vectors. Each step widens one weight vector at a time (per row, per half) against the inputs of all G
-// tokens held in registers. A one-token tile keeps a separate accumulator per half: 8 FMA chains, not 4.
-// With `prefetch`, each cache line of weights read also requests the line kRowChunk rows further down
-// (the same columns of the next row chunk) into L2, so the next chunk finds its rows there.
+// tokens held in registers.
+// With `pw` not null, each cache line of weights read at row r, column k also requests the line of
+// pw + r * ldw + k into L2 (the same columns of rows further down the stream).
+// (The fma path: fp32 inputs, any weights.)
 template <class W, int R, int G>
-inline void dot_tile(const W* w, int64_t ldw, const float* const* xs, int64_t k0, int64_t k1, bool prefetch,
+inline void dot_tile(const W* w, int64_t ldw, const float* const* xs, int64_t k0, int64_t k1, const W* pw,
                      float* res, int64_t ldr) {
     using F = Fmt<W>;
     constexpr int V = F::kVecs;
-    constexpr int A = R * G * V <= 8 ? V : 1;  // accumulators per (row, token)
+    // Accumulators per (row, token): per half, and for the smallest tiles per half and step parity too, so
+    // that at least 4 FMA chains (one-row tiles) or 8 hide the FMA latency.
+    constexpr int A = R * G * V <= 4 ? 2 * V : R * G * V <= 8 ? V : 1;
     constexpr int64_t kLineCols = 64 / sizeof(W);
+    static_assert(kLineCols == 2 * F::kStep, "a cache line is two steps");
     __m256 acc[R][G][A];
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
         _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-            _Pragma("GCC unroll 2") for (int a = 0; a < A; ++a) acc[r][t][a] = _mm256_setzero_ps();
-    auto step = [&](int64_t k) __attribute__((always_inline)) {
+            _Pragma("GCC unroll 4") for (int a = 0; a < A; ++a) acc[r][t][a] = _mm256_setzero_ps();
+    auto step = [&](int64_t k, int p) __attribute__((always_inline)) {
         _Pragma("GCC unroll 2") for (int v = 0; v < V; ++v) {
             __m256 xv[G];
             _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) xv[t] = _mm256_loadu_ps(xs[t] + k + v * kLanes);
             _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
                 const __m256 wv = F::half(w + r * ldw + k, v);
                 _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-                    acc[r][t][v % A] = _mm256_fmadd_ps(wv, xv[t], acc[r][t][v % A]);
+                    acc[r][t][(p * V + v) % A] = _mm256_fmadd_ps(wv, xv[t], acc[r][t][(p * V + v) % A]);
             }
         }
     };
     int64_t k = k0;
-    if (prefetch)
+    if (pw)
         for (; k + kLineCols <= k1; k += kLineCols) {
             _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(w + (r + kRowChunk) * ldw + k), _MM_HINT_T1);
-            _Pragma("GCC unroll 4") for (int64_t s = 0; s < kLineCols; s += F::kStep) step(k + s);
+                _mm_prefetch(reinterpret_cast<const char*>(pw + r * ldw + k), _MM_HINT_T1);
+            step(k, 0);
+            step(k + F::kStep, 1);
         }
-    for (; k + F::kStep <= k1; k += F::kStep) step(k);
+    for (; k + kLineCols <= k1; k += kLineCols) {
+        step(k, 0);
+        step(k + F::kStep, 1);
+    }
+    for (; k + F::kStep <= k1; k += F::kStep) step(k, 0);
     _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
         _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) {
             __m256 sum = acc[r][t][0];
-            if constexpr (A == 2) sum = _mm256_add_ps(sum, acc[r][t][1]);
+            _Pragma("GCC unroll 4") for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[r][t][a]);
             float s = hsum(sum);
             for (int64_t kk = k; kk < k1; ++kk) s += to_f32(w[r * ldw + kk]) * xs[t][kk];
             res[r * ldr + t] += s;
@@ -214,7 +238,7 @@ inline void dot_tile(const W* w, int64_t ldw, const float* const* xs, int64_t k0
 }
 
 template <class W, int R>
-void dot_tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, bool pf,
+void dot_tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, const W* pf,
                      float* res, int64_t ldr) {
     static_assert(kTileTokens == 3, "dispatches token blocks of 1 to 3");
     switch (G) {
@@ -224,34 +248,138 @@ void dot_tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int
     }
 }
 
+#define MOESPEC_DOT_ISA "avx512f,avx512bw,avx512vl,avx512bf16"
+#define MOESPEC_DOT_TARGET __attribute__((target(MOESPEC_DOT_ISA)))
+
+// The same tile on the dot path (AVX512-BF16, chosen at run time): vdpbf16ps adds w[2i] x[2i] + w[2i+1]
+// x[2i+1], both products exact, into fp32 lane i, so bf16 weights meet bf16 inputs in their natural order,
+// 16 columns per instruction, with no widening: one load and one instruction per 16 weights and token
+// where the fma tile spends two widenings, two input loads and two FMAs. Small tiles keep two
+// accumulators per (row, token), for even and odd steps, to hide the instruction's latency. Phase 1 on
+// this path measured +5-9% at ~35 GB/s and +10-20% at ~60 GB/s (with the sequential one-token rows).
+template <int R, int G>
+MOESPEC_DOT_TARGET void dot_tile_bf16(const bf16* w, int64_t ldw, const bf16* const* xs, int64_t k0, int64_t k1,
+                                      const bf16* pw, float* res, int64_t ldr) {
+    constexpr int A = R * G <= 4 ? 2 : 1;
+    __m256 acc[R][G][A];
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
+            _Pragma("GCC unroll 2") for (int a = 0; a < A; ++a) acc[r][t][a] = _mm256_setzero_ps();
+    auto step = [&](int64_t k, int a) __attribute__((always_inline, target(MOESPEC_DOT_ISA))) {
+        __m256bh xv[G];
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
+            xv[t] = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[t] + k));
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
+            const __m256bh wv = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + k));
+            _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) acc[r][t][a] = _mm256_dpbf16_ps(acc[r][t][a], wv, xv[t]);
+        }
+    };
+    int64_t k = k0;
+    for (; k + 32 <= k1; k += 32) {  // one cache line per row
+        if (pw)
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(pw + r * ldw + k), _MM_HINT_T1);
+        step(k, 0);
+        step(k + 16, A - 1);
+    }
+    if (k + 16 <= k1) {
+        step(k, 0);
+        k += 16;
+    }
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) {
+            __m256 sum = acc[r][t][0];
+            if constexpr (A == 2) sum = _mm256_add_ps(sum, acc[r][t][1]);
+            float s = hsum(sum);
+            for (int64_t kk = k; kk < k1; ++kk) s += to_f32(w[r * ldw + kk]) * to_f32(xs[t][kk]);
+            res[r * ldr + t] += s;
+        }
+}
+
+// A tile of R rows for G = 1..kTileTokens tokens: the fma path for fp32 inputs, the dot path for bf16.
+template <int R, class W>
+void tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, const W* pf,
+                 float* res, int64_t ldr) {
+    dot_tile_tokens<W, R>(w, ldw, xs, G, k0, k1, pf, res, ldr);
+}
+template <int R>
+void tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, int64_t k0, int64_t k1, const bf16* pf,
+                 float* res, int64_t ldr) {
+    switch (G) {
+        case 1: dot_tile_bf16<R, 1>(w, ldw, xs, k0, k1, pf, res, ldr); break;
+        case 2: dot_tile_bf16<R, 2>(w, ldw, xs, k0, k1, pf, res, ldr); break;
+        default: dot_tile_bf16<R, 3>(w, ldw, xs, k0, k1, pf, res, ldr); break;
+    }
+}
+
+bool cpu_has_dot() {
+    // MOESPEC_NATIVE_DOT=0 keeps the AVX2 path on a CPU that has the dot instructions (the tests use it, so the
+    // path every AVX2-only machine runs is checked here too); read once per process.
+    static const bool on = [] {
+        const char* env = std::getenv("MOESPEC_NATIVE_DOT");
+        __builtin_cpu_init();
+        return !(env && env[0] == '0') && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+    }();
+    return on;
+}
+
 // y[t * ldy + r - lo] = <row r of w, xs[t]> over K columns, for rows [lo, hi) and any number G of packed
 // token vectors (res: scratch of kRowChunk * G floats). Rows are streamed once, chunk by chunk. Within a
 // chunk the columns go in blocks small enough that the inputs of all G tokens stay in L1 with a tile's
 // rows; each tile of kTileRows rows is applied to the tokens in blocks of at most kTileTokens, as even as
 // possible, the blocks after the first reading the tile's weights from L1.
-template <class W>
-void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const float* const* xs, int64_t G, float* y,
-                 int64_t ldy, float* res) {
+// Prefetch (groups of at most kPrefetchMaxTokens tokens): the first token block of each tile requests the
+// rows kPrefetchBytes further down this task's stream: rows [lo, hi) of w, then, when `next` is not null,
+// rows [lo, hi) of the matrix `next` (same K) that the caller reads right after. Unless `warm` (the first
+// rows were requested by the caller's previous matvec_rows), the stream's first kPrefetchBytes are
+// requested up front, so a task does not start with a cold, unprefetched distance.
+template <class W, class X>
+void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* xs, int64_t G, float* y,
+                 int64_t ldy, float* res, const W* next, bool warm) {
     constexpr int64_t kLineCols = 64 / sizeof(W);
     const int64_t blocks = (G + kTileTokens - 1) / kTileTokens;
     const int64_t per_block = (G + blocks - 1) / blocks;
     const int64_t kb = std::max(kLineCols, kColBlockBytes / (4 * G) / kLineCols * kLineCols);
+    const bool pf = G <= kPrefetchMaxTokens;
+    const int64_t ahead = std::max<int64_t>(kTileRows, kPrefetchBytes / (K * static_cast<int64_t>(sizeof(W))) /
+                                                           kTileRows * kTileRows);  // rows
+    // The rows `ahead` rows past row r of the stream, if all `rows` of them lie in it.
+    auto target = [&](int64_t r, int64_t rows) -> const W* {
+        const int64_t q = r + ahead;
+        if (q + rows <= hi) return w + q * K;
+        if (next && q >= hi && q + rows <= 2 * hi - lo) return next + (q - hi + lo) * K;
+        return nullptr;
+    };
+    if (pf && !warm)
+        for (int64_t r = lo; r < std::min(hi, lo + ahead); ++r)
+            for (int64_t k = 0; k < K; k += kLineCols)
+                _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k), _MM_HINT_T1);
+    if (G <= kSequentialMaxTokens) {
+        for (int64_t r = lo; r < hi; ++r) {
+            std::fill(res, res + G, 0.0f);
+            tile_tokens<1>(w + r * K, K, xs, static_cast<int>(G), 0, K, static_cast<const W*>(nullptr), res, 1);
+            for (int64_t t = 0; t < G; ++t) y[t * ldy + r - lo] = res[t];
+        }
+        return;
+    }
     for (int64_t r0 = lo; r0 < hi; r0 += kRowChunk) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowChunk, hi - r0));
-        // Prefetch the next chunk (first token block only) while this one is read, if it is ours and whole.
-        const bool pf = G <= kPrefetchMaxTokens && r0 + 2 * kRowChunk <= hi;
         std::fill(res, res + kRowChunk * G, 0.0f);
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             const int64_t k1 = std::min(K, k0 + kb);
             int r = 0;
-            for (; r + kTileRows <= rows; r += kTileRows)
+            for (; r + kTileRows <= rows; r += kTileRows) {
+                const W* pw = pf ? target(r0 + r, kTileRows) : nullptr;
                 for (int64_t b = 0; b < G; b += per_block)
-                    dot_tile_tokens<W, kTileRows>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
-                                                  k0, k1, pf && b == 0, res + r * G + b, G);
-            for (; r < rows; ++r)
+                    tile_tokens<kTileRows>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
+                                                  k0, k1, b == 0 ? pw : nullptr, res + r * G + b, G);
+            }
+            for (; r < rows; ++r) {
+                const W* pw = pf ? target(r0 + r, 1) : nullptr;
                 for (int64_t b = 0; b < G; b += per_block)
-                    dot_tile_tokens<W, 1>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
-                                          k0, k1, pf && b == 0, res + r * G + b, G);
+                    tile_tokens<1>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
+                                          k0, k1, b == 0 ? pw : nullptr, res + r * G + b, G);
+            }
         }
         for (int r = 0; r < rows; ++r)
             for (int64_t t = 0; t < G; ++t) y[t * ldy + r0 - lo + r] = res[r * G + t];
@@ -339,6 +467,12 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
     for (int64_t i = 0; i < n * d; ++i) xin[i] = P.x.get(i);
     for (int64_t s = 0; s < slots; ++s) rw[s] = P.rw.get(s);
     for (int64_t t = 0; t < n; ++t) F::pack(xin.data() + t * d, 0, d, d, xpk.data() + t * ldx);
+    // bf16 weights and bf16 x: phase 1 takes the dot path on CPUs with AVX512-BF16, on x as given (exact).
+    // Phase 2 keeps the fma path: its inputs h are fp32, and rounding them to bf16 would not be exact.
+    const bool dot = std::is_same_v<W, bf16> && P.x.dtype == 1 && cpu_has_dot();
+    std::vector<bf16> xbf(dot ? n * ldx : 0);
+    for (int64_t t = 0; dot && t < n; ++t)
+        std::memcpy(xbf.data() + t * ldx, static_cast<const bf16*>(P.x.p) + t * d, d * sizeof(bf16));
     const int64_t rows1 = task_rows<W>(2 * d), rows2 = task_rows<W>(f);  // phase 1 reads gate and up rows
     const int64_t T1 = (f + rows1 - 1) / rows1, T2 = (d + rows2 - 1) / rows2;
     std::vector<float> hbuf(kLookahead * gmax * ldh);
@@ -355,6 +489,7 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
     {
         float* my_out = outs.data() + static_cast<size_t>(omp_get_thread_num()) * n * d;
         std::vector<const float*> ptrs(gmax);
+        std::vector<const bf16*> bptrs(gmax);
         std::vector<float> graw(gmax * rows1), uraw(gmax * rows1), yraw(gmax * rows2), res(kRowChunk * gmax);
         int idle = 0;
         for (;;) {
@@ -369,7 +504,7 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                 const int64_t lo = (i2 % T2) * rows2, hi = std::min(d, lo + rows2);
                 const float* h = hbuf.data() + (g2 % kLookahead) * gmax * ldh;
                 for (int64_t i = 0; i < G; ++i) ptrs[i] = h + i * ldh;
-                matvec_rows(down + e * d * f, f, lo, hi, ptrs.data(), G, yraw.data(), rows2, res.data());
+                matvec_rows(down + e * d * f, f, lo, hi, ptrs.data(), G, yraw.data(), rows2, res.data(), static_cast<const W*>(nullptr), false);
                 const W* bd = down_bias ? down_bias + e * d : nullptr;
                 for (int64_t i = 0; i < G; ++i) {
                     float* o = my_out + (ent[i] / m) * d;
@@ -389,10 +524,19 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                 const int64_t e = g_expert[g1], G = g_begin[g1 + 1] - g_begin[g1];
                 const int64_t* ent = entries.data() + g_begin[g1];
                 const int64_t lo = (i1 % T1) * rows1, hi = std::min(f, lo + rows1);
-                for (int64_t i = 0; i < G; ++i) ptrs[i] = xpk.data() + (ent[i] / m) * ldx;
                 const W* gate = gate_up + e * 2 * f * d;
-                matvec_rows(gate, d, lo, hi, ptrs.data(), G, graw.data(), rows1, res.data());
-                matvec_rows(gate + f * d, d, lo, hi, ptrs.data(), G, uraw.data(), rows1, res.data());
+                const W* none = nullptr;
+                if constexpr (std::is_same_v<W, bf16>)
+                    if (dot) {
+                        for (int64_t i = 0; i < G; ++i) bptrs[i] = xbf.data() + (ent[i] / m) * ldx;
+                        matvec_rows(gate, d, lo, hi, bptrs.data(), G, graw.data(), rows1, res.data(), gate + f * d, false);
+                        matvec_rows(gate + f * d, d, lo, hi, bptrs.data(), G, uraw.data(), rows1, res.data(), none, true);
+                    }
+                if (!dot) {
+                    for (int64_t i = 0; i < G; ++i) ptrs[i] = xpk.data() + (ent[i] / m) * ldx;
+                    matvec_rows(gate, d, lo, hi, ptrs.data(), G, graw.data(), rows1, res.data(), gate + f * d, false);
+                    matvec_rows(gate + f * d, d, lo, hi, ptrs.data(), G, uraw.data(), rows1, res.data(), none, true);
+                }
                 const W* bg = gu_bias ? gu_bias + e * 2 * f : nullptr;
                 const W* bu = gu_bias ? bg + f : nullptr;
                 float* h = hbuf.data() + (g1 % kLookahead) * gmax * ldh;
