@@ -230,8 +230,9 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
     planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
     steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
     view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
+    # the scored run needs no outside time: the plan read it from the verify-only run
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
-                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)  # the plan read the outside time
+                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)
     steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
     for version, keys in VERSIONS.items():
         if keys.table in load_plan(plan):
