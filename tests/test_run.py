@@ -52,7 +52,9 @@ def test_run_writes_the_documented_keys(tiny_run):
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["steps"] >= 1 and 0 <= r["overhead_share"] < 1
         assert (r["realized_acceptance"] is None) == (r["k"] == 0)
-        assert r["tokens_per_step"] == pytest.approx(5 / r["steps"])
+        # steady state: each step emits its accepted drafts plus one, the last one in full (it may overshoot the 5)
+        assert r["tokens_per_step"] * r["steps"] >= 5 - 1 and (r["k"] or r["tokens_per_step"] == 1.0)
+        assert r["tokens_per_step"] <= r["k"] + 1 and r["tokens"] == 5
     assert doc["greedy_match"] is doc["greedy_exact"] is True and doc["depth"] == 8 and doc["moe_layers"] == 2
     assert set(doc["draft_time_s"]) == {"0", "1", "2"}
     assert doc["provenance"]["timestamp"] and doc["device_kind"] == "cpu"

@@ -13,8 +13,12 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
   crossover           smallest n >= 2 from which the median saving stays positive (null if none)
   auto_ratio          {n: tau_auto(n) / min(tau_slot(n), tau_dedup(n))} when a plan gave the AUTO policy
-  throughput          [{policy, k, a, tokens_per_s, realized_acceptance, tokens_per_step, G_a, steps,
+  throughput          [{policy, k, a, tokens_per_s, tokens, realized_acceptance, tokens_per_step, G_a, steps,
                         step_time_s, verify_time_s, overhead_share, greedy_exact, greedy_match, mismatches}]
+                      tokens_per_s, tokens_per_step: the steady state G/V (B.1): every step's accepted drafts plus
+                      one, over the steps' time (the last step counted in full where it overshoots the generated
+                      length, the prompt's first token left out; files before 2026-12-01 divided the generated
+                      tokens instead, which counts the truncation against long drafts); tokens: generated
                       greedy_exact: the tokens equal plain decoding's; greedy_match: they do, or they first differ
                       where plain decoding's two largest logits are exactly equal (a tie in the model's dtype,
                       bf16 logits tie often on a random-weight model: either token is the greedy choice)

@@ -263,15 +263,19 @@ def measure_cell(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_b
         records += recs
     set_replay(lm.model, None)
     steps = len(records)
+    # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1): every step emits its accepted drafts plus one token, in
+    # full even where the last step overshoots the generated length (a finite run's truncation, which would count
+    # against long drafts), and the prompt's first token, which no step emits, is left out.
+    emitted = sum(r.accepted + 1 for r in records)
     wall = sum(r.step_s for r in records)
     verify = sum(r.verify_s for r in records)
     host = sum(r.host_s + r.draft_s for r in records)
     rate = speculative.acceptance_rate(records)
     rate = None if np.isnan(rate) else rate
     return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if drafter is None else "model",
-            "tokens_per_s": tokens / wall, "realized_acceptance": rate,
+            "tokens_per_s": emitted / wall, "tokens": tokens, "realized_acceptance": rate,
             "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
-            "tokens_per_step": tokens / steps,
+            "tokens_per_step": emitted / steps,
             "G_a": float(theory.geometric_sum(rate if a is None else a, k)) if k and rate is not None else 1.0,
             "steps": steps, "step_time_s": wall / steps,
             "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,
