@@ -126,7 +126,8 @@ def test_statistics_helpers():
     (["--n", "0-3"], "pass sizes"), (["--k", "0-9"], "draft lengths"), (["--a", "1.5"], "acceptance"),
     (["--reps", "1"], "--reps"), (["--n", "x"], "--n"), (["--device", "cuda"], "cuda"),
     (["--plan", "missing.json"], "missing.json"), (["--replay", "missing.npz"], "missing.npz"),
-    (["--layers", "0"], "layers"),
+    (["--layers", "0"], "layers"), (["--max-reps", "1"], "--max-reps"),
+    (["--target", "0"], "--target"),
 ])
 def test_bad_input_is_one_line(argv, needle, tiny_checkpoints, tmp_path):
     code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, *argv, "--out",
@@ -169,3 +170,10 @@ def test_disturbed_rounds_are_dropped_and_repeated(tiny_checkpoints, tmp_path, m
     code, _, _ = run_cli([*argv[:-1], str(tmp_path / "loose.json")])
     loose = json.loads((tmp_path / "loose.json").read_text())["noise"]["per_n"]["2"]
     assert code == 0 and loose["rounds"] == 3 and loose["stopped_by"] == "target" and loose["met"]
+
+
+def test_an_unknown_dense_path_is_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--dense", "fast", "--out", "never.json"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--dense" in err and len(err.strip().splitlines()) == 1

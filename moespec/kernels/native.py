@@ -30,6 +30,7 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded before the library, see the module docstring)
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("expert_kernels.cpp", "dense_kernels.cpp"))
+HEADERS = (Path(__file__).parent / "csrc" / "simd_common.h",)  # included by both: part of the build's key
 # -O3 for unrolled register tiles, AVX2 + FMA for the 8-lane fp32 FMAs and the bf16 widening,
 # -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
 CXXFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
@@ -68,7 +69,7 @@ def _compiler() -> str | None:
 def _build(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(
-        b"".join(s.read_bytes() for s in SOURCES) + " ".join(CXXFLAGS).encode() + version.encode()
+        b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(CXXFLAGS).encode() + version.encode()
         + f"{ABI_VERSION}.{DENSE_ABI_VERSION}".encode()
     ).hexdigest()[:16]
     folder = cache_dir()

@@ -33,11 +33,14 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+
+#include "simd_common.h"
 #include <utility>
 
 namespace {
 
-typedef uint16_t bf16;
+using namespace moespec_simd;  // bf16, to_f32, to_bf16, hsum, cpu_has_dot
+
 
 constexpr int64_t kMaxTokens = 16;
 constexpr int kLanes = 8;  // fp32 lanes of one AVX2 register
@@ -61,20 +64,7 @@ constexpr int64_t kTaskBytes = 512 << 10;
 // column of every token in the same L1 set.
 constexpr int64_t kPadElems = 32;
 
-inline float to_f32(float v) { return v; }
-inline float to_f32(bf16 v) {
-    uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
 
-inline bf16 to_bf16(float v) {  // round to nearest even, as torch does; NaN stays NaN
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
-    return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 // An fp32 or bf16 array (dtype code 0 or 1), read or written as fp32.
 struct Arr {
@@ -105,12 +95,6 @@ inline void prefetch(const T* p, Hint<H>) {
     _mm_prefetch(reinterpret_cast<const char*>(p), static_cast<_mm_hint>(H));
 }
 
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // The sums of 8 consecutive 8-lane vectors p[0..8), p[8..16), ... as one vector.
 inline __m256 hsum8(const float* p) {
@@ -389,16 +373,6 @@ void run(const Problem& pb) {
     }
 }
 
-bool cpu_has_dot() {
-    // MOESPEC_NATIVE_DOT=0 keeps the AVX2 path on a CPU that has the dot instructions (the tests use it, so the
-    // path every AVX2-only machine runs is checked here too); read once per process.
-    static const bool on = [] {
-        const char* env = std::getenv("MOESPEC_NATIVE_DOT");
-        __builtin_cpu_init();
-        return !(env && env[0] == '0') && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
-    }();
-    return on;
-}
 
 }  // namespace
 

@@ -25,9 +25,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd_common.h"
+
 namespace {
 
-typedef uint16_t bf16;
+using namespace moespec_simd;  // bf16, to_f32, to_bf16, hsum, cpu_has_dot
+
 
 // fp32 lanes in one AVX2 register.
 constexpr int kLanes = 8;
@@ -75,13 +78,6 @@ constexpr int64_t kLookahead = 4;
 // Busy-wait rounds before a waiting thread starts yielding its core.
 constexpr int kSpinsBeforeYield = 1 << 12;
 
-inline float to_f32(float v) { return v; }
-inline float to_f32(bf16 v) {
-    uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 // Eight consecutive values as fp32 (biases, in natural order).
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -128,12 +124,6 @@ struct Fmt<bf16> {
     }
 };
 
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // e^x for fp32 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative
 // error below 2e-7), 2^n built in the exponent field. Inputs are clamped to the normal fp32 range.
@@ -312,16 +302,6 @@ void tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, int64
     }
 }
 
-bool cpu_has_dot() {
-    // MOESPEC_NATIVE_DOT=0 keeps the AVX2 path on a CPU that has the dot instructions (the tests use it, so the
-    // path every AVX2-only machine runs is checked here too); read once per process.
-    static const bool on = [] {
-        const char* env = std::getenv("MOESPEC_NATIVE_DOT");
-        __builtin_cpu_init();
-        return !(env && env[0] == '0') && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
-    }();
-    return on;
-}
 
 // y[t * ldy + r - lo] = <row r of w, xs[t]> over K columns, for rows [lo, hi) and any number G of packed
 // token vectors (res: scratch of kRowChunk * G floats). Rows are streamed once, chunk by chunk. Within a
@@ -393,12 +373,6 @@ int64_t task_rows(int64_t K) {
     return std::max<int64_t>(kSplitAlign, rows / kSplitAlign * kSplitAlign);
 }
 
-inline bf16 to_bf16(float v) {  // round to nearest even, as torch does; NaN stays NaN
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
-    return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 // A vector of fp32 or bf16 values (dtype code 0 or 1), read or written as fp32.
 struct Vec {
