@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", required=True, help="runs.json from `moespec run` (same model, device, dtype)")
     parser.add_argument("--version", choices=tuple(VERSIONS), default=DEFAULT_VERSION,
                         help="the plan version to score: its prediction (default) or, for a plan made with "
-                             "--runs, its calibrated version")
+                             "--runs, its calibrated version, or its whole-pass version (runs that timed the pass "
+                             "with the expert operation taken out)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
