@@ -37,7 +37,7 @@ from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, DTYPES, FORMAT, KMAX, MODEL, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import Bench, load_bench
 from moespec.formats.demofile import Demo, Steps
-from moespec.formats.files import provenance, write_json
+from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace
@@ -142,7 +142,9 @@ class DemoConfig:
     engine_layers: int = ENGINE_LAYERS
 
     def check(self) -> None:
-        """Every setting in its domain, before any work."""
+        """Every setting in its domain and the output folder writable, before any work."""
+        for name in ("demo.json", "trace.npz", "bench.json", "plan.json", "runs.json", "report.html"):
+            check_output(Path(self.out) / name, "--out")
         if self.kmax < 1 or self.depth < 0 or self.bench_reps < 0 or self.engine_layers < 0:
             raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
                                f"{self.kmax}, {self.depth}, {self.bench_reps} and {self.engine_layers}")

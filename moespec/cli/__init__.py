@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from moespec import MoespecError, __version__
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     except MoespecError as e:
         print(f"moespec {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`moespec ... | head`): stop quietly, as a Unix filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"moespec {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -9,6 +9,7 @@ import json
 from moespec.cli.args import parse_ints
 from moespec.console import console
 from moespec.defaults import DTYPES, MODEL, N_MAX
+from moespec.formats.files import check_output
 from moespec.measure.bench import (
     DEFAULT_KERNELS,
     DEFAULT_REPS,
@@ -52,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_format(args.plot)  # before any work
+        check_output(args.plot, "--plot")
     layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, what="MoE layer indices"))
     config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=args.dtype, kernels=args.kernels,
                          n=tuple(parse_ints(args.n, "--n", 1, what="pass sizes n")), trace=args.trace, reps=args.reps,

@@ -7,6 +7,7 @@ import sys
 
 from moespec import MoespecError
 from moespec.defaults import MODEL, PROFILE
+from moespec.formats.files import check_output
 from moespec.routing.synth import PROCESSES, describe, synthesize
 
 
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.rho2 is None) != (args.rho9 is None):
         raise MoespecError("--rho2 and --rho9 go together")
     targets = None if args.rho2 is None else (args.rho2, args.rho9)
+    check_output(args.out)  # before any work
     trace = synthesize(args.model, args.process, args.tokens, args.docs, args.seed, args.profile, targets,
                        show_progress=sys.stderr.isatty())
     trace.save(args.out)

@@ -5,6 +5,7 @@ returns (the validated document, read like the JSON object it is)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -21,17 +22,51 @@ import numpy as np
 from moespec import MoespecError, __version__
 
 
+def check_output(path: str | os.PathLike, flag: str | None = "--out") -> Path:
+    """`path` as a place moespec may write a result: a new name or a regular file, in a folder that exists or can be
+    made and is writable. Called before any work, so a bad --out costs nothing; one line naming the flag otherwise.
+    A directory, a device, a FIFO or a symlink is never replaced (writing /dev/full as root would destroy it)."""
+    if not str(path):
+        raise MoespecError(f"{flag or 'output'}: an empty path")
+    name = f"{flag} {path}" if flag else str(path)
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+        raise MoespecError(f"{name}: {kind}; moespec writes only new names or regular files")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # atomic_write makes the missing folders
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise MoespecError(f"{name}: {folder} is not a folder this user can write in")
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on a temporary path in the target's folder, then rename it onto `path`.
 
-    The rename is atomic on POSIX, so readers see either the old file or the whole new one."""
-    path = Path(path)
+    The rename is atomic on POSIX, so readers see either the old file or the whole new one. The file gets the
+    permissions a plain open() would (0666 less the umask), a target that is not a regular file is refused
+    (check_output), and a full disk is one line naming the file."""
+    path = check_output(path, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())
         write(Path(tmp))
+        check_output(path, None)  # nothing took the name's place meanwhile
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise MoespecError(f"{path}: no space left on the device") from None
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

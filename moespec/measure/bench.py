@@ -49,7 +49,7 @@ from moespec.console import progress
 from moespec.defaults import DTYPES, KERNELS, MODEL, N_MAX, PROFILE, TORCH_DTYPES, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench
 from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import provenance, write_json
+from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
@@ -356,7 +356,8 @@ class BenchConfig:
     resume: bool = False
 
     def check(self) -> None:
-        """Every number in its domain, before any work."""
+        """Every number in its domain and the output a writable place, before any work."""
+        check_output(self.out)
         for flag, value, least in (("--reps", self.reps, 1), ("--windows", self.windows, 1),
                                    ("--u-values", self.u_values, 2)):
             if value < least:

@@ -38,7 +38,7 @@ from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import DEPTH, KERNELS, KMAX, MODEL, N_MAX
 from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import provenance, write_json
+from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
@@ -370,7 +370,8 @@ class RunConfig:
     resume: bool = False
 
     def check(self) -> None:
-        """Every number in its domain, before any work."""
+        """Every number in its domain and the output a writable place, before any work."""
+        check_output(self.out)
         if self.dense not in DENSE:
             raise MoespecError(f"--dense {self.dense!r}: one of {', '.join(DENSE)}")
         if self.model is not None and self.preset is not None:

@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from moespec import MoespecError
 from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import provenance
+from moespec.formats.files import check_output, provenance
 from moespec.formats.trace import Trace
 from moespec.model.load import cache_argument, find_routers, load_model
 from moespec.routing.documents import HASH_CHARS, load_documents, tokenize, tokenizer_id
@@ -147,6 +147,7 @@ def trace(config: TraceConfig) -> Traced:
     """Teacher-force the documents through the checkpoint, record every MoE layer's routing, write the trace to
     config.out (atomically) and return it. Finished documents are checkpointed in OUT.partial/: the same call
     after an interruption resumes; one with other inputs is refused."""
+    check_output(config.out)
     docs, source = load_documents(config.text, config.jsonl, config.field)
     model_path, out = Path(config.model), Path(config.out)
     tokenizer, model, spec = _load(model_path, config.dtype, config.device)
