@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from moespec import MoespecError
 
 
@@ -21,3 +23,14 @@ def parse_ints(text: str, flag: str, least: int, most: int | None = None, what: 
         raise MoespecError(f"{flag} {text}: {what} must be >= {least}" if most is None else
                            f"{flag} {text}: {what} must lie in {least}..{most}")
     return values
+
+
+def seed(text: str) -> int:
+    """A --seed: an integer >= 0 (numpy's generators take no negative seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value

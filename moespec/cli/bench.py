@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from moespec.cli.args import parse_ints
+from moespec.cli.args import parse_ints, seed
 from moespec.console import console
 from moespec.defaults import DTYPES, MODEL, N_MAX
 from moespec.formats.files import check_output
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"recorded windows per layer and n (default {DEFAULT_WINDOWS})")
     p.add_argument("--u-values", type=int, default=DEFAULT_U_VALUES,
                    help=f"chosen U values per n, evenly spread with both ends (default {DEFAULT_U_VALUES})")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
     p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
 

@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from moespec import theory
+from moespec.cli.args import seed
 from moespec.cli.plan import print_summary as print_plan
 from moespec.cli.reuse import print_summary
 from moespec.cli.run import report as report_runs
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kmax", type=int, default=KMAX, help=f"largest draft length (default {KMAX})")
     p.add_argument("--tokens", type=int, default=TRACE_TOKENS, help=f"trace tokens (default {TRACE_TOKENS})")
     p.add_argument("--docs", type=int, default=TRACE_DOCS, help=f"trace documents (default {TRACE_DOCS})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the synthetic routing (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT_DIR,
                    help=f"folder for every artifact (trace, bench, plan, runs, report; default {DEFAULT_OUT_DIR}); "
                         f"a re-run with the same settings reuses what is there")

@@ -8,6 +8,7 @@ import sys
 
 from rich.table import Table
 
+from moespec.cli.args import seed
 from moespec.console import console as console_
 from moespec.defaults import FORMAT, N_MAX
 from moespec.formats.files import check_output, provenance
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-max", type=int, default=N_MAX, help="largest window n (default 9)")
     parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                         help="bootstrap resamples over documents (default 2000; 0: no intervals)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="interval level (default 0.95)")
     parser.add_argument("--format", default=FORMAT,
                         help="expert weight format for the byte quantities when the trace names a model (default bf16)")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import parse_ints
+from moespec.cli.args import parse_ints, seed
 from moespec.console import console
 from moespec.defaults import DEPTH, DTYPES, KMAX, MODEL, N_MAX
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
@@ -114,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", help="a local HF causal LM sharing the tokenizer: the throughput grid drafts with "
                                          "it (greedy) over --k instead of the oracle over --a")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
 

@@ -9,7 +9,7 @@ import json
 from moespec import MoespecError
 from moespec.defaults import DEPTH, FORMAT, KMAX
 from moespec.model.spec import PRESETS, resolve, summary
-from moespec.model.weights import ALL_FORMATS, FORMATS, check_format
+from moespec.model.weights import ALL_FORMATS, FORMATS
 
 # -- command: moespec spec ----------------------------------------------------------------------------
 _GIB = 2**30
@@ -18,7 +18,7 @@ _GIB = 2**30
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", help="preset name or a checkpoint folder / config.json")
     parser.add_argument("--list", action="store_true", help="list the presets and their shapes")
-    parser.add_argument("--format", default=FORMAT, type=check_format, help=f"weights: {', '.join(ALL_FORMATS)}")
+    parser.add_argument("--format", default=FORMAT, choices=ALL_FORMATS, help=f"weights: {', '.join(ALL_FORMATS)}")
     parser.add_argument("--kv-dtype", default="bf16", choices=list(FORMATS), help="KV-cache format")
     parser.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d for kv(k) (default {DEPTH})")
     parser.add_argument("--kmax", type=int, default=KMAX, help=f"largest draft length k for kv(k) (default {KMAX})")

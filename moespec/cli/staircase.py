@@ -13,15 +13,23 @@ from moespec import MoespecError, theory
 from moespec.console import console as console_
 from moespec.predict.staircase import analyse
 
+MAX_MAGNITUDE = 1e100  # |x| and 1/|x| of a step time or an acceptance: far past any unit, safely inside floats
+
 
 def parse_numbers(text: str, what: str) -> list[Fraction]:
-    """Parse a comma-separated list of decimals or fractions exactly; one clear error line otherwise."""
+    """Parse a comma-separated list of decimals or fractions exactly; one clear error line otherwise (a number of
+    magnitude beyond MAX_MAGNITUDE, or a nonzero one below its inverse, would overflow the float results)."""
+    if not text.strip():
+        raise MoespecError(f"{what}: an empty list")
     values = []
     for item in text.split(","):
         try:
-            values.append(Fraction(item.strip()))
+            value = Fraction(item.strip())
         except (ValueError, ZeroDivisionError):
             raise MoespecError(f"{what}: {item.strip()!r} is not a number") from None
+        if abs(value) > MAX_MAGNITUDE or (value and abs(value) < 1 / MAX_MAGNITUDE):
+            raise MoespecError(f"{what}: {item.strip()} is outside the magnitudes 1e-100..1e100 moespec takes")
+        values.append(value)
     return values
 
 
@@ -61,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [v for v in V if v <= 0]
     if bad:
         raise MoespecError(f"--step-times: times must be positive, got {float(bad[0]):g}")
-    acceptances = (parse_numbers(args.acceptance, "--acceptance") if args.acceptance
+    acceptances = (parse_numbers(args.acceptance, "--acceptance") if args.acceptance is not None
                    else list(theory.PAPER_ACCEPTANCES))
     bad = [a for a in acceptances if not 0 <= a < 1]
     if bad:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from moespec import MoespecError
+from moespec.cli.args import seed
 from moespec.defaults import MODEL, PROFILE
 from moespec.formats.files import check_output
 from moespec.routing.synth import PROCESSES, describe, synthesize
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=100_000, help="tokens in all (default 100000)")
     parser.add_argument("--docs", type=int, default=50,
                         help="documents of equal length (default 50); calibrated: time grows with their length")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     parser.add_argument("--out", required=True, help="trace file to write (.npz)")
 
 

@@ -45,6 +45,7 @@ from moespec import MoespecError
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, provenance
 from moespec.formats.trace import Trace
+from moespec.measure.timing import resolve_device
 from moespec.model.load import cache_argument, find_routers, load_model
 from moespec.routing.documents import HASH_CHARS, load_documents, tokenize, tokenizer_id
 
@@ -148,6 +149,7 @@ def trace(config: TraceConfig) -> Traced:
     config.out (atomically) and return it. Finished documents are checkpointed in OUT.partial/: the same call
     after an interruption resumes; one with other inputs is refused."""
     check_output(config.out)
+    resolve_device(config.device)
     docs, source = load_documents(config.text, config.jsonl, config.field)
     model_path, out = Path(config.model), Path(config.out)
     tokenizer, model, spec = _load(model_path, config.dtype, config.device)
