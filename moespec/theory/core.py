@@ -62,16 +62,33 @@ def check_step_times(V: Sequence[Number], min_len: int = 1) -> list[Number]:
     return [q(v) for v in V]
 
 
-def check_acceptance(a: Number) -> None:
-    """Acceptance must lie in [0, 1), the domain of geometric acceptance (at a = 1 no draft is ever rejected)."""
-    if not 0 <= a < 1:
-        raise ValueError(f"acceptance {a} is outside [0, 1)")
+def check_acceptance(a: Number | np.ndarray, closed: bool = False) -> None:
+    """Acceptance must lie in [0, 1), the domain of geometric acceptance (at a = 1 no draft is ever rejected), or
+    with `closed` in [0, 1] (G_1(k) = k + 1: a draft that is always accepted); NaN lies in neither. Compared
+    exactly on ints and Fractions, elementwise on arrays; raises ValueError naming the argument."""
+    if isinstance(a, np.ndarray):
+        ok = bool(np.all((a >= 0) & ((a <= 1) if closed else (a < 1))))
+    elif isinstance(a, bool) or not isinstance(a, (int, float, Fraction, np.floating, np.integer)):
+        raise ValueError(f"acceptance a = {a!r} is not a number")
+    else:
+        ok = 0 <= a <= 1 if closed else 0 <= a < 1
+    if not ok:
+        raise ValueError(f"acceptance a = {a} is outside [0, 1{']' if closed else ')'}")
+
+
+def check_draft_length(k: int, V: Sequence[Number] | None = None) -> None:
+    """A draft length k: an integer >= 0 and, given the step times V(0..kmax), at most kmax."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 or (V is not None and k >= len(V)):
+        top = "" if V is None else f"..{len(V) - 1}"
+        raise ValueError(f"draft length k = {k!r} is outside 0{top}" + ("" if V is not None else " (k >= 0)"))
 
 
 def geometric_sum(a: Number | np.ndarray, k: int) -> Number | np.ndarray:
     """G_a(k) = 1 + a + ... + a^k = (1 - a^(k+1))/(1 - a), the expected tokens a step emits (B.1).
 
-    Horner's form, so it is exact on Fractions and works elementwise on arrays."""
+    Horner's form, so it is exact on Fractions and works elementwise on arrays. a in [0, 1], k >= 0."""
+    check_acceptance(a, closed=True)
+    check_draft_length(k)
     a = q(a)
     g = a * 0 + 1
     for _ in range(k):
@@ -81,6 +98,7 @@ def geometric_sum(a: Number | np.ndarray, k: int) -> Number | np.ndarray:
 
 def throughput(V: Sequence[Number], a: Number | np.ndarray, k: int) -> Number | np.ndarray:
     """T_a(k) = G_a(k)/V(k), tokens per unit of V's time (Section 1)."""
+    check_draft_length(k, V)
     return geometric_sum(a, k) / q(V[k])
 
 
@@ -91,8 +109,7 @@ def best_draft_length(V: Sequence[Number], a: Number | np.ndarray) -> int | np.n
     V = check_step_times(V)
     if isinstance(a, np.ndarray) or not _exact(a, *V):
         acc = np.asarray(a, dtype=float)
-        if np.any((acc < 0) | (acc >= 1)):
-            raise ValueError("acceptance outside [0, 1)")
+        check_acceptance(acc)
         powers = acc[..., None] ** np.arange(len(V))
         T = np.cumsum(powers, axis=-1) / np.asarray(V, dtype=float)
         k = np.argmax(T, axis=-1)
@@ -103,12 +120,16 @@ def best_draft_length(V: Sequence[Number], a: Number | np.ndarray) -> int | np.n
 
 
 def speedup(V: Sequence[Number], a: Number | np.ndarray, k: int) -> Number | np.ndarray:
-    """T_a(k)/T_a(0) = G_a(k) V(0)/V(k) (9)."""
+    """T_a(k)/T_a(0) = G_a(k) V(0)/V(k) (9); a in [0, 1), k in 0..kmax."""
+    check_acceptance(a)
+    check_draft_length(k, V)
     return geometric_sum(a, k) * V[0] / q(V[k])
 
 
 def beats_plain(V: Sequence[Number], a: Number, k: int) -> bool:
-    """Speedup condition (8): T_a(k) > T_a(0) <=> V(k) - V(0) < (a + ... + a^k) V(0)."""
+    """Speedup condition (8): T_a(k) > T_a(0) <=> V(k) - V(0) < (a + ... + a^k) V(0); a in [0, 1), k in 0..kmax."""
+    check_acceptance(a)
+    check_draft_length(k, V)
     return V[k] - V[0] < (geometric_sum(a, k) - 1) * V[0]
 
 

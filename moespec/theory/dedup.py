@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from typing import Sequence
+
+import numpy as np
 
 from moespec.defaults import KERNELS
 from moespec.theory.core import Number, geometric_sum, q
@@ -35,6 +38,12 @@ def saving(E_slot: Number, beta_slot: Number, u: Number, r: Number, dphi: Number
 def dedup_faster(u: Number, r: Number) -> bool:
     """(7): with f_l = 1 and equal fixed work the deduplicating kernel is faster exactly when u(n) < r(n)."""
     return u < r
+
+
+def _finite(x: object) -> bool:
+    """A finite int, float or Fraction (not a bool)."""
+    return isinstance(x, (int, float, Fraction, np.integer, np.floating)) and not isinstance(x, bool) and \
+        bool(np.isfinite(float(x)))
 
 
 def requested_bytes(kind: str, n: int, U: int, m: int, b: Number) -> Number:  # noqa: N803
@@ -60,9 +69,18 @@ def crossover(saving: Mapping[int, Number]) -> int | None:
 def mean_drafted_reuse(rho: Sequence[Sequence[Number]], w: Sequence[Number], k: int) -> Number:
     """rho_bar_k = (1/(kW)) sum_{j=2..k+1} sum_l w_l rho_l(j) (11).
 
-    rho[l][n] is layer l's reuse at n consecutive tokens (entry 0 unused, rho[l][1] = 0); w[l] = w_l."""
-    if k < 1:
-        raise ValueError("rho_bar_k needs k >= 1")
+    rho[l][n] is layer l's reuse at n consecutive tokens (entry 0 unused, rho[l][1] = 0); w[l] = w_l >= 0, not all
+    0; each rho_l(j) used in [0, 1]."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"rho_bar_k needs a draft length k >= 1, got k = {k!r}")
+    if any(not (_finite(w_l) and w_l >= 0) for w_l in w) or not sum(w) > 0:
+        raise ValueError(f"expert bytes w must be finite, >= 0 and not all 0, got {list(w)}")
+    for layer, rho_l in enumerate(rho):
+        if len(rho_l) < k + 2:
+            raise ValueError(f"rho[{layer}] holds reuse up to n = {len(rho_l) - 1}; k = {k} needs n up to {k + 1}")
+        bad = [j for j in range(2, k + 2) if not (_finite(rho_l[j]) and 0 <= rho_l[j] <= 1)]
+        if bad:
+            raise ValueError(f"reuse rho[{layer}][{bad[0]}] = {rho_l[bad[0]]} is outside [0, 1]")
     W = sum(w)
     total = sum(w_l * sum(rho_l[j] for j in range(2, k + 2)) for w_l, rho_l in zip(w, rho, strict=True))
     return total / q(k * W)
@@ -136,7 +154,12 @@ def reuse_threshold_bytes(a: Number, k: int, mW: Number, D: Number, kv: Sequence
     """Reuse threshold with one bandwidth and t0 = phi = 0 (16):
     rho*_k(a) = 1 - [(G_a(k) - 1) V_dedup(0) - (kv(k) - kv(0))]/(mW k), V_dedup(0) = D + mW + kv(0);
     kv = [kv(0), ..., kv(kmax)] bytes of key-value cache a step verifying k+1 tokens reads."""
-    if k < 1:
-        raise ValueError("the reuse threshold needs k >= 1")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 or k >= len(kv):
+        raise ValueError(f"the reuse threshold needs a draft length k in 1..{len(kv) - 1} (kv's), got k = {k!r}")
+    for name, value in (("mW", mW), ("D", D), *((f"kv({j})", v) for j, v in enumerate(kv))):
+        if not (_finite(value) and value >= 0):
+            raise ValueError(f"bytes {name} = {value!r} must be finite and >= 0")
+    if not mW > 0:
+        raise ValueError(f"bytes mW = {mW!r} must be positive")
     V0 = D + mW + kv[0]
     return 1 - ((geometric_sum(a, k) - 1) * V0 - (kv[k] - kv[0])) / q(mW * k)
