@@ -236,9 +236,9 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
                        prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)
     steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
-    for version, keys in VERSIONS.items():
-        if keys.table in load_plan(plan):
-            view.score(score_files(plan, scored.out, version))
+    planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(plan)]
+    for version in planned_versions:
+        view.score(score_files(plan, scored.out, version))
     view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
     view.say(f"report -> {write_report(out_dir)}")
     return engine_summary(out_dir)

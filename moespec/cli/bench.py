@@ -9,18 +9,17 @@ import json
 from moespec.cli.args import parse_ints, seed
 from moespec.console import console
 from moespec.defaults import DTYPES, MODEL, N_MAX
-from moespec.formats.files import check_output
 from moespec.measure.bench import (
     DEFAULT_KERNELS,
     DEFAULT_REPS,
     DEFAULT_U_VALUES,
     DEFAULT_WINDOWS,
     BenchConfig,
-    is_noisy,
+    noise_verdict,
     run_bench,
 )
 from moespec.measure.fits import NOISY_IQR
-from moespec.report.figures import bandwidth_figure, plot_format, save_figure
+from moespec.report.figures import bandwidth_figure, check_plot, save_figure
 from moespec.report.tables import bench_tables
 
 
@@ -52,8 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.plot:
-        plot_format(args.plot)  # before any work
-        check_output(args.plot, "--plot")
+        check_plot(args.plot)  # before any work
     layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, what="MoE layer indices"))
     config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=args.dtype, kernels=args.kernels,
                          n=tuple(parse_ints(args.n, "--n", 1, what="pass sizes n")), trace=args.trace, reps=args.reps,
@@ -65,9 +63,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(table)
     before, after = bench["ceiling_before_after_gbps"]
     out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
-    noisy = is_noisy(bench)
+    noisy, drift = noise_verdict(bench)
     if noisy:
-        drift = bench["ceiling_iqr_gbps"] > NOISY_IQR * bench["ceiling_gbps"]
         out.print(f"[bold red]warning: noisy run[/]: {bench['noisy']['count']} of {bench['noisy']['total']} timings "
                   f"have an IQR above {NOISY_IQR:.0%} of their median (widest {bench['noisy']['worst']:.0%})"
                   f"{'; the ceiling drifted' if drift else ''}; rerun on a quiet machine")

@@ -11,9 +11,9 @@ from rich.table import Table
 from moespec.cli.args import seed
 from moespec.console import console as console_
 from moespec.defaults import FORMAT, N_MAX
-from moespec.formats.files import check_output, provenance
+from moespec.formats.files import provenance
 from moespec.formats.trace import Trace, load_trace
-from moespec.report.figures import plot_format, reuse_figure, save_figure
+from moespec.report.figures import check_plot, reuse_figure, save_figure
 from moespec.routing.reuse import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_LEVEL,
@@ -40,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.plot:
-        plot_format(args.plot)  # before any work
-        check_output(args.plot, "--plot")
+        check_plot(args.plot)  # before any work
     trace = load_trace(args.trace)
     w, units = trace_expert_bytes(trace, args.format)
     stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w, units=units,

@@ -427,7 +427,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     return Bench(doc, config.out)
 
 
-def is_noisy(bench: Bench) -> bool:
-    """More than NOISY_SHARE of the timings noisy, or a ceiling that drifted by more than fits.NOISY_IQR."""
-    drift = bench["ceiling_iqr_gbps"] > NOISY_IQR * bench["ceiling_gbps"]
-    return drift or bench["noisy"]["count"] > NOISY_SHARE * bench["noisy"]["total"]
+def noise_verdict(bench: Bench) -> tuple[bool, bool]:
+    """(noisy, drifted): drifted when the ceiling's IQR exceeds fits.NOISY_IQR of it; noisy when it drifted or more
+    than NOISY_SHARE of the timings are noisy."""
+    drifted = bench["ceiling_iqr_gbps"] > NOISY_IQR * bench["ceiling_gbps"]
+    return drifted or bench["noisy"]["count"] > NOISY_SHARE * bench["noisy"]["total"], drifted

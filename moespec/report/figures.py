@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from moespec import MoespecError, theory
-from moespec.formats.files import atomic_write
+from moespec.formats.files import atomic_write, check_output
 from moespec.formats.planfile import VERSION_SUFFIX
 from moespec.routing.reuse import ReuseStats, uniform_rho
 
@@ -23,6 +23,13 @@ def plot_format(path: str) -> str:
     if fmt not in PLOT_FORMATS:
         raise MoespecError(f"--plot {path}: the file name must end in one of .{', .'.join(PLOT_FORMATS)}")
     return fmt
+
+
+def check_plot(path: str) -> str:
+    """A --plot path checked before any work: an image suffix matplotlib writes, and a place moespec may write."""
+    plot_format(path)
+    check_output(path, "--plot")
+    return path
 
 
 def save_figure(fig: Figure, path: str) -> None:
