@@ -22,3 +22,17 @@ DEVICE_KINDS = ("cpu", "cuda")  # where the kernels run
 # (bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second).
 PROFILE = "paper-wikitext"
 TRACE_TOKENS, TRACE_DOCS = 50_000, 50
+
+# ---- bounds: every size a user passes is checked against one of these before any work (the CLI's --help states
+# the bound; the loaders check the same sizes in files). Each is generous for real use and keeps a mistyped
+# value from running for hours or exhausting memory.
+KMAX_LIMIT = 32  # largest draft length: the exact staircase grows ~k^3 (33 step times take ~1 s, 65 take 5 s)
+DEPTH_LIMIT = 131_072  # context depth and tokens per forward pass: the presets' longest context (gpt-oss, 128k)
+WINDOW_LIMIT = 64  # largest reuse window n: 7x the paper's 9; reuse holds n_max x tokens x layers counts
+BOOTSTRAP_LIMIT = 20_000  # bootstrap resamples: 10x the default; memory grows as resamples x layers x n_max
+REPS_LIMIT = 1_000  # repetitions or rounds per timed pass (bench --reps, run --reps, --max-reps)
+SAMPLES_LIMIT = 1_000  # bench windows and U values per n, run prompts per cell, acceptances of a grid
+TOKENS_LIMIT = 10_000_000  # trace tokens (synth, trace, demo): 10M OLMoE tokens are 2.6 GB of expert ids
+GENERATED_LIMIT = 4_096  # tokens a run generates per prompt
+N_LIMIT = KMAX_LIMIT + 1  # pass sizes n: a verify pass of the largest draft
+LAYERS_LIMIT = 1_000  # decoder layers and layer indices (the presets have at most 48)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 from moespec import MoespecError
 
@@ -14,7 +15,7 @@ def parse_ints(text: str, flag: str, least: int, most: int | None = None, what: 
             lo, hi = (int(v) for v in text.split("-"))
             if lo > hi:
                 raise MoespecError(f"{flag} {text}: empty range (start above end)")
-            values = list(range(lo, hi + 1))
+            values = [lo, hi] if lo < least or (most is not None and hi > most) else list(range(lo, hi + 1))
         else:
             values = sorted({int(v) for v in text.split(",")})
     except ValueError:
@@ -34,3 +35,17 @@ def seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
+
+
+def bounded(least: int, most: int) -> Callable[[str], int]:
+    """An argparse type: an integer in least..most (most: one of the bounds in moespec.defaults, which the flag's
+    help states); argparse names the flag in the one-line error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"expected an integer in {least}..{most:,}, got {text!r}")
+        return value
+    return parse

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from moespec.cli.args import parse_ints, seed
+from moespec.cli.args import bounded, parse_ints, seed
 from moespec.console import console
-from moespec.defaults import DTYPES, MODEL, N_MAX
+from moespec.defaults import DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, REPS_LIMIT, SAMPLES_LIMIT
 from moespec.measure.bench import (
     DEFAULT_KERNELS,
     DEFAULT_REPS,
@@ -36,14 +36,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="routing trace (.npz) for the recorded windows and u(n) (default: synthesize "
                                    "the calibrated default for the model)")
     p.add_argument("--n", default=f"1-{N_MAX}",
-                   help=f"pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-{N_MAX})")
+                   help=f"pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-{N_MAX}; n <= {N_LIMIT})")
     p.add_argument("--out", default="bench.json", help="results file (default bench.json)")
-    p.add_argument("--reps", type=int, default=DEFAULT_REPS,
-                   help=f"timed repetitions per pass (default {DEFAULT_REPS})")
-    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS,
-                   help=f"recorded windows per layer and n (default {DEFAULT_WINDOWS})")
-    p.add_argument("--u-values", type=int, default=DEFAULT_U_VALUES,
-                   help=f"chosen U values per n, evenly spread with both ends (default {DEFAULT_U_VALUES})")
+    p.add_argument("--reps", type=bounded(1, REPS_LIMIT), default=DEFAULT_REPS,
+                   help=f"timed repetitions per pass (default {DEFAULT_REPS}, at most {REPS_LIMIT:,})")
+    p.add_argument("--windows", type=bounded(1, SAMPLES_LIMIT), default=DEFAULT_WINDOWS,
+                   help=f"recorded windows per layer and n (default {DEFAULT_WINDOWS}, at most {SAMPLES_LIMIT:,})")
+    p.add_argument("--u-values", type=bounded(2, SAMPLES_LIMIT), default=DEFAULT_U_VALUES,
+                   help=f"chosen U values per n, evenly spread with both ends (default {DEFAULT_U_VALUES}, at most "
+                        f"{SAMPLES_LIMIT:,})")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
     p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
@@ -52,9 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot(args.plot)  # before any work
-    layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, what="MoE layer indices"))
+    layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, LAYERS_LIMIT - 1,
+                                                                              "MoE layer indices"))
     config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=args.dtype, kernels=args.kernels,
-                         n=tuple(parse_ints(args.n, "--n", 1, what="pass sizes n")), trace=args.trace, reps=args.reps,
+                         n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace, reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
                          resume=args.resume)
     out = console()

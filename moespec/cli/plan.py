@@ -10,8 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
+from moespec.cli.args import bounded
 from moespec.console import console as console_
-from moespec.defaults import DEPTH, DEVICE_KINDS, KERNELS, KMAX, POLICIES
+from moespec.defaults import DEPTH, DEPTH_LIMIT, DEVICE_KINDS, KERNELS, KMAX, KMAX_LIMIT, POLICIES
 from moespec.formats.planfile import TABLES, VERSION_SUFFIX
 from moespec.predict.plan import PlanConfig, make_plan
 
@@ -30,12 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=DEVICE_KINDS,
                         help="the device the plan is for; must be the one the bench timed (default: the bench's)")
     parser.add_argument("--out", help="write plan.json here")
-    parser.add_argument("--kmax", type=int, default=KMAX, help=f"largest draft length k (default {KMAX})")
+    parser.add_argument("--kmax", type=bounded(1, KMAX_LIMIT), default=KMAX,
+                        help=f"largest draft length k (default {KMAX}, at most {KMAX_LIMIT})")
     parser.add_argument("--draft-time", default="0", metavar="H",
                         help="draft + host time per step h(k), seconds: one number, h(0..kmax), or a runs.json "
                              "(its measured draft_time_s) (default 0: oracle)")
-    parser.add_argument("--depth", type=int,
-                        help=f"context depth for kv(k) in (16) (default: --runs' depth, else {DEPTH})")
+    parser.add_argument("--depth", type=bounded(0, DEPTH_LIMIT),
+                        help=f"context depth for kv(k) in (16) (default: --runs' depth, else {DEPTH}; at most "
+                             f"{DEPTH_LIMIT:,})")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 

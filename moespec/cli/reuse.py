@@ -8,9 +8,9 @@ import sys
 
 from rich.table import Table
 
-from moespec.cli.args import seed
+from moespec.cli.args import bounded, seed
 from moespec.console import console as console_
-from moespec.defaults import FORMAT, N_MAX
+from moespec.defaults import BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
 from moespec.formats.files import provenance
 from moespec.formats.trace import Trace, load_trace
 from moespec.report.figures import check_plot, reuse_figure, save_figure
@@ -27,9 +27,11 @@ from moespec.routing.reuse import (
 # ---- command: moespec reuse --------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="trace file (.npz) from `moespec trace` or `moespec synth`")
-    parser.add_argument("--n-max", type=int, default=N_MAX, help="largest window n (default 9)")
-    parser.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
-                        help="bootstrap resamples over documents (default 2000; 0: no intervals)")
+    parser.add_argument("--n-max", type=bounded(1, WINDOW_LIMIT), default=N_MAX,
+                        help=f"largest window n (default {N_MAX}, at most {WINDOW_LIMIT})")
+    parser.add_argument("--bootstrap", type=bounded(0, BOOTSTRAP_LIMIT), default=DEFAULT_BOOTSTRAP,
+                        help=f"bootstrap resamples over documents (default {DEFAULT_BOOTSTRAP}, at most "
+                             f"{BOOTSTRAP_LIMIT:,}; 0: no intervals)")
     parser.add_argument("--seed", type=seed, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="interval level (default 0.95)")
     parser.add_argument("--format", default=FORMAT,

@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import parse_ints, seed
+from moespec.cli.args import bounded, parse_ints, seed
 from moespec.console import console
-from moespec.defaults import DEPTH, DTYPES, KMAX, MODEL, N_MAX
+from moespec.defaults import (DEPTH, DEPTH_LIMIT, DTYPES, GENERATED_LIMIT, KMAX, LAYERS_LIMIT, MODEL, N_MAX, REPS_LIMIT,
+                              SAMPLES_LIMIT)
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 from moespec.model.dense import DENSE
 
@@ -85,7 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", help="a local HF checkpoint folder (any of the five MoE architectures)")
     source.add_argument("--preset", help=f"a model preset with random weights (default {MODEL})")
-    p.add_argument("--layers", type=int, help=f"decoder layers of a preset model (default {DEFAULT_LAYERS})")
+    p.add_argument("--layers", type=bounded(1, LAYERS_LIMIT),
+                   help=f"decoder layers of a preset model (default {DEFAULT_LAYERS}, at most {LAYERS_LIMIT:,})")
     p.add_argument("--dtype", default=RunConfig.dtype, choices=DTYPES,
                    help=f"weights dtype (default {RunConfig.dtype})")
     p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
@@ -93,23 +95,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"dense weights of verify passes: our native kernel or torch's F.linear (default "
                         f"{RunConfig.dense})")
     p.add_argument("--plan", help="plan.json: its AUTO policy (kernel per n) is run and recorded beside slot and dedup")
-    p.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d: tokens prefilled (default {DEPTH})")
+    p.add_argument("--depth", type=bounded(1, DEPTH_LIMIT), default=DEPTH,
+                   help=f"context depth d: tokens prefilled (default {DEPTH}, at most {DEPTH_LIMIT:,})")
     p.add_argument("--n", default=f"1-{N_MAX}", help=f"verify pass sizes (default 1-{N_MAX})")
-    p.add_argument("--reps", type=int, default=DEFAULT_REPS, help=f"verify samples per policy and n "
-                                                                  f"(default {DEFAULT_REPS})")
-    p.add_argument("--max-reps", type=int, default=RunConfig.max_reps,
-                   help=f"verify rounds at most (default {RunConfig.max_reps})")
+    p.add_argument("--reps", type=bounded(2, REPS_LIMIT), default=DEFAULT_REPS,
+                   help=f"verify samples per policy and n (default {DEFAULT_REPS}, at most {REPS_LIMIT:,})")
+    p.add_argument("--max-reps", type=bounded(2, REPS_LIMIT), default=RunConfig.max_reps,
+                   help=f"verify rounds at most (default {RunConfig.max_reps}, at most {REPS_LIMIT:,})")
     p.add_argument("--target", type=float, default=RunConfig.target,
                    help=f"rounds go on until each median's 95%% interval is within +-TARGET of it (default "
                         f"{RunConfig.target})")
     p.add_argument("--budget", type=float, default=RunConfig.budget_s,
                    help=f"seconds of verify rounds per pass size at most (default {RunConfig.budget_s:g})")
     p.add_argument("--k", default=f"0-{KMAX}", help=f"draft lengths of the throughput grid (default 0-{KMAX})")
-    p.add_argument("--a", help="acceptances of the throughput grid (default the paper's 11, 0.2..0.98)")
-    p.add_argument("--prompts", type=int, default=RunConfig.prompts,
-                   help=f"prompts per throughput cell (default {RunConfig.prompts})")
-    p.add_argument("--tokens", type=int, default=RunConfig.tokens,
-                   help=f"tokens generated per prompt (default {RunConfig.tokens})")
+    p.add_argument("--a", help="acceptances of the throughput grid, each in [0, 1) (default the paper's 11, "
+                               "0.2..0.98)")
+    p.add_argument("--prompts", type=bounded(1, SAMPLES_LIMIT), default=RunConfig.prompts,
+                   help=f"prompts per throughput cell (default {RunConfig.prompts}, at most {SAMPLES_LIMIT:,})")
+    p.add_argument("--tokens", type=bounded(1, GENERATED_LIMIT), default=RunConfig.tokens,
+                   help=f"tokens generated per prompt (default {RunConfig.tokens}, at most {GENERATED_LIMIT:,})")
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")
     p.add_argument("--draft-model", help="a local HF causal LM sharing the tokenizer: the throughput grid drafts with "
                                          "it (greedy) over --k instead of the oracle over --a")

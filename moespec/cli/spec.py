@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from moespec import MoespecError
-from moespec.defaults import DEPTH, FORMAT, KMAX
+from moespec.cli.args import bounded
+from moespec.defaults import DEPTH, DEPTH_LIMIT, FORMAT, KMAX, KMAX_LIMIT
 from moespec.model.spec import PRESETS, resolve, summary
 from moespec.model.weights import ALL_FORMATS, FORMATS
 
@@ -20,8 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the presets and their shapes")
     parser.add_argument("--format", default=FORMAT, choices=ALL_FORMATS, help=f"weights: {', '.join(ALL_FORMATS)}")
     parser.add_argument("--kv-dtype", default="bf16", choices=list(FORMATS), help="KV-cache format")
-    parser.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d for kv(k) (default {DEPTH})")
-    parser.add_argument("--kmax", type=int, default=KMAX, help=f"largest draft length k for kv(k) (default {KMAX})")
+    parser.add_argument("--depth", type=bounded(0, DEPTH_LIMIT), default=DEPTH,
+                        help=f"context depth d for kv(k) (default {DEPTH}, at most {DEPTH_LIMIT:,})")
+    parser.add_argument("--kmax", type=bounded(0, KMAX_LIMIT), default=KMAX,
+                        help=f"largest draft length k for kv(k) (default {KMAX}, at most {KMAX_LIMIT})")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -36,8 +38,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{s.name:<18}{s.model_type:<13}{s.hidden:>7}{s.layers:>7}{s.L:>4}{s.N:>5}{s.m:>3}"
                   f"{s.expert_width:>7}{s.W('bf16') / _GIB:>12.3f}{s.dense_bytes('bf16') / _GIB:>12.3f}  {s.notes}")
         return 0
-    if args.depth < 0 or args.kmax < 0:
-        raise MoespecError(f"--depth and --kmax must be >= 0, got {args.depth}, {args.kmax}")
     spec = resolve(args.model)
     s = summary(spec, args.format, args.kv_dtype, args.depth, args.kmax)
     if args.json:

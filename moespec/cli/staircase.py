@@ -11,16 +11,20 @@ from rich.table import Table
 
 from moespec import MoespecError, theory
 from moespec.console import console as console_
+from moespec.defaults import KMAX_LIMIT, SAMPLES_LIMIT
 from moespec.predict.staircase import analyse
 
 MAX_MAGNITUDE = 1e100  # |x| and 1/|x| of a step time or an acceptance: far past any unit, safely inside floats
 
 
-def parse_numbers(text: str, what: str) -> list[Fraction]:
+def parse_numbers(text: str, what: str, most: int) -> list[Fraction]:
     """Parse a comma-separated list of decimals or fractions exactly; one clear error line otherwise (a number of
-    magnitude beyond MAX_MAGNITUDE, or a nonzero one below its inverse, would overflow the float results)."""
+    magnitude beyond MAX_MAGNITUDE, or a nonzero one below its inverse, would overflow the float results; more
+    than `most` numbers would take hours)."""
     if not text.strip():
         raise MoespecError(f"{what}: an empty list")
+    if text.count(",") >= most:
+        raise MoespecError(f"{what}: {text.count(',') + 1} numbers, at most {most:,}")
     values = []
     for item in text.split(","):
         try:
@@ -35,9 +39,11 @@ def parse_numbers(text: str, what: str) -> list[Fraction]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-times", required=True, metavar="V0,V1,...",
-                   help="step times V(0), ..., V(kmax), any unit, at least two, all positive")
+                   help=f"step times V(0), ..., V(kmax), any unit, at least two and at most {KMAX_LIMIT + 1}, "
+                        f"all positive")
     p.add_argument("--acceptance", metavar="A,...",
-                   help="acceptances in [0, 1) (default: the paper's 11 values 0.2..0.98)")
+                   help=f"acceptances in [0, 1), at most {SAMPLES_LIMIT:,} (default: the paper's 11 values "
+                        f"0.2..0.98)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
@@ -63,13 +69,13 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    V = parse_numbers(args.step_times, "--step-times")
+    V = parse_numbers(args.step_times, "--step-times", KMAX_LIMIT + 1)
     if len(V) < 2:
         raise MoespecError(f"--step-times: need at least two times V(0), V(1), got {len(V)}")
     bad = [v for v in V if v <= 0]
     if bad:
         raise MoespecError(f"--step-times: times must be positive, got {float(bad[0]):g}")
-    acceptances = (parse_numbers(args.acceptance, "--acceptance") if args.acceptance is not None
+    acceptances = (parse_numbers(args.acceptance, "--acceptance", SAMPLES_LIMIT) if args.acceptance is not None
                    else list(theory.PAPER_ACCEPTANCES))
     bad = [a for a in acceptances if not 0 <= a < 1]
     if bad:

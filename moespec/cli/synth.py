@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from moespec import MoespecError
-from moespec.cli.args import seed
-from moespec.defaults import MODEL, PROFILE
+from moespec.cli.args import bounded, seed
+from moespec.defaults import MODEL, PROFILE, TOKENS_LIMIT
 from moespec.formats.files import check_output
 from moespec.routing.synth import PROCESSES, describe, synthesize
 
@@ -20,9 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=PROFILE, help=f"calibration targets (default {PROFILE})")
     parser.add_argument("--rho2", type=float, help="calibrated: target layer-mean rho(2) (overrides the profile)")
     parser.add_argument("--rho9", type=float, help="calibrated: target layer-mean rho(9) (overrides the profile)")
-    parser.add_argument("--tokens", type=int, default=100_000, help="tokens in all (default 100000)")
-    parser.add_argument("--docs", type=int, default=50,
-                        help="documents of equal length (default 50); calibrated: time grows with their length")
+    parser.add_argument("--tokens", type=bounded(1, TOKENS_LIMIT), default=100_000,
+                        help=f"tokens in all (default 100000, at most {TOKENS_LIMIT:,})")
+    parser.add_argument("--docs", type=bounded(1, TOKENS_LIMIT), default=50,
+                        help=f"documents of equal length (default 50, at most {TOKENS_LIMIT:,} and --tokens); "
+                             f"calibrated: time grows with their length")
     parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     parser.add_argument("--out", required=True, help="trace file to write (.npz)")
 

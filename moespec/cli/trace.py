@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from moespec.defaults import DTYPES
+from moespec.cli.args import bounded
+from moespec.defaults import DEPTH_LIMIT, DTYPES, TOKENS_LIMIT
 from moespec.routing.tracer import TraceConfig, trace
 
 
 # -- command -----------------------------------------------------------------------------------------
-def _positive(text: str) -> int:
-    value = int(text) if text.lstrip("-").isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (no hub access)")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -24,12 +18,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--jsonl", help="JSONL file, one document per record")
     parser.add_argument("--field", default="text", help="JSONL key: a string or a list of strings (default text)")
     parser.add_argument("--out", required=True, help="trace file to write (.npz)")
-    parser.add_argument("--max-tokens", type=_positive, default=None, help="stop after this many tokens in all")
+    parser.add_argument("--max-tokens", type=bounded(1, TOKENS_LIMIT), default=None,
+                        help=f"stop after this many tokens in all (default: every token of the input; at most {TOKENS_LIMIT:,})")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", choices=DTYPES, default=TraceConfig.dtype,
                         help=f"compute dtype (default {TraceConfig.dtype})")
-    parser.add_argument("--chunk", type=_positive, default=TraceConfig.chunk,
-                        help=f"tokens per forward pass (default {TraceConfig.chunk})")
+    parser.add_argument("--chunk", type=bounded(1, DEPTH_LIMIT), default=TraceConfig.chunk,
+                        help=f"tokens per forward pass (default {TraceConfig.chunk}, at most {DEPTH_LIMIT:,})")
 
 
 def run(args: argparse.Namespace) -> int:

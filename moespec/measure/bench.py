@@ -46,7 +46,8 @@ import torch
 
 from moespec import MoespecError, kernels, theory
 from moespec.console import progress
-from moespec.defaults import DTYPES, KERNELS, MODEL, N_MAX, PROFILE, TORCH_DTYPES, TRACE_DOCS, TRACE_TOKENS
+from moespec.defaults import (DTYPES, KERNELS, MODEL, N_LIMIT, N_MAX, PROFILE, REPS_LIMIT, SAMPLES_LIMIT, TORCH_DTYPES,
+                              TRACE_DOCS, TRACE_TOKENS)
 from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, provenance, write_json
@@ -358,12 +359,13 @@ class BenchConfig:
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
         check_output(self.out)
-        for flag, value, least in (("--reps", self.reps, 1), ("--windows", self.windows, 1),
-                                   ("--u-values", self.u_values, 2)):
-            if value < least:
-                raise MoespecError(f"{flag} must be >= {least}, got {value}")
-        if not self.n or min(self.n) < 1:
-            raise MoespecError(f"--n: pass sizes must be >= 1, got {list(self.n)}")
+        for flag, value, least, most in (("--reps", self.reps, 1, REPS_LIMIT),
+                                         ("--windows", self.windows, 1, SAMPLES_LIMIT),
+                                         ("--u-values", self.u_values, 2, SAMPLES_LIMIT)):
+            if not least <= value <= most:
+                raise MoespecError(f"{flag} must lie in {least}..{most:,}, got {value}")
+        if not self.n or not all(1 <= n <= N_LIMIT for n in self.n):
+            raise MoespecError(f"--n: pass sizes must lie in 1..{N_LIMIT}, got {list(self.n)}")
         if self.dtype not in DTYPES:
             raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(DTYPES)}")
 

@@ -36,7 +36,8 @@ import torch
 
 from moespec import MoespecError, theory
 from moespec.console import progress
-from moespec.defaults import DEPTH, KERNELS, KMAX, MODEL, N_MAX
+from moespec.defaults import (DEPTH, DEPTH_LIMIT, GENERATED_LIMIT, KERNELS, KMAX, LAYERS_LIMIT, MODEL, N_MAX, REPS_LIMIT,
+                              SAMPLES_LIMIT)
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import load_plan
@@ -83,11 +84,17 @@ def bootstrap_saving(slot: list[float], dedup: list[float], rng: np.random.Gener
 
 
 # ---- the model, the prompts and the replayed routing ------------------------------------------------------
-def load_plan_kernels(path: str | None) -> tuple[dict[str, Any] | None, dict[int, str] | None]:
-    """The plan's identity (path, sha256, model) and its AUTO policy (kernel per n)."""
+def load_plan_kernels(path: str | None, dtype: str, device_kind: str) -> tuple[dict[str, Any] | None,
+                                                                              dict[int, str] | None]:
+    """The plan's identity (path, sha256, model) and its AUTO policy (kernel per n), after checking the plan is
+    for the run's dtype and device kind (its kernel choice and times hold for those only)."""
     if path is None:
         return None, None
     plan = load_plan(path)
+    for key, ran in (("dtype", dtype), ("device_kind", device_kind)):
+        if plan.get(key) != ran:
+            raise MoespecError(f"{path}: a plan for {key} {plan.get(key)!r}, but the run is {ran!r}: make the plan "
+                               f"from a bench of this {key}")
     info = {"path": path, "sha256": plan.sha256, "model": plan.model, "moe_layers": plan.moe_layers}
     return info, plan.kernel_by_n
 
@@ -379,17 +386,22 @@ class RunConfig:
         if self.max_reps < self.reps or not 0 < self.target < 1 or not self.budget_s > 0:
             raise MoespecError(f"need --max-reps >= --reps, 0 < --target < 1 and --budget > 0, got {self.max_reps}, "
                                f"{self.target} and {self.budget_s}")
-        for flag, value, least in (("--depth", self.depth, 1), ("--reps", self.reps, 2),
-                                   ("--prompts", self.prompts, 1), ("--tokens", self.tokens, 1)):
-            if value < least:
-                raise MoespecError(f"{flag} must be >= {least}, got {value}")
+        for flag, value, least, most in (("--depth", self.depth, 1, DEPTH_LIMIT), ("--reps", self.reps, 2, REPS_LIMIT),
+                                         ("--max-reps", self.max_reps, 2, REPS_LIMIT),
+                                         ("--prompts", self.prompts, 1, SAMPLES_LIMIT),
+                                         ("--tokens", self.tokens, 1, GENERATED_LIMIT),
+                                         ("--layers", 1 if self.layers is None else self.layers, 1, LAYERS_LIMIT)):
+            if not least <= value <= most:
+                raise MoespecError(f"{flag} must lie in {least}..{most:,}, got {value}")
         if not self.n or not all(1 <= n <= N_MAX for n in self.n):
             raise MoespecError(f"--n: pass sizes must lie in 1..{N_MAX}, got {list(self.n)}")
         if not self.k or not all(0 <= k <= KMAX for k in self.k):
             raise MoespecError(f"--k: draft lengths must lie in 0..{KMAX}, got {list(self.k)}")
+        if len(self.acceptances) > SAMPLES_LIMIT:
+            raise MoespecError(f"--a: {len(self.acceptances)} acceptances, at most {SAMPLES_LIMIT:,}")
         for a in self.acceptances:
-            if not 0 <= a <= 1:
-                raise MoespecError(f"--a: acceptance {a} outside [0, 1]")
+            if not 0 <= a < 1:
+                raise MoespecError(f"--a: acceptance {a} outside [0, 1) (a = 1 drafts forever; score refuses it)")
 
     @property
     def acceptances(self) -> list[float]:
@@ -403,7 +415,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     device = resolve_device(config.device)
     started = provenance(device, config.dtype)  # the timestamp says when the run began (score: pre-registration)
-    plan_info, kernel_by_n = load_plan_kernels(config.plan)  # inputs are checked before the model loads
+    # inputs are checked before the model loads
+    plan_info, kernel_by_n = load_plan_kernels(config.plan, config.dtype, device.split(":")[0])
     trace = None if config.replay is None else load_trace(config.replay)
     layers = config.layers if config.layers is not None or config.model else DEFAULT_LAYERS
     lm = load_model(path=config.model, preset=None if config.model else config.preset or MODEL,

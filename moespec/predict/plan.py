@@ -50,7 +50,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from moespec import MoespecError, theory
-from moespec.defaults import DEPTH, KERNELS, KMAX, POLICIES
+from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan
@@ -165,8 +165,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     calibrated version and the defaults of depth and moe_layers."""
     if runs is not None and not isinstance(runs, Runs):
         runs = Runs(dict(runs), runs_path)
-    if kmax < 1:
-        raise MoespecError(f"--kmax must be >= 1, got {kmax}")
+    if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
+        raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
     if tau1 is None and runs is None:
         raise MoespecError("the one-token pass time is needed: give --tau1 or --runs")
     spec = _spec_of(bench, trace, trace_path)
@@ -176,9 +176,10 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     tau_runs = None if runs is None else runs.series("verify_time_s.slot", ns, positive=True)
     measured_outside = runs is not None and "outside" in (runs.get("verify_time_s") or {})
     tau_outside = runs.series("verify_time_s.outside", ns, positive=True) if measured_outside else None
+    tau1_from = "--tau1" if tau1 is not None else f"{runs_path}: verify_time_s.slot.1"  # what an error blames
     tau1 = float(tau_runs[0]) if tau1 is None else tau1
     if not (np.isfinite(tau1) and tau1 > 0):
-        raise MoespecError(f"--tau1 = {tau1} must be a positive time in seconds (the one-token pass)")
+        raise MoespecError(f"{tau1_from} = {tau1} must be a positive time in seconds (the one-token pass)")
     h = list(draft_time) if draft_time is not None else [0.0] * (kmax + 1)
     depth = depth if depth is not None else runs.depth if runs is not None else DEPTH
     L = _moe_layers(spec, moe_layers, runs, runs_path)
@@ -194,8 +195,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     pred = anchored(tau1, M, delta, per_n=False)
     meas = anchored(tau1, expert_times(times, "measured", scale), 0.0, per_n=False).tau
     if min(v.min() for v in (*pred.tau.values(), *meas.values())) <= 0:
-        raise MoespecError(f"--tau1 = {tau1} s is shorter than the time the bench's expert operations drop "
-                           f"below one token's: a predicted verify time is not positive")
+        raise MoespecError(f"{tau1_from} = {tau1} s is shorter than the time the expert operations of "
+                           f"{bench_path} drop below one token's: a predicted verify time is not positive")
     s_pred, s_meas = pred.tau["slot"] - pred.tau["dedup"], meas["slot"] - meas["dedup"]
     band = delta * (M["slot"] + M["dedup"])  # (18)
     policy = kernel_by_n(s_pred)
