@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
+from moespec.formats.trace import Trace
+from moespec.model.spec import ModelSpec
+
 MODEL = "olmoe-1b-7b"  # 16 MoE layers of equal w_l: untimed layers scale the two timed ones by 16/2
 TIMED = [0, 7]
 NS = list(range(1, 10))
@@ -41,6 +46,14 @@ def make_bench(errors: Errors = lambda kernel, n: 0.0, eps: float = EPS, r: floa
             "kernels": {"slot": beta, "dedup": {**beta, "kind": "dedup"}},
             "r": {str(n): r for n in NS}, "u": {str(n): 1.0 for n in NS}, "eps": {"slot": eps / 2, "dedup": eps},
             "crossover": None, "fits": {}, "per_layer": per_layer, "chosen": {}, "provenance": {}}
+
+
+def uniform_trace() -> Trace:
+    """Uniform random routing of the model's shape, two documents of 150 tokens."""
+    spec = ModelSpec.from_name(MODEL)
+    rng = np.random.default_rng(0)
+    experts = np.argsort(rng.random((300, spec.L, spec.N)), axis=-1)[..., :spec.m]
+    return Trace.from_arrays(experts, [0, 150, 300], spec.N, meta={"model": MODEL})
 
 
 def make_runs(slot: dict[int, float] = RUNS_SLOT, **changes: Any) -> dict[str, Any]:

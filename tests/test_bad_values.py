@@ -1,13 +1,18 @@
-"""Values a user may type that once ended in a traceback (issue 14, class 3): each is one line and exit 2, and
-nothing is written."""
+"""Values a user may type or a file may hold that once ended in a traceback (issue 14, class 3): each is one line
+and exit 2 naming the argument, or the file and its key, and nothing is written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from cli_cases import refused
+from plan_cases import make_bench, uniform_trace
+from score_cases import make_plan, make_runs, ran
 
 from moespec import cli
+from moespec.formats.files import write_json
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -33,3 +38,33 @@ def test_a_bad_value_is_one_line(argv, needle, tmp_path: Path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("key, value", [("hidden_size", "32"), ("num_experts", 0), ("num_hidden_layers", "2"),
+                                        ("num_attention_heads", 0), ("intermediate_size", 1.5),
+                                        ("num_experts_per_tok", -1), ("vocab_size", True)])
+def test_a_config_field_that_is_not_a_positive_integer(key, value, tiny_configs, tmp_path: Path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**tiny_configs["olmoe"].to_dict(), key: value}))
+    err = refused(["spec", config], capsys, tmp_path)
+    assert str(config) in err and key in err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e-3, 0.0, "1"])
+@pytest.mark.parametrize("key", ["measured_mean_s", "measured_median_s"])
+def test_bench_op_times_are_refused_before_plan(key, value, tmp_path: Path, capsys):
+    bench = make_bench()
+    bench["per_layer"]["7"]["kernels"]["dedup"]["3"][key] = value
+    write_json(tmp_path / "bench.json", bench)
+    uniform_trace().save(tmp_path / "trace.npz")
+    err = refused(["plan", "--bench", tmp_path / "bench.json", "--trace", tmp_path / "trace.npz", "--tau1", "0.1",
+                   "--out", tmp_path / "plan.json"], capsys, tmp_path)
+    assert f"bench.json: per_layer.7.kernels.dedup.3.{key}" in err
+
+
+@pytest.mark.parametrize("coverage", [None, 3, "all", {"num_moe_layers": "16"}, {"num_moe_layers": 0}])
+def test_a_bad_coverage_is_refused_before_score(coverage, tmp_path: Path, capsys):
+    write_json(tmp_path / "plan.json", {**make_plan(), "coverage": coverage})
+    write_json(tmp_path / "runs.json", {**make_runs(), "plan": ran(tmp_path / "plan.json")})
+    err = refused(["score", "--plan", tmp_path / "plan.json", "--runs", tmp_path / "runs.json"], capsys, tmp_path)
+    assert "plan.json: coverage" in err

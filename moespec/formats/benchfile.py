@@ -46,13 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError
-from moespec.defaults import DEVICE_KINDS, DTYPES
-from moespec.formats.files import Record, read_json
+from moespec.defaults import DEVICE_KINDS, DTYPES, N_LIMIT
+from moespec.formats.files import Record, field, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-bench"
 FORMAT_VERSION = 1
 # what a file written before `bench --device` was measured on: every such bench ran on the CPU
 LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read"}
+# per_layer's times of one kernel at one n: measured ones are positive; a fit's prediction is finite (a fit may
+# extrapolate below zero at a pass size it did not see)
+OP_TIMES = {"measured_mean_s": True, "measured_median_s": True, "predicted_mean_s": False}
 
 
 # ---- bench.json --------------------------------------------------------------------------------------------
@@ -73,8 +76,21 @@ def _check_n_map(path: str, name: str, values: Any, ns: list[int]) -> None:
     for key, value in values.items():
         if not (isinstance(key, str) and key.isdigit() and int(key) in ns):
             raise _fail(path, f"{name} has key {key!r}, not a timed pass size n in {ns}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise _fail(path, f"{name}[{key}] = {value!r} must be a positive number")
+        if not (is_number(value) and value > 0):
+            raise _fail(path, f"{name}.{key} = {value!r} must be a positive finite number")
+
+
+def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
+    """Every operation time of per_layer (what plan's sums (22) and the report read) a finite number, positive
+    where measured."""
+    for layer, entry in doc["per_layer"].items():
+        for kernel, times in field(doc, path, f"per_layer.{layer}.kernels", dict).items():
+            _check_n_map(path, f"per_layer.{layer}.kernels.{kernel}", dict.fromkeys(times, 1), ns)
+            for n in times:
+                for key, measured in OP_TIMES.items():
+                    (positive if measured else field)(doc, path, f"per_layer.{layer}.kernels.{kernel}.{n}.{key}")
+        positive(doc, path, f"per_layer.{layer}.one_token_s.measured_s")
+        field(doc, path, f"per_layer.{layer}.one_token_s.predicted_s")
 
 
 class Bench(Record):
@@ -122,9 +138,11 @@ def load_bench(path: str | Path) -> Bench:
     if not isinstance(doc["ceiling_kind"], str) or not doc["ceiling_kind"]:
         raise _fail(where, f"ceiling_kind {doc['ceiling_kind']!r} must name what the ceiling measures")
     ns = doc["n"]
-    if not ns or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in ns):
-        raise _fail(where, f"n must list pass sizes >= 1, got {ns!r}")
-    if not doc["ceiling_gbps"] > 0:
+    if not ns or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= N_LIMIT for n in ns):
+        raise _fail(where, f"n must list pass sizes in 1..{N_LIMIT}, got {ns!r}")
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in doc["layers"]):
+        raise _fail(where, f"layers must list MoE layer indices >= 0, got {doc['layers']!r}")
+    if not (is_number(doc["ceiling_gbps"]) and doc["ceiling_gbps"] > 0):
         raise _fail(where, f"ceiling_gbps = {doc['ceiling_gbps']!r} must be positive")
     for name, entry in doc["kernels"].items():
         if not isinstance(entry, dict):
@@ -133,8 +151,9 @@ def load_bench(path: str | Path) -> Bench:
     _check_n_map(where, "r", doc["r"], ns)
     _check_n_map(where, "u", doc["u"], ns)
     for kernel, value in doc["eps"].items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise _fail(where, f"eps[{kernel}] = {value!r} must be a number >= 0")
+        if not (is_number(value) and value >= 0):
+            raise _fail(where, f"eps.{kernel} = {value!r} must be a finite number >= 0")
     if doc["crossover"] is not None and doc["crossover"] not in ns:
         raise _fail(where, f"crossover {doc['crossover']!r} is not a timed pass size")
+    _check_per_layer(where, doc, ns)
     return Bench(doc, path)

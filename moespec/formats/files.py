@@ -78,14 +78,23 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=1) + "\n"))
 
 
+def check_input(path: str | os.PathLike, what: str) -> Path:
+    """`path` as a `what` file to read: one line naming it when it is missing, a directory or not a regular file
+    (reading a FIFO would wait forever)."""
+    path = Path(path)
+    if not path.exists():
+        raise MoespecError(f"{path}: no such {what} file")
+    if not path.is_file():
+        raise MoespecError(f"{path}: {'a directory' if path.is_dir() else 'not a regular file'}, not a {what} file")
+    return path
+
+
 def read_json_bytes(path: str | os.PathLike, what: str) -> tuple[Any, bytes]:
     """The JSON document in `path` (a `what` file) and the exact bytes it was read from (for a sha256); one line
     naming the file when it is missing or unreadable."""
     try:
-        raw = Path(path).read_bytes()
+        raw = check_input(path, what).read_bytes()
         return json.loads(raw.decode("utf-8")), raw
-    except FileNotFoundError:
-        raise MoespecError(f"{path}: no such {what} file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
 
@@ -130,6 +139,26 @@ def field(doc: Any, where: str, keys: str, kind: type | tuple[type, ...] = NUMBE
     if isinstance(node, bool) or not isinstance(node, kind) or (kind is NUMBER and not np.isfinite(node)):
         raise MoespecError(f"{where}: {keys} has the wrong type or value ({node!r})")
     return node
+
+
+def positive(doc: Any, where: str, keys: str) -> float:
+    """field(doc, where, keys): a finite number > 0 (a time, a bandwidth); one line naming the file and the key."""
+    value = field(doc, where, keys)
+    if not value > 0:
+        raise MoespecError(f"{where}: {keys} = {value!r} must be positive")
+    return value
+
+
+def check_numbers(doc: Any, where: str, keys: str, positive: bool) -> None:
+    """Every leaf of the object or list at doc[k1][k2]... a finite number (> 0 where `positive`, e.g. times); one
+    line naming the file and the dotted key of the first that is not."""
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, (Mapping, list)):
+            for k, v in (node.items() if isinstance(node, Mapping) else enumerate(node)):
+                walk(v, f"{key}.{k}")
+        elif not (is_number(node) and (node > 0 or not positive)):
+            raise MoespecError(f"{where}: {key} = {node!r} must be a {'positive ' if positive else ''}finite number")
+    walk(field(doc, where, keys, (dict, list)), keys)
 
 
 def is_number(x: Any) -> bool:

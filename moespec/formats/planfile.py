@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError, theory
-from moespec.defaults import KERNELS, POLICIES
-from moespec.formats.files import Record, is_number, read_json_bytes
+from moespec.defaults import KERNELS, KMAX_LIMIT, POLICIES
+from moespec.formats.files import Record, check_numbers, is_number, positive, read_json_bytes
 
 FORMAT_NAME = "moespec-plan"
 
@@ -71,8 +71,12 @@ def _check_rows(rows: Any, key: str, version: str, kmax: int) -> str | None:
             return f"{key}[{i}]: version {row.get('version')!r} is not {version!r}"
         if row["policy"] not in POLICIES or not (is_number(row["a"]) and 0 <= row["a"] < 1):
             return f"{key}[{i}]: policy {row['policy']!r} or acceptance {row['a']!r} is invalid"
-        if isinstance(row["k_hat"], bool) or not isinstance(row["k_hat"], int) or not 0 <= row["k_hat"] <= kmax:
-            return f"{key}[{i}]: k_hat {row['k_hat']!r} is outside 0..{kmax}"
+        if isinstance(row["k_hat"], bool) or not isinstance(row["k_hat"], int):
+            return f"{key}[{i}].k_hat = {row['k_hat']!r} has the wrong type ({type(row['k_hat']).__name__}, not int)"
+        if not 0 <= row["k_hat"] <= kmax:
+            return f"{key}[{i}].k_hat = {row['k_hat']!r} is outside 0..{kmax}"
+        if not (is_number(row["speedup"]) and row["speedup"] > 0):
+            return f"{key}[{i}].speedup = {row['speedup']!r} must be a positive finite number"
         if row["speedup_lo"] is None and row["speedup_hi"] is None:
             continue  # no band: the step times' error bound reaches half of V(k) (a noisy bench, a calibration)
         if not all(is_number(row[k]) for k in ROW_KEYS[3:]) or \
@@ -92,9 +96,14 @@ def _check_plan(doc: Any) -> str | None:
             return f"missing key {key!r}"
         if isinstance(doc[key], bool) or not isinstance(doc[key], kind):
             return f"{key} has the wrong type ({type(doc[key]).__name__})"
-    kmax, ns = doc["kmax"], {str(n) for n in range(1, doc["kmax"] + 2)}
-    if kmax < 1 or not 0 <= doc["eps"] < theory.EPS_LIMIT:
-        return f"kmax = {kmax} must be >= 1 and eps = {doc['eps']} in [0, 1/2)"
+    kmax = doc["kmax"]
+    if not 1 <= kmax <= KMAX_LIMIT or not 0 <= doc["eps"] < theory.EPS_LIMIT:
+        return f"kmax = {kmax} must lie in 1..{KMAX_LIMIT} and eps = {doc['eps']} in [0, 1/2)"
+    ns = {str(n) for n in range(1, kmax + 2)}
+    coverage = doc.get("coverage", {})
+    layers = coverage.get("num_moe_layers", 1) if isinstance(coverage, dict) else None
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        return f"coverage must be an object whose num_moe_layers is an integer >= 1, got {coverage!r}"
     if doc["crossover"] is not None and not 2 <= doc["crossover"] <= kmax + 1:
         return f"crossover {doc['crossover']} is outside n = 2..{kmax + 1}"
     if set(doc["kernel_by_n"]) != ns or not all(v in KERNELS for v in doc["kernel_by_n"].values()):
@@ -110,7 +119,24 @@ def _check_plan(doc: Any) -> str | None:
         problem = _check_rows(doc.get(table), table, version, kmax)
         if problem:
             return problem
+    for key, entry in doc["saving"].items():
+        if key not in ns or not isinstance(entry, dict) or \
+                not all(is_number(v) for k, v in entry.items() if k.endswith("_s")):
+            return f"saving.{key} must be an object of finite times (keys ending _s) at an n in 1..{kmax + 1}"
     return None
+
+
+def _check_numbers(doc: dict[str, Any], where: str) -> None:
+    """The step times of every version present: kmax + 1 positive times per policy; tau1_s positive."""
+    for suffix in VERSION_SUFFIX.values():
+        key = f"step_times{suffix}"
+        if key in doc:
+            check_numbers(doc, where, key, positive=True)
+            bad = [p for p, v in doc[key].items() if not isinstance(v, list) or len(v) != doc["kmax"] + 1]
+            if bad:
+                raise MoespecError(f"{where}: {key}.{bad[0]} must list kmax + 1 = {doc['kmax'] + 1} times")
+    if "tau1_s" in doc:
+        positive(doc, where, "tau1_s")
 
 class Plan(Record):
     """A validated plan.json: read it as its JSON object; the typed accessors are what an engine and a score use.
@@ -143,4 +169,5 @@ def load_plan(path: str | Path) -> Plan:
     problem = _check_plan(doc)
     if problem:
         raise MoespecError(f"{path}: {problem}")
+    _check_numbers(doc, str(path))
     return Plan(doc, path, hashlib.sha256(raw).hexdigest())

@@ -52,11 +52,15 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.defaults import POLICIES
-from moespec.formats.files import NUMBER, Record, field, is_number, read_json, timestamp
+from moespec.formats.files import NUMBER, Record, check_numbers, field, is_number, read_json, timestamp
 
 FORMAT_NAME = "moespec-runs"
 FORMAT_VERSION = 1
 IDENTITY = ("model", "device_kind", "dtype")  # runs speak only for their own model, device kind and dtype
+# the measured numbers readers tabulate or score (key -> must be positive), each leaf a finite number
+NUMBERS = {"verify_time_s": True, "verify_time_ci_s": True, "saving_s": False, "draft_time_s": False,
+           "auto_ratio": True}
+SHA256_DIGITS = 64
 
 
 class Runs(Record):
@@ -87,6 +91,18 @@ class Runs(Record):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise MoespecError(f"{self.where}: {key} = {value!r} must be an integer >= {least}")
         return value
+
+    @property
+    def plan_sha256(self) -> str | None:
+        """The sha256 of the plan whose AUTO policy the runs ran (run --plan), None for runs without a plan."""
+        plan = self.get("plan")
+        if plan is None:
+            return None
+        sha = plan.get("sha256") if isinstance(plan, dict) else None
+        if not (isinstance(sha, str) and len(sha) == SHA256_DIGITS and all(c in "0123456789abcdef" for c in sha)):
+            raise MoespecError(f"{self.where}: plan must be null or an object whose sha256 is 64 hex digits, "
+                               f"got {plan!r}")
+        return sha
 
     @property
     def started(self) -> datetime:
@@ -136,4 +152,10 @@ def load_runs(path: str | Path) -> Runs:
     for key in IDENTITY:
         field(runs, str(path), key, str)
     runs._integer("depth", 0)  # every reader uses or shows the depth
+    for key, positive in NUMBERS.items():
+        if doc.get(key) is not None:
+            check_numbers(runs, str(path), key, positive)
+    runs.plan_sha256  # noqa: B018 - checked here, read by score
+    if "throughput" in doc:
+        runs.throughput()
     return runs

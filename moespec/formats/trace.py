@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from moespec import MoespecError
-from moespec.formats.files import atomic_write
+from moespec.formats.files import atomic_write, check_input
 
 FORMAT_NAME = "moespec-trace"
 FORMAT_VERSION = 1
@@ -210,8 +210,7 @@ class Trace:
 def load_trace(path: str | os.PathLike) -> Trace:
     """Read and fully validate a trace file; any problem raises MoespecError naming the file."""
     where = str(path)
-    if not Path(path).is_file():
-        raise MoespecError(f"{where}: no such trace file")
+    check_input(path, "trace")
     try:
         if not zipfile.is_zipfile(path):
             raise MoespecError(f"{where}: not a moespec trace (not an .npz archive; truncated or another format)")

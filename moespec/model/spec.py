@@ -309,12 +309,16 @@ class _Config:
     def __init__(self, cfg: dict[str, Any], file: Path | str) -> None:
         self.cfg, self.file = cfg, file
 
-    def __call__(self, key: str, default: Any = _REQUIRED) -> Any:
+    def __call__(self, key: str, default: Any = _REQUIRED, least: int | None = None) -> Any:
+        """cfg[key] (`default` where absent or null); with `least`, an integer >= least (a size or count)."""
         value = self.cfg.get(key)
         if value is None:
             if default is self._REQUIRED:
                 raise MoespecError(f"{self.file}: missing key {key!r} for model_type {self.cfg['model_type']!r}")
-            return default
+            value = default
+        if least is not None and value is not None and \
+                (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise MoespecError(f"{self.file}: {key} = {value!r} must be an integer >= {least}")
         return value
 
     def num_experts(self) -> int:
@@ -322,15 +326,16 @@ class _Config:
         onto each other (attribute_map) and saves its own, e.g. Qwen3 as num_local_experts."""
         for key in _EXPERT_COUNT_KEYS:
             if self.cfg.get(key) is not None:
-                return self.cfg[key]
-        return self(_EXPERT_COUNT_KEYS[0])
+                return self(key, least=1)
+        return self(_EXPERT_COUNT_KEYS[0], least=1)
 
     def attention(self) -> dict[str, Any]:
         """heads, kv heads, head dim, vocab, tying: keys every supported config shares."""
-        heads = self("num_attention_heads")
-        hidden = self("hidden_size")
-        return dict(hidden=hidden, layers=self("num_hidden_layers"), vocab=self("vocab_size"), heads=heads,
-                    kv_heads=self("num_key_value_heads", heads), head_dim=self("head_dim", hidden // heads),
+        heads = self("num_attention_heads", least=1)
+        hidden = self("hidden_size", least=1)
+        return dict(hidden=hidden, layers=self("num_hidden_layers", least=1), vocab=self("vocab_size", least=1),
+                    heads=heads, kv_heads=self("num_key_value_heads", heads, least=1),
+                    head_dim=self("head_dim", hidden // heads, least=1),
                     tied_embeddings=bool(self("tie_word_embeddings", False)),
                     attention_bias=bool(self("attention_bias", False)))
 
@@ -343,48 +348,48 @@ def _build(c: _Config, name: str, **kw: Any) -> ModelSpec:
 
 
 def _read_olmoe(c: _Config, name: str) -> ModelSpec:
-    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok"),
-                  expert_width=c("intermediate_size"), qk_norm="proj")
+    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
+                  expert_width=c("intermediate_size", least=1), qk_norm="proj")
 
 
 def _read_qwen3_moe(c: _Config, name: str) -> ModelSpec:
-    layers, step = c("num_hidden_layers"), c("decoder_sparse_step", 1)
+    layers, step = c("num_hidden_layers", least=1), c("decoder_sparse_step", 1, least=1)
     only_mlp = set(c("mlp_only_layers", []))  # as Qwen3MoeDecoderLayer decides
     dense = tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step)
-    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok"),
-                  expert_width=c("moe_intermediate_size"), dense_layers=dense,
-                  dense_width=c("intermediate_size") if dense else 0, qk_norm="head")
+    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
+                  expert_width=c("moe_intermediate_size", least=1), dense_layers=dense,
+                  dense_width=c("intermediate_size", least=1) if dense else 0, qk_norm="head")
 
 
 def _read_gpt_oss(c: _Config, name: str) -> ModelSpec:
-    layers = c("num_hidden_layers")
+    layers = c("num_hidden_layers", least=1)
     # GptOssConfig default: sliding on even layers (0, 2, ...), full attention on odd ones
     types = c("layer_types", ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
-    window = c("sliding_window", None)
+    window = c("sliding_window", None, least=1)
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
     attention = c.attention() | {"attention_bias": bool(c("attention_bias", True))}
-    return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok"),
-                  expert_width=c("intermediate_size"), expert_bias=True, router_bias=True, attention_sinks=True,
+    return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
+                  expert_width=c("intermediate_size", least=1), expert_bias=True, router_bias=True, attention_sinks=True,
                   sliding_window=window if sliding else None, sliding_layers=sliding)
 
 
 def _read_deepseek_v2(c: _Config, name: str) -> ModelSpec:
     # DeepseekV2DecoderLayer in transformers: MoE from layer first_k_dense_replace on (moe_layer_freq unused)
-    first_dense = c("first_k_dense_replace", 0)
-    nope, rope = c("qk_nope_head_dim"), c("qk_rope_head_dim")
+    first_dense = c("first_k_dense_replace", 0, least=0)
+    nope, rope = c("qk_nope_head_dim", least=1), c("qk_rope_head_dim", least=1)
     attention = c.attention() | {"head_dim": nope + rope}
-    return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok"),
-                  expert_width=c("moe_intermediate_size"), dense_layers=tuple(range(first_dense)),
-                  dense_width=c("intermediate_size") if first_dense else 0,
-                  shared_experts=c("n_shared_experts", 0), shared_width=c("moe_intermediate_size"),
-                  q_lora_rank=c("q_lora_rank", None), kv_lora_rank=c("kv_lora_rank"), qk_rope_head_dim=rope,
-                  qk_nope_head_dim=nope, v_head_dim=c("v_head_dim"))
+    return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
+                  expert_width=c("moe_intermediate_size", least=1), dense_layers=tuple(range(first_dense)),
+                  dense_width=c("intermediate_size", least=1) if first_dense else 0,
+                  shared_experts=c("n_shared_experts", 0, least=0), shared_width=c("moe_intermediate_size", least=1),
+                  q_lora_rank=c("q_lora_rank", None, least=1), kv_lora_rank=c("kv_lora_rank", least=1), qk_rope_head_dim=rope,
+                  qk_nope_head_dim=nope, v_head_dim=c("v_head_dim", least=1))
 
 
 def _read_mixtral(c: _Config, name: str) -> ModelSpec:
-    layers, window = c("num_hidden_layers"), c("sliding_window", None)
-    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok"),
-                  expert_width=c("intermediate_size"), sliding_window=window,
+    layers, window = c("num_hidden_layers", least=1), c("sliding_window", None, least=1)
+    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
+                  expert_width=c("intermediate_size", least=1), sliding_window=window,
                   sliding_layers=tuple(range(layers)) if window else ())
 
 

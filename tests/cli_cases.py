@@ -1,0 +1,32 @@
+"""What every test of bad input asserts (issue 14): the command ends with exit code 2 and one line on stderr, no
+traceback, and the files it was given or asked to write are as they were. Shared by the bad-input test modules
+(test modules do not import each other)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moespec import cli
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder` with its size and modification time: compare before and after a command."""
+    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+def refused(argv: list[str], capsys, folder: Path | None = None) -> str:
+    """Run `moespec argv`; assert exit code 2, one line on stderr without a traceback, nothing on stdout and, with
+    `folder`, no file under it created or changed. Returns the line."""
+    before = None if folder is None else snapshot(folder)
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own one-line errors
+        code = e.code
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, (code, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert captured.out == ""
+    if folder is not None:
+        assert snapshot(folder) == before
+    return err
