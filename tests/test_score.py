@@ -17,55 +17,7 @@ from moespec import cli
 from moespec.formats.files import write_json
 from moespec.predict.score import score_files
 
-NS = range(1, 10)  # kmax = 8: passes of 1..9 tokens
-ACCEPTANCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
-POLICIES = ("slot", "dedup", "auto")
-IDENTITY = {"model": "deepseek-v2-lite", "device_kind": "cuda", "dtype": "q4_k_m"}
-T0 = 100.0  # tokens per second at k = 0
-PEAK = 150.0  # at k_hat*: best speedup 1.5, inside the band [1.2, 1.8]
-
-
-def k_hat_of(a: float) -> int:
-    return int(a * 8)
-
-
-def slot_time(n: int) -> float:
-    return 0.25 + n / 64  # binary fractions: the savings below are exact
-
-
-def dedup_time(n: int) -> float:
-    """Saving slot - dedup = (n - 4)/128: negative to n = 3, zero at 4, positive from 5 (the crossover)."""
-    return slot_time(n) if n == 1 else 0.25 + 1 / 32 + n / 128
-
-
-def make_plan() -> dict[str, Any]:
-    """A plan.json document that passes load_plan."""
-    tau = {"slot": {str(n): slot_time(n) for n in NS}, "dedup": {str(n): dedup_time(n) for n in NS}}
-    tau["auto"] = {str(n): min(tau["slot"][str(n)], tau["dedup"][str(n)]) for n in NS}
-    table = [{"a": a, "policy": p, "k_hat": k_hat_of(a), "speedup": 1.5, "speedup_lo": 1.2, "speedup_hi": 1.8}
-             for a in ACCEPTANCES for p in POLICIES]
-    return {"format": "moespec-plan", "format_version": 1, **IDENTITY, "device": "test gpu", "eps": 0.05,
-            "delta": 0.05 / 0.95, "delta_steps": {"prediction": {"slot": 0.06, "dedup": 0.07, "auto": 0.065}},
-            "kmax": 8, "crossover": 5,
-            "kernel_by_n": {str(n): "dedup" if n >= 5 else "slot" for n in NS}, "tau_hat": tau,
-            "saving": {str(n): {"predicted_s": slot_time(n) - dedup_time(n)} for n in NS[1:]},
-            "staircase": {}, "table": table, "provenance": {"timestamp": "2026-10-01T12:00:00+00:00"}}
-
-
-def curve(k_hat: int) -> dict[int, float]:
-    """Measured throughput over k = 0..8 peaking at k_hat (k_hat >= 1)."""
-    return {k: T0 if k == 0 else PEAK - 5 * abs(k - k_hat) for k in range(9)}
-
-
-def make_runs() -> dict[str, Any]:
-    """A runs.json document measuring exactly what make_plan predicts, started after the plan was written."""
-    saving = {str(n): slot_time(n) - dedup_time(n) for n in NS[1:]}
-    return {"format": "moespec-runs", "format_version": 1, **IDENTITY, "depth": 512,
-            "verify_time_s": {"slot": {str(n): slot_time(n) for n in NS}, "dedup": {str(n): dedup_time(n) for n in NS}},
-            "saving_s": {n: {"median": s, "lo": s - 0.001, "hi": s + 0.001} for n, s in saving.items()},
-            "throughput": [{"policy": p, "k": k, "a": a, "tokens_per_s": t, "realized_acceptance": None}
-                           for p in POLICIES for a in ACCEPTANCES for k, t in curve(k_hat_of(a)).items()],
-            "provenance": {"timestamp": "2026-10-02T08:00:00+00:00"}}
+from score_cases import ACCEPTANCES, IDENTITY, PEAK, POLICIES, T0, curve, k_hat_of, make_plan, make_runs, ran
 
 
 def set_throughput(runs: dict[str, Any], a: float, values: dict[int, float], policies=POLICIES) -> None:
@@ -90,9 +42,9 @@ def with_calibrated(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def scored(tmp_path: Path, plan: dict[str, Any], runs: dict[str, Any], version: str = "prediction") -> dict[str, Any]:
-    """The --json document, rules by name."""
+    """The --json document, rules by name; the runs ran this plan (they record its sha256) unless they name one."""
     write_json(tmp_path / "plan.json", plan)
-    write_json(tmp_path / "runs.json", runs)
+    write_json(tmp_path / "runs.json", {"plan": ran(tmp_path / "plan.json"), **runs})
     doc = score_files(str(tmp_path / "plan.json"), str(tmp_path / "runs.json"), version).to_json()
     doc["by_name"] = {r["name"]: r for r in doc["rules"]}
     return doc
@@ -376,7 +328,7 @@ def test_cli_table(tmp_path: Path, plan, runs, capsys) -> None:
     write_json(tmp_path / "runs.json", runs)
     assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 0
     out = capsys.readouterr().out
-    assert "crossover within one" in out and "pre-registered: no" in out and "all six hold: yes" in out
+    assert "crossover within one" in out and "not pre-registered" in out and "all six hold: yes" in out
 
 
 def _without(doc: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -43,6 +43,5 @@ def print_score(result: Score) -> None:
     con = console_()
     con.print(t)
     con.print(f"all six hold: {'yes' if result.all_hold else 'no'}")
-    con.print(f"pre-registered: {'yes' if result.pre_registered else 'no'} (plan created "
-              f"{result.plan_created.isoformat()}, runs started {result.runs_started.isoformat()})")
+    con.print(result.pre_registration)
     con.print(f"plan sha256: {result.plan_sha256}")

@@ -35,8 +35,10 @@ predicted time), else every fixed policy measured must hold. The throughput rows
 a (the oracle draft makes acceptance geometric at rate a); realized_acceptance is not read.
 
 Honesty: the score records the plan's sha256 (of the file's bytes), its creation time and the time the runs
-started; "pre_registered" is true only when the plan was created strictly before the runs started (timestamps
-have whole seconds, so the same second does not count). The two files must name the same model, device kind
+started; "pre_registered" is true only when the runs ran exactly this plan (`run --plan` records the plan's
+sha256 in runs.json, and it equals the sha256 of the plan scored) and the plan was created strictly before the runs
+started (timestamps have whole seconds, so the same second does not count); "pre_registration" says why or why
+not (the runs recorded no plan, or another plan's sha256, or the plan is not older). The two files must name the same model, device kind
 and dtype.
 
 Versions (--version): a plan carries its PREDICTION (from the bench and trace alone) and, when made with
@@ -74,7 +76,8 @@ From plan.json (moespec.formats.planfile): model, device_kind, dtype, provenance
                   per_policy: {policy: {value, holds, per_acceptance: [...]}}, policy: the policies the verdict uses
   version         "prediction" or "calibrated": the plan version scored
   all_hold        all six hold
-  plan_sha256, plan_created, runs_started, pre_registered
+  plan_sha256, plan_created, runs_started, pre_registered, pre_registration (the reason, one line),
+  runs_plan_sha256 (the plan the runs ran, null if none)
   model, device_kind, dtype, depth
 """
 
@@ -333,6 +336,7 @@ class Score:
     runs_started: datetime
     runs: dict[str, Any]
     version: str = DEFAULT_VERSION
+    runs_plan_sha256: str | None = None  # the plan the runs ran (run --plan), None when they ran none
 
     @property
     def all_hold(self) -> bool:
@@ -340,13 +344,28 @@ class Score:
 
     @property
     def pre_registered(self) -> bool:
-        return self.plan_created < self.runs_started
+        """The runs ran exactly this plan, made before they started."""
+        return self.runs_plan_sha256 == self.plan_sha256 and self.plan_created < self.runs_started
+
+    @property
+    def pre_registration(self) -> str:
+        """Whether the plan was pre-registered for these runs, and why (one line)."""
+        if self.runs_plan_sha256 is None:
+            return "not pre-registered: the runs recorded no plan (run --plan PLAN records its sha256)"
+        if self.runs_plan_sha256 != self.plan_sha256:
+            return f"not pre-registered: the runs ran another plan (sha256 {self.runs_plan_sha256})"
+        if not self.plan_created < self.runs_started:
+            return f"not pre-registered: the plan was created {self.plan_created.isoformat()}, not before the " \
+                   f"runs started {self.runs_started.isoformat()}"
+        return f"pre-registered: the runs ran this plan (same sha256), created {self.plan_created.isoformat()}, " \
+               f"before they started {self.runs_started.isoformat()}"
 
     def to_json(self) -> dict[str, Any]:
         """The `--json` document (module docstring)."""
         return {"rules": [r.to_json() for r in self.rules], "version": self.version, "all_hold": self.all_hold,
                 "plan_sha256": self.plan_sha256, "plan_created": self.plan_created.isoformat(),
                 "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
+                "pre_registration": self.pre_registration, "runs_plan_sha256": self.runs_plan_sha256,
                 **{key: self.runs[key] for key in ("model", "device_kind", "dtype", "depth")}}
 
 
@@ -375,7 +394,7 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
                                                                             "inside"),
                    _inside, band, {"delta": delta}),
     ]
-    return Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version)
+    return Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256)
 
 
 def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION) -> Score:

@@ -339,13 +339,9 @@ def score_section(f: Folder) -> str:
                     f"measured one-token time)")
     table8 = _table(("rule", "predicted", "measured", "verdict"),
                     [[r.rule, *r.shown, VERDICT[r.holds]] for r in result.rules], text_columns=3)
-    ran_with = (runs.get("plan") or {}).get("sha256")
     facts = [("all six hold", "yes" if result.all_hold else "no"),
-             ("pre-registered", f"{'yes' if result.pre_registered else 'no'} (plan created "
-                                f"{result.plan_created.isoformat()}, runs started {result.runs_started.isoformat()})"),
-             ("plan sha256", result.plan_sha256),
-             ("the runs used this plan", "no plan recorded" if ran_with is None else
-              "yes (same sha256)" if ran_with == result.plan_sha256 else f"no: they used {ran_with}")]
+             ("pre-registered", result.pre_registration),
+             ("plan sha256", result.plan_sha256)]
     versions = [v for v, keys in VERSIONS.items() if keys.table in plan]
     by_version = {v: score_files(str(f.path / "plan.json"), str(f.path / RUNS), v) for v in versions}
     cell = lambda rule: Markup(f"{VERDICT[rule.holds]} {_e(rule.shown[1])}")  # noqa: E731
