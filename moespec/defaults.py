@@ -35,4 +35,7 @@ SAMPLES_LIMIT = 1_000  # bench windows and U values per n, run prompts per cell,
 TOKENS_LIMIT = 10_000_000  # trace tokens (synth, trace, demo): 10M OLMoE tokens are 2.6 GB of expert ids
 GENERATED_LIMIT = 4_096  # tokens a run generates per prompt
 N_LIMIT = KMAX_LIMIT + 1  # pass sizes n: a verify pass of the largest draft
+# |x| of a number a user types or a result file holds (and 1/|x| of a nonzero step time or acceptance): far past
+# any unit, and safely inside floats through the products and sums of a plan
+MAGNITUDE_LIMIT = 1e100
 LAYERS_LIMIT = 1_000  # decoder layers and layer indices (the presets have at most 48)

@@ -11,15 +11,14 @@ from rich.table import Table
 
 from moespec import MoespecError, theory
 from moespec.console import console as console_
-from moespec.defaults import KMAX_LIMIT, SAMPLES_LIMIT
+from moespec.defaults import KMAX_LIMIT, MAGNITUDE_LIMIT, SAMPLES_LIMIT
 from moespec.predict.staircase import analyse
 
-MAX_MAGNITUDE = 1e100  # |x| and 1/|x| of a step time or an acceptance: far past any unit, safely inside floats
 
 
 def parse_numbers(text: str, what: str, most: int) -> list[Fraction]:
     """Parse a comma-separated list of decimals or fractions exactly; one clear error line otherwise (a number of
-    magnitude beyond MAX_MAGNITUDE, or a nonzero one below its inverse, would overflow the float results; more
+    magnitude beyond MAGNITUDE_LIMIT, or a nonzero one below its inverse, would overflow the float results; more
     than `most` numbers would take hours)."""
     if not text.strip():
         raise MoespecError(f"{what}: an empty list")
@@ -31,7 +30,7 @@ def parse_numbers(text: str, what: str, most: int) -> list[Fraction]:
             value = Fraction(item.strip())
         except (ValueError, ZeroDivisionError):
             raise MoespecError(f"{what}: {item.strip()!r} is not a number") from None
-        if abs(value) > MAX_MAGNITUDE or (value and abs(value) < 1 / MAX_MAGNITUDE):
+        if abs(value) > MAGNITUDE_LIMIT or (value and abs(value) < 1 / MAGNITUDE_LIMIT):
             raise MoespecError(f"{what}: {item.strip()} is outside the magnitudes 1e-100..1e100 moespec takes")
         values.append(value)
     return values

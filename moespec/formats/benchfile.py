@@ -84,7 +84,8 @@ def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
     """Every operation time of per_layer (what plan's sums (22) and the report read) a finite number, positive
     where measured."""
     for layer, entry in doc["per_layer"].items():
-        for kernel, times in field(doc, path, f"per_layer.{layer}.kernels", dict).items():
+        for kernel in field(doc, path, f"per_layer.{layer}.kernels", dict):
+            times = field(doc, path, f"per_layer.{layer}.kernels.{kernel}", dict)
             _check_n_map(path, f"per_layer.{layer}.kernels.{kernel}", dict.fromkeys(times, 1), ns)
             for n in times:
                 for key, measured in OP_TIMES.items():

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from moespec import MoespecError, __version__
+from moespec.defaults import MAGNITUDE_LIMIT
 
 
 def check_output(path: str | os.PathLike, flag: str | None = "--out") -> Path:
@@ -129,14 +130,14 @@ NUMBER = (int, float)
 
 def field(doc: Any, where: str, keys: str, kind: type | tuple[type, ...] = NUMBER) -> Any:
     """doc[k1][k2]... for keys "k1.k2..."; one line naming the file (`where`) and the key when it is absent or of the
-    wrong kind (bools are not numbers; numbers must be finite)."""
+    wrong kind (bools are not numbers; numbers must be finite, of magnitude at most MAGNITUDE_LIMIT)."""
     node = doc
     parts = keys.split(".")
     for i, key in enumerate(parts):
         if not isinstance(node, Mapping) or key not in node:
             raise MoespecError(f"{where}: missing key {'.'.join(parts[:i + 1])!r}")
         node = node[key]
-    if isinstance(node, bool) or not isinstance(node, kind) or (kind is NUMBER and not np.isfinite(node)):
+    if isinstance(node, bool) or not isinstance(node, kind) or (kind is NUMBER and not is_number(node)):
         raise MoespecError(f"{where}: {keys} has the wrong type or value ({node!r})")
     return node
 
@@ -162,8 +163,8 @@ def check_numbers(doc: Any, where: str, keys: str, positive: bool) -> None:
 
 
 def is_number(x: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(x, NUMBER) and not isinstance(x, bool) and bool(np.isfinite(x))
+    """A finite int or float (not a bool) of magnitude at most MAGNITUDE_LIMIT."""
+    return isinstance(x, NUMBER) and not isinstance(x, bool) and bool(np.isfinite(x)) and abs(x) <= MAGNITUDE_LIMIT
 
 
 class Record(dict):

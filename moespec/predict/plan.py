@@ -83,10 +83,13 @@ class PlanConfig:
     out: str | None = None
 
 
-def _spec_of(bench: Mapping[str, Any], trace: Trace, trace_path: str) -> ModelSpec:
+def _spec_of(bench: Mapping[str, Any], bench_path: str, trace: Trace, trace_path: str) -> ModelSpec:
     """The bench's model spec, after checking the trace routes that model."""
-    spec = ModelSpec.from_dict(bench["spec"]) if isinstance(bench.get("spec"), dict) else \
-        ModelSpec.from_name(bench["model"])
+    try:
+        spec = ModelSpec.from_dict(bench["spec"]) if isinstance(bench.get("spec"), dict) else \
+            ModelSpec.from_name(bench["model"])
+    except (MoespecError, TypeError, ValueError) as e:
+        raise MoespecError(f"{bench_path}: its model or spec: {' '.join(str(e).split())}") from None
     trace.check_fits(spec, trace_path, model=bench["model"])
     return spec
 
@@ -169,7 +172,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
     if tau1 is None and runs is None:
         raise MoespecError("the one-token pass time is needed: give --tau1 or --runs")
-    spec = _spec_of(bench, trace, trace_path)
+    spec = _spec_of(bench, bench_path, trace, trace_path)
     eps = _eps(bench, bench_path)
     delta = float(theory.delta_from_eps(eps))
     ns = range(1, kmax + 2)
