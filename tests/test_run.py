@@ -22,7 +22,10 @@ SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k"
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["run", *argv])
+        try:
+            code = cli.main(["run", *argv])
+        except SystemExit as e:  # argparse rejects bad flag values itself
+            code = e.code
     return code, out.getvalue(), err.getvalue()
 
 

@@ -206,7 +206,7 @@ def _no_moe_checkpoint(tmp_path: Path) -> Path:
     ("missing text", "no such file"),
     ("bad jsonl", "q.jsonl:2: not JSON"),
     ("missing field", "field 'turns' missing"),
-    ("bad chunk", "positive integer"),
+    ("bad chunk", "argument --chunk: expected an integer in 1.."),
 ])
 def test_bad_inputs_exit_2_with_one_line(case, needle, tiny_checkpoints, wikitext, tmp_path, capsys):
     model, source = tiny_checkpoints["olmoe"], ["--text", str(wikitext)]

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, LAYERS_LIMIT - 1,
                                                                               "MoE layer indices"))
     config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=args.dtype, kernels=args.kernels,
-                         n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace, reps=args.reps,
+                         n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
+                         reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
                          resume=args.resume)
     out = console()

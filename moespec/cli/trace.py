@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--field", default="text", help="JSONL key: a string or a list of strings (default text)")
     parser.add_argument("--out", required=True, help="trace file to write (.npz)")
     parser.add_argument("--max-tokens", type=bounded(1, TOKENS_LIMIT), default=None,
-                        help=f"stop after this many tokens in all (default: every token of the input; at most {TOKENS_LIMIT:,})")
+                        help=f"stop after this many tokens in all (default: every token of the input; at most "
+                             f"{TOKENS_LIMIT:,})")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", choices=DTYPES, default=TraceConfig.dtype,
                         help=f"compute dtype (default {TraceConfig.dtype})")

@@ -36,8 +36,8 @@ import torch
 
 from moespec import MoespecError, theory
 from moespec.console import progress
-from moespec.defaults import (DEPTH, DEPTH_LIMIT, GENERATED_LIMIT, KERNELS, KMAX, LAYERS_LIMIT, MODEL, N_MAX, REPS_LIMIT,
-                              SAMPLES_LIMIT)
+from moespec.defaults import (DEPTH, DEPTH_LIMIT, GENERATED_LIMIT, KERNELS, KMAX, LAYERS_LIMIT, MODEL, N_MAX,
+                              REPS_LIMIT, SAMPLES_LIMIT)
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import load_plan

@@ -369,7 +369,8 @@ def _read_gpt_oss(c: _Config, name: str) -> ModelSpec:
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
     attention = c.attention() | {"attention_bias": bool(c("attention_bias", True))}
     return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
-                  expert_width=c("intermediate_size", least=1), expert_bias=True, router_bias=True, attention_sinks=True,
+                  expert_width=c("intermediate_size", least=1), expert_bias=True, router_bias=True,
+                  attention_sinks=True,
                   sliding_window=window if sliding else None, sliding_layers=sliding)
 
 
@@ -382,7 +383,8 @@ def _read_deepseek_v2(c: _Config, name: str) -> ModelSpec:
                   expert_width=c("moe_intermediate_size", least=1), dense_layers=tuple(range(first_dense)),
                   dense_width=c("intermediate_size", least=1) if first_dense else 0,
                   shared_experts=c("n_shared_experts", 0, least=0), shared_width=c("moe_intermediate_size", least=1),
-                  q_lora_rank=c("q_lora_rank", None, least=1), kv_lora_rank=c("kv_lora_rank", least=1), qk_rope_head_dim=rope,
+                  q_lora_rank=c("q_lora_rank", None, least=1), kv_lora_rank=c("kv_lora_rank", least=1),
+                  qk_rope_head_dim=rope,
                   qk_nope_head_dim=nope, v_head_dim=c("v_head_dim", least=1))
 
 

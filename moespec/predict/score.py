@@ -38,8 +38,8 @@ Honesty: the score records the plan's sha256 (of the file's bytes), its creation
 started; "pre_registered" is true only when the runs ran exactly this plan (`run --plan` records the plan's
 sha256 in runs.json, and it equals the sha256 of the plan scored) and the plan was created strictly before the runs
 started (timestamps have whole seconds, so the same second does not count); "pre_registration" says why or why
-not (the runs recorded no plan, or another plan's sha256, or the plan is not older). The two files must name the same model, device kind
-and dtype.
+not (the runs recorded no plan, or another plan's sha256, or the plan is not older). The two files must name the
+same model, device kind and dtype.
 
 Versions (--version): a plan carries its PREDICTION (from the bench and trace alone) and, when made with
 --runs, its CALIBRATED version and, where those runs timed the pass with the expert operation taken out, its
