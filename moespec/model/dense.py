@@ -9,17 +9,23 @@ a GEMM tuned for large n: on this project's machine the LM head (32768 x 2048 bf
 and 67 ms at n = 9, so the time outside the expert operation grew ~10 ms per token, which no byte model predicts.
 moespec.kernels.dense streams each row once for all n tokens instead.
 
-How it is installed. transformers computes all of these as torch.nn.functional.linear calls (nn.Linear modules,
-and the routers' own F.linear). `set_dense(model, "native")` puts a forward pre-hook and an always-called forward
-hook on the model that enter and leave a TorchFunctionMode for the duration of each forward; inside it every
-F.linear whose input has at most kernels.dense.MAX_TOKENS rows (a verification pass; prefill keeps torch's GEMM)
-and whose tensors the kernel takes (CPU, fp32 or bf16, contiguous 2-D weight) runs the native kernel, and any
-other call runs torch's. No module, weight or model source changes; `set_dense(model, "torch")` removes the
-hooks. The expert operation is not an F.linear under our policies (moespec.model.policies), so it is untouched.
+How it is installed. transformers computes all of these as torch.nn.functional.linear calls: nn.Linear modules,
+and a few modules that hold a weight matrix and call F.linear on it themselves (the routers). `set_dense(model,
+"native")` gives every nn.Linear of the model an instance `forward` that runs the native kernel, and puts on each
+of the other matrix-holding modules a forward pre-hook and an always-called forward hook that enter and leave a
+TorchFunctionMode for the duration of that module's forward, inside which F.linear runs the native kernel. A call
+runs natively when its input has at most kernels.dense.MAX_TOKENS rows (a verification pass; prefill keeps
+torch's GEMM) and its tensors are ones the kernel takes (CPU, fp32 or bf16, contiguous 2-D weight); any other
+call runs torch's. The mode is scoped to those few modules on purpose: a mode intercepts every torch call made
+while it is active (about 350 per pass of the demo's model, ~1.3 us each here), so a model-wide mode would add
+its own half millisecond to every pass. No module class, weight or model source changes; `set_dense(model,
+"torch")` removes the instance forwards and the hooks. The expert operation is not an F.linear under our
+policies (moespec.model.policies), so it is untouched.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -33,6 +39,13 @@ DENSE = ("native", "torch")  # the engine's dense path: our kernel for verify pa
 DEFAULT_DENSE = "native"
 
 
+def _owns_matrix(module: torch.nn.Module) -> bool:
+    """A module other than nn.Linear and nn.Embedding with a 2-D weight of its own: one that calls F.linear itself."""
+    weight = getattr(module, "weight", None)
+    return (isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)))
+
+
 class NativeLinear(TorchFunctionMode):
     """While active, F.linear of a verification pass runs moespec.kernels.dense.linear; `calls` counts them."""
 
@@ -40,24 +53,38 @@ class NativeLinear(TorchFunctionMode):
         super().__init__()
         self.calls = 0
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The native kernel where it takes the call, else torch's F.linear."""
+        if dense.takes(x, weight, bias):
+            self.calls += 1
+            return dense.linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.linear:
+        if func is F.linear:  # inside __torch_function__ the mode is off: torch's F.linear below is torch's own
             x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if dense.takes(x, weight, bias):
-                self.calls += 1
-                return dense.linear(x, weight, bias)
+            return self.linear(x, weight, args[2] if len(args) > 2 else kwargs.get("bias"))
         return func(*args, **kwargs)
 
 
 class _Installed:
-    """What set_dense keeps on a model (attribute `_moespec_dense`): the mode and the two hook handles."""
+    """What set_dense keeps on a model (attribute `_moespec_dense`): the mode, the nn.Linear modules given an
+    instance forward, and the hook handles of the modules that call F.linear themselves."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.mode = NativeLinear()
-        self.handles = [model.register_forward_pre_hook(self._enter),
-                        model.register_forward_hook(self._leave, always_call=True)]
+        self.linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+        for module in self.linears:
+            module.forward = functools.partial(self._forward, module)
+        self.handles = []
+        for module in model.modules():
+            if _owns_matrix(module):
+                self.handles += [module.register_forward_pre_hook(self._enter),
+                                 module.register_forward_hook(self._leave, always_call=True)]
+
+    def _forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return self.mode.linear(x, module.weight, module.bias)
 
     def _enter(self, module: Any, args: Any) -> None:
         self.mode.__enter__()
@@ -66,6 +93,8 @@ class _Installed:
         self.mode.__exit__(None, None, None)
 
     def remove(self) -> None:
+        for module in self.linears:
+            del module.forward
         for handle in self.handles:
             handle.remove()
 
