@@ -36,8 +36,8 @@ from typing import Any, Protocol
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, DTYPES, FORMAT, KMAX, MODEL, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import Bench, load_bench
-from moespec.formats.demofile import Demo, Steps
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.demofile import STEPS_FILE, Demo, Steps
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace
@@ -62,6 +62,8 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 7, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 2, 32
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
+OUTPUTS = ("trace.npz", "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json", "report.html",
+           STEPS_FILE, "demo.json")  # every file the demo writes in its folder
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
@@ -175,10 +177,11 @@ class Quiet:
         return lambda *args: None
 
 
+@holds_outputs(lambda config: [Path(config.out) / name for name in OUTPUTS])
 def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     """The whole chain on the built-in default (module docstring); returns what demo.json records (written to
-    config.out/demo.json with every other artifact, with its provenance). A re-run with the same settings reuses
-    the finished steps."""
+    config.out/demo.json with every other artifact, with its provenance; all of them locked meanwhile). A re-run
+    with the same settings reuses the finished steps."""
     config.check()
     out_dir = Path(config.out)
     result, trace, stats = routing_and_theory(config.model, config.format, config.depth, config.kmax, config.tokens,
@@ -207,7 +210,7 @@ def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> B
     bench_config = BenchConfig(out=str(out_dir / "bench.json"), model=config.model,
                                layers=(min(BENCH_LAYER, spec.L - 1),), dtype=config.format,
                                trace=str(out_dir / "trace.npz"), reps=config.bench_reps, windows=BENCH_WINDOWS,
-                               u_values=BENCH_U_VALUES, resume=True)
+                               u_values=BENCH_U_VALUES)
     def step() -> None:
         bench = run_bench(bench_config, view.say)
         save_figure(bandwidth_figure(bench), str(out_dir / "fig2.png"))
@@ -223,7 +226,7 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
     written before the run it is scored against, so the score is pre-registered."""
     trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
     engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
-                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace, resume=True)
+                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace)
     view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
              f"full shape, random weights, the trace's routing replayed")
     verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)

@@ -369,8 +369,8 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_pat
 
 def test_resume_refuses_other_settings(tiny: dict[str, Path], tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
-    Checkpoint(out, {"reps": 9}, resume=False, kind="bench")  # an unfinished bench of other settings
-    assert cli.main(_bench(tiny, out, "--resume")) == 2
+    Checkpoint(out, {"reps": 9}, "bench")  # an unfinished bench of other settings
+    assert cli.main(_bench(tiny, out)) == 2
     assert "made with other settings" in capsys.readouterr().err
 
 

@@ -18,7 +18,7 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
    it runs once per policy and serves every a). Each cell reports tokens/s, the realized acceptance, tokens per
    step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the tokens equal
    plain decoding's.
-Every finished unit (one n's verify samples, one throughput cell) is checkpointed to OUT.partial: --resume
+Every finished unit (one n's verify samples, one throughput cell) is checkpointed to OUT.partial: a rerun
 re-measures nothing already done.
 
 runs.json: its keys are documented in moespec.formats.runsfile, which owns the format.
@@ -38,7 +38,7 @@ from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import DEPTH, KERNELS, KMAX, MODEL, N_MAX
 from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
@@ -342,7 +342,7 @@ class RunConfig:
     the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
     None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell; `throughput=False` measures
     the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed;
-    written to `out`, checkpointed in OUT.partial/ (`resume` continues it)."""
+    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     out: str = "runs.json"
     model: str | None = None
@@ -367,7 +367,7 @@ class RunConfig:
     draft_model: str | None = None
     replay: str | None = None
     seed: int = 0
-    resume: bool = False
+    fresh: bool = False
 
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
@@ -396,9 +396,11 @@ class RunConfig:
         return [float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)]
 
 
+@holds_outputs(lambda config: [config.out])
 def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
     """Measure the verify times and the throughput grid on the model (the module docstring), write runs.json to
-    config.out and return it; `say` receives one line per stage (the CLI prints them)."""
+    config.out and return it; `say` receives one line per stage (the CLI prints them). config.out is locked for the
+    whole run (moespec.formats.lock)."""
     config.check()
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     device = resolve_device(config.device)
@@ -432,14 +434,16 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "budget_s": config.budget_s, "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model}
-    checkpoint = Checkpoint(config.out, key, config.resume, "run")
+    checkpoint = Checkpoint(config.out, key, "run", config.fresh)
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
     ceilings = {"before": measure_stream_read()}
-    with progress("run", total, enabled=sys.stderr.isatty()) as advance:
+    if note := checkpoint.describe():
+        say(note)
+    with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
         units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance)
         ceilings["between"] = measure_stream_read()
         ps, measured = Prompts(lm, config, trace), []
