@@ -5,11 +5,13 @@ The folder holds `state.json` (the checkpoint's kind, its format version and `co
 what a unit measures) and one file per finished unit, written atomically when the unit finishes: `<key>.json` for
 a JSON unit (bench and run), `<key>.npz` for arrays (the tracer's documents). Rerunning the job resumes a folder
 made with the same config; one made with another config is refused rather than mixed in or silently dropped
-(--fresh drops it). The job removes the folder once its result file is written.
+(--fresh drops it). The job removes the folder once its result file is written. Each unit's random draws come from
+the seed and its key (unit_rng), so a resumed job measures what a clean one would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,6 +32,12 @@ FRESH = "--fresh"  # the flag (config field `fresh`) that drops an earlier run's
 class Interrupted(KeyboardInterrupt):
     """A job with a checkpoint was interrupted (Ctrl-C); the message says where its finished units are kept and
     how to resume. A KeyboardInterrupt still, so whoever catches those catches it."""
+
+
+def unit_rng(seed: int, key: str) -> np.random.Generator:
+    """The random generator of one unit: drawn from the seed and the unit's key, never from the order units run
+    in, so a resumed job draws for its remaining units what a clean run with that seed draws."""
+    return np.random.default_rng([seed, *hashlib.sha256(key.encode()).digest()[:8]])
 
 
 class Checkpoint:

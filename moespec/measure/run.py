@@ -19,7 +19,8 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
    step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the tokens equal
    plain decoding's.
 Every finished unit (one n's verify samples, one throughput cell) is checkpointed to OUT.partial: a rerun
-re-measures nothing already done.
+re-measures nothing already done, and each unit draws its random tokens from the seed and its key, so the remaining
+units of a resumed run measure what a clean run's would.
 
 runs.json: its keys are documented in moespec.formats.runsfile, which owns the format.
 """
@@ -37,7 +38,7 @@ import torch
 from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import DEPTH, KERNELS, KMAX, MODEL, N_MAX
-from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
@@ -148,11 +149,11 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     state = None
     reference = StreamRead(REFERENCE_BYTES)
-    rng = np.random.default_rng(config.seed)
     for n in ns:
         key = f"verify n {n}"
         if key in checkpoint.units:
             continue
+        rng = unit_rng(config.seed, key)
         if state is None:
             set_policy(lm.model, PREFILL_POLICY)
             state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
@@ -393,7 +394,8 @@ class RunConfig:
 
     @property
     def acceptances(self) -> list[float]:
-        return [float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)]
+        """The throughput grid's acceptances, sorted and distinct (the paper's 11 when `a` is None)."""
+        return sorted({float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)})
 
 
 @holds_outputs(lambda config: [config.out])
