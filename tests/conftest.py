@@ -5,8 +5,8 @@ tokenizer built on the fly (nothing can be downloaded), used by test_spec (confi
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 

@@ -177,8 +177,9 @@ def test_report_and_the_api_refuse_a_second_writer(bench_model, tmp_path):
 
 def test_a_lock_held_by_another_process(tmp_path):
     out = tmp_path / "t.npz"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from moespec.formats.lock import locked\n"
-                               f"with locked({str(out)!r}, 'x'):\n print('held', flush=True); sys.stdin.read()"],
+    script = (f"import sys; from moespec.formats.lock import locked\n"
+              f"with locked({str(out)!r}, 'x'):\n print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", script],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     try:
@@ -200,6 +201,7 @@ def test_the_lock_file_goes_and_a_stale_one_is_harmless(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["t.npz"]
     code, err = main([*SYNTH, "--tokens", "0", "--out", str(tmp_path / "made" / "t.npz")])
     assert code == 2 and not (tmp_path / "made").exists()  # a refused job leaves no folder it made
+    one_line(err, "tokens=0")
 
 
 # ---- the demo checks every step first --------------------------------------------------------------------

@@ -17,7 +17,8 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import numpy as np
 
@@ -79,10 +80,11 @@ class Checkpoint:
             return f"starting over ({FRESH}): the units of an earlier run in {self.folder} were dropped"
         return None
 
-    def __enter__(self) -> Checkpoint:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
             raise Interrupted(f"finished units kept in {self.folder}; rerun the same command to resume") from None
 
