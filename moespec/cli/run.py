@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import parse_ints, seed
+from moespec.cli.args import add_checkpoint_flags, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import DEPTH, DTYPES, KMAX, MODEL, N_MAX
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
@@ -116,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
+    add_checkpoint_flags(p)
 
 
 def parse_acceptances(text: str | None) -> tuple[float, ...] | None:
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                        max_reps=args.max_reps, target=args.target, budget_s=args.budget,
                        k=tuple(parse_ints(args.k, "--k", 0, KMAX, "draft lengths")), a=parse_acceptances(args.a),
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
-                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, resume=args.resume,
+                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, fresh=args.fresh,
                        dense=args.dense)
     out = console()
     runs = run_engine(config, say=out.print)

@@ -19,8 +19,9 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
    step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the tokens equal
    plain decoding's.
    The cells run interleaved, one prompt of every cell per round (measure_throughput), so drift hits all alike.
-Every finished unit (one n's verify samples, one prompt of one throughput cell) is checkpointed to OUT.partial:
---resume re-measures nothing already done.
+Every finished unit (one n's verify samples, one prompt of one throughput cell) is checkpointed to OUT.partial: a
+rerun re-measures nothing already done, and each unit draws its random tokens from the seed and its key, so the
+remaining units of a resumed run measure what a clean run's would.
 
 runs.json: its keys are documented in moespec.formats.runsfile, which owns the format.
 """
@@ -38,8 +39,8 @@ import torch
 from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import DEPTH, KERNELS, KMAX, MODEL, N_MAX
-from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.checkpoint import Checkpoint, unit_rng
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
@@ -149,11 +150,11 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     state = None
     reference = StreamRead(REFERENCE_BYTES)
-    rng = np.random.default_rng(config.seed)
     for n in ns:
         key = f"verify n {n}"
         if key in checkpoint.units:
             continue
+        rng = unit_rng(config.seed, key)
         if state is None:
             set_policy(lm.model, PREFILL_POLICY)
             state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
@@ -374,7 +375,7 @@ class RunConfig:
     the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
     None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell; `throughput=False` measures
     the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed;
-    written to `out`, checkpointed in OUT.partial/ (`resume` continues it)."""
+    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     out: str = "runs.json"
     model: str | None = None
@@ -399,7 +400,7 @@ class RunConfig:
     draft_model: str | None = None
     replay: str | None = None
     seed: int = 0
-    resume: bool = False
+    fresh: bool = False
 
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
@@ -425,12 +426,15 @@ class RunConfig:
 
     @property
     def acceptances(self) -> list[float]:
-        return [float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)]
+        """The throughput grid's acceptances, sorted and distinct (the paper's 11 when `a` is None)."""
+        return sorted({float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)})
 
 
+@holds_outputs(lambda config: [config.out])
 def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
     """Measure the verify times and the throughput grid on the model (the module docstring), write runs.json to
-    config.out and return it; `say` receives one line per stage (the CLI prints them)."""
+    config.out and return it; `say` receives one line per stage (the CLI prints them). config.out is locked for the
+    whole run (moespec.formats.lock)."""
     config.check()
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     device = resolve_device(config.device)
@@ -464,14 +468,16 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "budget_s": config.budget_s, "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model}
-    checkpoint = Checkpoint(config.out, key, config.resume, "run")
+    checkpoint = Checkpoint(config.out, key, "run", config.fresh)
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
     ceilings = {"before": measure_stream_read()}
-    with progress("run", total, enabled=sys.stderr.isatty()) as advance:
+    if note := checkpoint.describe():
+        say(note)
+    with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
         units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance)
         ceilings["between"] = measure_stream_read()
         measured = measure_throughput(lm, config, cells, kernel_by_n, Prompts(lm, config, trace), checkpoint, drafter,
