@@ -90,8 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"weights dtype (default {RunConfig.dtype})")
     p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
     p.add_argument("--dense", default=RunConfig.dense, choices=DENSE,
-                   help=f"dense weights of verify passes: our native kernel or torch's F.linear (default "
-                        f"{RunConfig.dense})")
+                   help=f"dense weights and attention of verify passes: our native kernels or torch's F.linear and "
+                        f"sdpa (default {RunConfig.dense})")
     p.add_argument("--plan", help="plan.json: its AUTO policy (kernel per n) is run and recorded beside slot and dedup")
     p.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d: tokens prefilled (default {DEPTH})")
     p.add_argument("--n", default=f"1-{N_MAX}", help=f"verify pass sizes (default 1-{N_MAX})")

@@ -1,4 +1,5 @@
-"""The dense weights of a verification pass through moespec's native memory-bound kernel, installed in a real
+"""The non-expert path of a verification pass through moespec's native memory-bound kernels: the dense weights
+(moespec.kernels.dense) and the attention over the KV cache (moespec.kernels.attention), installed in a real
 transformers model without touching its source.
 
 Physics first. Besides the experts, a pass of n tokens reads every dense weight matrix once: the attention
@@ -21,6 +22,13 @@ while it is active (about 350 per pass of the demo's model, ~1.3 us each here), 
 its own half millisecond to every pass. No module class, weight or model source changes; `set_dense(model,
 "torch")` removes the instance forwards and the hooks. The expert operation is not an F.linear under our
 policies (moespec.model.policies), so it is untouched.
+
+Attention. The cached keys and values are read once per pass as well (4 MB a layer at the demo's depth), and
+torch's CPU flash attention takes ~0.9 ms for them at n = 1 here, 7x their bytes' time. `set_dense(model,
+"native")` also switches every config on transformers' "sdpa" to ATTENTION_NAME, an attention function registered
+through transformers' AttentionInterface (with sdpa's boolean masks): a verification pass runs the native
+kernel, anything else (a prefill, dropout, sinks, a float mask) transformers' sdpa function. Models on another
+implementation (gpt-oss's eager attention, for its sinks) keep it; `set_dense(model, "torch")` switches back.
 """
 
 from __future__ import annotations
@@ -31,9 +39,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from moespec import MoespecError
-from moespec.kernels import dense
+from moespec.kernels import attention, dense
 
 DENSE = ("native", "torch")  # the engine's dense path: our kernel for verify passes, or torch's F.linear throughout
 DEFAULT_DENSE = "native"
@@ -82,6 +93,15 @@ class _Installed:
             if _owns_matrix(module):
                 self.handles += [module.register_forward_pre_hook(self._enter),
                                  module.register_forward_hook(self._leave, always_call=True)]
+        # attention: configs on sdpa switch to the native function (others, e.g. eager with sinks, keep theirs)
+        self.attention_calls = 0
+        self.configs = {id(m.config): m.config for m in _attention_modules(model)
+                        if m.config._attn_implementation == "sdpa"}
+        for config in self.configs.values():
+            config._attn_implementation = ATTENTION_NAME
+        self.counted = [m for m in model.modules() if hasattr(m, "num_key_value_groups") or hasattr(m, "scaling")]
+        for module in self.counted:
+            module._moespec_counter = self
 
     def _forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.mode.linear(x, module.weight, module.bias)
@@ -97,6 +117,43 @@ class _Installed:
             del module.forward
         for handle in self.handles:
             handle.remove()
+        for config in self.configs.values():
+            config._attn_implementation = "sdpa"
+        for module in self.counted:
+            del module._moespec_counter
+
+
+# transformers' documented way to add an attention implementation (AttentionInterface, AttentionMaskInterface):
+# registered once under this name, with sdpa's boolean mask; a model runs it when its config names it.
+ATTENTION_NAME = "moespec_native"
+
+
+def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+               is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention function, "moespec_native": the native kernel for a verification pass (at most
+    kernels.attention.MAX_QUERIES queries; no dropout, sinks, soft-capping or position bias; a boolean mask, or
+    none where a single query sees every key), sdpa's for anything else (a prefill, a float mask)."""
+    n, length = query.shape[2], key.shape[2]
+    plain = dropout == 0 and not any(kwargs.get(name) is not None for name in ("s_aux", "sinks", "softcap",
+                                                                                   "position_bias"))
+    causal_ok = attention_mask is not None or n == 1 or (n == length and is_causal is not False)
+    if plain and causal_ok and attention.takes(query, key, value, attention_mask):
+        installed = getattr(module, "_moespec_counter", None)
+        if installed is not None:
+            installed.attention_calls += 1
+        return attention.attention(query, key, value, attention_mask, scaling), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+AttentionInterface.register(ATTENTION_NAME, _attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose config selects the attention implementation (every config object reached from one)."""
+    return [m for m in model.modules() if getattr(getattr(m, "config", None), "_attn_implementation", None)]
 
 
 def set_dense(model: torch.nn.Module, kind: str) -> str:
@@ -120,3 +177,9 @@ def native_calls(model: torch.nn.Module) -> int:
     """How many F.linear calls the native kernel ran in this model since set_dense (0 when not installed)."""
     installed = getattr(model, "_moespec_dense", None)
     return 0 if installed is None else installed.mode.calls
+
+
+def native_attention_calls(model: torch.nn.Module) -> int:
+    """How many attention calls the native kernel ran in this model since set_dense (0 when not installed)."""
+    installed = getattr(model, "_moespec_dense", None)
+    return 0 if installed is None else installed.attention_calls
