@@ -1,7 +1,8 @@
 """What every result file shares: the output check, the lock held while it is written (moespec.formats.lock),
-atomic writes (temp file + rename, so a crash never leaves a half-written result), the one JSON reader, the provenance block every result file carries (device, dtype, versions, time, the
-exact command), the one walker of dotted keys with its type check, and `Record`, the typed record a format's loader
-returns (the validated document, read like the JSON object it is)."""
+atomic writes (temp file + rename, so a crash never leaves a half-written result), the one JSON reader, the
+provenance block every result file carries (device, dtype, versions, time, the exact command), the one walker of
+dotted keys with its type check, and `Record`, the typed record a format's loader returns (the validated
+document, read like the JSON object it is)."""
 
 from __future__ import annotations
 
