@@ -84,6 +84,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import llama_cpp_api  # benchmarks/ is the script's folder, first on sys.path
 import numpy as np
 import torch
 
@@ -99,6 +100,7 @@ from moespec.model.spec import ModelSpec
 FORMAT = "bf16"  # the exported GGUF's type, the engine's dtype and the byte model's format
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build and convert with
 POLICIES = ("slot", "dedup")  # moespec's kernels as the engine runs them
+ENGINES = ["llama.cpp", "llama.cpp api", "moespec"]  # the blocks of a round: llama-bench, the C API, the engine
 CONFIDENCE = 0.95
 BOOTSTRAP = 2000  # resamples of the ratio's interval
 BUILD_TIMEOUT_S = 3600  # a cold llama-bench build takes ~10 minutes on 2 cores
@@ -335,6 +337,33 @@ def llama_round(binary: Path, gguf: Path, ns: list[int], args: argparse.Namespac
     return samples, rows
 
 
+def llama_api(args: argparse.Namespace, work: Path, binary: Path | None) -> object:
+    """llama-cpp-python's low-level bindings for the all-logits column: from --llama-python/--llama-lib, else the
+    installed package, else the sdist in WORK/src loading the libllama built beside the llama-bench binary."""
+    lib = Path(args.llama_lib) if args.llama_lib else None
+    if args.llama_python or lib:
+        return llama_cpp_api.bindings(Path(args.llama_python) if args.llama_python else None, lib)
+    try:
+        return llama_cpp_api.bindings()
+    except llama_cpp_api.Unavailable as installed:
+        trees = [p for p in sorted((work / "src").glob("llama_cpp_python-*"), reverse=True)
+                 if (p / "llama_cpp").is_dir()]
+        built = binary.parent if binary is not None and (binary.parent / "libllama.so").exists() else None
+        if not trees or built is None:
+            raise installed from None
+        return llama_cpp_api.bindings(trees[0], built)
+
+
+def api_round(api: object, gguf: Path, ns: list[int], args: argparse.Namespace,
+              rng: np.random.Generator) -> dict[int, list[float]]:
+    """One block of llama.cpp through its C API: a fresh context, the prefill, reps passes per n (all logits)."""
+    passes = llama_cpp_api.Passes(api, gguf, args.depth, max(ns), args.threads, args.seed)
+    try:
+        return passes.samples(ns, args.reps, rng)
+    finally:
+        passes.close()
+
+
 def moespec_round(ns: list[int], args: argparse.Namespace, path: Path) -> tuple[dict[str, dict[int, list[float]]],
                                                                                    dict | None]:
     """One engine run of the verify times (both kernels, every n, exactly --reps kept samples each: an engine that
@@ -366,22 +395,26 @@ def print_report(result: dict, ns: list[int]) -> None:
     rows = result["by_n"]
     print(f"\nverify time at depth {result['depth']}, ms: median [95% interval] over {result['rounds']} round(s) "
           f"x {result['reps']} reps")
-    print(f"{'n':>2}  {'llama.cpp':<26}{'moespec slot':<26}{'moespec dedup':<26}{'slot/llama':>11}{'dedup/llama':>12}")
+    print("llama-bench: the last token's logits, samples back to back; llama.cpp api: every logit, the cache "
+          "evicted before each pass (as moespec's)")
+    print(f"{'n':>2}  {'llama-bench':<24}{'llama.cpp api':<24}{'moespec slot':<24}{'moespec dedup':<24}"
+          f"{'dedup/bench':>12}{'dedup/api':>10}")
     for n in ns:
         row = rows[str(n)]
-        ratio = {p: "-" if row["ratio"][p] is None else f"{row['ratio'][p]['ratio']:.2f}" for p in POLICIES}
-        print(f"{n:>2}  {ms(row['llama_cpp']):<26}{ms(row['moespec']['slot']):<26}{ms(row['moespec']['dedup']):<26}"
-              f"{ratio['slot']:>11}{ratio['dedup']:>12}")
+        ratio = lambda r: "-" if r is None else f"{r['ratio']:.2f}"
+        print(f"{n:>2}  {ms(row['llama_cpp']):<24}{ms(row['llama_cpp_api']):<24}{ms(row['moespec']['slot']):<24}"
+              f"{ms(row['moespec']['dedup']):<24}{ratio(row['ratio']['dedup']):>12}{ratio(row['ratio_api']['dedup']):>10}")
     print(f"\nbytes per pass (MB = 1e6 B) and the physical limit bytes / {c['median_gbps']:.2f} GB/s; "
           "% of limit = limit / measured time (llama.cpp's bytes are of the dedup kind)")
     print(f"{'n':>2}{'dense':>9}{'kv':>7}{'U(n)':>7}{'slot MB':>9}{'dedup MB':>10}{'limit slot':>12}{'limit dedup':>13}"
-          f"{'llama %':>9}{'slot %':>8}{'dedup %':>9}")
+          f"{'bench %':>9}{'api %':>7}{'slot %':>8}{'dedup %':>9}")
     for n in ns:
         row, b = rows[str(n)], rows[str(n)]["bytes"]
         share = lambda s, lim: "-" if s is None else f"{100 * lim / s['median']:.0f}"
         print(f"{n:>2}{b['dense'] / 1e6:9.1f}{b['kv'] / 1e6:7.1f}{b['union']:7.1f}{b['slot'] / 1e6:9.1f}"
               f"{b['dedup'] / 1e6:10.1f}{row['limit_s']['slot'] * 1e3:10.2f}ms{row['limit_s']['dedup'] * 1e3:11.2f}ms"
               f"{share(row['llama_cpp'], row['limit_s']['dedup']):>9}"
+              f"{share(row['llama_cpp_api'], row['limit_s']['dedup']):>7}"
               f"{share(row['moespec']['slot'], row['limit_s']['slot']):>8}"
               f"{share(row['moespec']['dedup'], row['limit_s']['dedup']):>9}")
 
@@ -395,6 +428,9 @@ def headline(result: dict, ns: list[int]) -> dict:
             "ceiling_gbps": sig(result["ceiling"]["median_gbps"]),
             "llama_cpp_skipped": result["llama_cpp"].get("skipped"),
             "llama_cpp_s": pick(lambda r: sig(r["llama_cpp"] and r["llama_cpp"]["median"])),
+            "llama_cpp_api_skipped": result["llama_cpp"]["api"]["skipped"],
+            "llama_cpp_api_s": pick(lambda r: sig(r["llama_cpp_api"] and r["llama_cpp_api"]["median"])),
+            "ratio_dedup_api": pick(lambda r: sig(r["ratio_api"]["dedup"] and r["ratio_api"]["dedup"]["ratio"])),
             "moespec_slot_s": pick(lambda r: sig(r["moespec"]["slot"]["median"])),
             "moespec_dedup_s": pick(lambda r: sig(r["moespec"]["dedup"]["median"])),
             "ratio_slot": pick(lambda r: sig(r["ratio"]["slot"] and r["ratio"]["slot"]["ratio"])),
@@ -420,6 +456,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        "else the llama-cpp-python sdist's, fetched with pip)")
     p.add_argument("--gguf", help="use this GGUF of the engine's model instead of exporting one to WORK")
     p.add_argument("--no-build", action="store_true", help="never fetch or build llama.cpp (skip it if absent)")
+    p.add_argument("--llama-python", help="a llama-cpp-python source tree for the all-logits column when the package "
+                                          "is not installed (default: the sdist in WORK/src, if there)")
+    p.add_argument("--llama-lib", help="the folder of the libllama.so those bindings load (default: the "
+                                       "llama-bench binary's folder)")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of both engines (default %(default)s)")
     p.add_argument("--reps", type=int, default=7, help="samples per engine, n and round (default %(default)s)")
     p.add_argument("--depth", type=int, default=DEPTH, help="context depth d (default %(default)s)")
@@ -454,6 +494,13 @@ def main(argv: list[str] | None = None) -> int:
     except Skip as why:
         skipped = str(why)
         print(f"llama.cpp comparison skipped: {skipped}", flush=True)
+    api, api_skipped = None, skipped
+    if gguf is not None:
+        try:
+            api = llama_api(args, work, binary)
+        except llama_cpp_api.Unavailable as why:
+            api_skipped = str(why)
+            print(f"llama.cpp all-logits column skipped: {api_skipped}", flush=True)
     src = None
     if binary is not None:
         try:
@@ -465,14 +512,16 @@ def main(argv: list[str] | None = None) -> int:
     ceilings: list[tuple[str, list[float]]] = [("before", timer.ceiling())]
     say(f"ceiling before: {median_iqr(ceilings[0][1])[0]:.2f} GB/s")
     llama_samples: dict[int, list[float]] = {n: [] for n in ns}
+    api_samples: dict[int, list[float]] = {n: [] for n in ns}
+    api_rng = np.random.default_rng(args.seed + 1)
     moe_samples = {p: {n: [] for n in ns} for p in POLICIES}
     llama_rows: list[dict] = []
     moe_noise: list[dict | None] = []
     order = []
     for r in range(args.rounds):
-        blocks = ["llama.cpp", "moespec"] if r % 2 == 0 else ["moespec", "llama.cpp"]
+        blocks = ENGINES[r % len(ENGINES):] + ENGINES[:r % len(ENGINES)]  # rotated: drift hits every engine
         for block in blocks:
-            if block == "llama.cpp" and skipped:
+            if (block == "llama.cpp" and skipped) or (block == "llama.cpp api" and api_skipped):
                 continue
             t0 = time.perf_counter()
             if block == "llama.cpp":
@@ -485,6 +534,15 @@ def main(argv: list[str] | None = None) -> int:
                 llama_rows += rows
                 for n in ns:
                     llama_samples[n] += got[n]
+            elif block == "llama.cpp api":
+                try:
+                    got = api_round(api, gguf, ns, args, api_rng)
+                except llama_cpp_api.Unavailable as why:
+                    api_skipped = str(why)
+                    print(f"llama.cpp all-logits column skipped: {api_skipped}", flush=True)
+                    continue
+                for n in ns:
+                    api_samples[n] += got[n]
             else:
                 got, noise = moespec_round(ns, args, rounds_dir / f"moespec-round{r}.json")
                 moe_noise.append(noise)
@@ -502,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if skipped:  # a failure mid-run drops llama.cpp's partial samples: the comparison needs every round
         llama_samples = {n: [] for n in ns}
+    if api_skipped:
+        api_samples = {n: [] for n in ns}
     every = [g for _, s in ceilings for g in s]
     phase = lambda name: [g for kind, s in ceilings if kind == name for g in s]
     ceiling = median_iqr(every)[0]
@@ -510,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in ns:
         b = pass_bytes(spec, n, args.depth)
         ll = median_interval(llama_samples[n]) if llama_samples[n] else None
+        la = median_interval(api_samples[n]) if api_samples[n] else None
         by_n[str(n)] = {
             "bytes": b,
             "limit_s": {p: b[p] / (ceiling * 1e9) for p in POLICIES},
@@ -517,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             "moespec": {p: median_interval(moe_samples[p][n]) for p in POLICIES},
             "moespec_samples_s": {p: moe_samples[p][n] for p in POLICIES},
             "ratio": {p: ratio_interval(moe_samples[p][n], llama_samples[n], rng) if ll else None for p in POLICIES},
+            "llama_cpp_api": la, "llama_cpp_api_samples_s": api_samples[n],
+            "ratio_api": {p: ratio_interval(moe_samples[p][n], api_samples[n], rng) if la else None for p in POLICIES},
         }
     meta = llama_rows[0] if llama_rows else {}
     reported = meta.get("build_commit")
@@ -527,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         "llama-cpp-python_sdist": LLAMA_CPP_PYTHON if src and "llama_cpp_python" in str(src) else None}
     between = phase("between")
     result = {
-        "format": "moespec-llama-cpp-verify", "format_version": 1, "out": str(out),
+        "format": "moespec-llama-cpp-verify", "format_version": 2, "out": str(out),
         "provenance": started | {"device": timer.name, "versions": versions},
         "model": spec.to_dict(), "dtype": FORMAT, "depth": args.depth, "n": ns, "rounds": args.rounds,
         "reps": args.reps, "threads": args.threads, "seed": args.seed, "block_order": order,
@@ -545,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                 "n_threads", "type_k", "type_v", "flash_attn",
                                                                 "repack")} if meta else None,
                       "timing": "llama-bench -p n -n 0 -d DEPTH: one llama_decode of n tokens after the restored "
-                                "DEPTH-token context; the last token's logits only"},
+                                "DEPTH-token context; the last token's logits only",
+                      "api": {"skipped": api_skipped, "timing": "llama_cpp_api.Passes: one llama_decode of n tokens "
+                              "after the DEPTH-token context, every logit, the last-level cache evicted first"}},
         "moespec": {"timing": "run_engine(throughput=False): one forward of n tokens after the prefilled context, "
                               "every logit", "noise_per_round": moe_noise,
                     "runs": [str(p) for p in sorted(rounds_dir.glob("moespec-round*.json"))]},

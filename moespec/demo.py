@@ -36,8 +36,8 @@ from typing import Any, Protocol
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, DTYPES, FORMAT, KMAX, MODEL, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import Bench, load_bench
-from moespec.formats.demofile import Demo, Steps
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.demofile import STEPS_FILE, Demo, Steps
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace
@@ -57,11 +57,14 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here); verify
 # rounds until every median's 95% interval is within 5% (at least 7, at most 40 rounds or 8 s per pass size: a
 # round of four 30-60 ms passes takes ~0.2 s), and a reduced throughput grid: every k = 0..8 (the score needs the
-# plan's k_hat* measured) at 4 acceptances, two prompts of 32 tokens per cell (the realized acceptance of a cell
-# then rests on ~40-200 drafted tokens): ~3 min here.
+# plan's k_hat* measured) at 4 acceptances, four prompts of 24 tokens per cell, run as four interleaved rounds
+# (one prompt of every cell each) so drift hits every k alike; the oracle's tokens/s is G_a(k) over the measured
+# step time (moespec.measure.run.cell_record), so a cell's ~40-200 drafted tokens add no acceptance noise: ~4 min.
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 7, 40, 8.0
-ENGINE_PROMPTS, ENGINE_TOKENS = 2, 32
+ENGINE_PROMPTS, ENGINE_TOKENS = 4, 24
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
+OUTPUTS = ("trace.npz", "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json", "report.html",
+           STEPS_FILE, "demo.json")  # every file the demo writes in its folder
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
@@ -141,10 +144,16 @@ class DemoConfig:
     bench_reps: int = BENCH_REPS
     engine_layers: int = ENGINE_LAYERS
 
+    @property
+    def outputs(self) -> list[Path]:
+        """Every file the demo writes, in its output folder."""
+        return [Path(self.out) / name for name in OUTPUTS]
+
     def check(self) -> None:
-        """Every setting in its domain and the output folder writable, before any work."""
-        for name in ("demo.json", "trace.npz", "bench.json", "plan.json", "runs.json", "report.html"):
-            check_output(Path(self.out) / name, "--out")
+        """Every setting in its domain, the settings of every later step too (bench, engine runs), and the output
+        folder writable, before any work: a bad setting leaves nothing behind."""
+        for path in self.outputs:
+            check_output(path, "--out")
         if self.kmax < 1 or self.depth < 0 or self.bench_reps < 0 or self.engine_layers < 0:
             raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
                                f"{self.kmax}, {self.depth}, {self.bench_reps} and {self.engine_layers}")
@@ -154,6 +163,17 @@ class DemoConfig:
         if self.docs < 1 or self.tokens < self.docs * (self.kmax + 1):
             raise MoespecError(f"need --docs >= 1 and at least kmax+1 = {self.kmax + 1} tokens per document, "
                                f"got --tokens {self.tokens} --docs {self.docs}")
+        spec = ModelSpec.from_name(self.model)
+        if self.bench_reps:
+            bench_config(self).check()
+            if self.engine_layers:
+                if self.engine_layers > spec.layers or self.kmax > KMAX:
+                    raise MoespecError(f"the engine steps need --engine-layers <= {spec.layers} ({spec.name}'s "
+                                       f"layers) and --kmax <= {KMAX}, got {self.engine_layers} and {self.kmax} "
+                                       f"(--engine-layers 0 skips them)")
+                verify, _, scored = engine_configs(self)
+                verify.check()
+                scored.check()
 
 
 class DemoView(Protocol):
@@ -175,10 +195,11 @@ class Quiet:
         return lambda *args: None
 
 
+@holds_outputs(lambda config: config.outputs)
 def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     """The whole chain on the built-in default (module docstring); returns what demo.json records (written to
-    config.out/demo.json with every other artifact, with its provenance). A re-run with the same settings reuses
-    the finished steps."""
+    config.out/demo.json with every other artifact, with its provenance; all of them locked meanwhile). A re-run
+    with the same settings reuses the finished steps."""
     config.check()
     out_dir = Path(config.out)
     result, trace, stats = routing_and_theory(config.model, config.format, config.depth, config.kmax, config.tokens,
@@ -201,15 +222,32 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     return Demo(result, out_dir / "demo.json")
 
 
+def bench_config(config: DemoConfig) -> BenchConfig:
+    """Step 3's bench: one middle MoE layer, the demo's trace, a few repetitions."""
+    spec, out_dir = ModelSpec.from_name(config.model), Path(config.out)
+    return BenchConfig(out=str(out_dir / "bench.json"), model=config.model, layers=(min(BENCH_LAYER, spec.L - 1),),
+                       dtype=config.format, trace=str(out_dir / "trace.npz"), reps=config.bench_reps,
+                       windows=BENCH_WINDOWS, u_values=BENCH_U_VALUES)
+
+
+def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig]:
+    """Steps 4-6: the verify-only engine run, the plan made from it, the engine run with the plan (scored)."""
+    out_dir = Path(config.out)
+    trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
+    engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
+                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace)
+    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)
+    planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
+    # the scored run needs no outside time: the plan read it from the verify-only run
+    scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
+                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)
+    return verify, planned, scored
+
+
 def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> Bench:
     """Step 3: the short bench of one middle MoE layer; its figure is drawn by the report."""
-    spec = ModelSpec.from_name(config.model)
-    bench_config = BenchConfig(out=str(out_dir / "bench.json"), model=config.model,
-                               layers=(min(BENCH_LAYER, spec.L - 1),), dtype=config.format,
-                               trace=str(out_dir / "trace.npz"), reps=config.bench_reps, windows=BENCH_WINDOWS,
-                               u_values=BENCH_U_VALUES, resume=True)
     def step() -> None:
-        bench = run_bench(bench_config, view.say)
+        bench = run_bench(bench_config(config), view.say)
         save_figure(bandwidth_figure(bench), str(out_dir / "fig2.png"))
         view.bench(bench)
 
@@ -221,24 +259,17 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> 
     """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score,
     the report. The engine replays the trace's routing (random weights route like uniform iid); the plan is
     written before the run it is scored against, so the score is pre-registered."""
-    trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
-    engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
-                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace, resume=True)
+    verify, planned, scored = engine_configs(config)
     view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
              f"full shape, random weights, the trace's routing replayed")
-    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)
     steps.run(out_dir / "runs-verify.json", lambda: view.runs(run_engine(verify, view.say)))
     view.say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
-    planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
     steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
     view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
-    # the scored run needs no outside time: the plan read it from the verify-only run
-    scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
-                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)
     steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
-    planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(plan)]
+    planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(planned.out)]
     for version in planned_versions:
-        view.score(score_files(plan, scored.out, version))
+        view.score(score_files(planned.out, scored.out, version))
     view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
     view.say(f"report -> {write_report(out_dir)}")
     return engine_summary(out_dir)

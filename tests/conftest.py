@@ -1,11 +1,12 @@
 """Shared fixtures: tiny random checkpoints of the five supported MoE classes, saved with a word-level
-tokenizer built on the fly (nothing can be downloaded). Used by test_spec (configs) and test_tracer (models)."""
+tokenizer built on the fly (nothing can be downloaded), used by test_spec (configs), test_tracer and test_run
+(models); a tiny model config and trace for `moespec bench` (test_bench, test_lost_work)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -20,6 +21,11 @@ valkyria chronicles is a game about war , soldiers and tanks in a small country 
 VOCAB_SIZE = 96
 # Router weights drawn with std 0.2 on hidden 32 give logits spread near 1, far from exact ties.
 INIT_STD = 0.2
+# A tiny OLMoE-class layer for the bench: N = 8 experts, m = 2, hidden 64, width 32 (an expert is 12 KiB in bf16).
+TINY_BENCH_CONFIG = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "num_experts": 8,
+                     "num_experts_per_tok": 2, "intermediate_size": 32, "vocab_size": 100, "num_attention_heads": 4}
+# Few reps, windows and U values keep a bench to ~1 s of timed calls (each after a 64 MiB flush): 6 units.
+BENCH_SMOKE_ARGS = ["--n", "1-3", "--layers", "0,1", "--reps", "1", "--windows", "2", "--u-values", "3"]
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +92,27 @@ def tiny_checkpoints(tiny_configs, tmp_path_factory) -> Iterator[dict[str, Path]
         folders[name] = folder
     yield folders
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def bench_model(tmp_path_factory) -> dict[str, Path]:
+    """{"model": a folder holding TINY_BENCH_CONFIG, "trace": a uniform trace of it (300 tokens, 3 documents)}."""
+    import json
+
+    from moespec.routing.synth import synthesize
+
+    root = tmp_path_factory.mktemp("bench-model")
+    model = root / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_BENCH_CONFIG))
+    synthesize(str(model), "uniform", 300, 3, seed=0).save(root / "trace.npz")
+    return {"model": model, "trace": root / "trace.npz"}
+
+
+@pytest.fixture(scope="session")
+def bench_argv(bench_model) -> Callable[..., list[str]]:
+    """bench_argv(out, *extra): the command line of a ~1 s `moespec bench` of bench_model (2 layers x 3 n)."""
+    def argv(out: Path, *extra: str) -> list[str]:
+        return ["bench", "--model", str(bench_model["model"]), "--trace", str(bench_model["trace"]),
+                *BENCH_SMOKE_ARGS, "--out", str(out), *extra]
+    return argv

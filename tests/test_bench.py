@@ -27,12 +27,7 @@ from moespec.model.spec import ModelSpec, resolve
 from moespec.routing.synth import synthesize
 from moespec.theory import crossover, requested_bytes
 
-# A tiny OLMoE-class layer: N = 8 experts, m = 2, hidden 64, width 32 (an expert is 12 KiB in bf16).
-TINY_CONFIG = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "num_experts": 8,
-               "num_experts_per_tok": 2, "intermediate_size": 32, "vocab_size": 100, "num_attention_heads": 4}
-# Few reps, windows and U values keep the smoke run to ~1 s of timed calls (each after a 64 MiB flush).
-SMOKE_ARGS = ["--n", "1-3", "--layers", "0,1", "--reps", "1", "--windows", "2", "--u-values", "3"]
-SMOKE_UNITS = 6  # 2 layers x 3 pass sizes
+SMOKE_UNITS = 6  # conftest's bench_argv: 2 layers x 3 pass sizes
 
 
 # ---- chosen ids ------------------------------------------------------------------------------------------
@@ -236,34 +231,25 @@ def test_default_trace_is_synthesized_and_says_so() -> None:
 
 # ---- end to end on a tiny model ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def tiny(bench_model: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """conftest's bench_model, a trace of another model of its shape and one of a bigger unnamed model."""
     root = tmp_path_factory.mktemp("bench")
-    model = root / "tiny"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_CONFIG))
-    synthesize(str(model), "uniform", 300, 3, seed=0).save(root / "trace.npz")
     other = root / "other"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (other / "config.json").write_text((bench_model["model"] / "config.json").read_text())
     synthesize(str(other), "uniform", 100, 2, seed=0).save(root / "other.npz")
     big = synthesize("olmoe-1b-7b", "uniform", 100, 2, seed=0)  # N = 64, 16 layers, named by no model
     Trace.from_arrays(big.experts, big.doc_starts, big.num_experts).save(root / "big.npz")
-    return {"root": root, "model": model, "trace": root / "trace.npz", "other": root / "other.npz",
-            "big": root / "big.npz"}
-
-
-def _bench(tiny: dict[str, Path], out: Path, *extra: str) -> list[str]:
-    return ["bench", "--model", str(tiny["model"]), "--trace", str(tiny["trace"]), *SMOKE_ARGS, "--out", str(out),
-            *extra]
+    return {**bench_model, "root": root, "other": root / "other.npz", "big": root / "big.npz"}
 
 
 @pytest.fixture(scope="module")
-def smoke(tiny: dict[str, Path]) -> dict[str, object]:
+def smoke(tiny: dict[str, Path], bench_argv) -> dict[str, object]:
     out = tiny["root"] / "bench.json"
     plot = tiny["root"] / "figure2.png"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        rc = cli.main(_bench(tiny, out, "--plot", str(plot)))
+        rc = cli.main(bench_argv(out, "--plot", str(plot)))
     return {"rc": rc, "out": out, "plot": plot, "last": stdout.getvalue().strip().splitlines()[-1]}
 
 
@@ -342,7 +328,7 @@ def test_load_bench_rejects_non_json(tmp_path: Path) -> None:
         load_bench(tmp_path / "missing.json")
 
 
-def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_path: Path,
+def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_argv, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "bench.json"
     timed: list[tuple[int, int]] = []  # (layer, n) of every unit timed to the end
@@ -356,22 +342,22 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], tmp_pat
         return time_unit(*args, **kwargs)
 
     monkeypatch.setattr(bench, "_time_unit", interrupt_after_two_units)
-    assert cli.main(_bench(tiny, out)) == 130
+    assert cli.main(bench_argv(out)) == 130
     units = [p for p in Path(f"{out}.partial").glob("*.json") if p.name != "state.json"]
     assert len(units) == 2 and not out.exists()
 
     first, timed[:] = list(timed), []
     monkeypatch.setattr(bench, "_time_unit", time_unit)
-    assert cli.main(_bench(tiny, out, "--resume")) == 0
+    assert cli.main(bench_argv(out, "--resume")) == 0
     assert len(timed) == SMOKE_UNITS - 2 and not set(first) & set(timed)  # finished units are not re-timed
     doc = load_bench(out)
     assert len(doc["windows"]["0"]) == 3 and not Path(f"{out}.partial").exists()
 
 
-def test_resume_refuses_other_settings(tiny: dict[str, Path], tmp_path: Path, capsys) -> None:
+def test_resume_refuses_other_settings(tiny: dict[str, Path], bench_argv, tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
-    Checkpoint(out, {"reps": 9}, resume=False, kind="bench")  # an unfinished bench of other settings
-    assert cli.main(_bench(tiny, out, "--resume")) == 2
+    Checkpoint(out, {"reps": 9}, "bench")  # an unfinished bench of other settings
+    assert cli.main(bench_argv(out)) == 2
     assert "made with other settings" in capsys.readouterr().err
 
 
@@ -389,10 +375,10 @@ def test_resume_refuses_other_settings(tiny: dict[str, Path], tmp_path: Path, ca
     (["--reps", "0"], "argument --reps: expected an integer in 1..1,000"),
     (["--plot", "figure.gif"], "must end in"),
 ])
-def test_bad_input_exits_2_with_one_line(tiny: dict[str, Path], tmp_path: Path, capsys, args: list[str],
+def test_bad_input_exits_2_with_one_line(tiny: dict[str, Path], bench_argv, tmp_path: Path, capsys, args: list[str],
                                          problem: str) -> None:
     args = [{"OTHER": str(tiny["other"]), "BIG": str(tiny["big"])}.get(a, a) for a in args]
-    assert problem in refused(_bench(tiny, tmp_path / "b.json", *args), capsys)
+    assert problem in refused(bench_argv(tmp_path / "b.json", *args), capsys)
     assert not (tmp_path / "b.json").exists()
 
 
@@ -400,12 +386,12 @@ def test_bad_input_exits_2_with_one_line(tiny: dict[str, Path], tmp_path: Path, 
     ("cuda", "moespec bench: error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"),
     ("tpu", "moespec bench: error: --device tpu: unknown device; use cpu, cuda or cuda:N"),
 ])
-def test_bad_device_exits_2_with_one_line(tiny: dict[str, Path], tmp_path: Path, capsys,
+def test_bad_device_exits_2_with_one_line(tiny: dict[str, Path], bench_argv, tmp_path: Path, capsys,
                                           monkeypatch: pytest.MonkeyPatch, device: str, problem: str) -> None:
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a machine with a GPU
-    assert cli.main(_bench(tiny, tmp_path / "b.json", "--device", device)) == 2
+    assert cli.main(bench_argv(tmp_path / "b.json", "--device", device)) == 2
     err = capsys.readouterr().err
     assert err.strip() == problem
     assert not (tmp_path / "b.json").exists()

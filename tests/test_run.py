@@ -32,7 +32,9 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def tiny_run(tiny_checkpoints, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "runs.json"
-    code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)])
+    with pytest.MonkeyPatch.context() as patch:  # no round dropped as disturbed, however busy the machine
+        patch.setattr(R, "DISTURBED", 0.0)
+        code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)])
     assert code == 0
     return out, json.loads(out.read_text()), stdout
 
@@ -54,6 +56,10 @@ def test_run_writes_the_documented_keys(tiny_run):
                                                               for a in (0.5, 0.9)}
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["steps"] >= 1 and 0 <= r["overhead_share"] < 1
+        # the oracle's rate: G_a(k) at the nominal a over the measured step time; realized: what the steps emitted
+        assert r["tokens_per_s"] == pytest.approx(r["G_a"] / r["step_time_s"]) and r["draft"] == "oracle"
+        assert r["realized_tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["step_time_s"])
+        assert r["G_a"] == pytest.approx(float(theory.geometric_sum(r["a"], r["k"])) if r["k"] else 1.0)
         assert (r["realized_acceptance"] is None) == (r["k"] == 0)
         # steady state: each step emits its accepted drafts plus one, the last one in full (it may overshoot the 5)
         assert r["tokens_per_step"] * r["steps"] >= 5 - 1 and (r["k"] or r["tokens_per_step"] == 1.0)
@@ -73,7 +79,7 @@ def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path,
 
     out = tmp_path / "runs.json"
     argv = ["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)]
-    real, done = R.measure_cell, []
+    real, done = R.decode_prompt, []
 
     def interrupted(*args, **kwargs):
         if len(done) == 2:
@@ -81,12 +87,12 @@ def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path,
         done.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(R, "measure_cell", interrupted)
+    monkeypatch.setattr(R, "decode_prompt", interrupted)
     assert run_cli(argv)[0] == 130  # interrupted
     units = [p for p in (tmp_path / "runs.json.partial").glob("*.json") if p.name != "state.json"]
     assert len(units) == 3 + 2  # the three verify units and two cells survived
     cells, passes = [], []
-    monkeypatch.setattr(R, "measure_cell", lambda *a, **k: cells.append(1) or real(*a, **k))
+    monkeypatch.setattr(R, "decode_prompt", lambda *a, **k: cells.append(1) or real(*a, **k))
     timed = speculative.timed_forward
     monkeypatch.setattr(speculative, "timed_forward", lambda *a, **k: passes.append(1) or timed(*a, **k))
     code, _, _ = run_cli([*argv, "--resume"])
@@ -180,3 +186,29 @@ def test_an_unknown_dense_path_is_one_line(capsys):
         cli.main(["run", "--dense", "fast", "--out", "never.json"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--dense" in err and len(err.strip().splitlines()) == 1
+
+
+def test_throughput_cells_interleave_by_prompt(monkeypatch):
+    """Round i decodes prompt i of every cell, in order on even rounds and reversed on odd ones; a cell's row
+    pools its prompts."""
+    calls = []
+
+    def decode(lm, policy, k, a, kernel_by_n, ps, config, i, drafter=None):
+        calls.append((policy, k, i))
+        return {"steps": [[k, k // 2, 0.01, 0.02, 0.0, 0.005]], "tokens": k // 2 + 1, "mismatch": None}
+
+    class Units:
+        units: dict = {}
+
+        def save(self, key, value):
+            self.units[key] = value
+
+    monkeypatch.setattr(R, "decode_prompt", decode)
+    cells = [("slot", 0, 0.5), ("slot", 2, 0.5), ("dedup", 2, 0.5)]
+    config = R.RunConfig(prompts=3)
+    rows = R.measure_throughput(None, config, cells, None, None, Units(), None, lambda n: None)
+    order = [(p, k) for p, k, _ in cells]
+    assert calls == [c + (0,) for c in order] + [c + (1,) for c in order[::-1]] + [c + (2,) for c in order]
+    assert [r["steps"] for r in rows] == [3, 3, 3] and rows[1]["tokens"] == 6
+    assert rows[1]["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(0.5, 2)) / 0.02)
+    assert rows[1]["realized_tokens_per_s"] == pytest.approx(2 / 0.02)

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`moespec ... | head`): stop quietly, as a Unix filter does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt:
-        print(f"moespec {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a job with a checkpoint says how to resume (moespec.formats.checkpoint)
+        print(f"moespec {args.command}: interrupted{f'; {e}' if str(e) else ''}", file=sys.stderr)
         return 130
 
 

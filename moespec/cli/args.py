@@ -6,6 +6,7 @@ import argparse
 from typing import Callable
 
 from moespec import MoespecError
+from moespec.formats.checkpoint import FRESH
 
 
 def parse_ints(text: str, flag: str, least: int, most: int | None = None, what: str = "values") -> list[int]:
@@ -49,3 +50,13 @@ def bounded(least: int, most: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer in {least}..{most:,}, got {text!r}")
         return value
     return parse
+
+
+def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    """--fresh, and --resume kept for old command lines, on a job that checkpoints its finished units (bench, run,
+    trace): a rerun resumes them by default."""
+    choice = p.add_mutually_exclusive_group()
+    choice.add_argument(FRESH, action="store_true",
+                   help="drop the finished units an interrupted run left in OUT.partial/ and start over (by default "
+                        "a rerun resumes them when its settings match, and refuses when they differ)")
+    choice.add_argument("--resume", action="store_true", help="resume OUT.partial/: the default, kept for old scripts")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from moespec.cli.args import bounded, parse_ints, seed
+from moespec.cli.args import add_checkpoint_flags, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, REPS_LIMIT, SAMPLES_LIMIT
+from moespec.formats.files import writing
 from moespec.measure.bench import (
     DEFAULT_KERNELS,
     DEFAULT_REPS,
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{SAMPLES_LIMIT:,})")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
     p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
+    add_checkpoint_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,9 +60,12 @@ def run(args: argparse.Namespace) -> int:
                          n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
-                         resume=args.resume)
+                         fresh=args.fresh)
     out = console()
-    bench = run_bench(config, say=out.print)
+    with writing(args.plot, flag="--plot"):  # locked until drawn
+        bench = run_bench(config, say=out.print)
+        if args.plot:
+            save_figure(bandwidth_figure(bench), args.plot)
     for table in bench_tables(bench):
         out.print(table)
     before, after = bench["ceiling_before_after_gbps"]
@@ -71,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"[bold red]warning: noisy run[/]: {bench['noisy']['count']} of {bench['noisy']['total']} timings "
                   f"have an IQR above {NOISY_IQR:.0%} of their median (widest {bench['noisy']['worst']:.0%})"
                   f"{'; the ceiling drifted' if drift else ''}; rerun on a quiet machine")
-    if args.plot:
-        save_figure(bandwidth_figure(bench), args.plot)
     out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {bench['elapsed_s']:.0f} s")
     rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
     print(json.dumps({"model": bench["model"], "device_kind": bench["device_kind"], "dtype": bench["dtype"],

@@ -11,7 +11,7 @@ from rich.table import Table
 from moespec.cli.args import bounded, seed
 from moespec.console import console as console_
 from moespec.defaults import BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
-from moespec.formats.files import provenance
+from moespec.formats.files import provenance, writing
 from moespec.formats.trace import Trace, load_trace
 from moespec.report.figures import check_plot, reuse_figure, save_figure
 from moespec.routing.reuse import (
@@ -43,12 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot(args.plot)  # before any work
-    trace = load_trace(args.trace)
-    w, units = trace_expert_bytes(trace, args.format)
-    stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w, units=units,
-                        show_progress=sys.stderr.isatty())
-    if args.plot:
-        save_figure(reuse_figure(stats, label=str(trace.meta.get("model") or args.trace)), args.plot)
+    with writing(args.plot, flag="--plot"):  # locked until drawn
+        trace = load_trace(args.trace)
+        w, units = trace_expert_bytes(trace, args.format)
+        stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w, units=units,
+                            show_progress=sys.stderr.isatty())
+        if args.plot:
+            save_figure(reuse_figure(stats, label=str(trace.meta.get("model") or args.trace)), args.plot)
     if args.json:
         print(json.dumps({"trace": str(args.trace), "meta": trace.meta, **stats.to_json(),
                           "provenance": provenance()}))

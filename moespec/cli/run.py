@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import bounded, parse_ints, seed
+from moespec.cli.args import add_checkpoint_flags, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import (DEPTH, DEPTH_LIMIT, DTYPES, GENERATED_LIMIT, KMAX, LAYERS_LIMIT, MODEL, N_MAX, REPS_LIMIT,
                               SAMPLES_LIMIT)
@@ -92,8 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"weights dtype (default {RunConfig.dtype})")
     p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
     p.add_argument("--dense", default=RunConfig.dense, choices=DENSE,
-                   help=f"dense weights of verify passes: our native kernel or torch's F.linear (default "
-                        f"{RunConfig.dense})")
+                   help=f"dense weights and attention of verify passes: our native kernels or torch's F.linear and "
+                        f"sdpa (default {RunConfig.dense})")
     p.add_argument("--plan", help="plan.json: its AUTO policy (kernel per n) is run and recorded beside slot and dedup")
     p.add_argument("--depth", type=bounded(1, DEPTH_LIMIT), default=DEPTH,
                    help=f"context depth d: tokens prefilled (default {DEPTH}, at most {DEPTH_LIMIT:,})")
@@ -120,7 +120,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.partial")
+    add_checkpoint_flags(p)
 
 
 def parse_acceptances(text: str | None) -> tuple[float, ...] | None:
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                        max_reps=args.max_reps, target=args.target, budget_s=args.budget,
                        k=tuple(parse_ints(args.k, "--k", 0, KMAX, "draft lengths")), a=parse_acceptances(args.a),
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
-                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, resume=args.resume,
+                       draft_model=args.draft_model, replay=args.replay, seed=args.seed, fresh=args.fresh,
                        dense=args.dense)
     out = console()
     runs = run_engine(config, say=out.print)

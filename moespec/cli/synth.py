@@ -8,7 +8,7 @@ import sys
 from moespec import MoespecError
 from moespec.cli.args import bounded, seed
 from moespec.defaults import MODEL, PROFILE, TOKENS_LIMIT
-from moespec.formats.files import check_output
+from moespec.formats.files import writing
 from moespec.routing.synth import PROCESSES, describe, synthesize
 
 
@@ -33,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     if (args.rho2 is None) != (args.rho9 is None):
         raise MoespecError("--rho2 and --rho9 go together")
     targets = None if args.rho2 is None else (args.rho2, args.rho9)
-    check_output(args.out)  # before any work
-    trace = synthesize(args.model, args.process, args.tokens, args.docs, args.seed, args.profile, targets,
-                       show_progress=sys.stderr.isatty())
-    trace.save(args.out)
+    with writing(args.out):  # checked before any work, locked until written
+        trace = synthesize(args.model, args.process, args.tokens, args.docs, args.seed, args.profile, targets,
+                           show_progress=sys.stderr.isatty())
+        trace.save(args.out)
     print(f"synthesized {trace.num_tokens} tokens in {trace.num_documents} documents of {trace.meta['model']} "
           f"routing ({describe(trace.meta)}) -> {args.out}")
     return 0

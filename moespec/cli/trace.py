@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from moespec.cli.args import bounded
+from moespec.cli.args import add_checkpoint_flags, bounded
 from moespec.defaults import DEPTH_LIMIT, DTYPES, TOKENS_LIMIT
 from moespec.routing.tracer import TraceConfig, trace
 
@@ -26,11 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"compute dtype (default {TraceConfig.dtype})")
     parser.add_argument("--chunk", type=bounded(1, DEPTH_LIMIT), default=TraceConfig.chunk,
                         help=f"tokens per forward pass (default {TraceConfig.chunk}, at most {DEPTH_LIMIT:,})")
+    add_checkpoint_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     done = trace(TraceConfig(model=args.model, out=args.out, text=args.text, jsonl=args.jsonl, field=args.field,
-                             max_tokens=args.max_tokens, device=args.device, dtype=args.dtype, chunk=args.chunk))
+                             max_tokens=args.max_tokens, device=args.device, dtype=args.dtype, chunk=args.chunk,
+                             fresh=args.fresh))
     t = done.trace
     print(f"traced {t.num_tokens} tokens in {t.num_documents} documents ({t.num_layers} MoE layers, m={t.m}) "
           f"at {done.traced_tokens / max(done.seconds, 1e-9):,.0f} tokens/s -> {args.out}")

@@ -3,18 +3,22 @@ resumes without losing finished work.
 
 The folder holds `state.json` (the checkpoint's kind, its format version and `config`: everything that changes
 what a unit measures) and one file per finished unit, written atomically when the unit finishes: `<key>.json` for
-a JSON unit (bench and run), `<key>.npz` for arrays (the tracer's documents). A checkpoint made with another
-config is refused rather than mixed in; the job removes the folder once its result file is written.
+a JSON unit (bench and run), `<key>.npz` for arrays (the tracer's documents). Rerunning the job resumes a folder
+made with the same config; one made with another config is refused rather than mixed in or silently dropped
+(--fresh drops it). The job removes the folder once its result file is written. Each unit's random draws come from
+the seed and its key (unit_rng), so a resumed job measures what a clean one would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import numpy as np
 
@@ -23,27 +27,40 @@ from moespec.formats.files import atomic_write, write_json
 
 VERSION = 2  # 1: bench/run kept one JSON file OUT.partial, the tracer a folder of its own layout
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.,=-]+")  # a unit key -> a file name
+FRESH = "--fresh"  # the flag (config field `fresh`) that drops an earlier run's units instead of resuming them
+
+
+class Interrupted(KeyboardInterrupt):
+    """A job with a checkpoint was interrupted (Ctrl-C); the message says where its finished units are kept and
+    how to resume. A KeyboardInterrupt still, so whoever catches those catches it."""
+
+
+def unit_rng(seed: int, key: str) -> np.random.Generator:
+    """The random generator of one unit: drawn from the seed and the unit's key, never from the order units run
+    in, so a resumed job draws for its remaining units what a clean run with that seed draws."""
+    return np.random.default_rng([seed, *hashlib.sha256(key.encode()).digest()[:8]])
 
 
 class Checkpoint:
     """The finished units of the job writing `out`, kept in `out`.partial/. `kind` names the job ("bench", "run",
-    "trace"); `resume=False` starts over (an earlier folder is removed), `resume=True` keeps the units of a folder
-    made with the same config and refuses one made with another (`start_over` says how to drop it)."""
+    "trace"). A folder made with the same config is resumed; one made with another config is refused in one line
+    naming the settings that differ, unless `fresh` drops it (FRESH). Use it as a context manager around the
+    job's units: an interruption then ends with one line saying how to resume (Interrupted)."""
 
-    def __init__(self, out: str | os.PathLike, config: dict[str, Any], resume: bool, kind: str,
-                 start_over: str = "rerun without --resume") -> None:
+    def __init__(self, out: str | os.PathLike, config: dict[str, Any], kind: str, fresh: bool = False) -> None:
         out = Path(out)
         self.folder = out.with_name(out.name + ".partial")
         self.config, self.kind = config, kind
         state = {"format": f"moespec-{kind}-partial", "version": VERSION, "config": config}
-        self.stale = self.folder.exists() and not resume  # an earlier run's units, about to be dropped
-        if self.folder.exists() and resume:
+        self.dropped = self.folder.exists() and fresh  # an earlier run's units, dropped by request
+        if self.folder.exists() and not fresh:
             saved = self._read_state()
             if saved.get("config") != config:
                 old = saved.get("config") if isinstance(saved.get("config"), dict) else {}
                 diff = sorted(k for k in config | old if config.get(k) != old.get(k))
                 raise MoespecError(f"{self.folder}: an unfinished run with other inputs, made with other "
-                                   f"settings ({', '.join(diff)} differ); rerun with those, or {start_over}")
+                                   f"settings ({', '.join(diff)} differ); rerun with those to resume it, or add "
+                                   f"{FRESH} to drop it")
         else:
             self.remove()
             write_json(self.folder / "state.json", state)
@@ -53,16 +70,34 @@ class Checkpoint:
                 unit = json.loads(path.read_text())
                 self.units[unit["key"]] = unit["unit"]
 
+    def describe(self) -> str | None:
+        """One line on what the job starts from, when it is not from nothing: units resumed or dropped."""
+        finished = sum(1 for p in self.folder.iterdir() if p.suffix in (".json", ".npz") and p.name != "state.json"
+                       and not p.name.startswith("."))  # not a write under way
+        if finished:
+            return f"resuming: {finished} finished unit(s) in {self.folder} ({FRESH} starts over)"
+        if self.dropped:
+            return f"starting over ({FRESH}): the units of an earlier run in {self.folder} were dropped"
+        return None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
+            raise Interrupted(f"finished units kept in {self.folder}; rerun the same command to resume") from None
+
     def _read_state(self) -> dict[str, Any]:
         try:
             saved = json.loads((self.folder / "state.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise MoespecError(f"{self.folder}: unreadable checkpoint ({type(e).__name__}); rerun without "
-                               f"--resume") from None
+            raise MoespecError(f"{self.folder}: unreadable checkpoint ({type(e).__name__}); rerun with "
+                               f"{FRESH}") from None
         if not isinstance(saved, dict) or saved.get("format") != f"moespec-{self.kind}-partial" \
                 or saved.get("version") != VERSION:
-            raise MoespecError(f"{self.folder}: not a moespec {self.kind} checkpoint of this version; rerun "
-                               f"without --resume")
+            raise MoespecError(f"{self.folder}: not a moespec {self.kind} checkpoint of this version; rerun with "
+                               f"{FRESH}")
         return saved
 
     def _file(self, key: str, suffix: str) -> Path:
@@ -89,6 +124,7 @@ class Checkpoint:
             return None
 
     def remove(self) -> None:
+        """Drop the folder (the job's result file is written, or the job starts over)."""
         if self.folder.is_dir() and not self.folder.is_symlink():
             shutil.rmtree(self.folder, ignore_errors=True)
         elif self.folder.is_file():  # a version-1 checkpoint file

@@ -1,26 +1,30 @@
-"""What every result file shares: atomic writes (temp file + rename, so a crash never leaves a half-written
-result), the one JSON reader, the provenance block every result file carries (device, dtype, versions, time, the
-exact command), the one walker of dotted keys with its type check, and `Record`, the typed record a format's loader
-returns (the validated document, read like the JSON object it is)."""
+"""What every result file shares: the output check, the lock held while it is written (moespec.formats.lock),
+atomic writes (temp file + rename, so a crash never leaves a half-written result), the one JSON reader, the
+provenance block every result file carries (device, dtype, versions, time, the exact command), the one walker of
+dotted keys with its type check, and `Record`, the typed record a format's loader returns (the validated
+document, read like the JSON object it is)."""
 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import platform
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
 from moespec import MoespecError, __version__
 from moespec.defaults import MAGNITUDE_LIMIT
+from moespec.formats.lock import locked
 
 
 def check_output(path: str | os.PathLike, flag: str | None = "--out") -> Path:
@@ -42,6 +46,47 @@ def check_output(path: str | os.PathLike, flag: str | None = "--out") -> Path:
     return path
 
 
+@contextmanager
+def writing(*paths: str | os.PathLike | None, flag: str | None = "--out") -> Iterator[None]:
+    """Hold the outputs `paths` (None entries skipped) for the block: each checked (check_output), its missing
+    folders made and its lock taken, so a second moespec process writing one of them is refused in one line. A
+    job holds its outputs for its whole run (checkpoint included); atomic_write holds its file while it writes.
+    Folders made here and left empty are removed again at the end."""
+    made: list[Path] = []
+    with ExitStack() as stack:
+        try:
+            for path in (check_output(p, flag) for p in paths if p is not None):
+                folder = path.parent
+                while not folder.exists():
+                    made.append(folder)
+                    folder = folder.parent
+                path.parent.mkdir(parents=True, exist_ok=True)
+                stack.enter_context(locked(path, f"{flag} {path}" if flag else str(path)))
+            yield
+        finally:
+            stack.close()
+            for folder in made:  # deepest first
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+
+
+Job = TypeVar("Job", bound=Callable[..., Any])
+
+
+def holds_outputs(outputs: Callable[[Any], Iterable[str | os.PathLike | None]]) -> Callable[[Job], Job]:
+    """Decorate a job `job(config, ...)` so the outputs `outputs(config)` are held (writing) while it runs: a second
+    process writing one of them is refused before it does any work."""
+    def decorate(job: Job) -> Job:
+        @functools.wraps(job)
+        def held(config: Any, *args: Any, **kwargs: Any) -> Any:
+            with writing(*outputs(config)):
+                return job(config, *args, **kwargs)
+        return held  # type: ignore[return-value]
+    return decorate
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -53,9 +98,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
 
     The rename is atomic on POSIX, so readers see either the old file or the whole new one. The file gets the
     permissions a plain open() would (0666 less the umask), a target that is not a regular file is refused
-    (check_output), and a full disk is one line naming the file."""
-    path = check_output(path, None)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    (check_output), another moespec process writing it is refused (writing), and a full disk is one line naming the
+    file."""
+    with writing(path, flag=None):
+        _replace(Path(path), write)
+    return Path(path)
+
+
+def _replace(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) then the rename onto `path` (atomic_write)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
@@ -71,7 +122,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -13,12 +13,17 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
   crossover           smallest n >= 2 from which the median saving stays positive (null if none)
   auto_ratio          {n: tau_auto(n) / min(tau_slot(n), tau_dedup(n))} when a plan gave the AUTO policy
-  throughput          [{policy, k, a, tokens_per_s, tokens, realized_acceptance, tokens_per_step, G_a, steps,
-                        step_time_s, verify_time_s, overhead_share, greedy_exact, greedy_match, mismatches}]
-                      tokens_per_s, tokens_per_step: the steady state G/V (B.1): every step's accepted drafts plus
-                      one, over the steps' time (the last step counted in full where it overshoots the generated
-                      length, the prompt's first token left out; files before 2026-12-01 divided the generated
-                      tokens instead, which counts the truncation against long drafts); tokens: generated
+  throughput          [{policy, k, a, tokens_per_s, realized_tokens_per_s, tokens, realized_acceptance,
+                        tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share, greedy_exact,
+                        greedy_match, mismatches}]
+                      tokens_per_s: the steady state T_a(k) = G_a(k) / V(k) (B.1), V the measured mean step time;
+                      and G_a(k) for the oracle draft (geometric at rate a by construction) at the nominal a; for a
+                      draft model, the realized rate below (files without realized_tokens_per_s: the realized
+                      rate for both)
+                      realized_tokens_per_s, tokens_per_step: what the steps emitted, every step's accepted drafts
+                      plus one over the steps' time (the last step counted in full where it overshoots the
+                      generated length, the prompt's first token left out; absent in older files);
+                      tokens: generated
                       greedy_exact: the tokens equal plain decoding's; greedy_match: they do, or they first differ
                       where plain decoding's two largest logits are exactly equal (a tie in the model's dtype,
                       bf16 logits tie often on a random-weight model: either token is the greedy choice)

@@ -26,7 +26,7 @@ bandwidth.
 events; weights and inputs are drawn on the CPU and then copied, so every device times the same values.
 
 Work is split into units, one (layer, n, kernel set) each; each finished unit is saved atomically to
-`OUT.partial`, so `--resume` after an interruption re-times nothing already done.
+`OUT.partial`, so rerunning after an interruption re-times nothing already done.
 
 bench.json: its keys are documented in moespec.formats.benchfile, which reads, validates and reports it.
 """
@@ -50,7 +50,7 @@ from moespec.defaults import (DTYPES, KERNELS, MODEL, N_LIMIT, N_MAX, PROFILE, R
                               TRACE_DOCS, TRACE_TOKENS)
 from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench
 from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
@@ -340,7 +340,7 @@ class BenchConfig:
     the weight dtype, the kernels ("slot,dedup", any comma-separated names of moespec.kernels.KERNELS, or "all":
     every one that can run here), the pass sizes `n`, the routing trace (None: the calibrated default), the
     timed repetitions per pass, recorded `windows` and chosen `u_values` per (layer, n), the seed, the device;
-    written to `out`, checkpointed in OUT.partial/ (`resume` continues it)."""
+    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     out: str
     model: str = MODEL
@@ -354,7 +354,7 @@ class BenchConfig:
     u_values: int = DEFAULT_U_VALUES
     seed: int = 0
     device: str = "cpu"
-    resume: bool = False
+    fresh: bool = False
 
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
@@ -370,10 +370,11 @@ class BenchConfig:
             raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(DTYPES)}")
 
 
+@holds_outputs(lambda config: [config.out])
 def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: None) -> Bench:
     """Time the expert operation of each chosen layer and pass size with each kernel (the module docstring), fit
     (4) and (E.1), write bench.json to config.out and return it; `say` receives one line per stage (the CLI
-    prints them)."""
+    prints them). config.out is locked for the whole run (moespec.formats.lock)."""
     started = time.perf_counter()
     config.check()
     device = resolve_device(config.device)
@@ -388,7 +389,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"]}
-    checkpoint = Checkpoint(config.out, key, config.resume, "bench")
+    checkpoint = Checkpoint(config.out, key, "bench", config.fresh)
     u = reuse_stats(trace, max(ns), bootstrap=0,
                     expert_bytes=[spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]).u
     impl = {k: implementation(k, torch_dtype(config.dtype), device) if engine_of(k) == "moespec" else engine_of(k)
@@ -398,12 +399,13 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     for name, why in skipped.items():
         say(f"skipped {name}: it cannot run {config.dtype} on {device} ({why})")
     say(f"trace: {trace_info['note']}")
-    if checkpoint.stale:
-        say(f"starting over: {checkpoint.folder} held units of an earlier run (--resume continues one)")
+    if note := checkpoint.describe():
+        say(note)
     before = timer.ceiling()
     first, first_iqr = median_iqr(before)
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
-    _measure(spec, config, kinds, plan, checkpoint, first, timer, say)
+    with checkpoint:
+        _measure(spec, config, kinds, plan, checkpoint, first, timer, say)
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 

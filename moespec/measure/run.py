@@ -18,8 +18,10 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
    it runs once per policy and serves every a). Each cell reports tokens/s, the realized acceptance, tokens per
    step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the tokens equal
    plain decoding's.
-Every finished unit (one n's verify samples, one throughput cell) is checkpointed to OUT.partial: --resume
-re-measures nothing already done.
+   The cells run interleaved, one prompt of every cell per round (measure_throughput), so drift hits all alike.
+Every finished unit (one n's verify samples, one prompt of one throughput cell) is checkpointed to OUT.partial: a
+rerun re-measures nothing already done, and each unit draws its random tokens from the seed and its key, so the
+remaining units of a resumed run measure what a clean run's would.
 
 runs.json: its keys are documented in moespec.formats.runsfile, which owns the format.
 """
@@ -38,8 +40,8 @@ from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import (DEPTH, DEPTH_LIMIT, GENERATED_LIMIT, KERNELS, KMAX, LAYERS_LIMIT, MODEL, N_MAX,
                               REPS_LIMIT, SAMPLES_LIMIT)
-from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.checkpoint import Checkpoint, unit_rng
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
@@ -155,11 +157,11 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     state = None
     reference = StreamRead(REFERENCE_BYTES)
-    rng = np.random.default_rng(config.seed)
     for n in ns:
         key = f"verify n {n}"
         if key in checkpoint.units:
             continue
+        rng = unit_rng(config.seed, key)
         if state is None:
             set_policy(lm.model, PREFILL_POLICY)
             state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
@@ -250,44 +252,75 @@ class Prompts:
         return torch.tensor([context], device=self.lm.device)
 
 
-def measure_cell(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_by_n: dict[int, str] | None, ps: Prompts,
-                 config: RunConfig, drafter: Any = None) -> dict:
-    """One throughput cell over all prompts: speculative decoding at (policy, k) with the oracle draft at
-    acceptance a, or with the draft model `drafter` (a is then None and the acceptance is what it achieves)."""
+def decode_prompt(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_by_n: dict[int, str] | None,
+                  ps: Prompts, config: RunConfig, i: int, drafter: Any = None) -> dict:
+    """Prompt i of one throughput cell: speculative decoding at (policy, k) with the oracle draft at acceptance a,
+    or with the draft model `drafter` (a is then None and the acceptance is what it achieves). Returns the
+    steps (drafted, accepted and the four times of each), the tokens generated and where they first differ from
+    plain decoding's, if they do."""
     conts = ps.continuations(policy, kernel_by_n)
     set_policy(lm.model, policy, kernel_by_n)
-    tokens, mismatches, records = 0, [], []
-    for i, (context, cont, state) in enumerate(zip(ps.contexts, conts, ps.prefilled())):
-        draft = speculative.ModelDraft(drafter) if drafter is not None else \
-            speculative.OracleDraft(cont, a, config.seed + i, lm.model.config.vocab_size, len(context))
-        out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, config.tokens, prefilled=state,
-                                                   route=ps.route(i))
-        if out != cont[:config.tokens]:  # where it first differs and how near greedy was to a tie there
-            p = next(j for j, (x, y) in enumerate(zip(out, cont)) if x != y)
-            mismatches.append({"prompt": i, "position": p, "plain_top2_gap": ps.margins[policy][i][p - 1]
-                               if p else None})
-        tokens += len(out)
-        records += recs
+    context, cont, state = ps.contexts[i], conts[i], ps.prefilled()[i]
+    draft = speculative.ModelDraft(drafter) if drafter is not None else \
+        speculative.OracleDraft(cont, a, config.seed + i, lm.model.config.vocab_size, len(context))
+    out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, config.tokens, prefilled=state,
+                                               route=ps.route(i))
     set_replay(lm.model, None)
+    mismatch = None
+    if out != cont[:config.tokens]:  # where it first differs and how near greedy was to a tie there
+        p = next(j for j, (x, y) in enumerate(zip(out, cont)) if x != y)
+        mismatch = {"prompt": i, "position": p, "plain_top2_gap": ps.margins[policy][i][p - 1] if p else None}
+    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in recs],
+            "tokens": len(out), "mismatch": mismatch}
+
+
+def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracle: bool) -> dict:
+    """One throughput cell (the row documented in moespec.formats.runsfile) from its prompts' decode_prompt."""
+    records = [speculative.StepRecord(int(d), int(acc), v, s, dr, h) for unit in prompts
+               for d, acc, v, s, dr, h in unit["steps"]]
+    mismatches = [unit["mismatch"] for unit in prompts if unit["mismatch"] is not None]
     steps = len(records)
-    # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1): every step emits its accepted drafts plus one token, in
-    # full even where the last step overshoots the generated length (a finite run's truncation, which would count
-    # against long drafts), and the prompt's first token, which no step emits, is left out.
+    # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1). The realized rate counts every step's accepted drafts
+    # plus one token, in full even where the last step overshoots the generated length (a finite run's truncation,
+    # which would count against long drafts), the prompt's first token (no step emits it) left out. For the oracle
+    # draft, whose acceptance is geometric at rate a by construction, tokens_per_s takes G_a(k) exactly instead of
+    # the realized tokens per step (a Rao-Blackwellized estimate: the same expectation, without the spread of a few
+    # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
     emitted = sum(r.accepted + 1 for r in records)
     wall = sum(r.step_s for r in records)
     verify = sum(r.verify_s for r in records)
     host = sum(r.host_s + r.draft_s for r in records)
     rate = speculative.acceptance_rate(records)
     rate = None if np.isnan(rate) else rate
-    return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if drafter is None else "model",
-            "tokens_per_s": emitted / wall, "tokens": tokens, "realized_acceptance": rate,
+    g = float(theory.geometric_sum(rate if a is None else a, k)) if k and (a is not None or rate is not None) else 1.0
+    return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if oracle else "model",
+            "tokens_per_s": (g * steps if oracle else emitted) / wall,
+            "realized_tokens_per_s": emitted / wall, "tokens": sum(unit["tokens"] for unit in prompts),
+            "realized_acceptance": rate,
             "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
-            "tokens_per_step": emitted / steps,
-            "G_a": float(theory.geometric_sum(rate if a is None else a, k)) if k and rate is not None else 1.0,
-            "steps": steps, "step_time_s": wall / steps,
+            "tokens_per_step": emitted / steps, "G_a": g, "steps": steps, "step_time_s": wall / steps,
             "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,
             "greedy_exact": not mismatches, "greedy_match": all(m["plain_top2_gap"] == 0 for m in mismatches),
             "mismatches": mismatches}
+
+
+def measure_throughput(lm: LoadedModel, config: RunConfig, cells: list[tuple[str, int, float | None]],
+                       kernel_by_n: dict[int, str] | None, ps: Prompts, checkpoint: Checkpoint, drafter: Any,
+                       advance: Any) -> list[dict]:
+    """Every cell over every prompt, interleaved: round i decodes prompt i in every cell, the cells in order on
+    even rounds and in reverse on odd ones (A B C, C B A), so the machine's drift over the grid's minutes hits
+    every (policy, k, a) alike instead of the cells run last. Each (cell, prompt) is a checkpoint unit."""
+    def unit(cell: tuple[str, int, float | None], i: int) -> str:
+        policy, k, a = cell
+        return f"cell {policy} k {k} a {a if k else '-'} prompt {i}"
+
+    for i in range(config.prompts):
+        for cell in cells if i % 2 == 0 else cells[::-1]:
+            if unit(cell, i) not in checkpoint.units:
+                checkpoint.save(unit(cell, i), decode_prompt(lm, *cell, kernel_by_n, ps, config, i, drafter))
+            advance(1)
+    return [cell_record(*cell, [checkpoint.units[unit(cell, i)] for i in range(config.prompts)], drafter is None)
+            for cell in cells]
 
 
 def expand_k0(cells: list[dict], acceptances: list[float]) -> list[dict]:
@@ -349,7 +382,7 @@ class RunConfig:
     the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
     None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell; `throughput=False` measures
     the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed;
-    written to `out`, checkpointed in OUT.partial/ (`resume` continues it)."""
+    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     out: str = "runs.json"
     model: str | None = None
@@ -374,7 +407,7 @@ class RunConfig:
     draft_model: str | None = None
     replay: str | None = None
     seed: int = 0
-    resume: bool = False
+    fresh: bool = False
 
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
@@ -405,12 +438,15 @@ class RunConfig:
 
     @property
     def acceptances(self) -> list[float]:
-        return [float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)]
+        """The throughput grid's acceptances, sorted and distinct (the paper's 11 when `a` is None)."""
+        return sorted({float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)})
 
 
+@holds_outputs(lambda config: [config.out])
 def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
     """Measure the verify times and the throughput grid on the model (the module docstring), write runs.json to
-    config.out and return it; `say` receives one line per stage (the CLI prints them)."""
+    config.out and return it; `say` receives one line per stage (the CLI prints them). config.out is locked for the
+    whole run (moespec.formats.lock)."""
     config.check()
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     device = resolve_device(config.device)
@@ -445,23 +481,20 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "budget_s": config.budget_s, "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model}
-    checkpoint = Checkpoint(config.out, key, config.resume, "run")
+    checkpoint = Checkpoint(config.out, key, "run", config.fresh)
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
     ceilings = {"before": measure_stream_read()}
-    with progress("run", total, enabled=sys.stderr.isatty()) as advance:
+    if note := checkpoint.describe():
+        say(note)
+    with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
         units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance)
         ceilings["between"] = measure_stream_read()
-        ps, measured = Prompts(lm, config, trace), []
-        for policy, k, a in cells:
-            unit = f"cell {policy} k {k} a {a if k else '-'}"
-            if unit not in checkpoint.units:
-                checkpoint.save(unit, measure_cell(lm, policy, k, a, kernel_by_n, ps, config, drafter))
-            measured.append(checkpoint.units[unit])
-            advance(config.prompts)
+        measured = measure_throughput(lm, config, cells, kernel_by_n, Prompts(lm, config, trace), checkpoint, drafter,
+                                      advance)
     ceilings["after"] = measure_stream_read()
     doc = summarize(lm, config, units, verify, measured, acceptances, plan_info, kernel_by_n, started, ceilings)
     doc["dense"] = dense_path

@@ -31,9 +31,9 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from moespec import MoespecError
+from moespec.model.cache import new_cache
 from moespec.model.load import cache_argument
 
 __all__ = ["StepRecord", "Draft", "OracleDraft", "ModelDraft", "Prefill", "prefill", "timed_forward", "plain_decode",
@@ -65,12 +65,6 @@ class Draft(Protocol):
 
 
 # ---------------------------------------------------------------- model plumbing
-
-def _new_cache(model: Any) -> DynamicCache:
-    cache = DynamicCache(config=model.config)
-    cache.activate_past_recording()  # sliding-window layers keep what crop may need to restore
-    return cache
-
 
 def _forward(model: Any, tokens: list[int], cache: Any, keep: int = 0) -> torch.Tensor:
     """Logits [len(tokens), vocab] of feeding `tokens` after the cache (only the last `keep` when keep > 0)."""
@@ -110,7 +104,7 @@ class Prefill:
 def prefill(model: Any, prompt_ids: torch.LongTensor) -> Prefill:
     """One forward of the whole prompt; decodings that pass `prefilled=` start from a copy of its cache."""
     history = _prompt(prompt_ids)
-    cache = _new_cache(model)
+    cache = new_cache(model)
     with torch.inference_mode():
         first = int(_forward(model, history, cache, keep=1)[-1].argmax())
         _rollback(cache, 0)
@@ -254,7 +248,7 @@ class ModelDraft:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.cache = _new_cache(model)
+        self.cache = new_cache(model)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
 
     def propose(self, tokens_so_far: list[int], k: int) -> list[int]:

@@ -52,7 +52,7 @@ import numpy as np
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
 from moespec.formats.benchfile import load_bench
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.files import holds_outputs, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
@@ -266,10 +266,10 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     return plan
 
 
+@holds_outputs(lambda config: [config.out or None])
 def make_plan(config: PlanConfig) -> Plan:
-    """Load and check the inputs, build the plan (build_plan) and write it to config.out when given."""
-    if config.out:
-        check_output(config.out)
+    """Load and check the inputs, build the plan (build_plan) and write it to config.out when given (locked while
+    the plan is made, moespec.formats.lock)."""
     bench = load_bench(config.bench)
     if config.device is not None and config.device != bench.device_kind:
         raise MoespecError(f"{config.bench} was measured on {bench.device_kind}; a {config.device} plan needs a "

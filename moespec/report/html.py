@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from moespec import MoespecError, theory
 from moespec.defaults import N_MAX, POLICIES
-from moespec.formats.files import atomic_write, check_output
+from moespec.formats.files import atomic_write, check_output, writing
 from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, VERSIONS, acceptance_rows, score_files
 from moespec.report.figures import (
     FIG_DPI,
@@ -440,10 +440,12 @@ def render(f: Folder) -> str:
 
 
 def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
-    """Read DIR's artifacts and write the page to `out` (default DIR/report.html); returns its path."""
-    target = check_output(out or Path(folder) / DEFAULT_NAME)
-    f = load_folder(folder)
-    page = render(f)
-    return atomic_write(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    """Read DIR's artifacts and write the page to `out` (default DIR/report.html, locked meanwhile); returns its
+    path."""
+    target = check_output(out or Path(folder) / DEFAULT_NAME)  # before any work
+    f = load_folder(folder)  # before writing() can make the folder
+    with writing(target):
+        page = render(f)
+        return atomic_write(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
 
 

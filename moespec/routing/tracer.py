@@ -22,15 +22,14 @@ Documents (moespec.routing.documents) are tokenized with the checkpoint's own to
 `chunk` tokens, the KV cache carried across chunks, so long documents fit in memory.
 
 Resumable. Finished documents are kept in OUT.partial/ (moespec.formats.checkpoint: one npz each plus state.json
-naming the inputs); rerunning the same command skips them. The final trace is written atomically and the folder
-removed.
+naming the inputs); rerunning the same command skips them (`fresh` drops them). The final trace is written
+atomically and the folder removed; OUT is locked meanwhile (moespec.formats.lock).
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from moespec import MoespecError
 from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import check_output, provenance
+from moespec.formats.files import holds_outputs, provenance
 from moespec.formats.trace import Trace
 from moespec.measure.timing import resolve_device
 from moespec.model.load import cache_argument, find_routers, load_model
@@ -53,7 +52,8 @@ from moespec.routing.documents import HASH_CHARS, load_documents, tokenize, toke
 @dataclass(frozen=True)
 class TraceConfig:
     """What `trace` records: a local checkpoint (`model`), the documents of a raw text file or of a JSONL file's
-    `field`, at most `max_tokens` tokens, fed `chunk` tokens per forward in `dtype` on `device`; written to `out`."""
+    `field`, at most `max_tokens` tokens, fed `chunk` tokens per forward in `dtype` on `device`; written to `out`,
+    checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     model: str
     out: str
@@ -64,6 +64,7 @@ class TraceConfig:
     device: str = "cpu"
     dtype: str = "fp32"  # fp32 default: no near-tie flips of the router's choice
     chunk: int = 512
+    fresh: bool = False
 
 
 # -- the model and its routers -----------------------------------------------------------------------
@@ -144,11 +145,11 @@ class Traced:
     seconds: float
 
 
+@holds_outputs(lambda config: [config.out])
 def trace(config: TraceConfig) -> Traced:
     """Teacher-force the documents through the checkpoint, record every MoE layer's routing, write the trace to
-    config.out (atomically) and return it. Finished documents are checkpointed in OUT.partial/: the same call
-    after an interruption resumes; one with other inputs is refused."""
-    check_output(config.out)
+    config.out (atomically, locked meanwhile) and return it. Finished documents are checkpointed in OUT.partial/:
+    the same call after an interruption resumes; one with other inputs is refused (config.fresh drops them)."""
     resolve_device(config.device)
     docs, source = load_documents(config.text, config.jsonl, config.field)
     model_path, out = Path(config.model), Path(config.out)
@@ -161,12 +162,12 @@ def trace(config: TraceConfig) -> Traced:
     key = {"model": _model_id(model_path), "source": source, "tokenizer": tok_id, "max_tokens": config.max_tokens,
            "chunk": config.chunk, "dtype": config.dtype, "lengths": lengths}
     routers = find_routers(model, spec)  # before the checkpoint folder exists: a refusal leaves nothing behind
-    checkpoint = Checkpoint(out, key, resume=True, kind="trace", start_over="delete the folder to start over")
+    checkpoint = Checkpoint(out, key, "trace", config.fresh)
     tap = RouterTap(routers, spec.m)
     results: list[tuple[np.ndarray, np.ndarray]] = []
     traced, start = 0, time.perf_counter()
     try:
-        with _progress() as progress:
+        with checkpoint, _progress() as progress:
             task = progress.add_task("trace", total=sum(lengths), rate="")
             for doc, ids in enumerate(token_ids):
                 unit = checkpoint.load_arrays(f"doc_{doc:06d}")
@@ -179,9 +180,6 @@ def trace(config: TraceConfig) -> Traced:
                 results.append(done)
                 rate = traced / max(time.perf_counter() - start, 1e-9)
                 progress.update(task, advance=ids.size, rate=f"{rate:,.0f}/s")
-    except KeyboardInterrupt:
-        print(f"moespec trace: finished documents kept in {checkpoint.folder}; rerun to resume", file=sys.stderr)
-        raise
     finally:
         tap.close()
     meta = {"model": spec.name, "model_type": spec.model_type, "spec": spec.to_dict(), "source": source,

@@ -1,0 +1,218 @@
+"""Lost work (issue 14, class 6, and the interrupt of class 7): a rerun resumes OUT.partial/ by default and refuses
+other settings in one line; a resumed run draws what a clean run draws; list options are compared normalized; an
+interrupt says how to resume; a second writer of the same output is refused; the demo checks all its steps first."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moespec import MoespecError, cli
+from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.lock import lock_file
+from moespec.measure import bench
+from moespec.measure import run as R
+from moespec.measure.run import RunConfig, run_engine
+from moespec.model import speculative
+
+SYNTH = ["synth", "--model", "olmoe-1b-7b", "--process", "uniform", "--tokens", "200", "--docs", "2"]
+RUN = ["run", "--depth", "8", "--reps", "2", "--max-reps", "2", "--no-throughput", "--dtype", "fp32"]
+
+
+@pytest.fixture(autouse=True)
+def no_loading_bars():
+    """transformers' weight-loading bar off, so stderr holds moespec's lines alone."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    yield
+    logging.enable_progress_bar()
+
+
+def main(argv: list[str]) -> tuple[int, str]:
+    """cli.main's exit code and stderr (stdout dropped)."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, err.getvalue()
+
+
+def one_line(err: str, *words: str) -> None:
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ---- resuming --------------------------------------------------------------------------------------------
+def test_an_interrupted_bench_says_how_to_resume_and_a_plain_rerun_resumes(bench_argv, tmp_path, monkeypatch):
+    out = tmp_path / "bench.json"
+    record, time_unit, timed = bench.unit_record, bench._time_unit, []
+    monkeypatch.setattr(bench, "unit_record", lambda *a: timed.append(1) or record(*a))
+
+    def interrupt_second_unit(*args, **kwargs):
+        if timed:
+            raise KeyboardInterrupt
+        return time_unit(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_unit", interrupt_second_unit)
+    code, err = main(bench_argv(out))
+    assert code == 130 and not out.exists() and len(timed) == 1
+    one_line(err, "interrupted", f"{out}.partial", "rerun the same command to resume")
+    monkeypatch.setattr(bench, "_time_unit", time_unit)
+    timed.clear()
+    assert main(bench_argv(out))[0] == 0  # no flag: the finished unit is kept
+    assert len(timed) == 6 - 1 and not Path(f"{out}.partial").exists() and not lock_file(out).exists()
+
+
+def test_a_resumed_run_draws_what_a_clean_run_draws(tiny_checkpoints, tmp_path, monkeypatch):
+    """Interrupted in its second verify unit and resumed with its lists in another order: the remaining units
+    time the same random tokens as a clean run with the seed."""
+    model = ["--model", str(tiny_checkpoints["olmoe"])]
+    monkeypatch.setattr(R, "DISTURBED", 0.0)  # no round repeated: every unit times exactly --max-reps rounds
+    timed = speculative.timed_forward
+    seen: dict[int, set] = {}
+
+    def record(model, tokens, state):
+        seen.setdefault(len(tokens), set()).add(tuple(tokens))
+        return timed(model, tokens, state)
+
+    monkeypatch.setattr(speculative, "timed_forward", record)
+    assert main([*RUN, *model, "--n", "1,2,3", "--a", "0.5,0.9", "--out", str(tmp_path / "clean.json")])[0] == 0
+    clean, seen = seen, {}
+
+    def interrupt_at_two(model, tokens, state):
+        if len(tokens) == 2:
+            raise KeyboardInterrupt
+        return record(model, tokens, state)
+
+    out = tmp_path / "runs.json"
+    monkeypatch.setattr(speculative, "timed_forward", interrupt_at_two)
+    code, err = main([*RUN, *model, "--n", "1,2,3", "--a", "0.5,0.9", "--out", str(out)])
+    assert code == 130 and not out.exists()
+    one_line(err, f"{out}.partial", "rerun the same command to resume")
+    seen = {}
+    monkeypatch.setattr(speculative, "timed_forward", record)
+    assert main([*RUN, *model, "--n", "3,2,1", "--a", "0.9,0.5", "--out", str(out)])[0] == 0
+    assert sorted(seen) == [2, 3]  # n = 1 was kept, not measured again
+    assert all(seen[n] == clean[n] for n in (2, 3))
+    assert sorted(json.loads(out.read_text())["verify_time_s"]["slot"]) == ["1", "2", "3"]
+
+
+def test_other_settings_are_refused_in_one_line_and_fresh_starts_over(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    Checkpoint(out, {"reps": 9}, "run")  # an interrupted run of other settings
+    before = snapshot(tmp_path)
+    argv = [*RUN, "--model", str(tiny_checkpoints["olmoe"]), "--n", "1", "--out", str(out)]
+    for extra in ([], ["--resume"]):
+        code, err = main(argv + extra)
+        assert code == 2 and snapshot(tmp_path) == before
+        one_line(err, f"{out}.partial", "made with other settings", "--fresh")
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*argv, "--fresh", "--resume"])
+    assert stop.value.code == 2 and "not allowed with" in capsys.readouterr().err and snapshot(tmp_path) == before
+    assert main([*argv, "--fresh"])[0] == 0
+    assert out.exists() and not Path(f"{out}.partial").exists()
+
+
+# ---- one writer at a time --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def held_elsewhere(out: Path):
+    """The lock on `out` held through a descriptor of its own, as another process would hold it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file(out), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+COMMANDS = {  # command -> (argv, the output it locks)
+    "synth": lambda d, _: ([*SYNTH, "--out", str(d / "t.npz")], d / "t.npz"),
+    "bench": lambda d, argv: (argv(d / "b.json"), d / "b.json"),
+    "run": lambda d, _: ([*RUN, "--out", str(d / "r.json")], d / "r.json"),
+    "plan": lambda d, _: (["plan", "--bench", "b.json", "--trace", "t.npz", "--tau1", "0.01", "--out",
+                           str(d / "p.json")], d / "p.json"),
+    "trace": lambda d, _: (["trace", "--model", "m", "--text", "x.txt", "--out", str(d / "t.npz")], d / "t.npz"),
+    "reuse": lambda d, _: (["reuse", "t.npz", "--plot", str(d / "f.png")], d / "f.png"),
+    "demo": lambda d, _: (["demo", "--out", str(d / "demo")], d / "demo" / "demo.json"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_second_writer_is_refused_in_one_line(command, bench_argv, tmp_path):
+    argv, locked = COMMANDS[command](tmp_path, bench_argv)
+    with held_elsewhere(locked):
+        before, start = snapshot(tmp_path), time.perf_counter()
+        code, err = main(argv)
+        assert code == 2 and time.perf_counter() - start < 5  # before any work
+        one_line(err, str(locked), "another moespec process is writing it")
+        assert snapshot(tmp_path) == before and lock_file(locked).exists()  # the holder's lock file stays
+
+
+def test_report_and_the_api_refuse_a_second_writer(bench_model, tmp_path):
+    page = tmp_path / "report.html"
+    with held_elsewhere(page):
+        code, err = main(["report", str(bench_model["trace"].parent), "--out", str(page)])
+        assert code == 2 and not page.exists()
+        one_line(err, str(page), "another moespec process")
+    out = tmp_path / "runs.json"
+    with held_elsewhere(out), pytest.raises(MoespecError, match="another moespec process is writing it"):
+        run_engine(RunConfig(out=str(out)))
+    assert not out.exists()
+
+
+def test_a_lock_held_by_another_process(tmp_path):
+    out = tmp_path / "t.npz"
+    script = (f"import sys; from moespec.formats.lock import locked\n"
+              f"with locked({str(out)!r}, 'x'):\n print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", script],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, err = main([*SYNTH, "--out", str(out)])
+        assert code == 2 and not out.exists()
+        one_line(err, f"--out {out}", "another moespec process is writing it")
+    finally:
+        holder.communicate("")
+    assert not lock_file(out).exists()  # the holder removed its lock file on release
+
+
+def test_the_lock_file_goes_and_a_stale_one_is_harmless(tmp_path):
+    out = tmp_path / "new" / "t.npz"
+    assert main([*SYNTH, "--out", str(out)])[0] == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["t.npz"]
+    lock_file(out).write_text("")  # left by a killed process: nobody holds it
+    assert main([*SYNTH, "--out", str(out)])[0] == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["t.npz"]
+    code, err = main([*SYNTH, "--docs", "500", "--out", str(tmp_path / "made" / "t.npz")])
+    assert code == 2 and not (tmp_path / "made").exists()  # a refused job leaves no folder it made
+    one_line(err, "docs=500")
+
+
+# ---- the demo checks every step first --------------------------------------------------------------------
+@pytest.mark.parametrize("args, flag", [(["--engine-layers", "99"], "--engine-layers"), (["--kmax", "9"], "--kmax"),
+                                        (["--depth", "0"], "--depth")])
+def test_the_demo_checks_every_step_before_writing(args, flag, tmp_path):
+    out = tmp_path / "demo"
+    code, err = main(["demo", "--tokens", "500", "--docs", "5", "--out", str(out), *args])
+    assert code == 2 and not out.exists()
+    one_line(err, flag)
+
+
+def test_the_run_normalizes_acceptances():
+    assert RunConfig(a=(0.9, 0.5, 0.9)).acceptances == RunConfig(a=(0.5, 0.9)).acceptances == [0.5, 0.9]
