@@ -13,8 +13,8 @@ from plan_cases import make_bench, uniform_trace
 from score_cases import make_plan, make_runs, ran
 
 from moespec import MoespecError, cli
-from moespec.defaults import (BOOTSTRAP_LIMIT, DEPTH_LIMIT, GENERATED_LIMIT, KMAX_LIMIT, REPS_LIMIT, SAMPLES_LIMIT,
-                              TOKENS_LIMIT, WINDOW_LIMIT)
+from moespec.defaults import (BOOTSTRAP_LIMIT, DEPTH_LIMIT, GENERATED_LIMIT, KMAX_LIMIT, LAYERS_LIMIT, REPS_LIMIT,
+                              SAMPLES_LIMIT, TOKENS_LIMIT, WINDOW_LIMIT)
 from moespec.formats.files import write_json
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
@@ -34,6 +34,9 @@ FLAGS = [
     (["synth", "--out", "O"], "--tokens", TOKENS_LIMIT), (["synth", "--out", "O"], "--docs", TOKENS_LIMIT),
     (["trace", "--model", "M", "--text", "T", "--out", "O"], "--max-tokens", TOKENS_LIMIT),
     (["trace", "--model", "M", "--text", "T", "--out", "O"], "--chunk", DEPTH_LIMIT),
+    *((["demo", "--out", "O"], flag, bound) for flag, bound in (
+        ("--kmax", KMAX_LIMIT), ("--depth", DEPTH_LIMIT), ("--tokens", TOKENS_LIMIT), ("--docs", TOKENS_LIMIT),
+        ("--bench-reps", REPS_LIMIT), ("--engine-layers", LAYERS_LIMIT))),
 ]
 
 

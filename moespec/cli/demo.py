@@ -10,13 +10,14 @@ from typing import Any
 from rich.table import Table
 
 from moespec import theory
-from moespec.cli.args import seed
+from moespec.cli.args import bounded, seed
 from moespec.cli.plan import print_summary as print_plan
 from moespec.cli.reuse import print_summary
 from moespec.cli.run import report as report_runs
 from moespec.cli.score import print_score
 from moespec.console import console
-from moespec.defaults import DEPTH, FORMAT, KMAX, MODEL, TRACE_DOCS, TRACE_TOKENS
+from moespec.defaults import (DEPTH, DEPTH_LIMIT, FORMAT, KMAX, KMAX_LIMIT, LAYERS_LIMIT, MODEL, REPS_LIMIT,
+                              TOKENS_LIMIT, TRACE_DOCS, TRACE_TOKENS)
 from moespec.demo import BENCH_REPS, DEFAULT_OUT_DIR, ENGINE_LAYERS, KERNEL_LABELS, DemoConfig, Quiet, demo
 from moespec.formats.benchfile import Bench
 from moespec.formats.planfile import Plan
@@ -30,18 +31,25 @@ from moespec.routing.reuse import ReuseStats
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=MODEL, help=f"model preset (default {MODEL})")
     p.add_argument("--format", default=FORMAT, help=f"weight format (default {FORMAT})")
-    p.add_argument("--depth", type=int, default=DEPTH, help=f"context depth d (default {DEPTH})")
-    p.add_argument("--kmax", type=int, default=KMAX, help=f"largest draft length (default {KMAX})")
-    p.add_argument("--tokens", type=int, default=TRACE_TOKENS, help=f"trace tokens (default {TRACE_TOKENS})")
-    p.add_argument("--docs", type=int, default=TRACE_DOCS, help=f"trace documents (default {TRACE_DOCS})")
+    p.add_argument("--depth", type=bounded(0, DEPTH_LIMIT), default=DEPTH,
+                   help=f"context depth d (default {DEPTH}, at most {DEPTH_LIMIT:,})")
+    p.add_argument("--kmax", type=bounded(1, KMAX_LIMIT), default=KMAX,
+                   help=f"largest draft length (default {KMAX}, at most {KMAX_LIMIT}; the engine steps take at most "
+                        f"{KMAX})")
+    p.add_argument("--tokens", type=bounded(1, TOKENS_LIMIT), default=TRACE_TOKENS,
+                   help=f"trace tokens (default {TRACE_TOKENS}, at most {TOKENS_LIMIT:,})")
+    p.add_argument("--docs", type=bounded(1, TOKENS_LIMIT), default=TRACE_DOCS,
+                   help=f"trace documents (default {TRACE_DOCS}, at most {TOKENS_LIMIT:,})")
     p.add_argument("--seed", type=seed, default=0, help="seed of the synthetic routing (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT_DIR,
                    help=f"folder for every artifact (trace, bench, plan, runs, report; default {DEFAULT_OUT_DIR}); "
                         f"a re-run with the same settings reuses what is there")
-    p.add_argument("--bench-reps", type=int, default=BENCH_REPS,
-                   help=f"repetitions of the short bench (default {BENCH_REPS}; 0 skips the measurement)")
-    p.add_argument("--engine-layers", type=int, default=ENGINE_LAYERS,
-                   help=f"layers of the engine's model (default {ENGINE_LAYERS}; 0 skips steps 4-6)")
+    p.add_argument("--bench-reps", type=bounded(0, REPS_LIMIT), default=BENCH_REPS,
+                   help=f"repetitions of the short bench (default {BENCH_REPS}, at most {REPS_LIMIT:,}; 0 skips the "
+                        f"measurement)")
+    p.add_argument("--engine-layers", type=bounded(0, LAYERS_LIMIT), default=ENGINE_LAYERS,
+                   help=f"layers of the engine's model (default {ENGINE_LAYERS}, at most {LAYERS_LIMIT:,}; 0 skips "
+                        f"steps 4-6)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
