@@ -19,6 +19,7 @@ from moespec.formats.files import write_json
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
 from moespec.predict.plan import build_plan
+from moespec.routing.reuse import reuse_stats
 
 HUGE = "100000000"
 # command, flag, bound: every size flag of every command
@@ -85,4 +86,8 @@ def test_the_api_checks_the_same_bounds(tmp_path: Path):
         run_bench(BenchConfig(out=str(tmp_path / "b.json"), reps=10**8))
     with pytest.raises(MoespecError, match="--tokens must lie in 1..4,096"):
         run_engine(RunConfig(out=str(tmp_path / "r.json"), tokens=10**8))
+    with pytest.raises(MoespecError, match=f"n_max must be an integer in 1..{WINDOW_LIMIT}"):
+        reuse_stats(uniform_trace(), n_max=100_000)
+    with pytest.raises(MoespecError, match="bootstrap must be an integer in 0..20,000"):
+        reuse_stats(uniform_trace(), bootstrap=10**8)
     assert not list(tmp_path.iterdir())

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from cli_cases import refused
 
 from moespec.cli import main
 
@@ -101,5 +102,4 @@ def test_demo_short_bench(capsys, tmp_path):
 @pytest.mark.parametrize("argv", [["--kmax", "0"], ["--tokens", "10", "--docs", "5"], ["--bench-reps", "-1"],
                                   ["--format", "q8_0", "--bench-reps", "1"]])
 def test_demo_bad_input(capsys, argv, tmp_path):
-    assert main(["demo", *argv, "--out", str(tmp_path)]) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    refused(["demo", *argv, "--out", tmp_path], capsys, tmp_path)

@@ -38,7 +38,7 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.console import progress
-from moespec.defaults import FORMAT, N_MAX
+from moespec.defaults import BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
 from moespec.formats.trace import Trace, chunk_masks, popcount
 from moespec.model.spec import ModelSpec
 from moespec.model.weights import check_format
@@ -144,8 +144,8 @@ def document_stats(trace: Trace, n_max: int, show_progress: bool = False) -> tup
     R_j(d, n) = Σ of repeat counts of the j-token windows that start where an n-token window of document d
     starts (j <= n). Then the repeats of n-token windows are R_n(d, n) and, since a window's union is m per
     token minus its repeats, the union sum is m n W_d(n) - Σ_{j=2..n} R_j(d, n)."""
-    if isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or n_max < 1:
-        raise MoespecError(f"n_max must be an integer >= 1, got {n_max!r}")
+    if isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or not 1 <= n_max <= WINDOW_LIMIT:
+        raise MoespecError(f"n_max must be an integer in 1..{WINDOW_LIMIT}, got {n_max!r}")
     num_t, num_l, m = trace.experts.shape
     starts, ends = trace.doc_starts[:-1], trace.doc_starts[1:]
     n_axis = np.arange(n_max + 1)
@@ -204,8 +204,9 @@ def reuse_stats(trace: Trace, n_max: int = N_MAX, bootstrap: int = DEFAULT_BOOTS
                 show_progress: bool = False) -> ReuseStats:
     """App. D.2 estimates of rho_l(n), U_l(n) for n = 1..n_max, byte quantities with w_l = expert_bytes (default 1
     per layer: relative units) and percentile bootstrap intervals over documents (`bootstrap` resamples)."""
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
-        raise MoespecError(f"bootstrap must be an integer >= 0, got {bootstrap!r}")
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or \
+            not 0 <= bootstrap <= BOOTSTRAP_LIMIT:
+        raise MoespecError(f"bootstrap must be an integer in 0..{BOOTSTRAP_LIMIT:,}, got {bootstrap!r}")
     if not 0 < level < 1:
         raise MoespecError(f"interval level must lie in (0, 1), got {level!r}")
     if expert_bytes is None:
