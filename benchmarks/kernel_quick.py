@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     down = torch.empty(N_EXPERTS, HIDDEN, WIDTH, dtype=dtype).normal_(0, WEIGHT_STD, generator=gen)
     b = K.expert_bytes(gate_up, down)
     print(f"# {native.status()}")
-    print("# implementations: " + ", ".join(f"{k}={K.implementation(k, dtype)}" for k in kernels if k in ("slot", "dedup")))
+    print("# implementations: "
+          + ", ".join(f"{k}={K.implementation(k, dtype)}" for k in kernels if k in ("slot", "dedup")))
     print(f"# OLMoE layer N={N_EXPERTS} m={TOP_M} d={HIDDEN} f={WIDTH} {args.dtype}: b = {b / 1e6:.1f} MB per expert; "
           f"median of {args.reps} flushed calls; noisy = IQR > {NOISY_IQR:.0%} of median; "
           f"{args.threads or torch.get_num_threads()} threads")
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{100 * beta / ceiling:5.0f}%{flag}", flush=True)
 
     ceiling, ceiling_iqr = median_iqr(ceiling_samples)
-    print(f"# streaming read (ceiling, flushed, interleaved with the kernels): {ceiling:.1f} GB/s (IQR {ceiling_iqr:.1f})")
+    print(f"# streaming read (ceiling, flushed, interleaved with the kernels): {ceiling:.1f} GB/s "
+          f"(IQR {ceiling_iqr:.1f})")
     summary = {
         "device": "cpu", "dtype": args.dtype, "threads": args.threads or torch.get_num_threads(),
         "native": native.status(), "ceiling_gbps": round(ceiling, 2), "ceiling_iqr_gbps": round(ceiling_iqr, 2),

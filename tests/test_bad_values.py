@@ -50,6 +50,17 @@ def test_a_config_field_that_is_not_a_positive_integer(key, value, tiny_configs,
     assert str(config) in err and key in err
 
 
+@pytest.mark.parametrize("model_type, key, value", [("qwen3_moe", "mlp_only_layers", 1),
+                                                    ("qwen3_moe", "mlp_only_layers", ["1"]),
+                                                    ("gpt_oss", "layer_types", "full_attention"),
+                                                    ("gpt_oss", "layer_types", [0, 1])])
+def test_a_config_list_of_the_wrong_kind(model_type, key, value, tiny_configs, tmp_path: Path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**tiny_configs[model_type].to_dict(), key: value}))
+    err = refused(["spec", config], capsys, tmp_path)
+    assert str(config) in err and f"{key} = " in err and "must be a list" in err
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e-3, 0.0, "1"])
 @pytest.mark.parametrize("key", ["measured_mean_s", "measured_median_s"])
 def test_bench_op_times_are_refused_before_plan(key, value, tmp_path: Path, capsys):

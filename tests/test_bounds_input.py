@@ -13,8 +13,17 @@ from plan_cases import make_bench, uniform_trace
 from score_cases import make_plan, make_runs, ran
 
 from moespec import MoespecError, cli
-from moespec.defaults import (BOOTSTRAP_LIMIT, DEPTH_LIMIT, GENERATED_LIMIT, KMAX_LIMIT, LAYERS_LIMIT, REPS_LIMIT,
-                              SAMPLES_LIMIT, TOKENS_LIMIT, WINDOW_LIMIT)
+from moespec.defaults import (
+    BOOTSTRAP_LIMIT,
+    DEPTH_LIMIT,
+    GENERATED_LIMIT,
+    KMAX_LIMIT,
+    LAYERS_LIMIT,
+    REPS_LIMIT,
+    SAMPLES_LIMIT,
+    TOKENS_LIMIT,
+    WINDOW_LIMIT,
+)
 from moespec.formats.files import write_json
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine

@@ -15,8 +15,21 @@ import numpy as np
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
-from plan_cases import (DEDUP, EPS, MODEL, MS, NS, RUNS_DRAFT, RUNS_SLOT, SLOT, TAU1, TIMED, make_bench, make_runs,
-                        uniform_trace)
+from plan_cases import (
+    DEDUP,
+    EPS,
+    MODEL,
+    MS,
+    NS,
+    RUNS_DRAFT,
+    RUNS_SLOT,
+    SLOT,
+    TAU1,
+    TIMED,
+    make_bench,
+    make_runs,
+    uniform_trace,
+)
 
 from moespec import MoespecError, cli, theory
 from moespec.formats.benchfile import load_bench

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from score_cases import ACCEPTANCES, IDENTITY, PEAK, POLICIES, T0, curve, k_hat_of, make_plan, make_runs, ran
 
 from moespec import cli
 from moespec.formats.files import write_json
 from moespec.predict.score import score_files
-
-from score_cases import ACCEPTANCES, IDENTITY, PEAK, POLICIES, T0, curve, k_hat_of, make_plan, make_runs, ran
 
 
 def set_throughput(runs: dict[str, Any], a: float, values: dict[int, float], policies=POLICIES) -> None:

@@ -321,6 +321,13 @@ class _Config:
             raise MoespecError(f"{self.file}: {key} = {value!r} must be an integer >= {least}")
         return value
 
+    def items(self, key: str, default: list, kind: type) -> list:
+        """cfg[key] as a list whose every item is a `kind` (layer indices, layer types), naming the key if not."""
+        value = self(key, default)
+        if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+            raise MoespecError(f"{self.file}: {key} = {value!r} must be a list of {kind.__name__}")
+        return value
+
     def num_experts(self) -> int:
         """Routed experts per layer, under whichever name the writer used: transformers v5 maps the names
         onto each other (attribute_map) and saves its own, e.g. Qwen3 as num_local_experts."""
@@ -354,7 +361,7 @@ def _read_olmoe(c: _Config, name: str) -> ModelSpec:
 
 def _read_qwen3_moe(c: _Config, name: str) -> ModelSpec:
     layers, step = c("num_hidden_layers", least=1), c("decoder_sparse_step", 1, least=1)
-    only_mlp = set(c("mlp_only_layers", []))  # as Qwen3MoeDecoderLayer decides
+    only_mlp = set(c.items("mlp_only_layers", [], int))  # as Qwen3MoeDecoderLayer decides
     dense = tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step)
     return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
                   expert_width=c("moe_intermediate_size", least=1), dense_layers=dense,
@@ -364,7 +371,8 @@ def _read_qwen3_moe(c: _Config, name: str) -> ModelSpec:
 def _read_gpt_oss(c: _Config, name: str) -> ModelSpec:
     layers = c("num_hidden_layers", least=1)
     # GptOssConfig default: sliding on even layers (0, 2, ...), full attention on odd ones
-    types = c("layer_types", ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
+    types = c.items("layer_types", ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)],
+                    str)
     window = c("sliding_window", None, least=1)
     sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
     attention = c.attention() | {"attention_bias": bool(c("attention_bias", True))}
