@@ -1,13 +1,15 @@
 """`moespec spec`: a model's shapes and the bytes a pass reads per weight format: w_l, W, D, kv(k)
-(moespec.model.spec)."""
+(moespec.model.spec); for a GGUF file, at the formats its tensors are stored in (moespec.model.gguf)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from moespec import MoespecError
 from moespec.cli.args import bounded
 from moespec.defaults import DEPTH, DEPTH_LIMIT, FORMAT, KMAX, KMAX_LIMIT
+from moespec.model.gguf import KV_FORMAT, read_gguf
 from moespec.model.spec import PRESETS, resolve, summary
 from moespec.model.weights import ALL_FORMATS, FORMATS
 
@@ -16,10 +18,12 @@ _GIB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", help="preset name or a checkpoint folder / config.json")
+    parser.add_argument("model", nargs="?", help="preset name, a checkpoint folder / config.json, or a GGUF file")
     parser.add_argument("--list", action="store_true", help="list the presets and their shapes")
-    parser.add_argument("--format", default=FORMAT, choices=ALL_FORMATS, help=f"weights: {', '.join(ALL_FORMATS)}")
-    parser.add_argument("--kv-dtype", default="bf16", choices=list(FORMATS), help="KV-cache format")
+    parser.add_argument("--format", choices=ALL_FORMATS,
+                        help=f"weights: {', '.join(ALL_FORMATS)} (default {FORMAT}; a GGUF file has its own)")
+    parser.add_argument("--kv-dtype", choices=list(FORMATS),
+                        help=f"KV-cache format (default bf16; {KV_FORMAT} for a GGUF file, llama.cpp's default)")
     parser.add_argument("--depth", type=bounded(0, DEPTH_LIMIT), default=DEPTH,
                         help=f"context depth d for kv(k) (default {DEPTH}, at most {DEPTH_LIMIT:,})")
     parser.add_argument("--kmax", type=bounded(0, KMAX_LIMIT), default=KMAX,
@@ -38,8 +42,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"{s.name:<18}{s.model_type:<13}{s.hidden:>7}{s.layers:>7}{s.L:>4}{s.N:>5}{s.m:>3}"
                   f"{s.expert_width:>7}{s.W('bf16') / _GIB:>12.3f}{s.dense_bytes('bf16') / _GIB:>12.3f}  {s.notes}")
         return 0
-    spec = resolve(args.model)
-    s = summary(spec, args.format, args.kv_dtype, args.depth, args.kmax)
+    if args.model.endswith(".gguf"):
+        if args.format:
+            raise MoespecError(f"--format {args.format}: a GGUF file stores its tensors in their own formats")
+        gguf = read_gguf(args.model)
+        spec, args.format = gguf.spec, "the file's formats"
+        s = gguf.summary(args.depth, args.kmax, args.kv_dtype or KV_FORMAT)
+        args.kv_dtype = s["kv_dtype"]
+    else:
+        spec = resolve(args.model)
+        args.format, args.kv_dtype = args.format or FORMAT, args.kv_dtype or "bf16"
+        s = summary(spec, args.format, args.kv_dtype, args.depth, args.kmax)
     if args.json:
         print(json.dumps(s, indent=1))
         return 0
