@@ -46,15 +46,27 @@ import torch
 
 from moespec import MoespecError, kernels, theory
 from moespec.console import progress
-from moespec.defaults import (DTYPES, KERNELS, MODEL, N_LIMIT, N_MAX, PROFILE, REPS_LIMIT, SAMPLES_LIMIT, TORCH_DTYPES,
-                              TRACE_DOCS, TRACE_TOKENS)
+from moespec.defaults import (
+    DTYPES,
+    KERNELS,
+    MODEL,
+    N_LIMIT,
+    N_MAX,
+    PROFILE,
+    REPS_LIMIT,
+    SAMPLES_LIMIT,
+    TORCH_DTYPES,
+    TRACE_DOCS,
+    TRACE_TOKENS,
+)
 from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
-from moespec.measure.timing import Timer, median_iqr, resolve_device, timer_for
+from moespec.measure.timing import Timer, median_iqr, timer_for
+from moespec.model.load import resolve_device
 from moespec.model.spec import ModelSpec, resolve
 from moespec.routing.reuse import reuse_stats
 from moespec.routing.synth import PROFILES, synthesize

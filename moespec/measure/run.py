@@ -38,17 +38,27 @@ import torch
 
 from moespec import MoespecError, theory
 from moespec.console import progress
-from moespec.defaults import (DEPTH, DEPTH_LIMIT, GENERATED_LIMIT, KERNELS, KMAX, LAYERS_LIMIT, MODEL, N_MAX,
-                              REPS_LIMIT, SAMPLES_LIMIT)
+from moespec.defaults import (
+    DEPTH,
+    DEPTH_LIMIT,
+    GENERATED_LIMIT,
+    KERNELS,
+    KMAX,
+    LAYERS_LIMIT,
+    MODEL,
+    N_MAX,
+    REPS_LIMIT,
+    SAMPLES_LIMIT,
+)
 from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
-from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr, resolve_device
+from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense
-from moespec.model.load import LoadedModel, load_model
+from moespec.model.load import LoadedModel, load_model, resolve_device
 from moespec.model.policies import set_policy, set_replay
 from moespec.model.spec import ModelSpec
 

@@ -37,12 +37,12 @@ from typing import Callable
 
 import torch
 
-from moespec import MoespecError
 from moespec.kernels import native
+from moespec.model.load import resolve_device
 
 __all__ = [
     "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "flush_bytes", "device_name",
-    "resolve_device", "Timer", "CpuTimer", "CudaTimer", "timer_for",
+    "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
 STREAM_READ_BYTES = 256 << 20  # the CPU ceiling's buffer: 8x a 32 MiB L3, so nearly every byte comes from DRAM
@@ -154,21 +154,6 @@ def device_name() -> str:
 
 
 # ---- timers --------------------------------------------------------------------------------------------------
-def resolve_device(name: str) -> str:
-    """`name` ("cpu", "cuda" or "cuda:N") checked against this machine; raises MoespecError when it names no
-    device here."""
-    kind, colon, index = name.partition(":")
-    if not (name == "cpu" or kind == "cuda" and (not colon or index.isdigit())):
-        raise MoespecError(f"--device {name}: unknown device; use cpu, cuda or cuda:N")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise MoespecError(f"--device {name}: no CUDA device here (torch.cuda.is_available() is False)")
-        if colon and int(index) >= torch.cuda.device_count():
-            raise MoespecError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                               f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
-    return name
-
-
 class Timer(ABC):
     """How a timed call is measured on one device: `flush()` before it, `time(fn)` around it, `ceiling()` beside.
 

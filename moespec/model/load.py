@@ -54,6 +54,21 @@ class LoadedModel:
 
 # ---------------------------------------------------------------- loading
 
+def resolve_device(name: str) -> str:
+    """`name` ("cpu", "cuda" or "cuda:N") checked against this machine; raises MoespecError when it names no
+    device here."""
+    kind, colon, index = name.partition(":")
+    if not (name == "cpu" or kind == "cuda" and (not colon or index.isdigit())):
+        raise MoespecError(f"--device {name}: unknown device; use cpu, cuda or cuda:N")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise MoespecError(f"--device {name}: no CUDA device here (torch.cuda.is_available() is False)")
+        if colon and int(index) >= torch.cuda.device_count():
+            raise MoespecError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                               f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    return name
+
+
 def load_model(path: str | None = None, preset: str | ModelSpec | None = None, layers: int | None = None,
                dtype: str = "bf16", device: str = "cpu", seed: int = 0,
                vocab: int | None = PRESET_VOCAB) -> LoadedModel:
@@ -65,8 +80,7 @@ def load_model(path: str | None = None, preset: str | ModelSpec | None = None, l
         raise MoespecError("load_model: give exactly one of path (a checkpoint folder) and preset")
     if dtype not in DTYPES:
         raise MoespecError(f"load_model: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise MoespecError(f"device {device!r}: CUDA is not available on this machine")
+    resolve_device(device)
     torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
     if path is not None:
         if layers is not None:

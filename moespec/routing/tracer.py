@@ -44,8 +44,7 @@ from moespec import MoespecError
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import holds_outputs, provenance
 from moespec.formats.trace import Trace
-from moespec.measure.timing import resolve_device
-from moespec.model.load import cache_argument, find_routers, load_model
+from moespec.model.load import cache_argument, find_routers, load_model, resolve_device
 from moespec.routing.documents import HASH_CHARS, load_documents, tokenize, tokenizer_id
 
 
