@@ -212,3 +212,16 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
     assert [r["steps"] for r in rows] == [3, 3, 3] and rows[1]["tokens"] == 6
     assert rows[1]["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(0.5, 2)) / 0.02)
     assert rows[1]["realized_tokens_per_s"] == pytest.approx(2 / 0.02)
+
+
+def test_auto_ratio_pairs_the_passes_of_a_round():
+    """Drift that moves a whole round cancels: AUTO always 1% above dedup in its round gives 1.01, however the
+    rounds' levels differ; the better fixed kernel is the one with the smaller median."""
+    levels = [1.0, 2.0, 1.0, 3.0, 1.5]  # the machine's state per round
+    samples = {"slot": {4: [1.3 * x for x in levels]}, "dedup": {4: list(levels)},
+               "auto": {4: [1.01 * x for x in levels]}}
+    rng = np.random.default_rng(0)
+    stats = {p: {4: R.bootstrap_median(v[4], rng)} for p, v in samples.items()}
+    assert R.paired_ratio(samples, stats, 4) == pytest.approx(1.01)
+    samples["auto"][4][3] *= 3  # one of AUTO's passes disturbed: the median of the round ratios does not move
+    assert R.paired_ratio(samples, stats, 4) == pytest.approx(1.01)
