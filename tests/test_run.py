@@ -7,12 +7,14 @@ import contextlib
 import io
 import itertools
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from moespec import cli, theory
 from moespec.formats.trace import Trace
+from moespec.measure import decoding as D
 from moespec.measure import run as R
 
 SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
@@ -79,7 +81,7 @@ def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path,
 
     out = tmp_path / "runs.json"
     argv = ["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)]
-    real, done = R.decode_prompt, []
+    real, done = D.decode_prompt, []
 
     def interrupted(*args, **kwargs):
         if len(done) == 2:
@@ -87,12 +89,12 @@ def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path,
         done.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(R, "decode_prompt", interrupted)
+    monkeypatch.setattr(D, "decode_prompt", interrupted)
     assert run_cli(argv)[0] == 130  # interrupted
     units = [p for p in (tmp_path / "runs.json.partial").glob("*.json") if p.name != "state.json"]
     assert len(units) == 3 + 2  # the three verify units and two cells survived
     cells, passes = [], []
-    monkeypatch.setattr(R, "decode_prompt", lambda *a, **k: cells.append(1) or real(*a, **k))
+    monkeypatch.setattr(D, "decode_prompt", lambda *a, **k: cells.append(1) or real(*a, **k))
     timed = speculative.timed_forward
     monkeypatch.setattr(speculative, "timed_forward", lambda *a, **k: passes.append(1) or timed(*a, **k))
     code, _, _ = run_cli([*argv, "--resume"])
@@ -125,9 +127,9 @@ def test_statistics_helpers():
     assert theory.crossover({2: 0.5, 3: -0.1}) is None
     assert theory.crossover({2: 0.5, 3: 0.1}) == 2
     cells = [{"k": 0, "a": None, "x": 1}, {"k": 1, "a": 0.5, "x": 2}]
-    assert R.expand_k0(cells, [0.5, 0.9]) == [{"k": 0, "a": 0.5, "x": 1}, {"k": 0, "a": 0.9, "x": 1},
+    assert D.expand_k0(cells, [0.5, 0.9]) == [{"k": 0, "a": 0.5, "x": 1}, {"k": 0, "a": 0.9, "x": 1},
                                               {"k": 1, "a": 0.5, "x": 2}]
-    assert R.throughput_cells(["slot"], [0, 2], [0.5, 0.9]) == [("slot", 0, 0.5), ("slot", 2, 0.5),
+    assert D.throughput_cells(["slot"], [0, 2], [0.5, 0.9]) == [("slot", 0, 0.5), ("slot", 2, 0.5),
                                                                  ("slot", 2, 0.9)]
 
 
@@ -193,7 +195,7 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
     pools its prompts."""
     calls = []
 
-    def decode(lm, policy, k, a, kernel_by_n, ps, config, i, drafter=None):
+    def decode(lm, policy, k, a, kernel_by_n, ps, i, drafter=None):
         calls.append((policy, k, i))
         return {"steps": [[k, k // 2, 0.01, 0.02, 0.0, 0.005]], "tokens": k // 2 + 1, "mismatch": None}
 
@@ -203,10 +205,9 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
         def save(self, key, value):
             self.units[key] = value
 
-    monkeypatch.setattr(R, "decode_prompt", decode)
+    monkeypatch.setattr(D, "decode_prompt", decode)
     cells = [("slot", 0, 0.5), ("slot", 2, 0.5), ("dedup", 2, 0.5)]
-    config = R.RunConfig(prompts=3)
-    rows = R.measure_throughput(None, config, cells, None, None, Units(), None, lambda n: None)
+    rows = D.measure_throughput(None, cells, None, SimpleNamespace(count=3), Units(), None, lambda n: None)
     order = [(p, k) for p, k, _ in cells]
     assert calls == [c + (0,) for c in order] + [c + (1,) for c in order[::-1]] + [c + (2,) for c in order]
     assert [r["steps"] for r in rows] == [3, 3, 3] and rows[1]["tokens"] == 6

@@ -12,13 +12,8 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
    repetition, so drift hits all alike). With --replay, every MoE layer of each pass selects the experts of a
    window of the trace (moespec.model.policies), so a random-weight model verifies passes with realistic reuse.
    Medians with 95% bootstrap intervals; the saving S(n) = tau_slot(n) - tau_dedup(n) with its interval.
-2. throughput: per prompt, the target's greedy continuation by plain decoding first; then speculative decoding
-   with the ORACLE draft (that continuation, each token corrupted with probability 1 - a, so acceptance is
-   geometric at rate a) for every policy, k = 0..8 and acceptance of the paper's grid (k = 0 drafts nothing, so
-   it runs once per policy and serves every a). Each cell reports tokens/s, the realized acceptance, tokens per
-   step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the tokens equal
-   plain decoding's.
-   The cells run interleaved, one prompt of every cell per round (measure_throughput), so drift hits all alike.
+2. throughput: speculative decoding with the oracle draft for every policy, k and acceptance of the grid, the
+   cells interleaved one prompt per round (moespec.measure.decoding).
 Every finished unit (one n's verify samples, one prompt of one throughput cell) is checkpointed to OUT.partial: a
 rerun re-measures nothing already done, and each unit draws its random tokens from the seed and its key, so the
 remaining units of a resumed run measure what a clean run's would.
@@ -55,6 +50,14 @@ from moespec.formats.files import check_output, holds_outputs, provenance, write
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
+from moespec.measure.decoding import (
+    PREFILL_POLICY,
+    Prompts,
+    expand_k0,
+    measure_throughput,
+    prompts,
+    throughput_cells,
+)
 from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense
@@ -73,9 +76,6 @@ DISTURBED = 0.7  # a reference read below 70% of the median bandwidth so far: th
 REFERENCE_BYTES = 64 << 20  # read before every timed pass: evicts a 32 MiB last-level cache, measures the machine
 BOOTSTRAP = 2000  # resamples for the 95% intervals: their ends move by < 1% of the interval between seeds
 CONFIDENCE = 0.95
-# Prompts are prefilled by transformers' eager experts (a GEMM per hit expert): the policies under test are made
-# for verify passes of <= 9 tokens, and a per-slot kernel would stream every expert once per prompt token.
-PREFILL_POLICY = "eager"
 
 
 def bootstrap_median(samples: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
@@ -123,27 +123,10 @@ def replay_windows(trace: Trace | None, path: str | None, spec: ModelSpec, n: in
     return [trace.experts[s:s + n, :spec.L].astype(np.int64) for s in picks.tolist()]
 
 
-def replay_documents(trace: Trace, path: str, spec: ModelSpec, count: int, length: int, seed: int) -> list[np.ndarray]:
-    """The first `length` rows [length, L, m] of `count` seeded documents that long: generated position p of
-    prompt i replays row p of document i, whatever pass carries it."""
-    docs = [(s, e) for s, e in trace.documents() if e - s >= length]
-    if not docs:
-        raise MoespecError(f"{path}: no document of {length} tokens to replay while decoding (lower --tokens)")
-    picks = np.random.default_rng([seed, length]).choice(len(docs), size=count, replace=len(docs) < count)
-    return [trace.experts[docs[i][0]:docs[i][0] + length, :spec.L].astype(np.int64) for i in picks.tolist()]
-
-
 def model_name(lm: LoadedModel, config: RunConfig) -> str:
     """The model's name as plans and scores know it: the preset's (its layer count is `moe_layers`), or the
     checkpoint's spec name."""
     return lm.spec.name if config.model else config.preset or MODEL
-
-
-def prompts(count: int, depth: int, vocab: int, seed: int) -> list[list[int]]:
-    """Seeded random token ids: a random-weight model has no text to prefer, and the context length (not its
-    content) is what the verify time depends on."""
-    rng = np.random.default_rng([seed, depth])
-    return [rng.integers(3, vocab, size=depth).tolist() for _ in range(count)]
 
 
 # ---- 1. verify time ---------------------------------------------------------------------------------------
@@ -212,133 +195,6 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
             "stopped_by": "target" if met else "max_reps" if kept >= config.max_reps else
             "disturbed" if repeated > config.max_reps else "budget"}})
     return {n: checkpoint.units[f"verify n {n}"] for n in ns}
-
-
-# ---- 2. throughput ----------------------------------------------------------------------------------------
-def throughput_cells(policies: list[str], ks: list[int], acceptances: list[float]) -> list[tuple[str, int, float]]:
-    """(policy, k, a) to run: k = 0 once per policy (it drafts nothing, so a does not enter)."""
-    return [(p, k, a) for p in policies for k in ks for a in (acceptances if k else [acceptances[0]])]
-
-
-class Prompts:
-    """The throughput prompts, each prefilled once, and each policy's plain greedy decoding of them (the oracle's
-    continuation and the tokens every speculative run must reproduce), made on first use."""
-
-    def __init__(self, lm: LoadedModel, config: RunConfig, trace: Trace | None) -> None:
-        self.lm, self.config = lm, config
-        self.contexts = prompts(config.prompts, config.depth, lm.model.config.vocab_size, config.seed + 1)
-        self.states: list[Any] | None = None
-        self.plain: dict[str, list[list[int]]] = {}
-        self.margins: dict[str, list[list[float]]] = {}
-        self.rows = None if trace is None else replay_documents(trace, config.replay, lm.spec, config.prompts,
-                                                                 config.tokens + KMAX + 1, config.seed)
-
-    def route(self, i: int) -> Any:
-        """Prompt i's router for decoding: replay its document's rows by generated position (or None)."""
-        if self.rows is None:
-            return None
-        rows = self.rows[i]
-        return lambda position, n: set_replay(self.lm.model, rows[position:position + n])
-
-    def prefilled(self) -> list[Any]:
-        if self.states is None:
-            set_policy(self.lm.model, PREFILL_POLICY)
-            self.states = [speculative.prefill(self.lm.model, self.ids(c)) for c in self.contexts]
-        return self.states
-
-    def continuations(self, policy: str, kernel_by_n: dict[int, str] | None) -> list[list[int]]:
-        if policy not in self.plain:
-            states = self.prefilled()
-            set_policy(self.lm.model, policy, kernel_by_n)
-            self.margins[policy] = [[] for _ in self.contexts]
-            self.plain[policy] = [speculative.plain_decode(self.lm.model, self.ids(c), self.config.tokens + KMAX + 1,
-                                                           prefilled=s, route=self.route(i),
-                                                           margins=self.margins[policy][i])
-                                  for i, (c, s) in enumerate(zip(self.contexts, states))]
-            set_replay(self.lm.model, None)
-        return self.plain[policy]
-
-    def ids(self, context: list[int]) -> Any:
-        return torch.tensor([context], device=self.lm.device)
-
-
-def decode_prompt(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_by_n: dict[int, str] | None,
-                  ps: Prompts, config: RunConfig, i: int, drafter: Any = None) -> dict:
-    """Prompt i of one throughput cell: speculative decoding at (policy, k) with the oracle draft at acceptance a,
-    or with the draft model `drafter` (a is then None and the acceptance is what it achieves). Returns the
-    steps (drafted, accepted and the four times of each), the tokens generated and where they first differ from
-    plain decoding's, if they do."""
-    conts = ps.continuations(policy, kernel_by_n)
-    set_policy(lm.model, policy, kernel_by_n)
-    context, cont, state = ps.contexts[i], conts[i], ps.prefilled()[i]
-    draft = speculative.ModelDraft(drafter) if drafter is not None else \
-        speculative.OracleDraft(cont, a, config.seed + i, lm.model.config.vocab_size, len(context))
-    out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, config.tokens, prefilled=state,
-                                               route=ps.route(i))
-    set_replay(lm.model, None)
-    mismatch = None
-    if out != cont[:config.tokens]:  # where it first differs and how near greedy was to a tie there
-        p = next(j for j, (x, y) in enumerate(zip(out, cont)) if x != y)
-        mismatch = {"prompt": i, "position": p, "plain_top2_gap": ps.margins[policy][i][p - 1] if p else None}
-    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in recs],
-            "tokens": len(out), "mismatch": mismatch}
-
-
-def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracle: bool) -> dict:
-    """One throughput cell (the row documented in moespec.formats.runsfile) from its prompts' decode_prompt."""
-    records = [speculative.StepRecord(int(d), int(acc), v, s, dr, h) for unit in prompts
-               for d, acc, v, s, dr, h in unit["steps"]]
-    mismatches = [unit["mismatch"] for unit in prompts if unit["mismatch"] is not None]
-    steps = len(records)
-    # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1). The realized rate counts every step's accepted drafts
-    # plus one token, in full even where the last step overshoots the generated length (a finite run's truncation,
-    # which would count against long drafts), the prompt's first token (no step emits it) left out. For the oracle
-    # draft, whose acceptance is geometric at rate a by construction, tokens_per_s takes G_a(k) exactly instead of
-    # the realized tokens per step (a Rao-Blackwellized estimate: the same expectation, without the spread of a few
-    # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
-    emitted = sum(r.accepted + 1 for r in records)
-    wall = sum(r.step_s for r in records)
-    verify = sum(r.verify_s for r in records)
-    host = sum(r.host_s + r.draft_s for r in records)
-    rate = speculative.acceptance_rate(records)
-    rate = None if np.isnan(rate) else rate
-    g = float(theory.geometric_sum(rate if a is None else a, k)) if k and (a is not None or rate is not None) else 1.0
-    return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if oracle else "model",
-            "tokens_per_s": (g * steps if oracle else emitted) / wall,
-            "realized_tokens_per_s": emitted / wall, "tokens": sum(unit["tokens"] for unit in prompts),
-            "realized_acceptance": rate,
-            "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
-            "tokens_per_step": emitted / steps, "G_a": g, "steps": steps, "step_time_s": wall / steps,
-            "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,
-            "greedy_exact": not mismatches, "greedy_match": all(m["plain_top2_gap"] == 0 for m in mismatches),
-            "mismatches": mismatches}
-
-
-def measure_throughput(lm: LoadedModel, config: RunConfig, cells: list[tuple[str, int, float | None]],
-                       kernel_by_n: dict[int, str] | None, ps: Prompts, checkpoint: Checkpoint, drafter: Any,
-                       advance: Any) -> list[dict]:
-    """Every cell over every prompt, interleaved: round i decodes prompt i in every cell, the cells in order on
-    even rounds and in reverse on odd ones (A B C, C B A), so the machine's drift over the grid's minutes hits
-    every (policy, k, a) alike instead of the cells run last. Each (cell, prompt) is a checkpoint unit."""
-    def unit(cell: tuple[str, int, float | None], i: int) -> str:
-        policy, k, a = cell
-        return f"cell {policy} k {k} a {a if k else '-'} prompt {i}"
-
-    for i in range(config.prompts):
-        for cell in cells if i % 2 == 0 else cells[::-1]:
-            if unit(cell, i) not in checkpoint.units:
-                checkpoint.save(unit(cell, i), decode_prompt(lm, *cell, kernel_by_n, ps, config, i, drafter))
-            advance(1)
-    return [cell_record(*cell, [checkpoint.units[unit(cell, i)] for i in range(config.prompts)], drafter is None)
-            for cell in cells]
-
-
-def expand_k0(cells: list[dict], acceptances: list[float]) -> list[dict]:
-    """Throughput rows with the k = 0 measurement listed at every acceptance (plain decoding ignores a)."""
-    rows = []
-    for cell in cells:
-        rows += [cell | {"a": a} for a in acceptances] if cell["k"] == 0 else [cell]
-    return rows
 
 
 # ---- results ----------------------------------------------------------------------------------------------
@@ -510,8 +366,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
         units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance)
         ceilings["between"] = measure_stream_read()
-        measured = measure_throughput(lm, config, cells, kernel_by_n, Prompts(lm, config, trace), checkpoint, drafter,
-                                      advance)
+        ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
+        measured = measure_throughput(lm, cells, kernel_by_n, ps, checkpoint, drafter, advance)
     ceilings["after"] = measure_stream_read()
     doc = summarize(lm, config, units, verify, measured, acceptances, plan_info, kernel_by_n, started, ceilings)
     doc["dense"] = dense_path
