@@ -75,18 +75,25 @@ import gc
 import json
 import math
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import llama_cpp_api  # benchmarks/ is the script's folder, first on sys.path
 import numpy as np
 import torch
+from llama_cpp_build import (
+    FORMAT,
+    LLAMA_CPP_PYTHON,
+    Skip,
+    changelog_commit,
+    export_gguf,
+    llama_bench,
+    llama_source,
+    say,
+)
 
 from moespec import MoespecError
 from moespec.cli.args import parse_ints
@@ -94,43 +101,14 @@ from moespec.defaults import DEPTH, MODEL, N_MAX
 from moespec.formats.files import provenance, write_json
 from moespec.measure.run import RunConfig, run_engine
 from moespec.measure.timing import median_iqr, timer_for
-from moespec.model.load import PRESET_VOCAB, load_model, preset_config
+from moespec.model.load import PRESET_VOCAB, preset_config
 from moespec.model.spec import ModelSpec
 
-FORMAT = "bf16"  # the exported GGUF's type, the engine's dtype and the byte model's format
-LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build and convert with
 POLICIES = ("slot", "dedup")  # moespec's kernels as the engine runs them
 ENGINES = ["llama.cpp", "llama.cpp api", "moespec"]  # the blocks of a round: llama-bench, the C API, the engine
 CONFIDENCE = 0.95
 BOOTSTRAP = 2000  # resamples of the ratio's interval
-BUILD_TIMEOUT_S = 3600  # a cold llama-bench build takes ~10 minutes on 2 cores
 BENCH_TIMEOUT_S = 3600  # one llama-bench call (all n of one round)
-EOS = "<|endoftext|>"
-
-# Run in a child interpreter: llama.cpp's converter, its BPE pre-tokenizer lookup answering "gpt-2" (see the
-# module docstring). argv: the llama.cpp source tree, the Hugging Face folder, the GGUF to write.
-CONVERT = """
-import sys
-src, model, out = sys.argv[1:4]
-sys.path[:0] = [src, src + "/gguf-py"]
-import convert_hf_to_gguf as cli
-for name, module in list(sys.modules.items()):
-    if name == "convert_hf_to_gguf" or name.startswith("conversion"):
-        for cls in list(vars(module).values()):
-            if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
-                cls.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv = ["convert_hf_to_gguf.py", model, "--outtype", "bf16", "--outfile", out]
-cli.main()
-"""
-
-
-class Skip(Exception):
-    """Why the llama.cpp side cannot run here (one line)."""
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
 
 # ---- statistics ----------------------------------------------------------------------------------------------
 def median_interval(samples: list[float]) -> dict:
@@ -163,154 +141,6 @@ def pass_bytes(spec: ModelSpec, n: int, depth: int) -> dict:
     dedup = round(sum(union * spec.expert_bytes(layer, FORMAT) for layer in range(spec.L)))
     return {"dense": dense, "kv": kv, "experts_slot": slot, "experts_dedup": dedup, "union": union,
             "slot": dense + kv + slot, "dedup": dense + kv + dedup}
-
-
-# ---- llama.cpp: source, binary, GGUF -------------------------------------------------------------------------
-def is_source(path: Path) -> bool:
-    return (path / "convert_hf_to_gguf.py").is_file() and (path / "tools" / "llama-bench").is_dir()
-
-
-def llama_source(args: argparse.Namespace, work: Path, bench: Path | None, fetch: bool) -> Path:
-    """llama.cpp's source tree: --llama-src, a tree holding the binary (build/bin/llama-bench inside it), one
-    unpacked in WORK/src, or (fetch) the llama-cpp-python sdist's vendored tree, downloaded with pip."""
-    if args.llama_src:
-        if not is_source(Path(args.llama_src)):
-            raise Skip(f"--llama-src {args.llama_src}: no llama.cpp source tree (convert_hf_to_gguf.py, tools/)")
-        return Path(args.llama_src)
-    candidates = list(bench.resolve().parents) if bench else []
-    candidates += sorted((work / "src").glob("llama_cpp_python-*/vendor/llama.cpp"), reverse=True)
-    for path in candidates:
-        if is_source(path):
-            return path
-    if not fetch:
-        raise Skip("no llama.cpp source to convert the model with (give --llama-src DIR)")
-    dest = work / "src"
-    dest.mkdir(parents=True, exist_ok=True)
-    say(f"llama.cpp: fetching llama-cpp-python=={LLAMA_CPP_PYTHON} (its vendored llama.cpp) into {dest}")
-    got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                          f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(dest)],
-                         check=False, capture_output=True, text=True)
-    sdists = sorted(dest.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"))
-    if got.returncode or not sdists:
-        tail = (got.stderr or got.stdout).strip().splitlines()[-1:] or ["pip gave no output"]
-        raise Skip(f"could not fetch llama-cpp-python=={LLAMA_CPP_PYTHON} with pip: {tail[0]}")
-    with tarfile.open(sdists[0]) as tar:
-        tar.extractall(dest, filter="data")
-    path = dest / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
-    if not is_source(path):
-        raise Skip(f"{sdists[0]}: no vendored llama.cpp source in it")
-    return path
-
-
-def build_llama_bench(src: Path, work: Path, threads: int) -> Path:
-    """cmake-build the llama-bench target of `src` in WORK/build (native CPU flags, Release); the log in
-    WORK/build.log."""
-    if shutil.which("cmake") is None:
-        raise Skip("no llama-bench binary (--llama-bench) and no cmake to build one")
-    build, log = work / "build", work / "build.log"
-    say(f"llama.cpp: building llama-bench from {src} in {build} (about 10 minutes on 2 cores; log {log})")
-    steps = [["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-              "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
-             ["cmake", "--build", str(build), "-j", str(threads), "--target", "llama-bench"]]
-    with log.open("w") as out:
-        for step in steps:
-            try:
-                code = subprocess.run(step, check=False, stdout=out, stderr=subprocess.STDOUT,
-                                      timeout=BUILD_TIMEOUT_S).returncode
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            if code:
-                raise Skip(f"building llama-bench failed ({' '.join(step[:2])}: {code}; see {log})")
-    binary = build / "bin" / "llama-bench"
-    if not binary.is_file():
-        raise Skip(f"the build finished without {binary} (see {log})")
-    return binary
-
-
-def llama_bench(args: argparse.Namespace, work: Path, threads: int) -> Path:
-    """The llama-bench binary, checked to time a pass at a depth (-d/--n-depth)."""
-    if args.llama_bench:
-        binary = Path(args.llama_bench)
-        if not (binary.is_file() and os.access(binary, os.X_OK)):
-            raise Skip(f"--llama-bench {binary}: not an executable file")
-    elif (work / "build" / "bin" / "llama-bench").is_file():
-        binary = work / "build" / "bin" / "llama-bench"
-    elif args.no_build:
-        raise Skip(f"no llama-bench binary (--llama-bench PATH, or one in {work / 'build/bin'}) and --no-build")
-    else:
-        binary = build_llama_bench(llama_source(args, work, None, fetch=True), work, threads)
-    usage = subprocess.run([str(binary), "--help"], check=False, capture_output=True, text=True, timeout=60)
-    if "--n-depth" not in usage.stdout + usage.stderr:
-        raise Skip(f"{binary} has no -d/--n-depth, so it cannot time a pass at depth {args.depth}")
-    return binary
-
-
-def write_tokenizer(folder: Path, vocab: int) -> None:
-    """A byte-level BPE tokenizer of exactly `vocab` ids (see the module docstring), as tokenizer.json and
-    tokenizer_config.json in `folder`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    ids = {symbol: i for i, symbol in enumerate(alphabet)}
-    merges = []
-    for a in alphabet:
-        for b in alphabet:
-            if len(ids) == vocab - 1:
-                break
-            ids[a + b] = len(ids)
-            merges.append((a, b))
-    if len(ids) != vocab - 1:
-        raise MoespecError(f"a vocabulary of {vocab} ids is more than byte pairs give ({len(ids) + 1})")
-    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(EOS, special=True)])
-    if tokenizer.get_vocab_size() != vocab:
-        raise MoespecError(f"the constructed tokenizer has {tokenizer.get_vocab_size()} ids, the model {vocab}")
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS}, indent=1) + "\n")
-
-
-def export_gguf(args: argparse.Namespace, work: Path, bench: Path | None) -> Path:
-    """The engine's model as a bf16 GGUF in WORK (made once per preset, layers and seed; --gguf takes one as is)."""
-    if args.gguf:
-        if not Path(args.gguf).is_file():
-            raise Skip(f"--gguf {args.gguf}: no such file")
-        return Path(args.gguf)
-    stem = f"{MODEL}-L{args.layers}-v{PRESET_VOCAB}-seed{args.seed}-{FORMAT}"
-    gguf = work / f"{stem}.gguf"
-    if gguf.is_file():
-        return gguf
-    src = llama_source(args, work, bench, fetch=not args.no_build)
-    folder, partial, log = work / f"hf-{stem}", work / f"{stem}.gguf.partial", work / f"convert-{stem}.log"
-    say(f"export: building {MODEL} ({args.layers} layers, seed {args.seed}) and writing it to {folder}")
-    lm = load_model(preset=MODEL, layers=args.layers, dtype=FORMAT, seed=args.seed)
-    lm.model.save_pretrained(folder)
-    vocab = lm.model.config.vocab_size
-    del lm
-    gc.collect()
-    write_tokenizer(folder, vocab)
-    say(f"export: {src / 'convert_hf_to_gguf.py'} --outtype bf16 -> {gguf} (log {log})")
-    with log.open("w") as out:
-        code = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(folder), str(partial)],
-                              check=False, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code or not partial.is_file():
-        raise Skip(f"convert_hf_to_gguf.py failed (exit {code}; see {log})")
-    partial.rename(gguf)
-    shutil.rmtree(folder)  # the safetensors copy (as large as the GGUF) is not needed again
-    return gguf
-
-
-def changelog_commit(src: Path | None) -> str | None:
-    """The llama.cpp commit a llama-cpp-python sdist's CHANGELOG names for its release (src: its vendored tree)."""
-    changelog = None if src is None else src.parents[1] / "CHANGELOG.md"
-    if changelog is None or not changelog.is_file():
-        return None
-    text = changelog.read_text(errors="replace")
-    section = re.search(rf"## \[{re.escape(LLAMA_CPP_PYTHON)}\](.*?)(?:\n## \[|\Z)", text, re.DOTALL)
-    found = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1)) if section else None
-    return found.group(1) if found else None
 
 
 # ---- the two engines' rounds ---------------------------------------------------------------------------------
