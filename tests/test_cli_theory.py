@@ -32,6 +32,18 @@ def test_staircase_exact_fractions_and_default_grid(capsys):
     assert "step points" in capsys.readouterr().out
 
 
+def test_staircase_for_llama_cpp(capsys):
+    """Each interval of the staircase becomes the flags that draft exactly k tokens per step; k = 0 drafts nothing."""
+    out = run_json(capsys, ["staircase", "--step-times", "1,2,2", "--for", "llama.cpp", "--json"])
+    assert [(r["k"], r["from"], r["to"]) for r in out["llama_cpp"]] == [(s["k"], s["from"], s["to"])
+                                                                       for s in out["intervals"]]
+    assert out["llama_cpp"][0]["flags"] == "no draft model (plain decoding)"
+    assert out["llama_cpp"][1]["flags"] == "--spec-draft-n-max 2 --spec-draft-n-min 0 --spec-draft-p-min 0"
+    assert "llama_cpp" not in run_json(capsys, ["staircase", "--step-times", "1,2,2", "--json"])
+    main(["staircase", "--step-times", "1,2,2", "--for", "llama.cpp"])
+    assert "--spec-draft-n-max 2" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -49,7 +61,8 @@ def test_staircase_bad_input_one_line_exit_2(capsys, argv, needle):
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv", [["nonsense"], ["staircase"], ["staircase", "--step-times", "1,2", "--bogus"]])
+@pytest.mark.parametrize("argv", [["nonsense"], ["staircase"], ["staircase", "--step-times", "1,2", "--bogus"],
+                                  ["staircase", "--step-times", "1,2", "--for", "vllm"]])
 def test_argument_errors_one_line(capsys, argv):
     with pytest.raises(SystemExit) as e:
         main(argv)

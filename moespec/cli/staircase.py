@@ -12,7 +12,7 @@ from rich.table import Table
 from moespec import MoespecError, theory
 from moespec.console import console as console_
 from moespec.defaults import KMAX_LIMIT, MAGNITUDE_LIMIT, SAMPLES_LIMIT
-from moespec.predict.staircase import analyse
+from moespec.predict.staircase import analyse, for_llama_cpp
 
 
 
@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acceptance", metavar="A,...",
                    help=f"acceptances in [0, 1), at most {SAMPLES_LIMIT:,} (default: the paper's 11 values "
                         f"0.2..0.98)")
+    p.add_argument("--for", dest="engine", choices=["llama.cpp"],
+                   help="also print the staircase as this engine's settings (llama.cpp: the flags that draft "
+                        "exactly k tokens per step, per acceptance range)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
@@ -65,6 +68,13 @@ def print_report(result: dict[str, Any]) -> None:
     for row in result["table"]:
         tab.add_row(f"{row['a']:g}", str(row["k_star"]), f"{row['speedup']:.4f}", "yes" if row["helps"] else "no")
     console.print(tab)
+    if "llama_cpp" in result:
+        flags = Table(title="llama.cpp (llama-server / llama-speculative with --model-draft)")
+        for col in ("acceptance a", "k*", "flags"):
+            flags.add_column(col, justify="left")
+        for row in result["llama_cpp"]:
+            flags.add_row(f"({row['from']:.4f}, {row['to']:.4f}]", str(row["k"]), row["flags"])
+        console.print(flags)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise MoespecError(f"--acceptance: {float(bad[0]):g} is outside [0, 1)")
     result = analyse(V, acceptances)
+    if args.engine == "llama.cpp":
+        result["llama_cpp"] = for_llama_cpp(result["intervals"])
     if args.json:
         print(json.dumps(result))
     else:

@@ -15,6 +15,12 @@ JSON (`--json`), one document:
   intervals         [{"k", "from", "to"}]: k*(a) = k for a in (from, to]
   table             [{"a", "k_star", "speedup", "helps"}] one row per acceptance
   helps_at          the acceptances at which some k >= 1 beats plain decoding
+  llama_cpp         with --for llama.cpp: [{"k", "from", "to", "flags"}], the staircase as llama.cpp settings
+
+For llama.cpp (`--for llama.cpp`): give its own step times (for example llama-bench's or
+benchmarks/llama_cpp_verify.py's verify times plus the draft model's time per step) and each interval of the
+staircase becomes the flags that make llama.cpp draft exactly k tokens at every step (LLAMA_CPP_FLAGS): the step
+times are what the theory needs, whatever engine measured them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,19 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from moespec import theory
+
+
+# llama.cpp's flags for a fixed draft length k, as named by the llama.cpp llama-cpp-python 0.3.36 vendors (llama-server,
+# llama-speculative; older trees: --draft-max, --draft-min, --draft-p-min). A minimum draft probability of 0 never
+# stops a draft early, so every step drafts exactly k tokens: the draft length the staircase is exact for.
+LLAMA_CPP_FLAGS = "--spec-draft-n-max {k} --spec-draft-n-min 0 --spec-draft-p-min 0"
+LLAMA_CPP_PLAIN = "no draft model (plain decoding)"  # k = 0
+
+
+def for_llama_cpp(intervals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The staircase's intervals (analyse()["intervals"]) with llama.cpp's flags for their k."""
+    return [row | {"flags": LLAMA_CPP_FLAGS.format(k=row["k"]) if row["k"] else LLAMA_CPP_PLAIN}
+            for row in intervals]
 
 
 def analyse(V: Sequence[Fraction], acceptances: Sequence[Fraction]) -> dict[str, Any]:
