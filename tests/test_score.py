@@ -368,3 +368,33 @@ def test_errors_are_one_line(tmp_path: Path, plan, runs, capsys, change, which: 
 def test_missing_files_are_one_line(tmp_path: Path, capsys) -> None:
     assert cli.main(["score", "--plan", str(tmp_path / "none.json"), "--runs", str(tmp_path / "r.json")]) == 2
     assert "no such plan file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("plan_ceiling, runs_ceiling, drifted", [
+    (None, {"before": 33.0}, None),  # an older plan: nothing to compare
+    ({"bench": 33.0, "runs": 34.0}, None, None),  # older runs
+    ({"bench": 33.0, "runs": 34.0}, {"before": 35.0, "between": 31.0, "after": 36.0}, False),
+    ({"bench": 33.0, "runs": 55.0}, {"before": 34.0, "between": 33.5, "after": 60.0}, True),  # runs vs plan's runs
+])
+def test_machine_drift_between_the_plans_inputs_and_the_runs(tmp_path: Path, plan, runs, capsys, plan_ceiling,
+                                                             runs_ceiling, drifted) -> None:
+    """Score sets the streaming ceiling of the plan's inputs beside the runs' (their median) and says in one line
+    when they differ by more than rule 5's 15%: the time rules then compare two states of the machine."""
+    if plan_ceiling:
+        plan["inputs_ceiling_gbps"] = plan_ceiling
+    if runs_ceiling:
+        runs["ceiling_gbps"] = runs_ceiling
+    doc = scored(tmp_path, plan, runs)
+    assert (doc["machine"] is None) == (drifted is None)
+    if drifted is not None:
+        assert doc["machine"]["drifted"] is drifted and doc["machine"]["runs_gbps"] == sorted(runs_ceiling.values())[1]
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 0
+    assert ("machine drift" in capsys.readouterr().out) is bool(drifted)
+
+
+def test_a_bad_inputs_ceiling_is_refused(tmp_path: Path, plan, runs, capsys) -> None:
+    plan["inputs_ceiling_gbps"] = {"bench": float("nan")}
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 2
+    assert "inputs_ceiling_gbps.bench" in capsys.readouterr().err

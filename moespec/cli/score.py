@@ -44,4 +44,6 @@ def print_score(result: Score) -> None:
     con.print(t)
     con.print(f"all six hold: {'yes' if result.all_hold else 'no'}")
     con.print(result.pre_registration)
+    if result.machine_note:
+        con.print(f"[yellow]{result.machine_note}[/]")
     con.print(f"plan sha256: {result.plan_sha256}")

@@ -19,6 +19,8 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   table        [{a, policy, version, k_hat, speedup, speedup_lo, speedup_hi}] per acceptance of the paper's grid
                and policy; version "prediction" (a row without it is one)
   reuse_threshold {depth, rho_bar: {k: v}, rho_star: {a: {k: v}}, k_hat_bytes: {a: k}}  (16)
+  inputs_ceiling_gbps {bench, runs}: the streaming-read ceiling its bench and its --runs were measured at (score
+               compares it with the scored runs'; absent in older plans)
   runs         null, or {path, moe_layers, depth} of --runs; then the calibrated version too:
   tau_calibrated {slot|dedup|auto: {n: s}};  saving.{n}.calibrated_s;  crossover_calibrated (the last two equal
                the predicted ones: the calibration adds the same measured time to both kernels)
@@ -137,6 +139,8 @@ def _check_numbers(doc: dict[str, Any], where: str) -> None:
                 raise MoespecError(f"{where}: {key}.{bad[0]} must list kmax + 1 = {doc['kmax'] + 1} times")
     if "tau1_s" in doc:
         positive(doc, where, "tau1_s")
+    if "inputs_ceiling_gbps" in doc:
+        check_numbers(doc, where, "inputs_ceiling_gbps", positive=True)
 
 class Plan(Record):
     """A validated plan.json: read it as its JSON object; the typed accessors are what an engine and a score use.

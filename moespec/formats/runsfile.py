@@ -65,7 +65,7 @@ FORMAT_VERSION = 1
 IDENTITY = ("model", "device_kind", "dtype")  # runs speak only for their own model, device kind and dtype
 # the measured numbers readers tabulate or score (key -> must be positive), each leaf a finite number
 NUMBERS = {"verify_time_s": True, "verify_time_ci_s": True, "saving_s": False, "draft_time_s": False,
-           "auto_ratio": True}
+           "auto_ratio": True, "ceiling_gbps": True}
 SHA256_DIGITS = 64
 
 

@@ -159,6 +159,17 @@ def _n_map(values: Sequence[float]) -> dict[str, float]:
     return {str(n): float(v) for n, v in enumerate(values, start=1)}
 
 
+def inputs_ceiling(bench: Mapping[str, Any], runs: Runs | None) -> dict[str, float]:
+    """The streaming-read ceiling (GB/s) the plan's measured inputs were taken at: the bench's, and the verify-only
+    runs' (the median of their before, between and after) where the plan read some. Score compares them with the
+    scored runs' own, to say when the machine was in another state (moespec.predict.score.MACHINE_DRIFT)."""
+    out = {"bench": float(bench["ceiling_gbps"])}
+    ceilings = (runs or {}).get("ceiling_gbps") or {}
+    if ceilings:
+        out["runs"] = float(np.median(list(ceilings.values())))
+    return out
+
+
 def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
                draft_time: Sequence[float] | None = None, depth: int | None = None, bench_path: str = "bench",
                trace_path: str = "trace", runs: Mapping[str, Any] | None = None, runs_path: str = "runs",
@@ -250,6 +261,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
                                   for k in range(1, kmax + 1)} for a in grid},
             "k_hat_bytes": {str(a): int(theory.best_draft_length(V_bytes, a)) for a in grid}},
         "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
+        "inputs_ceiling_gbps": inputs_ceiling(bench, runs),
         "provenance": provenance(device=bench["device"], dtype=fmt),
     }
     for version in [v for v in versions if v != "prediction"]:

@@ -104,6 +104,9 @@ K_WITHIN = 1  # rule 2: |k_hat* - k*| <= 1 ...
 K_SHARE = Fraction(9, 11)  # ... at >= 9 of the paper's 11 acceptances, scaled to the acceptances present
 LOSS_LIMIT = 0.06  # rule 3: at most 6% of the best measured throughput lost by drafting k_hat*
 VERIFY_LIMIT = 0.15  # rule 5: verify time within 15%
+# The machine's streaming bandwidth differing by more than rule 5's own tolerance between the plan's measured inputs
+# and the scored runs: times that move with the bandwidth cannot then be within 15% but by luck, so score says so.
+MACHINE_DRIFT = VERIFY_LIMIT
 # A value at its limit to float precision counts as within: 1 - 0.94/1 is 0.06000000000000005 in floats.
 SLACK = 1e-9
 # Both files write acceptances as floats; 6 digits keep the paper's grid (0.95 vs 0.98) apart and absorb printing.
@@ -337,6 +340,30 @@ class Score:
     runs: dict[str, Any]
     version: str = DEFAULT_VERSION
     runs_plan_sha256: str | None = None  # the plan the runs ran (run --plan), None when they ran none
+    plan_ceiling_gbps: dict[str, float] | None = None  # the plan's inputs_ceiling_gbps (absent in older plans)
+
+    @property
+    def machine(self) -> dict[str, Any] | None:
+        """The streaming-read ceiling of the plan's inputs beside the scored runs' median one, their largest
+        relative difference and whether it exceeds MACHINE_DRIFT (None where either file lacks them)."""
+        ran = self.runs.get("ceiling_gbps") or {}
+        if not self.plan_ceiling_gbps or not ran:
+            return None
+        runs_gbps = float(sorted(ran.values())[len(ran) // 2])
+        drift = max(abs(runs_gbps / g - 1) for g in self.plan_ceiling_gbps.values())
+        return {"plan_inputs_gbps": self.plan_ceiling_gbps, "runs_gbps": runs_gbps, "drift": drift,
+                "drifted": drift > MACHINE_DRIFT}
+
+    @property
+    def machine_note(self) -> str | None:
+        """One line when the machine was in another state for the plan's inputs than for the runs."""
+        m = self.machine
+        if m is None or not m["drifted"]:
+            return None
+        inputs = ", ".join(f"{k} {v:.1f}" for k, v in m["plan_inputs_gbps"].items())
+        return (f"machine drift: the plan's inputs were measured at a streaming ceiling of {inputs} GB/s, these runs "
+                f"at {m['runs_gbps']:.1f} GB/s ({m['drift']:.0%} apart, more than the {MACHINE_DRIFT:.0%} of rule 5): "
+                f"the time rules compare two states of the machine")
 
     @property
     def all_hold(self) -> bool:
@@ -366,6 +393,7 @@ class Score:
                 "plan_sha256": self.plan_sha256, "plan_created": self.plan_created.isoformat(),
                 "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
                 "pre_registration": self.pre_registration, "runs_plan_sha256": self.runs_plan_sha256,
+                "machine": self.machine,
                 **{key: self.runs[key] for key in ("model", "device_kind", "dtype", "depth")}}
 
 
@@ -394,7 +422,8 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
                                                                             "inside"),
                    _inside, band, {"delta": delta}),
     ]
-    return Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256)
+    return Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256,
+                 plan.get("inputs_ceiling_gbps"))
 
 
 def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION) -> Score:

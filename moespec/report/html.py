@@ -342,6 +342,12 @@ def score_section(f: Folder) -> str:
     facts = [("all six hold", "yes" if result.all_hold else "no"),
              ("pre-registered", result.pre_registration),
              ("plan sha256", result.plan_sha256)]
+    if result.machine is not None:
+        m = result.machine
+        facts.append(("machine state", result.machine_note or
+                      f"the same within {m['drift']:.0%}: streaming ceiling of the plan's inputs "
+                      f"{', '.join(f'{k} {v:.1f}' for k, v in m['plan_inputs_gbps'].items())} GB/s, runs "
+                      f"{m['runs_gbps']:.1f} GB/s"))
     versions = [v for v, keys in VERSIONS.items() if keys.table in plan]
     by_version = {v: score_files(str(f.path / "plan.json"), str(f.path / RUNS), v) for v in versions}
     cell = lambda rule: Markup(f"{VERDICT[rule.holds]} {_e(rule.shown[1])}")  # noqa: E731
