@@ -16,8 +16,19 @@ from moespec.cli.reuse import print_summary
 from moespec.cli.run import report as report_runs
 from moespec.cli.score import print_score
 from moespec.console import console
-from moespec.defaults import (DEPTH, DEPTH_LIMIT, FORMAT, KMAX, KMAX_LIMIT, LAYERS_LIMIT, MODEL, REPS_LIMIT,
-                              TOKENS_LIMIT, TRACE_DOCS, TRACE_TOKENS)
+from moespec.defaults import (
+    DEPTH,
+    DEPTH_LIMIT,
+    FORMAT,
+    KMAX,
+    KMAX_LIMIT,
+    LAYERS_LIMIT,
+    MODEL,
+    REPS_LIMIT,
+    TOKENS_LIMIT,
+    TRACE_DOCS,
+    TRACE_TOKENS,
+)
 from moespec.demo import BENCH_REPS, DEFAULT_OUT_DIR, ENGINE_LAYERS, KERNEL_LABELS, DemoConfig, Quiet, demo
 from moespec.formats.benchfile import Bench
 from moespec.formats.planfile import Plan

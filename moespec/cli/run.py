@@ -14,8 +14,18 @@ from rich.table import Table
 from moespec import MoespecError
 from moespec.cli.args import add_checkpoint_flags, bounded, parse_ints, seed
 from moespec.console import console
-from moespec.defaults import (DEPTH, DEPTH_LIMIT, DTYPES, GENERATED_LIMIT, KMAX, LAYERS_LIMIT, MODEL, N_MAX, REPS_LIMIT,
-                              SAMPLES_LIMIT)
+from moespec.defaults import (
+    DEPTH,
+    DEPTH_LIMIT,
+    DTYPES,
+    GENERATED_LIMIT,
+    KMAX,
+    LAYERS_LIMIT,
+    MODEL,
+    N_MAX,
+    REPS_LIMIT,
+    SAMPLES_LIMIT,
+)
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 from moespec.model.dense import DENSE
 

@@ -15,7 +15,6 @@ from moespec.defaults import KMAX_LIMIT, MAGNITUDE_LIMIT, SAMPLES_LIMIT
 from moespec.predict.staircase import analyse, for_llama_cpp
 
 
-
 def parse_numbers(text: str, what: str, most: int) -> list[Fraction]:
     """Parse a comma-separated list of decimals or fractions exactly; one clear error line otherwise (a number of
     magnitude beyond MAGNITUDE_LIMIT, or a nonzero one below its inverse, would overflow the float results; more

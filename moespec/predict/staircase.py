@@ -30,7 +30,6 @@ from typing import Any, Sequence
 
 from moespec import theory
 
-
 # llama.cpp's flags for a fixed draft length k, as named by the llama.cpp llama-cpp-python 0.3.36 vendors (llama-server,
 # llama-speculative; older trees: --draft-max, --draft-min, --draft-p-min). A minimum draft probability of 0 never
 # stops a draft early, so every step drafts exactly k tokens: the draft length the staircase is exact for.
