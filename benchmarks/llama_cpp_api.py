@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from moespec import MoespecError
 from moespec.measure.timing import StreamRead
+from moespec.model import llama_cpp
 
 EVICT_BYTES = 64 << 20  # the engine's REFERENCE_BYTES: twice this CPU's 32 MiB last-level cache
 MAX_BATCH = 2048  # llama-bench's n_batch: the prefill of the context goes in one batch up to this size
@@ -39,19 +41,16 @@ class Unavailable(Exception):
 
 
 def bindings(python_src: Path | None = None, lib_dir: Path | None = None) -> Any:
-    """The low-level module llama_cpp.llama_cpp: the installed one, else the one in `python_src` (a
-    llama-cpp-python source tree) loading libllama from `lib_dir`."""
+    """The low-level module llama_cpp.llama_cpp (moespec.model.llama_cpp): the installed one, else the one in
+    `python_src` (a llama-cpp-python source tree) loading libllama from `lib_dir`."""
     if lib_dir is not None:
         os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
     if python_src is not None and str(python_src) not in sys.path:
         sys.path.insert(0, str(python_src))
     try:
-        import llama_cpp.llama_cpp as api  # optional peer: only this benchmark needs it
-    except ImportError as e:
-        raise Unavailable(f"llama-cpp-python cannot be imported ({e})") from None
-    except (OSError, RuntimeError) as e:  # the bindings found no loadable libllama
-        raise Unavailable(f"llama-cpp-python cannot load libllama ({e})") from None
-    return api
+        return llama_cpp.bindings()
+    except MoespecError as e:
+        raise Unavailable(str(e)) from None
 
 
 class Passes:
@@ -61,7 +60,7 @@ class Passes:
     def __init__(self, api: Any, gguf: Path, depth: int, n_max: int, threads: int, seed: int) -> None:
         self.api, self.depth = api, depth
         api.llama_backend_init()
-        api.llama_log_set(_QUIET, ctypes.c_void_p(0))
+        api.llama_log_set(llama_cpp.quiet_log, ctypes.c_void_p(0))
         self.model = api.llama_model_load_from_file(str(gguf).encode(), api.llama_model_default_params())
         if not self.model:
             raise Unavailable(f"llama.cpp could not load {gguf}")
@@ -121,8 +120,3 @@ class Passes:
         self.api.llama_batch_free(self.batch)
         self.api.llama_free(self.ctx)
         self.api.llama_model_free(self.model)
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _QUIET(level: int, text: bytes, data: Any) -> None:
-    """llama.cpp's log callback: keep its load messages off the benchmark's terminal."""

@@ -1,5 +1,5 @@
-"""`moespec trace`: record the experts a local Hugging Face MoE checkpoint routes each token to
-(moespec.routing.tracer)."""
+"""`moespec trace`: record the experts a local Hugging Face MoE checkpoint (moespec.routing.tracer) or a llama.cpp
+GGUF model, routed by llama.cpp itself (moespec.routing.llama_tracer), sends each token to."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from moespec.routing.tracer import TraceConfig, trace
 
 # -- command -----------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (no hub access)")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="local Hugging Face checkpoint folder (no hub access)")
+    model.add_argument("--gguf", help="a llama.cpp GGUF model, traced through llama.cpp's own graph (needs "
+                                      "llama-cpp-python)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="raw text; WikiText top-level headings ' = Title = ' start documents")
     source.add_argument("--jsonl", help="JSONL file, one document per record")
@@ -26,13 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"compute dtype (default {TraceConfig.dtype})")
     parser.add_argument("--chunk", type=bounded(1, DEPTH_LIMIT), default=TraceConfig.chunk,
                         help=f"tokens per forward pass (default {TraceConfig.chunk}, at most {DEPTH_LIMIT:,})")
+    parser.add_argument("--threads", type=bounded(1, 1024), default=None,
+                        help="llama.cpp threads for --gguf (default: torch's)")
     add_checkpoint_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     done = trace(TraceConfig(model=args.model, out=args.out, text=args.text, jsonl=args.jsonl, field=args.field,
                              max_tokens=args.max_tokens, device=args.device, dtype=args.dtype, chunk=args.chunk,
-                             fresh=args.fresh))
+                             fresh=args.fresh, gguf=args.gguf, threads=args.threads))
     t = done.trace
     print(f"traced {t.num_tokens} tokens in {t.num_documents} documents ({t.num_layers} MoE layers, m={t.m}) "
           f"at {done.traced_tokens / max(done.seconds, 1e-9):,.0f} tokens/s -> {args.out}")

@@ -46,15 +46,17 @@ from moespec.formats.files import holds_outputs, provenance
 from moespec.formats.trace import Trace
 from moespec.model.load import cache_argument, find_routers, load_model, resolve_device
 from moespec.routing.documents import HASH_CHARS, load_documents, tokenize, tokenizer_id
+from moespec.routing.llama_tracer import GgufRouter
 
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """What `trace` records: a local checkpoint (`model`), the documents of a raw text file or of a JSONL file's
-    `field`, at most `max_tokens` tokens, fed `chunk` tokens per forward in `dtype` on `device`; written to `out`,
-    checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
+    """What `trace` records: a local checkpoint (`model`) or a llama.cpp GGUF file (`gguf`, routed by llama.cpp
+    itself: moespec.routing.llama_tracer), the documents of a raw text file or of a JSONL file's `field`, at most
+    `max_tokens` tokens, fed `chunk` tokens per forward in `dtype` on `device` (a GGUF: in its own formats, on the
+    CPU, `threads` threads); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
-    model: str
+    model: str | None
     out: str
     text: str | None = None
     jsonl: str | None = None
@@ -64,6 +66,8 @@ class TraceConfig:
     dtype: str = "fp32"  # fp32 default: no near-tie flips of the router's choice
     chunk: int = 512
     fresh: bool = False
+    gguf: str | None = None
+    threads: int | None = None
 
 
 # -- the model and its routers -----------------------------------------------------------------------
@@ -73,6 +77,31 @@ def _load(path: Path, dtype: str, device: str) -> tuple[Any, Any, Any]:
     if loaded.tokenizer is None:
         raise MoespecError(f"--model {path}: the checkpoint has no tokenizer; tracing text needs one")
     return loaded.tokenizer, loaded.model, loaded.spec
+
+
+class _Checkpoint:
+    """A Hugging Face checkpoint as a routing source: the interface GgufRouter shares (spec, tokenize,
+    trace_document, model_id, tokenizer_id, close)."""
+
+    def __init__(self, config: TraceConfig) -> None:
+        self.path, self.chunk, self.device = Path(config.model), config.chunk, config.device
+        self.tokenizer, self.model, self.spec = _load(self.path, config.dtype, config.device)
+        self.tap = RouterTap(find_routers(self.model, self.spec), self.spec.m)
+
+    def tokenize(self, docs: list[str], max_tokens: int | None) -> list[np.ndarray]:
+        return tokenize(self.tokenizer, docs, max_tokens)
+
+    def trace_document(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return trace_document(self.model, self.tap, ids, self.chunk, self.device)
+
+    def model_id(self) -> str:
+        return _model_id(self.path)
+
+    def tokenizer_id(self) -> str:
+        return tokenizer_id(self.tokenizer)
+
+    def close(self) -> None:
+        self.tap.close()
 
 
 class RouterTap:
@@ -150,19 +179,24 @@ def trace(config: TraceConfig) -> Traced:
     config.out (atomically, locked meanwhile) and return it. Finished documents are checkpointed in OUT.partial/:
     the same call after an interruption resumes; one with other inputs is refused (config.fresh drops them)."""
     resolve_device(config.device)
+    if (config.model is None) == (config.gguf is None):
+        raise MoespecError("trace: give a checkpoint (--model) or a GGUF file (--gguf), one of them")
+    if config.gguf is not None and config.device != "cpu":
+        raise MoespecError(f"--device {config.device}: a GGUF is traced by llama.cpp on the CPU here")
     docs, source = load_documents(config.text, config.jsonl, config.field)
-    model_path, out = Path(config.model), Path(config.out)
-    tokenizer, model, spec = _load(model_path, config.dtype, config.device)
-    token_ids = tokenize(tokenizer, docs, config.max_tokens)
+    out = Path(config.out)
+    model = GgufRouter(config.gguf, config.chunk, config.threads or torch.get_num_threads()) if config.gguf \
+        else _Checkpoint(config)  # routers found before the checkpoint folder exists: a refusal leaves nothing
+    spec, dtype = model.spec, "gguf" if config.gguf else config.dtype
+    token_ids = model.tokenize(docs, config.max_tokens)
     if not token_ids:
+        model.close()
         raise MoespecError(f"{config.text or config.jsonl}: the documents tokenize to no tokens")
-    tok_id = tokenizer_id(tokenizer)
+    tok_id = model.tokenizer_id()
     lengths = [int(ids.size) for ids in token_ids]
-    key = {"model": _model_id(model_path), "source": source, "tokenizer": tok_id, "max_tokens": config.max_tokens,
-           "chunk": config.chunk, "dtype": config.dtype, "lengths": lengths}
-    routers = find_routers(model, spec)  # before the checkpoint folder exists: a refusal leaves nothing behind
+    key = {"model": model.model_id(), "source": source, "tokenizer": tok_id, "max_tokens": config.max_tokens,
+           "chunk": config.chunk, "dtype": dtype, "lengths": lengths}
     checkpoint = Checkpoint(out, key, "trace", config.fresh)
-    tap = RouterTap(routers, spec.m)
     results: list[tuple[np.ndarray, np.ndarray]] = []
     traced, start = 0, time.perf_counter()
     try:
@@ -173,17 +207,17 @@ def trace(config: TraceConfig) -> Traced:
                 if unit is not None and unit["experts"].shape[0] == ids.size:
                     done = unit["experts"], unit["weights"]
                 else:
-                    done = trace_document(model, tap, ids, config.chunk, config.device)
+                    done = model.trace_document(ids)
                     checkpoint.save_arrays(f"doc_{doc:06d}", experts=done[0], weights=done[1])
                     traced += ids.size
                 results.append(done)
                 rate = traced / max(time.perf_counter() - start, 1e-9)
                 progress.update(task, advance=ids.size, rate=f"{rate:,.0f}/s")
     finally:
-        tap.close()
+        model.close()
     meta = {"model": spec.name, "model_type": spec.model_type, "spec": spec.to_dict(), "source": source,
             "tokenizer": tok_id, "synthetic": False, "max_tokens": config.max_tokens, "chunk": config.chunk,
-            "provenance": provenance(config.device, config.dtype)}
+            "provenance": provenance(config.device, dtype)} | ({"gguf": str(config.gguf)} if config.gguf else {})
     result = Trace.from_arrays(np.concatenate([e for e, _ in results]), np.cumsum([0, *lengths]), spec.N,
                                weights=np.concatenate([w for _, w in results]), meta=meta)
     result.save(out)
