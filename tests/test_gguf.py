@@ -4,6 +4,7 @@ Hugging Face config's, their bytes the file's own; bad files give one line and e
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,14 @@ def name(kind, block: int | None = None, part: str = "weight") -> str:
     return f"{base.format(bid=block) if block is not None else base}.{part}"
 
 
-def write(path: Path, arch: str = "olmoe", experts: int = N, tied: bool = False, expert_type=None) -> Path:
-    """A GGUF of the test shapes: f32 norms and router, f16 attention, experts in `expert_type` (None: f16)."""
+def write(path: Path, arch: str = "olmoe", experts: int = N, tied: bool = False, expert_type=None,
+          biases: bool = False) -> Path:
+    """A GGUF of the test shapes: f32 norms and router, f16 attention, experts in `expert_type` (None: f16);
+    `biases`: gpt-oss's expert, router and attention biases, sinks and sliding window."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
+    if biases:
+        w.add_sliding_window(4)
     w.add_block_count(LAYERS)
     w.add_embedding_length(HIDDEN)
     w.add_head_count(HEADS)
@@ -52,6 +57,11 @@ def write(path: Path, arch: str = "olmoe", experts: int = N, tied: bool = False,
             w.add_tensor(name(T.FFN_UP, b), mat(WIDTH, HIDDEN))
             continue
         w.add_tensor(name(T.FFN_GATE_INP, b), rng.standard_normal((experts, HIDDEN)).astype(np.float32))
+        if biases:
+            w.add_tensor(name(T.ATTN_SINKS, b), np.zeros(HEADS, dtype=np.float32))
+            w.add_tensor(name(T.FFN_GATE_INP, b, "bias"), np.zeros(experts, dtype=np.float32))
+            for kind, width in ((T.FFN_GATE_EXP, WIDTH), (T.FFN_UP_EXP, WIDTH), (T.FFN_DOWN_EXP, HIDDEN)):
+                w.add_tensor(name(kind, b, "bias"), np.zeros((experts, width), dtype=np.float32))
         for kind, shape in ((T.FFN_GATE_EXP, (experts, WIDTH, HIDDEN)), (T.FFN_UP_EXP, (experts, WIDTH, HIDDEN)),
                             (T.FFN_DOWN_EXP, (experts, HIDDEN, WIDTH))):
             data = rng.standard_normal(shape).astype(np.float32)
@@ -91,6 +101,21 @@ def test_mixtral_as_llama_with_experts_and_tied_embeddings(tmp_path):
     untied = read_gguf(write(tmp_path / "untied.gguf", arch="llama"))
     # tied: the whole embedding is the head, read once; untied: a head of the same size plus one embedding row
     assert g.dense_bytes() == untied.dense_bytes() - HIDDEN * 2
+
+
+def test_gpt_oss_biases_sinks_and_sliding_window(tmp_path, tiny_configs):
+    g = read_gguf(write(tmp_path / "tiny-gpt-oss.gguf", arch="gpt-oss", biases=True))
+    want = ModelSpec.from_config_dict({**tiny_configs["gpt_oss"].to_dict(), "intermediate_size": WIDTH,
+                                       "num_hidden_layers": LAYERS})
+    fields = ("model_type", "num_experts", "top_k", "expert_bias", "router_bias", "attention_sinks",
+              "sliding_window", "sliding_layers")
+    assert {f: getattr(g.spec, f) for f in fields} == {f: getattr(want, f) for f in fields}
+    plain = read_gguf(write(tmp_path / "plain.gguf", arch="gpt-oss", biases=True, expert_type=None))
+    # an expert's bytes: its f16 gate, up and down plus its f32 biases (gate, up: WIDTH; down: HIDDEN)
+    assert plain.expert_bytes(0) == 3 * WIDTH * HIDDEN * 2 + (2 * WIDTH + HIDDEN) * 4
+    # the cache as the config's: layer 0 within the 4-token window, so less than without one
+    unwindowed = replace(g.spec, sliding_window=None, sliding_layers=())
+    assert g.spec.kv_bytes(0, 100, "fp16") == want.kv_bytes(0, 100, "fp16") < unwindowed.kv_bytes(0, 100, "fp16")
 
 
 def test_spec_cli_prints_the_files_bytes(tmp_path, capsys):

@@ -9,6 +9,8 @@ shapes that fix routing and the KV cache (N experts, top-m, hidden size, heads, 
 Names. Metadata keys and tensor names are the `gguf` package's tables (gguf.Keys, gguf.TENSOR_NAMES), the same
 ones llama.cpp's converter writes: `{arch}.expert_count`, `blk.{bid}.ffn_gate_exps`, ... GGUF architectures map to
 the Hugging Face classes moespec models (ARCHITECTURES); llama.cpp stores Mixtral as "llama" with experts.
+DeepSeek-V2 ("deepseek2": MLA, its key and value lengths named differently across llama.cpp versions) is not read
+yet: a one-line refusal names the architectures that are.
 
 Byte model (the contract of ModelSpec.byte_model, at the file's formats):
     w_l   bytes of layer l's routed-expert tensors (gate, up, down, fused gate_up, their biases) over N
@@ -27,7 +29,7 @@ from moespec import MoespecError
 from moespec.model.spec import ModelSpec
 
 # GGUF general.architecture -> Hugging Face model_type, for the MoE architectures moespec reads from a GGUF file
-ARCHITECTURES = {"olmoe": "olmoe", "qwen3moe": "qwen3_moe", "llama": "mixtral"}
+ARCHITECTURES = {"olmoe": "olmoe", "qwen3moe": "qwen3_moe", "llama": "mixtral", "gpt-oss": "gpt_oss"}
 QK_NORM = {"olmoe": "proj", "qwen3moe": "head"}  # OLMoE normalizes the q/k projections, Qwen3 each head
 KV_FORMAT = "fp16"  # llama.cpp's default cache type (f16 K and V)
 
@@ -159,6 +161,12 @@ def read_gguf(path: str | Path) -> GgufModel:
             raise MoespecError(f"{path}: {gate.format(bid=b)} has shape {list(shape)}, the metadata says "
                                f"[{hidden}, {width}, {experts}] (hidden, expert width, experts)")
     dense = tuple(b for b in range(layers) if b not in moe)
+    extras: dict[str, Any] = {}
+    if arch == "gpt-oss":  # biases everywhere, one sink logit per head, sliding window on even layers (llama.cpp's
+        # swa pattern 2, as GptOssConfig's default layer_types)
+        window = value(key(gguf.Keys.Attention.SLIDING_WINDOW))
+        extras = dict(expert_bias=True, router_bias=True, attention_bias=True, attention_sinks=True,
+                      sliding_window=window, sliding_layers=tuple(range(0, layers, 2)))
     up = names[gguf.MODEL_TENSOR.FFN_UP] + ".weight"
     dense_width = by_name[up.format(bid=dense[0])].shape[1] if dense and up.format(bid=dense[0]) in by_name else 0
     try:
@@ -169,7 +177,7 @@ def read_gguf(path: str | Path) -> GgufModel:
             head_dim=value(key(gguf.Keys.Attention.KEY_LENGTH), hidden // heads),
             dense_layers=dense, dense_width=dense_width, qk_norm=QK_NORM.get(arch, "none"),
             tied_embeddings=names[gguf.MODEL_TENSOR.OUTPUT] + ".weight" not in by_name,
-            notes=f"GGUF {path.name}")
+            notes=f"GGUF {path.name}", **extras)
     except (MoespecError, TypeError) as e:
         raise MoespecError(f"{path}: {e}") from None
     return GgufModel(str(path), arch, spec, tensors)
