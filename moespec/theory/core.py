@@ -97,7 +97,9 @@ def geometric_sum(a: Number | np.ndarray, k: int) -> Number | np.ndarray:
 
 
 def throughput(V: Sequence[Number], a: Number | np.ndarray, k: int) -> Number | np.ndarray:
-    """T_a(k) = G_a(k)/V(k), tokens per unit of V's time (Section 1)."""
+    """T_a(k) = G_a(k)/V(k), tokens per unit of V's time (Section 1); a in [0, 1), k in 0..kmax."""
+    V = check_step_times(V)
+    check_acceptance(a)
     check_draft_length(k, V)
     return geometric_sum(a, k) / q(V[k])
 
@@ -121,6 +123,7 @@ def best_draft_length(V: Sequence[Number], a: Number | np.ndarray) -> int | np.n
 
 def speedup(V: Sequence[Number], a: Number | np.ndarray, k: int) -> Number | np.ndarray:
     """T_a(k)/T_a(0) = G_a(k) V(0)/V(k) (9); a in [0, 1), k in 0..kmax."""
+    V = check_step_times(V)
     check_acceptance(a)
     check_draft_length(k, V)
     return geometric_sum(a, k) * V[0] / q(V[k])
@@ -128,6 +131,7 @@ def speedup(V: Sequence[Number], a: Number | np.ndarray, k: int) -> Number | np.
 
 def beats_plain(V: Sequence[Number], a: Number, k: int) -> bool:
     """Speedup condition (8): T_a(k) > T_a(0) <=> V(k) - V(0) < (a + ... + a^k) V(0); a in [0, 1), k in 0..kmax."""
+    V = check_step_times(V)
     check_acceptance(a)
     check_draft_length(k, V)
     return V[k] - V[0] < (geometric_sum(a, k) - 1) * V[0]
