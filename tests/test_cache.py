@@ -70,3 +70,15 @@ def test_a_pass_writes_in_place_and_a_copy_is_independent(models):
     assert twin.get_seq_length() == len(PROMPT) + 1
     torch.testing.assert_close(twin.layers[0].keys, before, atol=0, rtol=0)
     assert twin.layers[0].keys.data_ptr() == twin.layers[0]._buffers[0].data_ptr()  # still a view of its buffer
+
+
+def test_keys_replaced_from_outside_are_kept(models):
+    """A cache method that replaces the keys with a new tensor (a beam reorder, batch_select_indices) is honoured:
+    the next pass appends to those keys, not to the buffer's stale rows."""
+    model = models["olmoe"].model
+    ours, stock = kv.new_cache(model), stock_cache(model)
+    for cache in (ours, stock):
+        feed(model, PROMPT, cache)
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.clone(), 2 * layer.values  # new tensors, other values
+    torch.testing.assert_close(feed(model, [7, 8], ours), feed(model, [7, 8], stock), atol=ATOL, rtol=0)

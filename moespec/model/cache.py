@@ -35,9 +35,11 @@ class InPlaceLayer(DynamicLayer):
         """Buffers that hold `rows` positions and the batch/head shape of these states (grown or made anew)."""
         if self._buffers is not None:
             keys, values = self._buffers
-            if rows <= keys.shape[-2] and keys.shape[:-2] == key_states.shape[:-2] \
+            ours = not self.keys.numel() or (self.keys.data_ptr() == keys.data_ptr()
+                                             and self.values.data_ptr() == values.data_ptr())
+            if ours and rows <= keys.shape[-2] and keys.shape[:-2] == key_states.shape[:-2] \
                     and values.shape[:-2] == value_states.shape[:-2]:
-                return
+                return  # otherwise: full, another batch shape, or keys replaced from outside (a beam reorder)
         capacity = max(MIN_ROWS, 2 * rows)
         made = []
         for old, new in ((self.keys, key_states), (self.values, value_states)):
