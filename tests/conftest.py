@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random checkpoints of the five supported MoE classes, saved with a word-level
 tokenizer built on the fly (nothing can be downloaded), used by test_spec (configs), test_tracer and test_run
-(models); a tiny model config and trace for `moespec bench` (test_bench, test_lost_work)."""
+(models); a tiny model config and trace for `moespec bench` (test_bench, test_lost_work); the tiny checkpoints
+loaded in fp32 (test_engine, test_cache)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,17 @@ def bench_argv(bench_model) -> Callable[..., list[str]]:
         return ["bench", "--model", str(bench_model["model"]), "--trace", str(bench_model["trace"]),
                 *BENCH_SMOKE_ARGS, "--out", str(out), *extra]
     return argv
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoints) -> dict:
+    """model_type -> LoadedModel (fp32, cpu) of the tiny checkpoint, one intra-op thread; shared by test_engine and
+    test_cache."""
+    import torch
+
+    from moespec.model.load import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield {name: load_model(path=str(folder), dtype="fp32") for name, folder in tiny_checkpoints.items()}
+    torch.set_num_threads(threads)

@@ -11,21 +11,13 @@ import torch
 from transformers import DynamicCache
 
 from moespec.model import cache as kv
-from moespec.model.load import cache_argument, load_model
+from moespec.model.load import cache_argument
 from moespec.model.spec import SUPPORTED_MODEL_TYPES
 
 ATOL = 1e-5  # fp32 logits of O(1); the attention reads the same numbers through a strided view
 PROMPT = [5, 17, 3, 40, 22, 9, 31]
 # (tokens fed, tokens rolled back after): passes of a speculative decoding, past the buffer's first size
 PASSES = [([7, 8, 9], 2), ([11], 0), ([12, 13, 14, 15], 3), ([16, 17, 18, 19, 20, 21], 1), ([22, 23], 0)]
-
-
-@pytest.fixture(scope="module")
-def models(tiny_checkpoints) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield {name: load_model(path=str(folder), dtype="fp32") for name, folder in tiny_checkpoints.items()}
-    torch.set_num_threads(threads)
 
 
 def stock_cache(model) -> DynamicCache:

@@ -41,15 +41,6 @@ PROMPT = torch.tensor([[5, 17, 3, 40, 22, 9, 31]])
 NEW = 24  # tokens decoded in the speculative tests
 
 
-@pytest.fixture(scope="module")
-def models(tiny_checkpoints) -> dict:
-    """model_type -> LoadedModel (fp32, cpu) of the tiny checkpoint, one intra-op thread (see conftest)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield {name: load_model(path=str(folder), dtype="fp32") for name, folder in tiny_checkpoints.items()}
-    torch.set_num_threads(threads)
-
-
 def logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
         return model(input_ids=ids).logits[0]

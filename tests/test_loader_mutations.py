@@ -94,28 +94,28 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=
                     derandomize=True)
 
 
+def _score_with_mutated(folder: Path, which: str, mutation) -> None:
+    """Score valid plan.json and runs.json, then again with `which` of them mutated: refused or the same score."""
+    files = {"plan": folder / "plan.json", "runs": folder / "runs.json"}
+    valid = {"plan": make_plan(), "runs": make_runs()}
+    for name, doc in valid.items():
+        write_json(files[name], doc)
+    original = _scored(files["plan"], files["runs"])
+    doc, numbers_changed = mutate(valid[which], *mutation)
+    write_json(files[which], doc)
+    check(lambda: _scored(files["plan"], files["runs"]), original, files[which], numbers_changed)
+
+
 @SETTINGS
 @given(mutation=mutations(make_plan()))
 def test_plan_mutations(folder: Path, mutation) -> None:
-    plan, runs = folder / "plan.json", folder / "runs.json"
-    write_json(plan, make_plan())
-    write_json(runs, make_runs())
-    original = _scored(plan, runs)
-    doc, numbers_changed = mutate(make_plan(), *mutation)
-    write_json(plan, doc)
-    check(lambda: _scored(plan, runs), original, plan, numbers_changed)
+    _score_with_mutated(folder, "plan", mutation)
 
 
 @SETTINGS
 @given(mutation=mutations(make_runs()))
 def test_runs_mutations(folder: Path, mutation) -> None:
-    plan, runs = folder / "plan.json", folder / "runs.json"
-    write_json(plan, make_plan())
-    write_json(runs, make_runs())
-    original = _scored(plan, runs)
-    doc, numbers_changed = mutate(make_runs(), *mutation)
-    write_json(runs, doc)
-    check(lambda: _scored(plan, runs), original, runs, numbers_changed)
+    _score_with_mutated(folder, "runs", mutation)
 
 
 TRACE = uniform_trace()

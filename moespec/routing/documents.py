@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,13 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def tokenize(tokenizer: Any, docs: list[str], max_tokens: int | None) -> list[np.ndarray]:
-    """Token ids per document with the checkpoint's tokenizer, truncated to max_tokens in all."""
+def tokenize(encode: Callable[[str], Sequence[int]], docs: list[str], max_tokens: int | None) -> list[np.ndarray]:
+    """Token ids per document, `encode` turning one document's text into ids (a Hugging Face tokenizer, or
+    llama.cpp's), truncated to max_tokens in all; documents without tokens are dropped."""
     out: list[np.ndarray] = []
     left = max_tokens
     for doc in docs:
-        ids = np.asarray(tokenizer(doc)["input_ids"], dtype=np.int64)
+        ids = np.asarray(encode(doc), dtype=np.int64)
         if left is not None:
             ids, left = ids[:left], left - min(left, ids.size)
         if ids.size:

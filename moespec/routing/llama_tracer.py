@@ -23,7 +23,7 @@ import numpy as np
 from moespec import MoespecError
 from moespec.model.gguf import GgufModel, read_gguf
 from moespec.model.llama_cpp import EVAL_CALLBACK, GgmlTensor, bindings, quiet_log
-from moespec.routing.documents import HASH_CHARS
+from moespec.routing.documents import HASH_CHARS, tokenize
 
 
 class GgufRouter:
@@ -72,24 +72,19 @@ class GgufRouter:
             raise MoespecError(f"{self.path}: llama.cpp could not make a context of {tokens} tokens")
         self.context_tokens = tokens
 
+    def _encode(self, doc: str) -> list[int]:
+        """One document's token ids with the model's own tokenizer (special tokens as the vocabulary adds them)."""
+        text = doc.encode()
+        room = len(text) + 8  # a byte-level tokenizer gives at most one token per byte, plus BOS/EOS
+        buf = (self.api.llama_token * room)()
+        n = self.api.llama_tokenize(self.vocab, text, len(text), buf, room, True, False)
+        if n < 0:
+            raise MoespecError(f"{self.path}: llama.cpp could not tokenize a document")
+        return buf[:n]
+
     def tokenize(self, docs: list[str], max_tokens: int | None) -> list[np.ndarray]:
         """Token ids per document with the model's own tokenizer, truncated to max_tokens in all."""
-        out, left = [], max_tokens
-        for doc in docs:
-            text = doc.encode()
-            room = len(text) + 8
-            buf = (self.api.llama_token * room)()
-            n = self.api.llama_tokenize(self.vocab, text, len(text), buf, room, True, False)
-            if n < 0:
-                raise MoespecError(f"{self.path}: llama.cpp could not tokenize a document")
-            ids = np.asarray(buf[:n], dtype=np.int64)
-            if left is not None:
-                ids, left = ids[:left], left - min(left, ids.size)
-            if ids.size:
-                out.append(ids)
-            if left == 0:
-                break
-        return out
+        return tokenize(self._encode, docs, max_tokens)
 
     def trace_document(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """experts [T, L, m] and weights [T, L, m] of one document, fed in chunks after a cleared cache."""

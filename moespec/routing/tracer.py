@@ -89,7 +89,7 @@ class _Checkpoint:
         self.tap = RouterTap(find_routers(self.model, self.spec), self.spec.m)
 
     def tokenize(self, docs: list[str], max_tokens: int | None) -> list[np.ndarray]:
-        return tokenize(self.tokenizer, docs, max_tokens)
+        return tokenize(lambda doc: self.tokenizer(doc)["input_ids"], docs, max_tokens)
 
     def trace_document(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return trace_document(self.model, self.tap, ids, self.chunk, self.device)

@@ -32,16 +32,10 @@
 
 namespace {
 
-using namespace moespec_simd;  // bf16, to_f32, to_bf16, hsum
+using namespace moespec_simd;  // bf16, to_f32, to_bf16, load8, hsum
 
 constexpr int64_t kMaxQueries = 16;
 constexpr int kLanes = 8;
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const bf16* p) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 // exp on 8 lanes (Cephes' single-precision polynomial, relative error ~2e-7 on the softmax's range x <= 0);
 // -inf and anything below -87 give 0, so masked scores drop out exactly.

@@ -29,7 +29,7 @@
 
 namespace {
 
-using namespace moespec_simd;  // bf16, to_f32, to_bf16, hsum, cpu_has_dot
+using namespace moespec_simd;  // bf16, to_f32, to_bf16, load8, hsum, cpu_has_dot
 
 
 // fp32 lanes in one AVX2 register.
@@ -78,13 +78,6 @@ constexpr int64_t kLookahead = 4;
 // Busy-wait rounds before a waiting thread starts yielding its core.
 constexpr int kSpinsBeforeYield = 1 << 12;
 
-
-// Eight consecutive values as fp32 (biases, in natural order).
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const bf16* p) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 // Weight formats. A step is the columns one 256-bit weight load covers; it widens to kVecs fp32 vectors,
 // produced one at a time (half(p, v)) so a tile holds a single widened weight vector.

@@ -1,6 +1,6 @@
-// What moespec's two native kernel files share: the bf16 type and its conversions, a horizontal sum of an
+// What moespec's native kernel files share: the bf16 type and its conversions, eight values widened to fp32 (load8), a horizontal sum of an
 // AVX2 register, and the run-time check for the AVX512-BF16 dot-product instructions. Everything here is inline,
-// so the two translation units of the one library include it without clashing.
+// so the translation units of the one library include it without clashing.
 #pragma once
 
 #include <immintrin.h>
@@ -26,6 +26,13 @@ inline bf16 to_bf16(float v) {  // round to nearest even, as torch does; NaN sta
     std::memcpy(&u, &v, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
     return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Eight consecutive values as fp32, in natural order (biases, a row of cached keys or values).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 inline float hsum(__m256 v) {
