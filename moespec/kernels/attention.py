@@ -72,12 +72,27 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
     wrong = _layout(query, key, value, mask)
     if wrong is not None:
         raise ValueError(wrong)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    if not math.isfinite(scale):
+    if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    lib = native.load()
-    if lib is None:
+    if native.load() is None:
         raise RuntimeError(f"native attention kernel unavailable: {native.status()}")
+    return _run(query, key, value, mask, scale, threads)
+
+
+def attention_if_taken(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
+                       scale: float | None = None) -> torch.Tensor | None:
+    """`attention` where the kernel takes the call (`takes`; a finite scale), else None: the engine's path,
+    checked once."""
+    if (scale is not None and not math.isfinite(scale)) or not takes(query, key, value, mask):
+        return None
+    return _run(query, key, value, mask, scale, None)
+
+
+def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+         scale: float | None, threads: int | None) -> torch.Tensor:
+    """The native call, once the tensors are known to fit the legend (`attention`'s check or `takes`)."""
+    lib = native.load()
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     B, Hq, n, D = query.shape
     _, Hkv, L, Dv = value.shape
     out = torch.empty((B, n, Hq, Dv), dtype=query.dtype)

@@ -73,16 +73,14 @@ def takes(x: object, weight: object, bias: object = None) -> bool:
     return 1 <= math.prod(x.shape[:-1]) <= MAX_TOKENS and weight.shape[0] >= 1 and weight.shape[1] >= 1
 
 
-def _check_tensor(name: str, t: object) -> torch.dtype:
-    """t's dtype, once t is known to be a CPU tensor of a supported dtype."""
+def _check_tensor(name: str, t: object) -> None:
+    """Raise unless t is a CPU tensor of a supported dtype, naming it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_cpu:
         raise ValueError(f"{name} is on {t.device}; linear runs on the CPU")
-    dtype = t.dtype
-    if dtype not in _DTYPE_CODE:
-        raise ValueError(f"{name} is {dtype}; linear takes float32 or bfloat16")
-    return dtype
+    if t.dtype not in _DTYPE_CODE:
+        raise ValueError(f"{name} is {t.dtype}; linear takes float32 or bfloat16")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -97,8 +95,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Lean on purpose: right after a cache flush each torch call costs microseconds of misses, and a 2048 x
     2048 bf16 layer streams in ~0.25 ms, so every attribute is read once and a 2-D x is not reshaped."""
-    xdtype, wdtype = _check_tensor("x", x), _check_tensor("weight", weight)
-    bdtype = None if bias is None else _check_tensor("bias", bias)
+    _check_tensor("x", x)
+    _check_tensor("weight", weight)
+    if bias is not None:
+        _check_tensor("bias", bias)
     if isa not in ISA:
         raise ValueError(f"isa must be one of {', '.join(ISA)}, got {isa!r}")
     ws, xs = weight.shape, x.shape
@@ -118,9 +118,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                          "weight.contiguous() once instead of a copy on every call")
     if n == 0 or K == 0 or M == 0:
         return linear_reference(x, weight, bias)
-    lib = native.load()
-    if lib is None:
+    if native.load() is None:
         raise RuntimeError(f"native dense kernels unavailable: {native.status()}")
+    return _run(x, weight, bias, threads, isa)
+
+
+def linear_if_taken(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`linear` where the kernel takes the call (`takes`), else None: the engine's path, checked once."""
+    return _run(x, weight, bias, None, "auto") if takes(x, weight, bias) else None
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int | None,
+         isa: str) -> torch.Tensor:
+    """The native call, once the arguments are known to fit (`linear`'s checks or `takes`)."""
+    lib = native.load()
+    (M, K), xs = weight.shape, x.shape
+    lead = xs[:-1]
+    n = lead[0] if len(lead) == 1 else math.prod(lead)
+    xdtype = x.dtype
     x2 = x if len(xs) == 2 else x.reshape(n, K)
     row_stride, col_stride = x2.stride()
     if col_stride != 1 or (n > 1 and row_stride < K):
@@ -130,7 +145,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     y = torch.empty((*lead, M), dtype=xdtype)  # contiguous: [n, M] with row stride M
     xcode = _DTYPE_CODE[xdtype]
     rc = lib.moespec_linear(
-        _DTYPE_CODE[wdtype], xcode, 0 if bias is None else _DTYPE_CODE[bdtype], xcode, n, K, M, x2.data_ptr(),
+        _DTYPE_CODE[weight.dtype], xcode, 0 if bias is None else _DTYPE_CODE[bias.dtype], xcode, n, K, M, x2.data_ptr(),
         row_stride if n > 1 else K, weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), M,
         threads or torch.get_num_threads(), ISA[isa])
     if rc == 4:

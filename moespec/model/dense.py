@@ -66,10 +66,11 @@ class NativeLinear(TorchFunctionMode):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The native kernel where it takes the call, else torch's F.linear."""
-        if dense.takes(x, weight, bias):
-            self.calls += 1
-            return dense.linear(x, weight, bias)
-        return F.linear(x, weight, bias)
+        y = dense.linear_if_taken(x, weight, bias)
+        if y is None:
+            return F.linear(x, weight, bias)
+        self.calls += 1
+        return y
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -138,11 +139,12 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     plain = dropout == 0 and not any(kwargs.get(name) is not None for name in ("s_aux", "sinks", "softcap",
                                                                                    "position_bias"))
     causal_ok = attention_mask is not None or n == 1 or (n == length and is_causal is not False)
-    if plain and causal_ok and attention.takes(query, key, value, attention_mask):
+    out = attention.attention_if_taken(query, key, value, attention_mask, scaling) if plain and causal_ok else None
+    if out is not None:
         installed = getattr(module, "_moespec_counter", None)
         if installed is not None:
             installed.attention_calls += 1
-        return attention.attention(query, key, value, attention_mask, scaling), None
+        return out, None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
