@@ -17,6 +17,7 @@ POLICIES = (*KERNELS, "auto")  # a plan's policies: a fixed kernel, or AUTO (its
 DTYPES = ("bf16", "fp32")  # weight dtypes our kernels and the engine run
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # those names -> torch dtype attribute
 DEVICE_KINDS = ("cpu", "cuda")  # where the kernels run
+ENGINES = ("moespec", "llama.cpp")  # what `moespec run` measures: our engine, or llama.cpp on a GGUF file
 
 # The default routing: the calibrated process at the paper's WikiText-103 reuse, 50k tokens in 50 documents
 # (bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second).
@@ -39,3 +40,4 @@ N_LIMIT = KMAX_LIMIT + 1  # pass sizes n: a verify pass of the largest draft
 # any unit, and safely inside floats through the products and sums of a plan
 MAGNITUDE_LIMIT = 1e100
 LAYERS_LIMIT = 1_000  # decoder layers and layer indices (the presets have at most 48)
+THREADS_LIMIT = 1_024  # llama.cpp threads: more than any CPU socket has cores

@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "staircase": "best draft length k*(a), step points and speedup for a step-time vector",
     "demo": "the main job on the built-in default (what `make demo` runs)",
     "spec": "model shapes and bytes per weight format: w_l, W, D, kv(k); --list the presets",
+    "export": "write an HF MoE checkpoint or a preset as a llama.cpp GGUF file (bf16, q8_0, q4_0, q4_K_M)",
     "trace": "record the experts a local Hugging Face MoE checkpoint routes each token to",
     "synth": "synthetic routing trace: stationary seeded uniform, popularity or calibrated process",
     "reuse": "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)",

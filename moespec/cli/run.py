@@ -18,6 +18,7 @@ from moespec.defaults import (
     DEPTH,
     DEPTH_LIMIT,
     DTYPES,
+    ENGINES,
     GENERATED_LIMIT,
     KMAX,
     LAYERS_LIMIT,
@@ -25,6 +26,7 @@ from moespec.defaults import (
     N_MAX,
     REPS_LIMIT,
     SAMPLES_LIMIT,
+    THREADS_LIMIT,
 )
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 from moespec.model.dense import DENSE
@@ -35,18 +37,24 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
     policies = list(doc["verify_time_s"])
     table = Table(title=f"verify time at depth {doc['depth']} (ms, median [95% interval]); {doc['model']} "
                         f"{doc['moe_layers']} MoE layers {doc['dtype']}")
-    for col in ["n", *policies, "saving S(n)", *(["auto / best"] if doc["auto_ratio"] else [])]:
+    saving = bool(doc["saving_s"])  # an engine of one kernel (llama.cpp) records no saving
+    for col in ["n", *policies, *(["saving S(n)"] if saving else []), *(["auto / best"] if doc["auto_ratio"] else [])]:
         table.add_column(col, justify="right")
-    for n in doc["verify_time_s"]["slot"]:
+    for n in doc["verify_time_s"][policies[0]]:
         cells = [f"{doc['verify_time_s'][p][n] * 1e3:.2f} [{doc['verify_time_ci_s'][p][n][0] * 1e3:.2f}, "
                  f"{doc['verify_time_ci_s'][p][n][1] * 1e3:.2f}]" for p in policies]
-        s = doc["saving_s"][n]
-        cells.append(f"{s['median'] * 1e3:+.2f} [{s['lo'] * 1e3:+.2f}, {s['hi'] * 1e3:+.2f}]")
+        if saving:
+            s = doc["saving_s"][n]
+            cells.append(f"{s['median'] * 1e3:+.2f} [{s['lo'] * 1e3:+.2f}, {s['hi'] * 1e3:+.2f}]")
         if doc["auto_ratio"]:
             cells.append(f"{doc['auto_ratio'][n]:.3f}")
         table.add_row(n, *cells)
     out.print(table)
-    out.print(f"measured crossover: {doc['crossover'] or 'none'} (smallest n from which the saving stays positive)")
+    if saving:
+        out.print(f"measured crossover: {doc['crossover'] or 'none'} (smallest n from which the saving stays "
+                  "positive)")
+    else:
+        out.print(f"one expert kernel ({', '.join(policies)}): no saving or crossover to measure")
     noise = doc.get("noise")
     if noise:
         short = [n for n, v in noise["per_n"].items() if not v["met"]]
@@ -127,6 +135,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")
     p.add_argument("--draft-model", help="a local HF causal LM sharing the tokenizer: the throughput grid drafts with "
                                          "it (greedy) over --k instead of the oracle over --a")
+    p.add_argument("--engine", default=RunConfig.engine, choices=ENGINES,
+                   help="moespec (our engine on an HF model) or llama.cpp (on --gguf; llama-cpp-python needed)")
+    p.add_argument("--gguf", help="--engine llama.cpp: the GGUF model file (moespec export writes one)")
+    p.add_argument("--draft-gguf", help="--engine llama.cpp: a GGUF draft model sharing the vocabulary: the "
+                                        "throughput grid drafts with it (greedy) over --k instead of the oracle")
+    p.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=RunConfig.threads,
+                   help=f"--engine llama.cpp: its threads (default {RunConfig.threads}, torch's)")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")
@@ -151,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
                        k=tuple(parse_ints(args.k, "--k", 0, KMAX, "draft lengths")), a=parse_acceptances(args.a),
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
                        draft_model=args.draft_model, replay=args.replay, seed=args.seed, fresh=args.fresh,
-                       dense=args.dense)
+                       dense=args.dense, engine=args.engine, gguf=args.gguf, draft_gguf=args.draft_gguf,
+                       threads=args.threads)
     out = console()
     runs = run_engine(config, say=out.print)
     report(runs, args.out, out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from moespec.cli.args import add_checkpoint_flags, bounded
-from moespec.defaults import DEPTH_LIMIT, DTYPES, TOKENS_LIMIT
+from moespec.defaults import DEPTH_LIMIT, DTYPES, THREADS_LIMIT, TOKENS_LIMIT
 from moespec.routing.tracer import TraceConfig, trace
 
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"compute dtype (default {TraceConfig.dtype})")
     parser.add_argument("--chunk", type=bounded(1, DEPTH_LIMIT), default=TraceConfig.chunk,
                         help=f"tokens per forward pass (default {TraceConfig.chunk}, at most {DEPTH_LIMIT:,})")
-    parser.add_argument("--threads", type=bounded(1, 1024), default=None,
+    parser.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=None,
                         help="llama.cpp threads for --gguf (default: torch's)")
     add_checkpoint_flags(parser)
 

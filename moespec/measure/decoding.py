@@ -12,7 +12,7 @@ model forwards) and whether the tokens equal plain decoding's (keys: moespec.for
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -105,8 +105,11 @@ def decode_prompt(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_
     conts = ps.continuations(policy, kernel_by_n)
     set_policy(lm.model, policy, kernel_by_n)
     context, cont, state = ps.contexts[i], conts[i], ps.prefilled()[i]
-    draft = speculative.ModelDraft(drafter) if drafter is not None else \
-        speculative.OracleDraft(cont, a, ps.seed + i, lm.model.config.vocab_size, len(context))
+    if drafter is not None:
+        draft: speculative.Draft = speculative.ModelDraft(drafter)
+        draft.prefill(context)
+    else:
+        draft = speculative.OracleDraft(cont, a, ps.seed + i, lm.model.config.vocab_size, len(context))
     out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, ps.tokens, prefilled=state,
                                                route=ps.route(i))
     set_replay(lm.model, None)
@@ -148,22 +151,33 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
             "mismatches": mismatches}
 
 
-def measure_throughput(lm: LoadedModel, cells: list[tuple[str, int, float | None]], kernel_by_n: dict[int, str] | None,
-                       ps: Prompts, checkpoint: Checkpoint, drafter: Any, advance: Any) -> list[dict]:
-    """Every cell over every prompt, interleaved: round i decodes prompt i in every cell, the cells in order on
-    even rounds and in reverse on odd ones (A B C, C B A), so the machine's drift over the grid's minutes hits
-    every (policy, k, a) alike instead of the cells run last. Each (cell, prompt) is a checkpoint unit."""
-    def unit(cell: tuple[str, int, float | None], i: int) -> str:
+Cell = tuple[str, int, float | None]  # (policy, k, a): a None for a draft model
+
+
+def interleaved(cells: list[Cell], count: int, checkpoint: Checkpoint, unit: Callable[[Cell, int], dict],
+                advance: Any) -> list[tuple[Cell, list[dict]]]:
+    """Every cell over `count` prompts, interleaved: round i runs `unit(cell, i)` (prompt i of the cell) for every
+    cell, in order on even rounds and in reverse on odd ones (A B C, C B A), so the machine's drift over the
+    grid's minutes hits every (policy, k, a) alike instead of the cells run last. Each (cell, prompt) is a
+    checkpoint unit. Returns each cell with its prompts' units."""
+    def key(cell: Cell, i: int) -> str:
         policy, k, a = cell
         return f"cell {policy} k {k} a {a if k else '-'} prompt {i}"
 
-    for i in range(ps.count):
+    for i in range(count):
         for cell in cells if i % 2 == 0 else cells[::-1]:
-            if unit(cell, i) not in checkpoint.units:
-                checkpoint.save(unit(cell, i), decode_prompt(lm, *cell, kernel_by_n, ps, i, drafter))
+            if key(cell, i) not in checkpoint.units:
+                checkpoint.save(key(cell, i), unit(cell, i))
             advance(1)
-    return [cell_record(*cell, [checkpoint.units[unit(cell, i)] for i in range(ps.count)], drafter is None)
-            for cell in cells]
+    return [(cell, [checkpoint.units[key(cell, i)] for i in range(count)]) for cell in cells]
+
+
+def measure_throughput(lm: LoadedModel, cells: list[Cell], kernel_by_n: dict[int, str] | None,
+                       ps: Prompts, checkpoint: Checkpoint, drafter: Any, advance: Any) -> list[dict]:
+    """Every throughput cell on the engine, interleaved over the prompts (interleaved), as runs.json rows."""
+    done = interleaved(cells, ps.count, checkpoint, lambda cell, i: decode_prompt(lm, *cell, kernel_by_n, ps, i,
+                                                                                  drafter), advance)
+    return [cell_record(*cell, units, drafter is None) for cell, units in done]
 
 
 def expand_k0(cells: list[dict], acceptances: list[float]) -> list[dict]:

@@ -36,6 +36,7 @@ from moespec.console import progress
 from moespec.defaults import (
     DEPTH,
     DEPTH_LIMIT,
+    ENGINES,
     GENERATED_LIMIT,
     KERNELS,
     KMAX,
@@ -44,6 +45,7 @@ from moespec.defaults import (
     N_MAX,
     REPS_LIMIT,
     SAMPLES_LIMIT,
+    THREADS_LIMIT,
 )
 from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
@@ -136,20 +138,52 @@ def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) 
     return max(med - lo, hi - med) <= target * med
 
 
+def timed_rounds(time_pass: Callable[[str, int], float], policies: list[str], config: RunConfig,
+                 rng: np.random.Generator, advance: Any) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Rounds of one pass size: each round times every policy once (`time_pass(policy, round)`: seconds of one
+    pass, its inputs set up outside the clock), in an order rotated per round; before each timed pass a reference
+    read of REFERENCE_BYTES evicts the last-level cache and measures the machine's bandwidth at that moment. A
+    round whose slowest reference read falls below DISTURBED x the median so far was disturbed (another job took
+    the memory bus or a core): its samples are dropped and the round is repeated. Rounds go on, past config.reps,
+    until every policy's median has a 95% interval within +-config.target of it, or config.max_reps rounds are
+    kept, or the round budget config.budget_s is spent. Returns the samples per policy and the noise record
+    (rounds, repeated, met, seconds, reference_gbps, stopped_by)."""
+    reference = StreamRead(REFERENCE_BYTES)
+    samples: dict[str, list[float]] = {p: [] for p in policies}
+    kept_reference: list[float] = []
+    repeated, started = 0, time.perf_counter()
+    while True:
+        rep = len(kept_reference)
+        order = policies[rep % len(policies):] + policies[:rep % len(policies)]
+        times, reads = {}, []
+        for policy in order:
+            reads.append(reference())
+            times[policy] = time_pass(policy, rep)
+        if kept_reference and min(reads) < DISTURBED * float(np.median(kept_reference)):
+            repeated += 1
+        else:
+            kept_reference.append(min(reads))
+            for policy, t in times.items():
+                samples[policy].append(t)
+            advance(len(policies))
+        kept, spent = len(kept_reference), time.perf_counter() - started
+        met = kept >= config.reps and all(_interval_ok(samples[p], rng, config.target) for p in policies)
+        if met or kept >= config.max_reps or (kept >= config.reps and spent > config.budget_s) \
+                or repeated > config.max_reps:
+            break
+    return samples, {"rounds": kept, "repeated": repeated, "met": met, "seconds": spent,
+                     "reference_gbps": float(np.median(kept_reference)),
+                     "stopped_by": "target" if met else "max_reps" if kept >= config.max_reps else
+                     "disturbed" if repeated > config.max_reps else "budget"}
+
+
 def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
                    kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
                    advance: Any) -> dict[int, dict[str, Any]]:
-    """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass).
-
-    Rounds run every policy once, in an order rotated per round; before each timed pass a reference read of
-    REFERENCE_BYTES evicts the last-level cache and measures the machine's bandwidth at that moment. A round whose
-    slowest reference read falls below DISTURBED x the median so far was disturbed (another job took the memory
-    bus or a core): its samples are dropped and the round is repeated. Rounds go on, past config.reps, until every
-    policy's median has a 95% interval within +-config.target of it, or config.max_reps rounds are kept, or the
-    round budget config.budget_s is spent; the unit records which."""
+    """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass),
+    in the rounds of `timed_rounds`; one checkpoint unit per n."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     state = None
-    reference = StreamRead(REFERENCE_BYTES)
     for n in ns:
         key = f"verify n {n}"
         if key in checkpoint.units:
@@ -160,40 +194,17 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
             state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
         windows = replay_windows(trace, config.replay, lm.spec, n, config.max_reps, config.seed)
         tokens = rng.integers(3, lm.model.config.vocab_size, size=(config.max_reps, n))
-        for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
+
+        def time_pass(policy: str, rep: int) -> float:
             set_policy(lm.model, policy, kernel_by_n)
-            set_replay(lm.model, None if windows is None else windows[0])
-            speculative.timed_forward(lm.model, tokens[0].tolist(), state)
-        samples: dict[str, list[float]] = {p: [] for p in policies}
-        kept_reference: list[float] = []
-        repeated, started = 0, time.perf_counter()
-        while True:
-            rep = len(kept_reference)
-            order = policies[rep % len(policies):] + policies[:rep % len(policies)]
-            times, reads = {}, []
-            for policy in order:
-                set_policy(lm.model, policy, kernel_by_n)
-                set_replay(lm.model, None if windows is None else windows[rep])
-                reads.append(reference())
-                times[policy] = speculative.timed_forward(lm.model, tokens[rep].tolist(), state)
-            if kept_reference and min(reads) < DISTURBED * float(np.median(kept_reference)):
-                repeated += 1
-            else:
-                kept_reference.append(min(reads))
-                for policy, t in times.items():
-                    samples[policy].append(t)
-                advance(len(policies))
-            kept, spent = len(kept_reference), time.perf_counter() - started
-            met = kept >= config.reps and all(_interval_ok(samples[p], rng, config.target) for p in policies)
-            if met or kept >= config.max_reps or (kept >= config.reps and spent > config.budget_s) \
-                    or repeated > config.max_reps:
-                break
+            set_replay(lm.model, None if windows is None else windows[rep])
+            return speculative.timed_forward(lm.model, tokens[rep].tolist(), state)
+
+        for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
+            time_pass(policy, 0)
+        samples, noise = timed_rounds(time_pass, policies, config, rng, advance)
         set_replay(lm.model, None)
-        checkpoint.save(key, {"samples": samples, "noise": {
-            "rounds": kept, "repeated": repeated, "met": met, "seconds": spent,
-            "reference_gbps": float(np.median(kept_reference)),
-            "stopped_by": "target" if met else "max_reps" if kept >= config.max_reps else
-            "disturbed" if repeated > config.max_reps else "budget"}})
+        checkpoint.save(key, {"samples": samples, "noise": noise})
     return {n: checkpoint.units[f"verify n {n}"] for n in ns}
 
 
@@ -206,24 +217,31 @@ def paired_ratio(samples: dict[str, dict[int, list[float]]], stats: dict[str, di
     return float(np.median(np.asarray(samples["auto"][n]) / np.asarray(samples[best][n])))
 
 
-def summarize(lm: LoadedModel, config: RunConfig, units: dict[int, dict[str, Any]], policies: list[str],
+def identity(lm: LoadedModel, config: RunConfig) -> dict[str, Any]:
+    """What runs.json says of the model it measured (summarize)."""
+    return {"model": model_name(lm, config), "spec": lm.spec.to_dict(), "source": lm.source, "moe_layers": lm.spec.L}
+
+
+def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[str, Any]], policies: list[str],
               cells: list[dict], acceptances: list[float], plan_info: dict | None,
               kernel_by_n: dict[int, str] | None, started: dict[str, Any],
               ceilings: dict[str, list[float]]) -> dict[str, Any]:
-    """runs.json from the measured verify units and cells (keys in moespec.formats.runsfile)."""
+    """runs.json from the measured verify units and cells (keys in moespec.formats.runsfile); `model` is the
+    engine's identity(). The saving and crossover need both kernels: an engine of one kernel (llama.cpp's CPU
+    MUL_MAT_ID deduplicates) records none."""
     rng = np.random.default_rng(config.seed)
     samples = {p: {n: unit["samples"][p] for n, unit in units.items()} for p in policies}
     stats = {p: {n: bootstrap_median(v, rng) for n, v in samples[p].items()} for p in policies}
-    ns = sorted(samples["slot"])
-    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns}
-    rows = [] if config.draft_model else expand_k0(cells, acceptances)
+    ns = sorted(units)
+    both = all(p in policies for p in KERNELS)
+    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns} if both else {}
+    draft = config.draft_model or config.draft_gguf  # a draft model drafted the cells instead of the oracle
+    rows = [] if draft else expand_k0(cells, acceptances)
     per_k: dict[int, list[float]] = {}
     for cell in cells:
         per_k.setdefault(cell["k"], []).append(cell["draft_host_s"])
     doc = {
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": model_name(lm, config),
-        "spec": lm.spec.to_dict(),
-        "source": lm.source, "moe_layers": lm.spec.L, "device": started["device"],
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, **model, "device": started["device"],
         "device_kind": started["device"].split(":")[0], "dtype": config.dtype, "depth": config.depth,
         "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
         "kernel_by_n": None if kernel_by_n is None else {str(n): k for n, k in sorted(kernel_by_n.items())},
@@ -231,10 +249,10 @@ def summarize(lm: LoadedModel, config: RunConfig, units: dict[int, dict[str, Any
         "verify_time_ci_s": {p: {str(n): [stats[p][n][1], stats[p][n][2]] for n in ns} for p in policies},
         "verify_samples_s": {p: {str(n): samples[p][n] for n in ns} for p in policies},
         "saving_s": {str(n): v for n, v in saving.items()},
-        "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}),
+        "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}) if both else None,
         "auto_ratio": None if "auto" not in policies else {str(n): paired_ratio(samples, stats, n) for n in ns},
-        "throughput": rows, "draft_model": config.draft_model,
-        "throughput_draft_model": cells if config.draft_model else [],
+        "throughput": rows, "draft_model": draft,
+        "throughput_draft_model": cells if draft else [],
         "draft_time_s": {str(k): float(np.median(v)) for k, v in sorted(per_k.items())},
         "overhead_share": float(np.median([c["overhead_share"] for c in cells])) if cells else None,
         "greedy_match": all(c["greedy_match"] for c in cells),
@@ -281,10 +299,20 @@ class RunConfig:
     replay: str | None = None
     seed: int = 0
     fresh: bool = False
+    engine: str = "moespec"
+    gguf: str | None = None
+    draft_gguf: str | None = None
+    threads: int = torch.get_num_threads()
 
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
         check_output(self.out)
+        if self.engine not in ENGINES:
+            raise MoespecError(f"--engine {self.engine!r}: one of {', '.join(ENGINES)}")
+        if self.engine == ENGINES[0] and (self.gguf is not None or self.draft_gguf is not None):
+            raise MoespecError("--gguf and --draft-gguf run llama.cpp: add --engine llama.cpp")
+        if not 1 <= self.threads <= THREADS_LIMIT:
+            raise MoespecError(f"--threads must lie in 1..{THREADS_LIMIT}, got {self.threads}")
         if self.dense not in DENSE:
             raise MoespecError(f"--dense {self.dense!r}: one of {', '.join(DENSE)}")
         if self.model is not None and self.preset is not None:
@@ -321,6 +349,10 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     config.out and return it; `say` receives one line per stage (the CLI prints them). config.out is locked for the
     whole run (moespec.formats.lock)."""
     config.check()
+    if config.engine == "llama.cpp":
+        from moespec.measure.llama_run import run_llama_cpp  # imported here: it builds on this module
+
+        return run_llama_cpp(config, say)
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     device = resolve_device(config.device)
     started = provenance(device, config.dtype)  # the timestamp says when the run began (score: pre-registration)
@@ -369,7 +401,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
         measured = measure_throughput(lm, cells, kernel_by_n, ps, checkpoint, drafter, advance)
     ceilings["after"] = measure_stream_read()
-    doc = summarize(lm, config, units, verify, measured, acceptances, plan_info, kernel_by_n, started, ceilings)
+    doc = summarize(identity(lm, config), config, units, verify, measured, acceptances, plan_info, kernel_by_n,
+                    started, ceilings)
     doc["dense"] = dense_path
     write_json(config.out, doc)
     checkpoint.remove()

@@ -34,7 +34,7 @@ QK_NORM = {"olmoe": "proj", "qwen3moe": "head"}  # OLMoE normalizes the q/k proj
 KV_FORMAT = "fp16"  # llama.cpp's default cache type (f16 K and V)
 
 
-def _gguf() -> Any:
+def gguf_module() -> Any:
     try:
         import gguf  # the gguf package: llama.cpp's own reader and name tables
     except ImportError:
@@ -63,10 +63,14 @@ class GgufModel:
     tensors: tuple[GgufTensor, ...]
 
     def _expert_names(self, block: int) -> set[str]:
-        gguf = _gguf()
+        gguf = gguf_module()
         kinds = (gguf.MODEL_TENSOR.FFN_GATE_EXP, gguf.MODEL_TENSOR.FFN_UP_EXP, gguf.MODEL_TENSOR.FFN_DOWN_EXP,
                  gguf.MODEL_TENSOR.FFN_GATE_UP_EXP)
         return {f"{gguf.TENSOR_NAMES[k].format(bid=block)}.{part}" for k in kinds for part in ("weight", "bias")}
+
+    def expert_tensor_names(self) -> set[str]:
+        """The names of every routed-expert tensor of the file (all MoE layers)."""
+        return set().union(*(self._expert_names(b) for b in self.spec.moe_layers))
 
     def expert_bytes(self, layer: int) -> int:
         """w_l: bytes of one routed expert of MoE layer `layer` (0..L-1) as stored in the file."""
@@ -83,8 +87,8 @@ class GgufModel:
         """D: bytes a pass of `tokens` tokens reads whatever the routing (the module docstring)."""
         if tokens < 1:
             raise MoespecError(f"{self.path}: tokens must be >= 1, got {tokens}")
-        experts = set().union(*(self._expert_names(b) for b in self.spec.moe_layers))
-        embed = _gguf().TENSOR_NAMES[_gguf().MODEL_TENSOR.TOKEN_EMBD] + ".weight"
+        experts = self.expert_tensor_names()
+        embed = gguf_module().TENSOR_NAMES[gguf_module().MODEL_TENSOR.TOKEN_EMBD] + ".weight"
         total = 0
         for t in self.tensors:
             if t.name in experts:
@@ -113,7 +117,7 @@ class GgufModel:
 def read_gguf(path: str | Path) -> GgufModel:
     """The spec and tensor table of a GGUF file; one-line errors name the file and what is wrong (not a GGUF or
     truncated, an architecture moespec does not read, a dense model, a key or tensor missing or inconsistent)."""
-    gguf = _gguf()
+    gguf = gguf_module()
     path = Path(path)
     if not path.is_file():
         raise MoespecError(f"{path}: {'a directory, not' if path.is_dir() else 'no such'} GGUF file")
@@ -171,7 +175,8 @@ def read_gguf(path: str | Path) -> GgufModel:
     dense_width = by_name[up.format(bid=dense[0])].shape[1] if dense and up.format(bid=dense[0]) in by_name else 0
     try:
         spec = ModelSpec(
-            name=path.stem, model_type=ARCHITECTURES[arch], hidden=hidden, layers=layers, num_experts=experts,
+            name=value(gguf.Keys.General.NAME, path.stem), model_type=ARCHITECTURES[arch], hidden=hidden,
+            layers=layers, num_experts=experts,
             top_k=value(key(gguf.Keys.LLM.EXPERT_USED_COUNT)), expert_width=width, vocab=vocab, heads=heads,
             kv_heads=value(key(gguf.Keys.Attention.HEAD_COUNT_KV), heads),
             head_dim=value(key(gguf.Keys.Attention.KEY_LENGTH), hidden // heads),

@@ -63,3 +63,106 @@ EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 def quiet_log(level: int, text: bytes, data: Any) -> None:
     """A log callback for llama_log_set that keeps llama.cpp's load messages off the terminal."""
+
+
+def backend() -> Any:
+    """The bindings with llama.cpp's backend initialized and its log kept off the terminal (quiet_log)."""
+    api = bindings()
+    api.llama_backend_init()
+    api.llama_log_set(quiet_log, ctypes.c_void_p(0))
+    return api
+
+
+class LlamaContext:
+    """A GGUF model in one llama.cpp context: its KV cache holds `length` tokens at positions 0..length-1 of
+    sequence 0. `forward` feeds tokens after them (a verify pass, a draft step, a chunk of a prefill) and
+    `rollback` drops the last ones (llama_memory_seq_rm), as a rejected draft is dropped. `cb_eval`, an
+    EVAL_CALLBACK, observes every tensor of the graph as it is computed (moespec.routing.llama_tracer).
+
+    Context settings are llama-bench's defaults (n_batch 2048, n_ubatch 512, f16 K and V, flash attention "auto",
+    the model's default buffer types) unless given; a batch longer than n_batch goes in n_batch pieces."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int, n_batch: int = 2048, n_ubatch: int = 512,
+                 cb_eval: Any = None, model: Any = None) -> None:
+        if n_ctx < 1 or threads < 1 or n_batch < 1 or n_ubatch < 1:
+            raise ValueError(f"n_ctx, threads, n_batch, n_ubatch: each must be >= 1, got {n_ctx}, {threads}, "
+                             f"{n_batch}, {n_ubatch}")
+        self.path, self.api = path, backend()
+        api = self.api
+        self.owns_model = model is None
+        self.model = model or api.llama_model_load_from_file(str(path).encode(), api.llama_model_default_params())
+        if not self.model:
+            raise MoespecError(f"{path}: llama.cpp could not load this model")
+        params = api.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, min(n_ubatch, n_batch)
+        params.n_threads = params.n_threads_batch = threads
+        if cb_eval is not None:
+            params.cb_eval, params.cb_eval_user_data = cb_eval, None
+        self.ctx = api.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            self._free_model()
+            raise MoespecError(f"{path}: llama.cpp could not make a context of {n_ctx} tokens")
+        self.n_ctx, self.n_batch, self.length = n_ctx, n_batch, 0
+        self.memory = api.llama_get_memory(self.ctx)
+        self.vocab = api.llama_model_get_vocab(self.model)
+        self.vocab_size = api.llama_vocab_n_tokens(self.vocab)
+        self.batch = api.llama_batch_init(n_batch, 0, 1)
+
+    def fill(self, tokens: list[int], every_logit: bool) -> None:
+        """Put `tokens` at positions length.. into the batch (logits of all of them, or of the last one)."""
+        if not 1 <= len(tokens) <= self.n_batch or self.length + len(tokens) > self.n_ctx:
+            raise MoespecError(f"{self.path}: a batch of {len(tokens)} tokens after {self.length} does not fit "
+                               f"(n_batch {self.n_batch}, n_ctx {self.n_ctx})")
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = token, self.length + i, 1, 0
+            b.logits[i] = every_logit or i == len(tokens) - 1
+
+    def decode(self) -> None:
+        """Evaluate the filled batch up to llama_synchronize; its tokens join the cache."""
+        rc = self.api.llama_decode(self.ctx, self.batch)
+        self.api.llama_synchronize(self.ctx)
+        if rc != 0:
+            raise MoespecError(f"{self.path}: llama_decode failed (code {rc}) on {self.batch.n_tokens} tokens at "
+                               f"position {self.length}")
+        self.length += self.batch.n_tokens
+
+    def logits(self, rows: int) -> np.ndarray:
+        """A copy of the last decode's logits [rows, vocab] (rows: the outputs it asked for)."""
+        flat = self.api.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(flat, shape=(rows * self.vocab_size,)).reshape(rows, self.vocab_size).copy()
+
+    def forward(self, tokens: list[int], last_only: bool = False) -> list[int]:
+        """The greedy (argmax) token after each prefix of `tokens` fed after the cache (only the last with
+        `last_only`); a batch longer than n_batch goes in pieces."""
+        for start in range(0, len(tokens), self.n_batch):
+            piece = tokens[start:start + self.n_batch]
+            last = start + self.n_batch >= len(tokens)
+            self.fill(piece, every_logit=last and not last_only)
+            self.decode()
+        rows = 1 if last_only else len(tokens) - (len(tokens) - 1) // self.n_batch * self.n_batch
+        return self.logits(rows).argmax(-1).tolist()
+
+    def rollback(self, tokens: int) -> None:
+        """Drop the last `tokens` positions from the cache."""
+        if not 0 <= tokens <= self.length:
+            raise ValueError(f"tokens: must lie in 0..{self.length}, got {tokens}")
+        self.length -= tokens
+        self.api.llama_memory_seq_rm(self.memory, 0, self.length, -1)
+
+    def clear(self) -> None:
+        self.api.llama_memory_clear(self.memory, True)
+        self.length = 0
+
+    def _free_model(self) -> None:
+        if self.owns_model and self.model:
+            self.api.llama_model_free(self.model)
+        self.model = None
+
+    def close(self) -> None:
+        if self.ctx:
+            self.api.llama_batch_free(self.batch)
+            self.api.llama_free(self.ctx)
+            self.ctx = None
+        self._free_model()

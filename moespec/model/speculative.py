@@ -36,8 +36,9 @@ from moespec import MoespecError
 from moespec.model.cache import new_cache
 from moespec.model.load import cache_argument
 
-__all__ = ["StepRecord", "Draft", "OracleDraft", "ModelDraft", "Prefill", "prefill", "timed_forward", "plain_decode",
-           "speculative_decode", "realized_acceptance", "acceptance_rate"]
+__all__ = ["StepRecord", "Draft", "Greedy", "TorchGreedy", "OracleDraft", "GreedyDraft", "ModelDraft", "NO_DRAFT",
+           "Prefill", "prefill", "timed_forward", "plain_decode", "speculative_decode", "decode_steps",
+           "realized_acceptance", "acceptance_rate"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,16 @@ class Draft(Protocol):
         """k draft tokens to follow tokens_so_far (the prompt and the tokens decoded so far)."""
 
 
+class Greedy(Protocol):
+    """A causal LM with its KV cache, as speculative decoding drives it (a target or a draft; any engine):
+    `forward` feeds tokens after the cache and returns the greedy token after each prefix (the last one only with
+    `last_only`), its work finished when it returns; `rollback` drops the last `tokens` positions."""
+
+    def forward(self, tokens: list[int], last_only: bool = False) -> list[int]: ...
+
+    def rollback(self, tokens: int) -> None: ...
+
+
 # ---------------------------------------------------------------- model plumbing
 
 def _forward(model: Any, tokens: list[int], cache: Any, keep: int = 0) -> torch.Tensor:
@@ -77,6 +88,22 @@ def _rollback(cache: Any, tokens: int) -> None:
     """Drop the last `tokens` positions; crop(0) still trims the sliding layers back to their window."""
     if cache.get_seq_length() > 0:
         cache.crop(-tokens)
+
+
+@dataclass
+class TorchGreedy:
+    """A transformers model and a KV cache of it as a Greedy (CUDA synchronized before forward returns)."""
+
+    model: Any
+    cache: Any
+
+    def forward(self, tokens: list[int], last_only: bool = False) -> list[int]:
+        out = _forward(self.model, tokens, self.cache, keep=1 if last_only else 0).argmax(-1).tolist()
+        _sync(self.model.device)
+        return out
+
+    def rollback(self, tokens: int) -> None:
+        _rollback(self.cache, tokens)
 
 
 def _sync(device: torch.device) -> None:
@@ -166,29 +193,36 @@ def speculative_decode(model: Any, prompt_ids: torch.LongTensor, draft: Draft, k
     if max_new == 0:
         return [], []
     state = prefilled or prefill(model, prompt_ids)
-    cache, records, tokens = copy.deepcopy(state.cache), [], [state.first]
     with torch.inference_mode():
-        history = history + tokens  # the last token is decoded but not yet in the cache
-        while len(tokens) < max_new:
-            if route is not None:
-                route(len(tokens) - 1, k + 1)
-            start = time.perf_counter()
-            proposal = list(draft.propose(history, k))
-            if len(proposal) != k:
-                raise MoespecError(f"the draft proposed {len(proposal)} tokens when asked for {k}")
-            _sync(model.device)
-            drafted = time.perf_counter()
-            logits = _forward(model, [history[-1], *proposal], cache)
-            _sync(model.device)
-            verified = time.perf_counter()
-            target = logits.argmax(-1).tolist()  # target[i]: the greedy token after proposal[:i]
-            accepted = next((i for i, (d, t) in enumerate(zip(proposal, target)) if d != t), k)
-            _rollback(cache, k - accepted)
-            new = [*proposal[:accepted], target[accepted]]
-            tokens += new
-            history += new
-            end = time.perf_counter()
-            records.append(StepRecord(k, accepted, verified - drafted, end - start, drafted - start, end - verified))
+        return decode_steps(TorchGreedy(model, copy.deepcopy(state.cache)), history, state.first, draft, k,
+                            max_new, route)
+
+
+def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k: int, max_new: int,
+                 route: Route | None = None) -> tuple[list[int], list[StepRecord]]:
+    """The speculative loop on any engine: `target`'s cache holds `history` (the prompt), `first` is the greedy
+    token after it; each step drafts k tokens, verifies them with the last token in one forward, keeps the
+    agreeing prefix and the target's token after it, and rolls the rejected positions back. Returns max_new
+    tokens (first included) and the steps' records."""
+    records, tokens = [], [first]
+    history = history + tokens  # the last token is decoded but not yet in the cache
+    while len(tokens) < max_new:
+        if route is not None:
+            route(len(tokens) - 1, k + 1)
+        start = time.perf_counter()
+        proposal = list(draft.propose(history, k))
+        if len(proposal) != k:
+            raise MoespecError(f"the draft proposed {len(proposal)} tokens when asked for {k}")
+        drafted = time.perf_counter()
+        greedy = target.forward([history[-1], *proposal])  # greedy[i]: the target's token after proposal[:i]
+        verified = time.perf_counter()
+        accepted = next((i for i, (d, t) in enumerate(zip(proposal, greedy)) if d != t), k)
+        target.rollback(k - accepted)
+        new = [*proposal[:accepted], greedy[accepted]]
+        tokens += new
+        history += new
+        end = time.perf_counter()
+        records.append(StepRecord(k, accepted, verified - drafted, end - start, drafted - start, end - verified))
     return tokens[:max_new], records
 
 
@@ -242,14 +276,32 @@ class OracleDraft:
         return out
 
 
-class ModelDraft:
-    """A causal LM drafting greedily; its KV cache holds the longest prefix it shares with the tokens so far,
-    so drafts the target rejected are cropped away before the next proposal."""
+class _NoDraft:
+    """Proposes nothing: decode_steps at k = 0 is plain greedy decoding."""
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.cache = new_cache(model)
+    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
+        if k:
+            raise MoespecError(f"NO_DRAFT proposes no tokens, asked for {k}")
+        return []
+
+
+NO_DRAFT = _NoDraft()
+
+
+class GreedyDraft:
+    """A draft model (any engine's Greedy) drafting greedily; its KV cache holds the longest prefix it shares with
+    the tokens so far, so drafts the target rejected are rolled back before the next proposal."""
+
+    def __init__(self, greedy: Greedy) -> None:
+        self.greedy = greedy
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+
+    def prefill(self, prompt: list[int]) -> None:
+        """Feed all of the prompt but its last token (the first proposal feeds that one), outside any step's
+        time: a draft's prefill belongs to the prompt, as the target's does."""
+        if len(prompt) > 1:
+            self.greedy.forward(prompt[:-1], last_only=True)
+            self.cached = list(prompt[:-1])
 
     def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
         if k == 0:
@@ -257,12 +309,27 @@ class ModelDraft:
         shared = next((i for i, (a, b) in enumerate(zip(self.cached, tokens_so_far)) if a != b),
                       min(len(self.cached), len(tokens_so_far)))
         keep = min(shared, len(tokens_so_far) - 1)  # feed at least one token to get logits
-        _rollback(self.cache, len(self.cached) - keep)
+        self.greedy.rollback(len(self.cached) - keep)
         self.cached, feed, out = list(tokens_so_far[:keep]), list(tokens_so_far[keep:]), []
-        with torch.inference_mode():
-            for _ in range(k):
-                next_token = int(_forward(self.model, feed, self.cache, keep=1)[-1].argmax())
-                self.cached += feed
-                feed = [next_token]
-                out.append(next_token)
+        for _ in range(k):
+            next_token = self.greedy.forward(feed, last_only=True)[-1]
+            self.cached += feed
+            feed = [next_token]
+            out.append(next_token)
         return out
+
+
+class ModelDraft(GreedyDraft):
+    """A transformers causal LM as a GreedyDraft."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        super().__init__(TorchGreedy(model, new_cache(model)))
+
+    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
+        with torch.inference_mode():
+            return super().propose(tokens_so_far, k)
+
+    def prefill(self, prompt: list[int]) -> None:
+        with torch.inference_mode():
+            super().prefill(prompt)

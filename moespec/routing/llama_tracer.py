@@ -13,7 +13,6 @@ model wherever the two routers agree up to ties (bf16 rounding reorders near-equ
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.model.gguf import GgufModel, read_gguf
-from moespec.model.llama_cpp import EVAL_CALLBACK, GgmlTensor, bindings, quiet_log
+from moespec.model.llama_cpp import EVAL_CALLBACK, GgmlTensor, LlamaContext, backend
 from moespec.routing.documents import HASH_CHARS, tokenize
 
 
@@ -33,9 +32,7 @@ class GgufRouter:
         self.path, self.chunk = Path(path), chunk
         self.model_file: GgufModel = read_gguf(self.path)
         self.spec = self.model_file.spec
-        self.api = api = bindings()
-        api.llama_backend_init()
-        api.llama_log_set(quiet_log, ctypes.c_void_p(0))
+        self.api = api = backend()
         self.model = api.llama_model_load_from_file(str(self.path).encode(), api.llama_model_default_params())
         if not self.model:
             raise MoespecError(f"{self.path}: llama.cpp could not load this model")
@@ -44,8 +41,7 @@ class GgufRouter:
         self.names = {f"ffn_moe_{kind}-{block}" for block in self.layer_of for kind in ("probs", "topk")}
         self.got: dict[str, list[np.ndarray]] = {}
         self.callback = EVAL_CALLBACK(self._observe)  # kept alive as long as the context
-        self.context_tokens = 0
-        self.ctx = None
+        self.context: LlamaContext | None = None
         self.threads = threads
 
     def _observe(self, tensor: int, ask: bool, user: Any) -> bool:
@@ -57,20 +53,15 @@ class GgufRouter:
             self.got.setdefault(name, []).append(t.matrix())
         return True
 
-    def _context(self, tokens: int) -> None:
-        """A context holding `tokens` positions (made anew when a longer document comes)."""
-        if self.ctx is not None and tokens <= self.context_tokens:
-            return
-        if self.ctx is not None:
-            self.api.llama_free(self.ctx)
-        params = self.api.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch = tokens, self.chunk, self.chunk
-        params.n_threads = params.n_threads_batch = self.threads
-        params.cb_eval, params.cb_eval_user_data = self.callback, None
-        self.ctx = self.api.llama_init_from_model(self.model, params)
-        if not self.ctx:
-            raise MoespecError(f"{self.path}: llama.cpp could not make a context of {tokens} tokens")
-        self.context_tokens = tokens
+    def _context(self, tokens: int) -> LlamaContext:
+        """A context holding `tokens` positions (made anew when a longer document comes), its cache cleared."""
+        if self.context is None or tokens > self.context.n_ctx:
+            if self.context is not None:
+                self.context.close()
+            self.context = LlamaContext(str(self.path), tokens, self.threads, n_batch=self.chunk,
+                                        n_ubatch=self.chunk, cb_eval=self.callback, model=self.model)
+        self.context.clear()
+        return self.context
 
     def _encode(self, doc: str) -> list[int]:
         """One document's token ids with the model's own tokenizer (special tokens as the vocabulary adds them)."""
@@ -88,23 +79,11 @@ class GgufRouter:
 
     def trace_document(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """experts [T, L, m] and weights [T, L, m] of one document, fed in chunks after a cleared cache."""
-        self._context(int(ids.size))
-        api = self.api
-        api.llama_memory_clear(api.llama_get_memory(self.ctx), True)
-        batch = api.llama_batch_init(self.chunk, 0, 1)
+        context = self._context(int(ids.size))
         self.got = {}
-        try:
-            for start in range(0, ids.size, self.chunk):
-                piece = ids[start:start + self.chunk]
-                batch.n_tokens = piece.size
-                for i, token in enumerate(piece.tolist()):
-                    batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = token, start + i, 1, 0
-                    batch.logits[i] = True  # every token an output: the last layer routes them all
-                rc = api.llama_decode(self.ctx, batch)
-                if rc != 0:
-                    raise MoespecError(f"{self.path}: llama_decode failed (code {rc}) at token {start}")
-        finally:
-            api.llama_batch_free(batch)
+        for start in range(0, ids.size, self.chunk):
+            context.fill(ids[start:start + self.chunk].tolist(), every_logit=True)  # the last layer routes all
+            context.decode()
         experts, weights = [], []
         for block in self.spec.moe_layers:
             topk = np.concatenate(self.got.get(f"ffn_moe_topk-{block}", [np.empty((0, self.spec.m), np.int32)]))
@@ -128,7 +107,7 @@ class GgufRouter:
         return f"llama.cpp:{n}:{self.model_id()}"
 
     def close(self) -> None:
-        if self.ctx is not None:
-            self.api.llama_free(self.ctx)
-            self.ctx = None
+        if self.context is not None:
+            self.context.close()
+            self.context = None
         self.api.llama_model_free(self.model)

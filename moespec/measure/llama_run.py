@@ -1,0 +1,206 @@
+"""`moespec run --engine llama.cpp`: the measurements of moespec.measure.run, made on llama.cpp itself (a GGUF
+model through llama-cpp-python's C API), written as the same runs.json, so plan, score and report read them
+unchanged.
+
+Physics. llama.cpp's CPU expert operation (ggml's MUL_MAT_ID) groups a pass's rows by expert and reads each
+selected expert once: it is a deduplicating kernel, and the only one llama.cpp has on the CPU. Its runs therefore
+hold one policy, "dedup"; the saving S(n) and the crossover need a per-slot kernel to compare with and are not
+recorded (score then decides the rules that need them as not applicable). What the runs measure is the staircase's
+input, V(k) = tau(k + 1) + h(k), at llama.cpp's own step times, and the throughput it gives.
+
+1. verify time: one context of DEPTH random tokens prefilled once; per sample, n random tokens fed after it in
+   one llama_decode with every logit requested (a verify pass checks each drafted token), timed to
+   llama_synchronize, the positions removed again (llama_memory_seq_rm, the rollback of a rejected draft). The
+   rounds, their reference reads (which evict the last-level cache before every pass), the disturbed-round
+   repeats and the +-target stopping rule are the main engine's (moespec.measure.run.timed_rounds).
+2. throughput: per prompt a context of its own, prefilled once (the KV cache is rolled back to the prompt after
+   each decoding); plain greedy decoding first gives the oracle's continuation, then speculative decoding
+   (moespec.model.speculative.decode_steps) with the oracle draft at every (k, a) of the grid, or with a draft
+   GGUF (--draft-gguf: a smaller model sharing the vocabulary, greedy, its own context per prompt rolled back to
+   the tokens it shares with the target's), the cells interleaved one prompt per round. This is the greedy
+   draft-verify loop of llama.cpp's speculative decoding (its draft proposes greedily, the target verifies the
+   batch, the cache keeps the accepted prefix) driven from Python; the time outside llama_decode (Python's loop,
+   the argmax over the vocabulary) is the host time h(k) beside the draft's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from moespec import MoespecError
+from moespec.console import progress
+from moespec.formats.checkpoint import Checkpoint, unit_rng
+from moespec.formats.files import check_input, provenance, write_json
+from moespec.formats.runsfile import Runs
+from moespec.measure.decoding import cell_record, interleaved, prompts, throughput_cells
+from moespec.measure.run import RunConfig, summarize, timed_rounds
+from moespec.measure.timing import measure_stream_read
+from moespec.model import speculative
+from moespec.model.gguf import GgufModel, read_gguf
+from moespec.model.llama_cpp import LlamaContext, bindings
+
+POLICY = "dedup"  # llama.cpp's CPU MUL_MAT_ID reads each selected expert once (the module docstring)
+
+
+def gguf_format(model: GgufModel) -> str:
+    """The file's weight format as runs and plans name a dtype: the type of its expert tensors (bf16, q8_0, ...),
+    "gguf-mixed" where they differ (a q4_K_M file)."""
+    names = model.expert_tensor_names()
+    kinds = {t.type.lower() for t in model.tensors if t.name in names}
+    return kinds.pop() if len(kinds) == 1 else "gguf-mixed"
+
+
+class Contexts:
+    """One llama.cpp model and the contexts a run needs: `verify` (the verify-time context) and one per prompt."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int) -> None:
+        self.first = LlamaContext(path, n_ctx, threads)
+        self.path, self.n_ctx, self.threads = path, n_ctx, threads
+        self.made = [self.first]
+
+    def new(self) -> LlamaContext:
+        context = LlamaContext(self.path, self.n_ctx, self.threads, model=self.first.model)
+        self.made.append(context)
+        return context
+
+    def close(self) -> None:
+        for context in reversed(self.made):  # the first owns the model: freed last
+            context.close()
+
+
+def timed_pass(context: LlamaContext, tokens: list[int]) -> float:
+    """Seconds of one verify pass of `tokens` after the context's cache (every logit), rolled back after."""
+    context.fill(tokens, every_logit=True)
+    start = time.perf_counter()
+    context.decode()
+    seconds = time.perf_counter() - start
+    context.rollback(len(tokens))
+    return seconds
+
+
+def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], checkpoint: Checkpoint,
+                   advance: Any) -> dict[int, dict[str, Any]]:
+    """Verify-time samples of POLICY per n at depth d (module docstring, 1), one checkpoint unit per n."""
+    for n in ns:
+        key = f"verify n {n}"
+        if key in checkpoint.units:
+            continue
+        if context.length == 0:
+            context.forward(prompts(1, config.depth, context.vocab_size, config.seed)[0], last_only=True)
+        rng = unit_rng(config.seed, key)
+        tokens = rng.integers(3, context.vocab_size, size=(config.max_reps, n)).tolist()
+        timed_pass(context, tokens[0])  # untimed: the first pass of a size allocates its buffers
+        samples, noise = timed_rounds(lambda policy, rep: timed_pass(context, tokens[rep]), [POLICY], config, rng,
+                                      advance)
+        checkpoint.save(key, {"samples": samples, "noise": noise})
+    return {n: checkpoint.units[f"verify n {n}"] for n in ns}
+
+
+class Prompt:
+    """One throughput prompt in its own target context (and draft context), prefilled once."""
+
+    def __init__(self, ids: list[int], target: LlamaContext, draft: LlamaContext | None, length: int) -> None:
+        """`length`: the tokens of plain greedy decoding to keep (the oracle's continuation must cover the
+        generated tokens and the longest draft past them)."""
+        self.ids, self.target, self.draft = ids, target, draft
+        self.first = target.forward(ids, last_only=True)[-1]
+        self.continuation = self.decode(speculative.NO_DRAFT, 0, length)[0]
+
+    def decode(self, draft: speculative.Draft, k: int, tokens: int) -> tuple[list[int], list]:
+        out = speculative.decode_steps(self.target, self.ids, self.first, draft, k, tokens)
+        self.target.rollback(self.target.length - len(self.ids))
+        return out
+
+
+def decode_cell(prompt: Prompt, i: int, k: int, a: float | None, seed: int, tokens: int) -> dict:
+    """One (cell, prompt) unit: speculative decoding with the oracle draft at a, or the draft model (a None)."""
+    if prompt.draft is None:
+        draft: speculative.Draft = speculative.OracleDraft(prompt.continuation, a, seed, prompt.target.vocab_size,
+                                                           len(prompt.ids))
+    else:
+        prompt.draft.clear()
+        draft = speculative.GreedyDraft(prompt.draft)
+        draft.prefill(prompt.ids)
+    out, records = prompt.decode(draft, k, tokens)
+    p = next((j for j, (x, y) in enumerate(zip(out, prompt.continuation)) if x != y), None)
+    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in records],
+            "tokens": len(out),
+            "mismatch": None if p is None else {"prompt": i, "position": p, "plain_top2_gap": None}}
+
+
+def check(config: RunConfig) -> None:
+    """The llama.cpp run's own arguments, before any work (RunConfig.check has checked the shared ones)."""
+    for flag, value in (("--model", config.model), ("--preset", config.preset), ("--plan", config.plan),
+                        ("--replay", config.replay), ("--draft-model", config.draft_model)):
+        if value is not None:
+            raise MoespecError(f"{flag} applies to moespec's engine; --engine llama.cpp runs --gguf (and "
+                               "--draft-gguf)")
+    if config.gguf is None:
+        raise MoespecError("--engine llama.cpp needs --gguf MODEL.gguf")
+    check_input(config.gguf, "--gguf")
+    if config.draft_gguf is not None:
+        check_input(config.draft_gguf, "--draft-gguf")
+
+
+def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
+    """Measure llama.cpp's verify times and throughput grid on config.gguf (the module docstring) and write
+    runs.json to config.out; called by moespec.measure.run.run_engine with the outputs held."""
+    check(config)
+    model = read_gguf(config.gguf)  # a dense, truncated or unknown-architecture file: one line
+    bindings()  # llama-cpp-python absent: one line, before any work
+    ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
+    started = provenance("cpu", gguf_format(model))
+    started["llama_cpp"] = {"gguf": str(Path(config.gguf).resolve()), "threads": config.threads,
+                            "draft_gguf": None if config.draft_gguf is None else str(Path(config.draft_gguf).resolve())}
+    n_ctx = config.depth + max(max(ns), config.tokens + max(ks) + 2) + 8
+    contexts = Contexts(config.gguf, n_ctx, config.threads)
+    drafts = None
+    try:
+        vocab = contexts.first.vocab_size
+        if config.draft_gguf is not None:
+            drafts = Contexts(config.draft_gguf, n_ctx, config.threads)
+            if drafts.first.vocab_size != vocab:
+                raise MoespecError(f"{config.draft_gguf}: vocabulary of {drafts.first.vocab_size} tokens, the "
+                                   f"target's has {vocab}: a draft must share the tokenizer")
+        cells = [] if not config.throughput else [(POLICY, k, None) for k in ks] if drafts else \
+            throughput_cells([POLICY], ks, acceptances)
+        key = {"engine": "llama.cpp", "gguf": started["llama_cpp"]["gguf"], "draft_gguf": config.draft_gguf,
+               "threads": config.threads, "depth": config.depth, "n": ns, "reps": config.reps,
+               "max_reps": config.max_reps, "target": config.target, "budget_s": config.budget_s, "k": ks,
+               "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed}
+        checkpoint = Checkpoint(config.out, key, "run", config.fresh)
+        say(f"moespec run: llama.cpp, {config.gguf} ({model.spec.L} MoE layers, {started['dtype']}, "
+            f"{config.threads} threads); policy {POLICY} (llama.cpp's CPU MUL_MAT_ID); depth {config.depth}")
+        if note := checkpoint.describe():
+            say(note)
+        ceilings = {"before": measure_stream_read()}
+        with checkpoint, progress("run", len(ns) * config.reps + len(cells) * config.prompts,
+                                  enabled=sys.stderr.isatty()) as advance:
+            units = measure_verify(contexts.first, config, ns, checkpoint, advance)
+            ceilings["between"] = measure_stream_read()
+            ps = [Prompt(ids, contexts.new(), drafts.new() if drafts else None, config.tokens + max(ks))
+                  for ids in prompts(config.prompts, config.depth, vocab, config.seed)] if cells else []
+
+            def unit(cell: tuple[str, int, float | None], i: int) -> dict:
+                return decode_cell(ps[i], i, cell[1], cell[2], config.seed + i, config.tokens)
+
+            measured = [cell_record(*cell, prompts_done, drafts is None)
+                        for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)]
+        ceilings["after"] = measure_stream_read()
+    finally:
+        contexts.close()
+        if drafts is not None:
+            drafts.close()
+    identity = {"model": model.spec.name, "spec": model.spec.to_dict(), "source": f"llama.cpp, GGUF {config.gguf}",
+                "moe_layers": model.spec.L}
+    doc = summarize(identity, replace(config, dtype=started["dtype"]), units, [POLICY], measured, acceptances, None,
+                    None, started, ceilings)
+    doc["engine"] = "llama.cpp"
+    doc["dense"] = "llama.cpp"
+    write_json(config.out, doc)
+    checkpoint.remove()
+    return Runs(doc, config.out)
