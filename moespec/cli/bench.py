@@ -26,7 +26,7 @@ from moespec.report.tables import bench_tables
 
 # ---- command: moespec bench --------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=MODEL, help=f"model preset or config path (default {MODEL})")
+    p.add_argument("--model", default=MODEL, help=f"model preset, config path or GGUF file (default {MODEL})")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the kernels run (cuda: our Triton kernels)")
     p.add_argument("--layers", help="MoE layers to time, e.g. 0,7 (default: the first and L/2 - 1)")
     p.add_argument("--dtype", default=BenchConfig.dtype, choices=DTYPES,

@@ -9,7 +9,7 @@ from typing import Any
 from moespec.cli.args import bounded, seed
 from moespec.defaults import LAYERS_LIMIT, MODEL, THREADS_LIMIT
 from moespec.formats.files import check_output
-from moespec.model.gguf_export import TYPES, check_exportable, export_gguf
+from moespec.model.gguf_export import TYPES, check_exportable, export_gguf, truncated
 from moespec.model.load import PRESET_VOCAB, load_model, preset_config
 from moespec.model.spec import ModelSpec
 
@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"decoder layers of a preset model (default all, at most {LAYERS_LIMIT:,})")
     p.add_argument("--vocab", type=bounded(2, 1 << 20), default=PRESET_VOCAB,
                    help=f"vocabulary of a preset model (default {PRESET_VOCAB}, as `moespec run` builds it)")
+    p.add_argument("--truncate", type=bounded(1, LAYERS_LIMIT), metavar="K",
+                   help="keep the first K decoder layers only, with the same embeddings, final norm and head: a "
+                        "layer-skip draft of the model (self-speculative drafting)")
     p.add_argument("--seed", type=seed, default=0, help="seed of a preset's random weights (default 0, as run's)")
     p.add_argument("--type", default="bf16", choices=list(TYPES),
                    help="weight format: f32, bf16, q8_0, q4_0 (written here), q4_K_M (llama.cpp's quantizer; "
@@ -50,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
     lm = load_model(path=args.model, preset=preset, layers=None if args.model else args.layers,
                     vocab=args.vocab if preset else None, dtype="fp32" if args.type == "f32" else "bf16",
                     seed=args.seed)
-    model, vocabulary = export_gguf(lm, args.out, args.type, args.threads, name=preset or lm.spec.name)
+    name = preset or lm.spec.name
+    if args.truncate is not None:
+        lm = truncated(lm, args.truncate)
+        name = f"{name} (first {args.truncate} layers)"
+    model, vocabulary = export_gguf(lm, args.out, args.type, args.threads, name=name)
     size = sum(t.bytes for t in model.tensors)
     print(f"wrote {args.out}: {model.spec.name} as llama.cpp {model.arch}, {len(model.tensors)} tensors, "
           f"{size / _GIB:.2f} GiB ({', '.join(sorted({t.type for t in model.tensors}))}); expert bytes w_l "

@@ -39,7 +39,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=bounded(0, DEPTH_LIMIT),
                         help=f"context depth for kv(k) in (16) (default: --runs' depth, else {DEPTH}; at most "
                              f"{DEPTH_LIMIT:,})")
+    parser.add_argument("--for", dest="engine", choices=["llama.cpp"],
+                        help="also print the answer as the engine's flags: llama.cpp's draft settings per "
+                             "acceptance, from its dedup staircase (plan.json always holds them)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def print_llama_cpp(plan: Mapping[str, Any]) -> None:
+    """The plan's llama_cpp block: flags per acceptance interval, and per acceptance of the grid with the band."""
+    con = console_()
+    block = plan["llama_cpp"]
+    t = Table(title=f"llama.cpp: draft settings from the {block['version']} {block['policy']} staircase "
+                    "(k_hat* = k for a in (lo, hi])")
+    for name in ("a from", "a to", "k", "flags"):
+        t.add_column(name, justify="right" if name != "flags" else "left")
+    for row in block["intervals"]:
+        t.add_row(f"{row['lo']:.4f}", f"{row['hi']:.4f}", str(row["k"]), row["flags"])
+    con.print(t)
+    g = Table(title="llama.cpp per acceptance: k_hat*, speedup [band (21)]")
+    for name in ("a", "k_hat*", "speedup", "band", "flags"):
+        g.add_column(name, justify="right" if name != "flags" else "left")
+    for row in block["table"]:
+        band = "(no band)" if row["speedup_lo"] is None else f"[{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}]"
+        g.add_row(f"{row['a']:g}", str(row["k_hat"]), f"{row['speedup']:.3f}", band, row["flags"])
+    con.print(g)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan.doc))
     else:
         print_summary(plan, args.out)
+        if args.engine == "llama.cpp":
+            print_llama_cpp(plan)
     return 0
 
 

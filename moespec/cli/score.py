@@ -39,10 +39,11 @@ def print_score(result: Score) -> None:
     for name in ("rule", "predicted", "measured", "verdict"):
         t.add_column(name)
     for rule in result.rules:
-        t.add_row(rule.rule, *rule.shown, "[green]holds[/]" if rule.holds else "[red]fails[/]")
+        t.add_row(rule.rule, *rule.shown, {True: "[green]holds[/]", False: "[red]fails[/]", None: "n/a"}[rule.holds])
     con = console_()
     con.print(t)
-    con.print(f"all six hold: {'yes' if result.all_hold else 'no'}")
+    which = "all six" if result.applicable == 6 else f"all {result.applicable} applicable"
+    con.print(f"{which} hold: {'yes' if result.all_hold else 'no'}")
     con.print(result.pre_registration)
     if result.machine_note:
         con.print(f"[yellow]{result.machine_note}[/]")

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from moespec import MoespecError, theory
 from moespec.console import console as console_
-from moespec.defaults import KMAX_LIMIT, MAGNITUDE_LIMIT, SAMPLES_LIMIT
+from moespec.defaults import KERNELS, KMAX_LIMIT, MAGNITUDE_LIMIT, SAMPLES_LIMIT
+from moespec.formats.runsfile import load_runs
 from moespec.predict.staircase import analyse, for_llama_cpp
 
 
@@ -36,9 +37,15 @@ def parse_numbers(text: str, what: str, most: int) -> list[Fraction]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--step-times", required=True, metavar="V0,V1,...",
-                   help=f"step times V(0), ..., V(kmax), any unit, at least two and at most {KMAX_LIMIT + 1}, "
-                        f"all positive")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--step-times", metavar="V0,V1,...",
+                        help=f"step times V(0), ..., V(kmax), any unit, at least two and at most {KMAX_LIMIT + 1}, "
+                             f"all positive")
+    source.add_argument("--runs", metavar="RUNS",
+                        help="runs.json of `moespec run` (either engine): V(k) = its median verify time at n = k + 1 "
+                             "plus its draft + host time per step at k (0 where it has none)")
+    p.add_argument("--kernel", choices=list(KERNELS),
+                   help="with --runs: whose verify times (default the one the runs hold; dedup when both)")
     p.add_argument("--acceptance", metavar="A,...",
                    help=f"acceptances in [0, 1), at most {SAMPLES_LIMIT:,} (default: the paper's 11 values "
                         f"0.2..0.98)")
@@ -76,8 +83,28 @@ def print_report(result: dict[str, Any]) -> None:
         console.print(flags)
 
 
+def runs_step_times(path: str, kernel: str | None) -> list[Fraction]:
+    """V(0..K) from a runs.json: the verify time of `kernel` at n = k + 1 plus draft_time_s at k, for the k
+    (from 0 on, consecutive) that both hold."""
+    runs = load_runs(path)
+    held = [p for p in KERNELS if p in (runs.get("verify_time_s") or {})]
+    kernel = kernel or ("dedup" if "dedup" in held else held[0] if held else "dedup")
+    tau = runs.get("verify_time_s", {}).get(kernel)
+    if not isinstance(tau, dict):
+        raise MoespecError(f"{path}: no verify_time_s.{kernel}")
+    h = runs.get("draft_time_s") or {}
+    K = 0
+    while str(K + 2) in tau and K + 1 <= KMAX_LIMIT:
+        K += 1
+    V = runs.series(f"verify_time_s.{kernel}", range(1, K + 2), positive=True)
+    extra = runs.series("draft_time_s", range(K + 1), positive=False) if all(str(k) in h for k in range(K + 1)) \
+        else [0.0] * (K + 1)
+    return [Fraction(str(float(v + e))) for v, e in zip(V, extra)]
+
+
 def run(args: argparse.Namespace) -> int:
-    V = parse_numbers(args.step_times, "--step-times", KMAX_LIMIT + 1)
+    V = runs_step_times(args.runs, args.kernel) if args.runs else \
+        parse_numbers(args.step_times, "--step-times", KMAX_LIMIT + 1)
     if len(V) < 2:
         raise MoespecError(f"--step-times: need at least two times V(0), V(1), got {len(V)}")
     bad = [v for v in V if v <= 0]

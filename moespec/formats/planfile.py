@@ -31,6 +31,9 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   table_whole_pass (version "whole-pass")   the whole-pass version, when the runs of --runs measured the verify
                time with the expert operation taken out (verify_time_s.outside): the time outside the expert
                operation measured at each n plus the predicted expert time (moespec.predict.verify.whole_pass)
+  llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
+               dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
+               (moespec.predict.plan.llama_cpp_flags; absent in older plans)
   provenance
 """
 

@@ -66,8 +66,9 @@ from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.timing import Timer, median_iqr, timer_for
+from moespec.model.gguf import resolve_model
 from moespec.model.load import resolve_device
-from moespec.model.spec import ModelSpec, resolve
+from moespec.model.spec import ModelSpec
 from moespec.routing.reuse import reuse_stats
 from moespec.routing.synth import PROFILES, synthesize
 
@@ -390,7 +391,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     started = time.perf_counter()
     config.check()
     device = resolve_device(config.device)
-    spec = resolve(config.model)
+    spec = resolve_model(config.model)
     ns, layers = sorted(set(config.n)), bench_layers(config.layers, spec)
     names, skipped = parse_kernels(config.kernels, spec, config.dtype, device)
     kinds = {k: bench_kernels()[k] for k in names}

@@ -37,7 +37,7 @@ from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_input, provenance, write_json
 from moespec.formats.runsfile import Runs
 from moespec.measure.decoding import cell_record, interleaved, prompts, throughput_cells
-from moespec.measure.run import RunConfig, summarize, timed_rounds
+from moespec.measure.run import RunConfig, load_plan_kernels, summarize, timed_rounds
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
 from moespec.model.gguf import GgufModel, read_gguf
@@ -100,6 +100,21 @@ def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], chec
     return {n: checkpoint.units[f"verify n {n}"] for n in ns}
 
 
+class _Recording:
+    """A context as a Greedy that keeps the top-2 logit gap of every token it returns."""
+
+    def __init__(self, context: LlamaContext, gaps: list[float]) -> None:
+        self.context, self.gaps = context, gaps
+
+    def forward(self, tokens: list[int], last_only: bool = False) -> list[int]:
+        out = self.context.forward(tokens, last_only)
+        self.gaps += self.context.gaps
+        return out
+
+    def rollback(self, tokens: int) -> None:
+        self.context.rollback(tokens)
+
+
 class Prompt:
     """One throughput prompt in its own target context (and draft context), prefilled once."""
 
@@ -108,7 +123,10 @@ class Prompt:
         generated tokens and the longest draft past them)."""
         self.ids, self.target, self.draft = ids, target, draft
         self.first = target.forward(ids, last_only=True)[-1]
-        self.continuation = self.decode(speculative.NO_DRAFT, 0, length)[0]
+        self.margins: list[float] = []  # plain decoding's top-2 logit gap behind each token after the first
+        recording = _Recording(target, self.margins)
+        self.continuation = speculative.decode_steps(recording, ids, self.first, speculative.NO_DRAFT, 0, length)[0]
+        target.rollback(target.length - len(ids))
 
     def decode(self, draft: speculative.Draft, k: int, tokens: int) -> tuple[list[int], list]:
         out = speculative.decode_steps(self.target, self.ids, self.first, draft, k, tokens)
@@ -129,13 +147,14 @@ def decode_cell(prompt: Prompt, i: int, k: int, a: float | None, seed: int, toke
     p = next((j for j, (x, y) in enumerate(zip(out, prompt.continuation)) if x != y), None)
     return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in records],
             "tokens": len(out),
-            "mismatch": None if p is None else {"prompt": i, "position": p, "plain_top2_gap": None}}
+            "mismatch": None if p is None else {"prompt": i, "position": p,
+                                                "plain_top2_gap": prompt.margins[p - 1] if p else None}}
 
 
 def check(config: RunConfig) -> None:
     """The llama.cpp run's own arguments, before any work (RunConfig.check has checked the shared ones)."""
-    for flag, value in (("--model", config.model), ("--preset", config.preset), ("--plan", config.plan),
-                        ("--replay", config.replay), ("--draft-model", config.draft_model)):
+    for flag, value in (("--model", config.model), ("--preset", config.preset), ("--replay", config.replay),
+                        ("--draft-model", config.draft_model)):
         if value is not None:
             raise MoespecError(f"{flag} applies to moespec's engine; --engine llama.cpp runs --gguf (and "
                                "--draft-gguf)")
@@ -154,6 +173,11 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
     bindings()  # llama-cpp-python absent: one line, before any work
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     started = provenance("cpu", gguf_format(model))
+    # --plan: recorded (its sha256) so score can call the plan pre-registered; llama.cpp runs its one kernel
+    plan_info, _ = load_plan_kernels(config.plan, started["dtype"], "cpu")
+    if plan_info and plan_info["model"] != model.spec.name:
+        raise MoespecError(f"{config.plan}: a plan for {plan_info['model']}, but {config.gguf} is "
+                           f"{model.spec.name}")
     started["llama_cpp"] = {"gguf": str(Path(config.gguf).resolve()), "threads": config.threads,
                             "draft_gguf": None if config.draft_gguf is None else str(Path(config.draft_gguf).resolve())}
     n_ctx = config.depth + max(max(ns), config.tokens + max(ks) + 2) + 8
@@ -171,7 +195,8 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
         key = {"engine": "llama.cpp", "gguf": started["llama_cpp"]["gguf"], "draft_gguf": config.draft_gguf,
                "threads": config.threads, "depth": config.depth, "n": ns, "reps": config.reps,
                "max_reps": config.max_reps, "target": config.target, "budget_s": config.budget_s, "k": ks,
-               "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed}
+               "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed,
+               "plan": plan_info}
         checkpoint = Checkpoint(config.out, key, "run", config.fresh)
         say(f"moespec run: llama.cpp, {config.gguf} ({model.spec.L} MoE layers, {started['dtype']}, "
             f"{config.threads} threads); policy {POLICY} (llama.cpp's CPU MUL_MAT_ID); depth {config.depth}")
@@ -197,8 +222,8 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
             drafts.close()
     identity = {"model": model.spec.name, "spec": model.spec.to_dict(), "source": f"llama.cpp, GGUF {config.gguf}",
                 "moe_layers": model.spec.L}
-    doc = summarize(identity, replace(config, dtype=started["dtype"]), units, [POLICY], measured, acceptances, None,
-                    None, started, ceilings)
+    doc = summarize(identity, replace(config, dtype=started["dtype"]), units, [POLICY], measured, acceptances,
+                    plan_info, None, started, ceilings)
     doc["engine"] = "llama.cpp"
     doc["dense"] = "llama.cpp"
     write_json(config.out, doc)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError
-from moespec.model.spec import ModelSpec
+from moespec.model.spec import ModelSpec, resolve
 
 # GGUF general.architecture -> Hugging Face model_type, for the MoE architectures moespec reads from a GGUF file
 ARCHITECTURES = {"olmoe": "olmoe", "qwen3moe": "qwen3_moe", "llama": "mixtral", "gpt-oss": "gpt_oss"}
@@ -186,3 +186,8 @@ def read_gguf(path: str | Path) -> GgufModel:
     except (MoespecError, TypeError) as e:
         raise MoespecError(f"{path}: {e}") from None
     return GgufModel(str(path), arch, spec, tensors)
+
+
+def resolve_model(model: str) -> ModelSpec:
+    """A preset name, a checkpoint folder or config.json (moespec.model.spec.resolve), or a GGUF file's spec."""
+    return read_gguf(model).spec if str(model).endswith(".gguf") else resolve(model)

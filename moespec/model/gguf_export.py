@@ -41,6 +41,7 @@ from moespec import MoespecError
 from moespec.formats.files import atomic_write, check_output
 from moespec.model.gguf import GgufModel, gguf_module, read_gguf
 from moespec.model.load import LoadedModel
+from moespec.model.spec import ModelSpec
 
 # HF model_type -> GGUF architecture name (gguf.MODEL_ARCH member)
 ARCHS = {"olmoe": "OLMOE", "qwen3_moe": "QWEN3MOE", "mixtral": "LLAMA"}
@@ -72,6 +73,22 @@ def check_exportable(config: Any) -> None:
         if not getattr(config, "norm_topk_prob", False):
             raise MoespecError("export: llama.cpp's qwen3moe renormalizes the top-k weights; this checkpoint has "
                                "norm_topk_prob false, so llama.cpp would compute another model")
+
+
+def truncated(lm: LoadedModel, layers: int) -> LoadedModel:
+    """The model's first `layers` decoder layers with its embeddings, final norm and head (the weights shared,
+    not copied): a layer-skip draft, which agrees with the whole model where the later layers change little."""
+    config = lm.model.config
+    if not 1 <= layers <= config.num_hidden_layers:
+        raise MoespecError(f"--truncate {layers}: the model has 1..{config.num_hidden_layers} decoder layers")
+    lm.model.model.layers = lm.model.model.layers[:layers]
+    config.num_hidden_layers = layers
+    if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer
+        config.layer_types = config.layer_types[:layers]
+    if isinstance(getattr(config, "mlp_only_layers", None), list):  # layer indices
+        config.mlp_only_layers = [i for i in config.mlp_only_layers if i < layers]
+    spec = ModelSpec.from_config_dict(config.to_dict(), lm.spec.name)
+    return LoadedModel(lm.model, lm.tokenizer, spec, lm.device, lm.dtype, f"{lm.source}, first {layers} layers")
 
 
 def _rope_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:

@@ -103,6 +103,7 @@ class LlamaContext:
             self._free_model()
             raise MoespecError(f"{path}: llama.cpp could not make a context of {n_ctx} tokens")
         self.n_ctx, self.n_batch, self.length = n_ctx, n_batch, 0
+        self.gaps: list[float] = []
         self.memory = api.llama_get_memory(self.ctx)
         self.vocab = api.llama_model_get_vocab(self.model)
         self.vocab_size = api.llama_vocab_n_tokens(self.vocab)
@@ -135,14 +136,17 @@ class LlamaContext:
 
     def forward(self, tokens: list[int], last_only: bool = False) -> list[int]:
         """The greedy (argmax) token after each prefix of `tokens` fed after the cache (only the last with
-        `last_only`); a batch longer than n_batch goes in pieces."""
+        `last_only`; of the last n_batch tokens where a longer batch goes in pieces); `gaps` then holds the gap
+        between the two largest logits of each."""
         for start in range(0, len(tokens), self.n_batch):
             piece = tokens[start:start + self.n_batch]
             last = start + self.n_batch >= len(tokens)
             self.fill(piece, every_logit=last and not last_only)
             self.decode()
-        rows = 1 if last_only else len(tokens) - (len(tokens) - 1) // self.n_batch * self.n_batch
-        return self.logits(rows).argmax(-1).tolist()
+        logits = self.logits(1 if last_only else len(piece))
+        top2 = np.partition(logits, -2, axis=-1)[:, -2:]
+        self.gaps = (top2[:, 1] - top2[:, 0]).tolist()  # how near each greedy choice was to a tie
+        return logits.argmax(-1).tolist()
 
     def rollback(self, tokens: int) -> None:
         """Drop the last `tokens` positions from the cache."""

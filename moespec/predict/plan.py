@@ -57,10 +57,12 @@ from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.model.spec import ModelSpec
+from moespec.predict.staircase import for_llama_cpp
 from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
 from moespec.routing.reuse import derive, reuse_stats
 
 RUNS_CALIBRATE = "runs calibrate only a plan of their own model, device kind and dtype"
+LLAMA_CPP_POLICY = "dedup"  # llama.cpp's CPU MUL_MAT_ID reads each selected expert once
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,17 @@ def inputs_ceiling(bench: Mapping[str, Any], runs: Runs | None) -> dict[str, flo
     return out
 
 
+def llama_cpp_flags(step: Mapping[str, Any], version: str) -> dict[str, Any]:
+    """The plan in llama.cpp's words: its CPU expert kernel deduplicates, so the dedup policy's staircase of
+    `version` (the calibrated one where the plan was made from llama.cpp's own runs: its measured step times) as
+    the flags that make llama.cpp draft k tokens per step, per acceptance interval and per acceptance of the
+    paper's grid with the speedup band (21)."""
+    rows = [row for row in step[version]["table"] if row["policy"] == LLAMA_CPP_POLICY]
+    return {"version": version, "policy": LLAMA_CPP_POLICY,
+            "intervals": for_llama_cpp(step[version]["staircase"][LLAMA_CPP_POLICY]["intervals"]),
+            "table": [row | {"flags": for_llama_cpp([{"k": row["k_hat"]}])[0]["flags"]} for row in rows]}
+
+
 def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
                draft_time: Sequence[float] | None = None, depth: int | None = None, bench_path: str = "bench",
                trace_path: str = "trace", runs: Mapping[str, Any] | None = None, runs_path: str = "runs",
@@ -187,10 +200,13 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     eps = _eps(bench, bench_path)
     delta = float(theory.delta_from_eps(eps))
     ns = range(1, kmax + 2)
-    tau_runs = None if runs is None else runs.series("verify_time_s.slot", ns, positive=True)
+    # the runs' kernel: slot (moespec's engine, dedup off), or dedup where it is the only one (llama.cpp's CPU)
+    held = (runs or {}).get("verify_time_s") or {}
+    measured = "dedup" if isinstance(held, dict) and "dedup" in held and "slot" not in held else "slot"
+    tau_runs = None if runs is None else runs.series(f"verify_time_s.{measured}", ns, positive=True)
     measured_outside = runs is not None and "outside" in (runs.get("verify_time_s") or {})
     tau_outside = runs.series("verify_time_s.outside", ns, positive=True) if measured_outside else None
-    tau1_from = "--tau1" if tau1 is not None else f"{runs_path}: verify_time_s.slot.1"  # what an error blames
+    tau1_from = "--tau1" if tau1 is not None else f"{runs_path}: verify_time_s.{measured}.1"  # what an error blames
     tau1 = float(tau_runs[0]) if tau1 is None else tau1
     if not (np.isfinite(tau1) and tau1 > 0):
         raise MoespecError(f"{tau1_from} = {tau1} must be a positive time in seconds (the one-token pass)")
@@ -216,10 +232,15 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     policy = kernel_by_n(s_pred)
     versions = {"prediction": with_auto(pred, policy)}
     if tau_runs is not None:
-        cal = anchored(tau_runs, M, delta, per_n=True)
-        if cal.tau["dedup"].min() <= 0:
-            raise MoespecError(f"{runs_path}: a dedup-off verify time is shorter than the predicted saving: a "
-                               f"calibrated dedup verify time is not positive")
+        cal = anchored(tau_runs, M, delta, per_n=True, measured=measured)
+        short = [p for p in KERNELS if cal.tau[p].min() <= 0]
+        if short:
+            raise MoespecError(f"{runs_path}: a {measured} verify time is shorter than the predicted saving: a "
+                               f"calibrated {short[0]} verify time is not positive")
+        ci = runs.get("verify_time_ci_s", {}).get(measured)
+        if isinstance(ci, dict) and all(str(n) in ci for n in ns):  # the measured times are known to their interval
+            half = np.array([max(tau_runs[n - 1] - ci[str(n)][0], ci[str(n)][1] - tau_runs[n - 1]) for n in ns])
+            cal.bound[measured] = np.maximum(half, 0.0)
         versions["calibrated"] = with_auto(cal, policy)
     if tau_outside is not None:
         versions["whole-pass"] = with_auto(whole_pass(tau_outside, M, delta), policy)
@@ -262,6 +283,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
             "k_hat_bytes": {str(a): int(theory.best_draft_length(V_bytes, a)) for a in grid}},
         "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
         "inputs_ceiling_gbps": inputs_ceiling(bench, runs),
+        "llama_cpp": llama_cpp_flags(step, "calibrated" if "calibrated" in step else "prediction"),
         "provenance": provenance(device=bench["device"], dtype=fmt),
     }
     for version in [v for v in versions if v != "prediction"]:

@@ -165,9 +165,21 @@ def _delta(plan: dict[str, Any], keys: Keys, plan_path: str) -> float | None:
     return max(known) if known else None
 
 
+def measured_kernels(runs: Mapping[str, Any]) -> list[str]:
+    """The expert kernels whose verify times the runs hold (both for moespec's engine, dedup alone for llama.cpp's
+    CPU engine)."""
+    return [p for p in KERNELS if p in (runs.get("verify_time_s") or {})]
+
+
 def _scored_n(plan: dict[str, Any], runs: dict[str, Any], runs_path: str) -> list[int]:
-    """n = 2..n_top: n_top <= N_MAX the largest n up to which both files hold the saving at every n."""
+    """n = 2..n_top: n_top <= N_MAX the largest n up to which both files hold the saving at every n (the verify
+    times, for runs of one kernel)."""
     measured = _field(runs, runs_path, "saving_s", dict)
+    kernels = measured_kernels(runs)
+    if not kernels:
+        raise MoespecError(f"{runs_path}: verify_time_s holds neither kernel ({', '.join(KERNELS)})")
+    if not measured and len(kernels) == 1:
+        measured = _field(runs, runs_path, f"verify_time_s.{kernels[0]}", dict)
     ns = []
     for n in range(2, N_MAX + 1):
         if str(n) not in plan["saving"] or str(n) not in measured:
@@ -185,7 +197,7 @@ class Verdict:
     name: str
     rule: str
     value: Any
-    holds: bool
+    holds: bool | None  # None: not applicable (a rule on the saving, for runs of one kernel)
     detail: dict[str, Any] = field(default_factory=dict)
     shown: tuple[str, str] = ("", "")  # (predicted, measured) as printed
 
@@ -197,8 +209,17 @@ def _or(n: int | None, none: int) -> int:
     return none if n is None else n
 
 
+def not_applicable(name: str, rule: str, runs: dict[str, Any]) -> Verdict:
+    """A rule on the saving S(n) for runs of one kernel: there is no measured saving to score."""
+    kernel = ", ".join(measured_kernels(runs))
+    return Verdict(name, rule, None, None, {"reason": f"the runs measured one expert kernel ({kernel})"},
+                   ("-", f"not applicable: the engine has one expert kernel ({kernel})"))
+
+
 def crossover_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
                    runs_path: str, keys: Keys) -> Verdict:
+    if len(measured_kernels(runs)) == 1:
+        return not_applicable("crossover", "crossover within one", runs)
     predicted = theory.crossover({n: _field(plan, plan_path, f"saving.{n}.{keys.saving}") for n in ns})
     measured = theory.crossover({n: _field(runs, runs_path, f"saving_s.{n}.median") for n in ns})
     plan_crossover = _field(plan, plan_path, keys.crossover, (int, type(None)))
@@ -212,6 +233,9 @@ def crossover_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], pl
 
 def sign_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
               runs_path: str, keys: Keys) -> Verdict:
+    rule = "sign of S(n) right wherever its 95% interval excludes 0"
+    if len(measured_kernels(runs)) == 1:
+        return not_applicable("saving_sign", rule, runs)
     per_n = []
     for n in ns:
         lo, hi = (_field(runs, runs_path, f"saving_s.{n}.{key}") for key in ("lo", "hi"))
@@ -222,7 +246,7 @@ def sign_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_pa
     right = sum(p["right"] for p in per_n)
     vacuous = not per_n
     wrong = ", ".join(str(p["n"]) for p in per_n if not p["right"])
-    return Verdict("saving_sign", "sign of S(n) right wherever its 95% interval excludes 0", right,
+    return Verdict("saving_sign", rule, right,
                    right == len(per_n), {"of": len(per_n), "vacuous": vacuous, "per_n": per_n},
                    ("sign of S_hat(n)", "no interval excludes 0 (vacuous)" if vacuous else
                     f"{right} of {len(per_n)} right" + (f", wrong at n = {wrong}" if wrong else "")))
@@ -230,13 +254,14 @@ def sign_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_pa
 
 def verify_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
                 runs_path: str, keys: Keys) -> Verdict:
+    kernels = measured_kernels(runs)
     errors = {p: {str(n): _relative_error(_field(plan, plan_path, f"{keys.tau}.{p}.{n}"), runs, runs_path, p, n)
-                  for n in ns} for p in KERNELS}
-    kernel, n = max(((p, n) for p in KERNELS for n in errors[p]), key=lambda pn: errors[pn[0]][pn[1]])
+                  for n in ns} for p in kernels}
+    kernel, n = max(((p, n) for p in kernels for n in errors[p]), key=lambda pn: errors[pn[0]][pn[1]])
     worst = errors[kernel][n]
     return Verdict("verify_time", "verify time within 15%, both kernels", worst, worst <= VERIFY_LIMIT + SLACK,
                    {"at": {"kernel": kernel, "n": int(n)}, "limit": VERIFY_LIMIT, "errors": errors},
-                   (f"{keys.tau} slot, dedup, n = 2..{ns[-1]}", f"{worst:.1%} ({kernel}, n = {n})"))
+                   (f"{keys.tau} {', '.join(kernels)}, n = 2..{ns[-1]}", f"{worst:.1%} ({kernel}, n = {n})"))
 
 
 def _relative_error(predicted: float, runs: dict[str, Any], runs_path: str, kernel: str, n: int) -> float:
@@ -260,11 +285,58 @@ def _curves(rows: list[dict[str, Any]], runs_path: str) -> dict[str, dict[float,
     return out
 
 
+def pooled_acceptance(rows: list[dict[str, Any]]) -> float | None:
+    """A draft model's per-position acceptance over its cells: the cells' rates (acceptance_rate) weighted by the
+    positions each tested (steps x k), None where no cell drafted."""
+    weights = [(r["realized_acceptance"], r["steps"] * r["k"]) for r in rows
+               if r["k"] and r.get("realized_acceptance") is not None]
+    total = sum(w for _, w in weights)
+    return None if not total else sum(a * w for a, w in weights) / total
+
+
+def draft_model_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
+                     keys: Keys) -> dict[str, list[dict]]:
+    """The rules on acceptances for runs drafted by a real draft model (throughput_draft_model): one acceptance
+    per policy, the draft's pooled rate a (pooled_acceptance), at which the plan's staircase of the version gives
+    k_hat*(a) = argmax_k G_a(k) / V_hat(k) and the band (21) of its speedup, and the measured tokens/s over k give
+    k* and the loss. The plan's V_hat should carry the draft's time per step (plan --draft-time RUNS)."""
+    suffix = "" if keys.table == "table" else keys.table.removeprefix("table")
+    steps = _field(plan, "plan", f"step_times{suffix}", dict)
+    deltas = _field(plan, "plan", f"delta_steps.{keys.delta}", dict)
+    out = {}
+    by_policy: dict[str, list[dict]] = {}
+    for row in _field(runs, runs_path, "throughput_draft_model", list):
+        by_policy.setdefault(row.get("policy"), []).append(row)
+    for policy, rows in by_policy.items():
+        a = pooled_acceptance(rows)
+        curve = {r["k"]: r["tokens_per_s"] for r in rows}
+        if policy not in steps or a is None or 0 not in curve:
+            continue
+        V = steps[policy]
+        k_hat = int(theory.best_draft_length(V, a))
+        if k_hat not in curve:
+            raise MoespecError(f"{runs_path}: no draft-model throughput for policy {policy} at the plan's "
+                               f"k_hat* = {k_hat} (a = {a:.3f})")
+        k_star = max(sorted(curve), key=lambda k: curve[k])
+        best = curve[k_star] / curve[0]
+        d = deltas.get(policy)
+        lo, hi = (None, None) if d is None else map(float, theory.speedup_band(theory.speedup(V, a, k_hat), d))
+        out[policy] = [{"a": a, "k_hat": k_hat, "k_star": k_star, "loss": 1 - curve[k_hat] / curve[k_star],
+                        "speedup": best, "lo": lo, "hi": hi,
+                        "inside": None if lo is None else lo - SLACK <= best <= hi + SLACK}]
+    if not out:
+        raise MoespecError(f"{runs_path}: no draft-model throughput row matches a policy of the plan")
+    return out
+
+
 def acceptance_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
                     keys: Keys = VERSIONS[DEFAULT_VERSION]) -> dict[str, list[dict]]:
     """Per policy both files hold and per acceptance both hold: k_hat* (the version's table), k* (measured,
     smallest on ties), the throughput lost at k_hat*, the measured best speedup and the plan's band (21);
-    inside is None where the row has no band."""
+    inside is None where the row has no band. Runs drafted by a draft model are scored at its acceptance
+    (draft_model_rows)."""
+    if not runs["throughput"] and runs.get("throughput_draft_model"):
+        return draft_model_rows(plan, runs, runs_path, keys)
     table = {(row["policy"], round(row["a"], ACCEPTANCE_DIGITS)): row for row in plan[keys.table]}
     out = {}
     for policy, by_a in _curves(runs["throughput"], runs_path).items():
@@ -367,7 +439,12 @@ class Score:
 
     @property
     def all_hold(self) -> bool:
-        return all(r.holds for r in self.rules)
+        """Every applicable rule holds (runs of one kernel leave the two rules on the saving out)."""
+        return all(r.holds is not False for r in self.rules)
+
+    @property
+    def applicable(self) -> int:
+        return sum(r.holds is not None for r in self.rules)
 
     @property
     def pre_registered(self) -> bool:
@@ -390,6 +467,7 @@ class Score:
     def to_json(self) -> dict[str, Any]:
         """The `--json` document (module docstring)."""
         return {"rules": [r.to_json() for r in self.rules], "version": self.version, "all_hold": self.all_hold,
+                "applicable": self.applicable,
                 "plan_sha256": self.plan_sha256, "plan_created": self.plan_created.isoformat(),
                 "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
                 "pre_registration": self.pre_registration, "runs_plan_sha256": self.runs_plan_sha256,

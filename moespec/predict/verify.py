@@ -48,7 +48,7 @@ from moespec.defaults import KERNELS, POLICIES
 @dataclass(frozen=True)
 class VerifyTimes:
     """One version of the whole-model verify times over n = 1..: tau[p][n - 1] and the bound[p][n - 1] on its
-    error from bandwidth errors (0 where the time is measured)."""
+    error from bandwidth errors (where the time is measured: 0, or its 95% interval's half-width)."""
 
     tau: dict[str, np.ndarray]
     bound: dict[str, np.ndarray]
@@ -90,13 +90,18 @@ def expert_times(times: dict[str, np.ndarray], version: str, scale: float) -> di
     return out
 
 
-def anchored(tau_meas: float | np.ndarray, M: dict[str, np.ndarray], delta: float, per_n: bool) -> VerifyTimes:
-    """tau_p(n) = tau_meas + (M_p(n) - M_slot(n0)) with bound delta (M_p(n) + M_slot(n0)): n0 = 1 (the one-token
-    anchor of (22); tau_meas a number) or, per_n, n0 = n (the calibrated version; tau_meas per n)."""
-    anchor = M["slot"] if per_n else M["slot"][0]
+def anchored(tau_meas: float | np.ndarray, M: dict[str, np.ndarray], delta: float, per_n: bool,
+             measured: str = "slot") -> VerifyTimes:
+    """tau_p(n) = tau_meas + (M_p(n) - M_q(n0)) with bound delta (M_p(n) + M_q(n0)): n0 = 1 (the one-token anchor
+    of (22), where both kernels run one token alike; tau_meas a number, q = slot) or, per_n, n0 = n (the calibrated
+    version; tau_meas per n, the verify times of kernel q = `measured`: slot for moespec's engine with dedup off,
+    dedup for an engine that has only it, llama.cpp's CPU MUL_MAT_ID)."""
+    if measured not in KERNELS:
+        raise ValueError(f"measured: {measured!r} is not one of {', '.join(KERNELS)}")
+    anchor = M[measured] if per_n else M["slot"][0]
     first = np.arange(len(M["slot"])) == 0
     tau = {p: tau_meas + (M[p] - anchor) for p in KERNELS}
-    bound = {p: np.where(first | (per_n and p == "slot"), 0.0, delta * (M[p] + anchor)) for p in KERNELS}
+    bound = {p: np.where(first | (per_n and p == measured), 0.0, delta * (M[p] + anchor)) for p in KERNELS}
     return VerifyTimes(tau, bound)
 
 

@@ -71,7 +71,8 @@ class Markup(str):
     """A table cell that is already HTML (everything else is escaped)."""
 
 
-VERDICT = {True: Markup('<span class="holds">holds</span>'), False: Markup('<span class="fails">fails</span>')}
+VERDICT = {True: Markup('<span class="holds">holds</span>'), False: Markup('<span class="fails">fails</span>'),
+           None: Markup('<span>not applicable</span>')}
 
 
 def _e(value: Any) -> str:
@@ -339,7 +340,8 @@ def score_section(f: Folder) -> str:
                     f"measured one-token time)")
     table8 = _table(("rule", "predicted", "measured", "verdict"),
                     [[r.rule, *r.shown, VERDICT[r.holds]] for r in result.rules], text_columns=3)
-    facts = [("all six hold", "yes" if result.all_hold else "no"),
+    facts = [("all six hold" if result.applicable == 6 else f"all {result.applicable} applicable hold",
+              "yes" if result.all_hold else "no"),
              ("pre-registered", result.pre_registration),
              ("plan sha256", result.plan_sha256)]
     if result.machine is not None:
