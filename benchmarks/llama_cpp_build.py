@@ -1,12 +1,10 @@
 """llama.cpp for the side-by-side benchmark (benchmarks/llama_cpp_verify.py): its source, the llama-bench binary,
-and the engine's model exported to GGUF by llama.cpp's own converter. The tokenizer the converter needs is the
-constructed byte-level BPE described in llama_cpp_verify's docstring."""
+and the engine's model exported to GGUF (moespec.model.gguf_export)."""
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import re
 import shutil
@@ -15,32 +13,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-from moespec import MoespecError
 from moespec.defaults import MODEL
+from moespec.model import gguf_export
 from moespec.model.load import PRESET_VOCAB, load_model
 
 FORMAT = "bf16"  # the exported GGUF's type, the engine's dtype and the byte model's format
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build and convert with
 BUILD_TIMEOUT_S = 3600  # a cold llama-bench build takes ~10 minutes on 2 cores
-EOS = "<|endoftext|>"
-
-# Run in a child interpreter: llama.cpp's converter, its BPE pre-tokenizer lookup answering "gpt-2" (see the
-# module docstring). argv: the llama.cpp source tree, the Hugging Face folder, the GGUF to write.
-CONVERT = """
-import sys
-src, model, out = sys.argv[1:4]
-sys.path[:0] = [src, src + "/gguf-py"]
-import convert_hf_to_gguf as cli
-for name, module in list(sys.modules.items()):
-    if name == "convert_hf_to_gguf" or name.startswith("conversion"):
-        for cls in list(vars(module).values()):
-            if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
-                cls.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv = ["convert_hf_to_gguf.py", model, "--outtype", "bf16", "--outfile", out]
-cli.main()
-"""
-
-
 
 class Skip(Exception):
     """Why the llama.cpp side cannot run here (one line)."""
@@ -131,60 +110,21 @@ def llama_bench(args: argparse.Namespace, work: Path, threads: int) -> Path:
     return binary
 
 
-def write_tokenizer(folder: Path, vocab: int) -> None:
-    """A byte-level BPE tokenizer of exactly `vocab` ids (see the module docstring), as tokenizer.json and
-    tokenizer_config.json in `folder`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    ids = {symbol: i for i, symbol in enumerate(alphabet)}
-    merges = []
-    for a in alphabet:
-        for b in alphabet:
-            if len(ids) == vocab - 1:
-                break
-            ids[a + b] = len(ids)
-            merges.append((a, b))
-    if len(ids) != vocab - 1:
-        raise MoespecError(f"a vocabulary of {vocab} ids is more than byte pairs give ({len(ids) + 1})")
-    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(EOS, special=True)])
-    if tokenizer.get_vocab_size() != vocab:
-        raise MoespecError(f"the constructed tokenizer has {tokenizer.get_vocab_size()} ids, the model {vocab}")
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS}, indent=1) + "\n")
-
-
-def export_gguf(args: argparse.Namespace, work: Path, bench: Path | None) -> Path:
-    """The engine's model as a bf16 GGUF in WORK (made once per preset, layers and seed; --gguf takes one as is)."""
+def export_gguf(args: argparse.Namespace, work: Path) -> Path:
+    """The engine's model as a bf16 GGUF in WORK (made once per preset, layers and seed by moespec export, whose
+    tensors are byte for byte those of llama.cpp's own convert_hf_to_gguf.py; --gguf takes one as is)."""
     if args.gguf:
         if not Path(args.gguf).is_file():
             raise Skip(f"--gguf {args.gguf}: no such file")
         return Path(args.gguf)
-    stem = f"{MODEL}-L{args.layers}-v{PRESET_VOCAB}-seed{args.seed}-{FORMAT}"
-    gguf = work / f"{stem}.gguf"
+    gguf = work / f"{MODEL}-L{args.layers}-v{PRESET_VOCAB}-seed{args.seed}-{FORMAT}.gguf"
     if gguf.is_file():
         return gguf
-    src = llama_source(args, work, bench, fetch=not args.no_build)
-    folder, partial, log = work / f"hf-{stem}", work / f"{stem}.gguf.partial", work / f"convert-{stem}.log"
-    say(f"export: building {MODEL} ({args.layers} layers, seed {args.seed}) and writing it to {folder}")
+    say(f"export: {MODEL} ({args.layers} layers, seed {args.seed}) -> {gguf}")
     lm = load_model(preset=MODEL, layers=args.layers, dtype=FORMAT, seed=args.seed)
-    lm.model.save_pretrained(folder)
-    vocab = lm.model.config.vocab_size
+    gguf_export.export_gguf(lm, gguf, FORMAT, name=MODEL)
     del lm
     gc.collect()
-    write_tokenizer(folder, vocab)
-    say(f"export: {src / 'convert_hf_to_gguf.py'} --outtype bf16 -> {gguf} (log {log})")
-    with log.open("w") as out:
-        code = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(folder), str(partial)],
-                              check=False, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code or not partial.is_file():
-        raise Skip(f"convert_hf_to_gguf.py failed (exit {code}; see {log})")
-    partial.rename(gguf)
-    shutil.rmtree(folder)  # the safetensors copy (as large as the GGUF) is not needed again
     return gguf
 
 

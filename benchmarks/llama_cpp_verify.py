@@ -19,9 +19,10 @@ What it does.
    none can be had, or it cannot time a pass at a depth (no -d/--n-depth), one line says
    "llama.cpp comparison skipped: ..." and moespec is still timed.
 2. The engine's model exported to GGUF (bf16), cached in WORK: moespec.model.load builds the preset with random
-   weights (seed --seed, --layers of its decoder layers, vocabulary 32768), transformers' save_pretrained writes
-   it as safetensors, and llama.cpp's own convert_hf_to_gguf.py converts it (--outtype bf16). moespec's rounds
-   build the same weights from the same seed, so both engines run one model.
+   weights (seed --seed, --layers of its decoder layers, vocabulary 32768) and moespec.model.gguf_export writes it
+   (its tensors equal, byte for byte, those of llama.cpp's own convert_hf_to_gguf.py --outtype bf16 on the same
+   model; its vocabulary is the constructed byte-level one that module describes). moespec's rounds build the
+   same weights from the same seed, so both engines run one model.
 3. Rounds, interleaved (--rounds): a round runs llama-bench for every n (`-p n -n 0 -d DEPTH -r REPS -t THREADS`:
    each sample is one llama_decode of n tokens after a DEPTH-token context, which llama-bench prefills once and
    restores before every sample; one warm-up pass of n tokens first, at depth 0) and moespec's engine for every n
@@ -33,18 +34,6 @@ What it does.
    of the median: [x_(j), x_(k-j+1)] with the largest j whose binomial coverage is >= 95%; with fewer than 6
    samples no such j exists and [min, max] is given with its coverage); the ratio moespec / llama.cpp of the
    medians with a 95% bootstrap interval; the bytes of a pass and bytes / ceiling.
-
-The tokenizer. A random-weight preset has no tokenizer, and convert_hf_to_gguf.py needs one (it writes the
-vocabulary into the GGUF; llama.cpp loads a model only with one). We construct a byte-level BPE tokenizer with the
-`tokenizers` library that fills the model's vocabulary exactly: the 256 byte symbols of the ByteLevel alphabet,
-then merges of pairs of byte symbols in a fixed order until id vocab - 2, and one special token <|endoftext|> at
-id vocab - 1 (its bos and eos), with the ByteLevel pre-tokenizer (GPT-2's split regex) and decoder. Nothing is
-trained and nothing downloaded; the tokens never matter for the timing (llama-bench and moespec both feed random
-token ids), only the vocabulary's size, which must equal the embedding's rows. The converter identifies a BPE
-tokenizer's pre-tokenizer by hashing its encoding of a fixed text against the published models it knows; a
-constructed vocabulary matches none, so the converter is run with that one lookup (get_vocab_base_pre) answering
-"gpt-2", which is what this tokenizer's ByteLevel pre-tokenizer is. Everything else (tensor names, expert stacking,
-hyperparameters, the vocabulary and merges themselves) is the converter's own work.
 
 Caveats.
 - llama-bench's prompt pass computes the logits of the last token only; a verify pass (and moespec's) needs all
@@ -320,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     binary = gguf = skipped = None
     try:
         binary = llama_bench(args, work, args.threads)
-        gguf = export_gguf(args, work, binary)
+        gguf = export_gguf(args, work)
     except Skip as why:
         skipped = str(why)
         print(f"llama.cpp comparison skipped: {skipped}", flush=True)

@@ -251,3 +251,33 @@ def test_run_llama_cpp_without_the_bindings_is_one_line(tmp_path, capsys, monkey
     path = write_bad_gguf(tmp_path / "ok.gguf")
     err = refused(["run", *RUN, "--gguf", str(path), "--out", str(tmp_path / "runs.json")], capsys)
     assert "llama-cpp-python cannot be imported" in err
+
+
+def test_truncated_export_is_a_layer_skip_draft(tmp_path, capsys):
+    out = tmp_path / "draft.gguf"
+    assert cli.main(["export", "--preset", "olmoe-1b-7b", "--layers", "2", "--vocab", "300", "--truncate", "1",
+                     "--out", str(out)]) == 0
+    model = read_gguf(out)
+    assert (model.spec.layers, model.spec.name) == (1, "olmoe-1b-7b (first 1 layers)")
+    assert "blk.1.attn_q.weight" not in {t.name for t in model.tensors}
+    full = tmp_path / "full.gguf"
+    assert cli.main(["export", "--preset", "olmoe-1b-7b", "--layers", "2", "--vocab", "300", "--out", str(full)]) == 0
+    same = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(full)).tensors}
+    for t in gguf.GGUFReader(str(out)).tensors:  # the same weights: embeddings, layer 0, final norm and head
+        np.testing.assert_array_equal(np.asarray(t.data), same[t.name])
+    capsys.readouterr()
+    assert "--truncate 3" in refused(["export", "--preset", "olmoe-1b-7b", "--layers", "2", "--vocab", "300",
+                                      "--truncate", "3", "--out", tmp_path / "x.gguf"], capsys)
+
+
+def test_staircase_from_runs_and_plan_flags(tmp_path, capsys):
+    runs = {"format": "moespec-runs", "format_version": 1, "model": "m", "device_kind": "cpu", "dtype": "bf16",
+            "depth": 8, "verify_time_s": {"dedup": {str(n): 0.01 * (1 + 0.05 * n) for n in range(1, 10)}},
+            "draft_time_s": {str(k): 0.001 * k for k in range(9)}}
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    assert cli.main(["staircase", "--runs", str(path), "--for", "llama.cpp", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    want = [0.01 * (1 + 0.05 * (k + 1)) + 0.001 * k for k in range(9)]
+    assert doc["step_times"] == pytest.approx(want) and doc["llama_cpp"][-1]["flags"].startswith("--spec-draft")
+    assert "no verify_time_s.slot" in refused(["staircase", "--runs", path, "--kernel", "slot"], capsys)

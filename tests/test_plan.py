@@ -473,3 +473,27 @@ def test_cli_runs_errors_are_one_line(trace: Trace, tmp_path: Path, capsys: pyte
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and problem in err and path in err
+
+
+def test_runs_of_dedup_alone_calibrate_from_dedup(trace: Trace) -> None:
+    """llama.cpp's CPU engine has one expert kernel, dedup: the calibration anchors on its measured times, and the
+    measured kernel's bound is its 95% interval's half-width where the runs give one."""
+    dedup = {n: t * 0.9 for n, t in RUNS_SLOT.items()}
+    runs = make_runs(verify_time_s={"dedup": {str(n): t for n, t in dedup.items()}},
+                     verify_time_ci_s={"dedup": {str(n): [t * 0.98, t * 1.01] for n, t in dedup.items()}})
+    plan = build_plan(make_bench(), trace, runs=runs, draft_time=list(RUNS_DRAFT.values()))
+    assert plan["tau1_s"] == dedup[1]
+    for n in NS:  # tau_cal_p(n) = tau_meas_dedup(n) - M_dedup(n) + M_p(n)
+        assert plan["tau_calibrated"]["dedup"][str(n)] == dedup[n]
+        want = dedup[n] - M_HAT["dedup"][n] + M_HAT["slot"][n]
+        assert plan["tau_calibrated"]["slot"][str(n)] == pytest.approx(want, rel=1e-12)
+    V = plan["step_times_calibrated"]["dedup"]
+    half = [0.02 * dedup[n] for n in NS]  # the larger side of [0.98, 1.01] x the median
+    assert plan["delta_steps"]["calibrated"]["dedup"] == pytest.approx(_delta(V, half), rel=1e-9)
+    block = plan["llama_cpp"]  # the answer in llama.cpp's flags: the calibrated dedup staircase
+    assert (block["version"], block["policy"]) == ("calibrated", "dedup")
+    assert [r["k"] for r in block["intervals"]] == [s["k"] for s in plan["staircase_calibrated"]["dedup"]["intervals"]]
+    for row in block["table"]:
+        assert row["k_hat"] == theory.best_draft_length(V, row["a"])
+        assert row["flags"] == (f"--spec-draft-n-max {row['k_hat']} --spec-draft-n-min 0 --spec-draft-p-min 0"
+                                if row["k_hat"] else "no draft model (plain decoding)")

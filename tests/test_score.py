@@ -398,3 +398,55 @@ def test_a_bad_inputs_ceiling_is_refused(tmp_path: Path, plan, runs, capsys) -> 
     write_json(tmp_path / "runs.json", runs)
     assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 2
     assert "inputs_ceiling_gbps.bench" in capsys.readouterr().err
+
+
+# ---- an engine of one kernel (llama.cpp's CPU MUL_MAT_ID deduplicates), a real draft model ----------------------
+def one_kernel(runs: dict[str, Any]) -> dict[str, Any]:
+    """The runs as llama.cpp's engine writes them: dedup verify times only, no saving, dedup throughput rows."""
+    runs = copy.deepcopy(runs)
+    runs["verify_time_s"] = {"dedup": runs["verify_time_s"]["dedup"]}
+    runs["saving_s"] = {}
+    runs["throughput"] = [row for row in runs["throughput"] if row["policy"] == "dedup"]
+    return runs
+
+
+def test_one_kernel_runs_leave_the_saving_rules_out(tmp_path: Path, plan, runs, capsys) -> None:
+    doc = scored(tmp_path, plan, one_kernel(runs))
+    rules = doc["by_name"]
+    assert rules["crossover"]["holds"] is None and rules["saving_sign"]["holds"] is None
+    assert "one expert kernel (dedup)" in rules["crossover"]["reason"]
+    assert rules["verify_time"]["holds"] and set(rules["verify_time"]["errors"]) == {"dedup"}
+    assert rules["k_hat"]["policy"] == ["dedup"] and doc["applicable"] == 4 and doc["all_hold"]
+    bad = one_kernel(runs)
+    bad["verify_time_s"]["dedup"]["5"] *= 1.5  # 50% off: the one applicable time rule fails, so all fail
+    doc = scored(tmp_path, plan, bad)
+    assert not doc["by_name"]["verify_time"]["holds"] and not doc["all_hold"]
+    assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]) == 0
+    out = capsys.readouterr().out
+    assert "all 4 applicable hold: no" in out and "n/a" in out
+
+
+def draft_rows(rate: float, curve_: dict[int, float]) -> list[dict[str, Any]]:
+    return [{"policy": "dedup", "k": k, "a": None, "tokens_per_s": t, "realized_acceptance": rate if k else None,
+             "steps": 10} for k, t in curve_.items()]
+
+
+def test_draft_model_runs_are_scored_at_the_drafts_acceptance(tmp_path: Path, plan, runs) -> None:
+    from moespec import theory
+
+    V = [0.01 * (1 + 0.1 * k) for k in range(9)]  # step times of the plan's dedup policy
+    plan["step_times"] = {p: V for p in POLICIES}
+    drafted = one_kernel(runs)
+    drafted["throughput"] = []
+    a = 0.75
+    k_hat = int(theory.best_draft_length(V, a))
+    measured = {k: 100.0 * float(theory.geometric_sum(a, k)) / (1 + 0.1 * k) for k in range(9)}  # as planned
+    drafted["throughput_draft_model"] = draft_rows(a, measured)
+    rules = scored(tmp_path, plan, drafted)["by_name"]
+    assert rules["k_hat"]["holds"] and rules["throughput_loss"]["value"] == pytest.approx(0, abs=1e-12)
+    row = rules["k_hat"]["per_policy"]["dedup"]["per_acceptance"][0]
+    assert row["a"] == pytest.approx(a) and row["k_hat"] == row["k_star"] == k_hat
+    assert rules["speedup_band"]["holds"]  # the measured best speedup is the planned one, inside its band
+    drafted["throughput_draft_model"] = draft_rows(a, {k: 100.0 if k == 0 else 50.0 for k in range(9)})
+    rules = scored(tmp_path, plan, drafted)["by_name"]  # a draft that never pays: k* = 0, far from k_hat
+    assert not rules["k_hat"]["holds"] and not rules["speedup_band"]["holds"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from moespec import MoespecError
 from moespec.cli.args import bounded, seed
 from moespec.defaults import LAYERS_LIMIT, MODEL, THREADS_LIMIT
 from moespec.formats.files import check_output
@@ -49,7 +50,10 @@ def _config(args: argparse.Namespace, preset: str | None) -> Any:
 def run(args: argparse.Namespace) -> int:
     check_output(args.out)
     preset = None if args.model else args.preset or MODEL
-    check_exportable(_config(args, preset))
+    config = _config(args, preset)
+    check_exportable(config)
+    if args.truncate is not None and args.truncate > config.num_hidden_layers:
+        raise MoespecError(f"--truncate {args.truncate}: the model has {config.num_hidden_layers} decoder layers")
     lm = load_model(path=args.model, preset=preset, layers=None if args.model else args.layers,
                     vocab=args.vocab if preset else None, dtype="fp32" if args.type == "f32" else "bf16",
                     seed=args.seed)
