@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test demo clean
+.PHONY: install llama test demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Optional: llama.cpp through llama-cpp-python (builds llama.cpp, ~10 min on 2 cores; pip caches the wheel).
+llama: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[llama]" || echo "make: llama-cpp-python not installed; its tests skip"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

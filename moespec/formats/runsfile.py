@@ -42,6 +42,9 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       the rounds (target, max_reps, budget, disturbed)
   dense               what ran the dense weights of verify passes: "native" (moespec.model.dense), "torch", or
                       "torch (why the native kernel is unavailable)"; absent in older files
+  engine              "llama.cpp" for `run --engine llama.cpp` (moespec.measure.llama_run: verify_time_s holds dedup
+                      alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format;
+                      provenance.llama_cpp names the files and threads); absent for moespec's engine
   ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
                       and the throughput grid, and after
   provenance          device, dtype, versions, timestamp (the start of the run), command
