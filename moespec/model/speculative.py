@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from moespec import MoespecError
+from moespec.model.adaptive import DraftLength
 from moespec.model.cache import new_cache
 from moespec.model.load import cache_argument
 
@@ -179,14 +180,14 @@ def plain_decode(model: Any, prompt_ids: torch.LongTensor, max_new: int, prefill
     return tokens
 
 
-def speculative_decode(model: Any, prompt_ids: torch.LongTensor, draft: Draft, k: int, max_new: int,
+def speculative_decode(model: Any, prompt_ids: torch.LongTensor, draft: Draft, k: int | DraftLength, max_new: int,
                        prefilled: Prefill | None = None,
                        route: Route | None = None) -> tuple[list[int], list[StepRecord]]:
     """max_new greedy tokens by speculative decoding with k draft tokens a step (k = 0: plain decoding through
     the same loop), and a record of every step after the prompt's prefill (`prefilled`: a `prefill` of this
     prompt, whose cache is copied, so many decodings share one prefill)."""
     history = _prompt(prompt_ids)
-    if k < 0 or max_new < 0:
+    if (isinstance(k, int) and k < 0) or max_new < 0:
         raise MoespecError(f"need k >= 0 and max_new >= 0, got k={k}, max_new={max_new}")
     if prefilled is not None and prefilled.length != len(history):
         raise MoespecError(f"the prefill holds {prefilled.length} tokens but the prompt has {len(history)}")
@@ -198,18 +199,24 @@ def speculative_decode(model: Any, prompt_ids: torch.LongTensor, draft: Draft, k
                             max_new, route)
 
 
-def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k: int, max_new: int,
+def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k: int | DraftLength, max_new: int,
                  route: Route | None = None) -> tuple[list[int], list[StepRecord]]:
     """The speculative loop on any engine: `target`'s cache holds `history` (the prompt), `first` is the greedy
-    token after it; each step drafts k tokens, verifies them with the last token in one forward, keeps the
-    agreeing prefix and the target's token after it, and rolls the rejected positions back. Returns max_new
-    tokens (first included) and the steps' records."""
+    token after it; each step drafts k tokens (a fixed k, or a draft-length policy's next_k(), told each step's
+    outcome: moespec.model.adaptive), verifies them with the last token in one forward, keeps the agreeing prefix
+    and the target's token after it, and rolls the rejected positions back. Returns max_new tokens (first
+    included) and the steps' records."""
     records, tokens = [], [first]
     history = history + tokens  # the last token is decoded but not yet in the cache
+    policy = None if isinstance(k, int) else k
     while len(tokens) < max_new:
-        if route is not None:
+        choosing = time.perf_counter()
+        if policy is not None:
+            k = policy.next_k()
+        chosen = time.perf_counter()
+        if route is not None:  # outside the step's time
             route(len(tokens) - 1, k + 1)
-        start = time.perf_counter()
+        start = time.perf_counter() - (chosen - choosing)  # the policy's choice is part of the step
         proposal = list(draft.propose(history, k))
         if len(proposal) != k:
             raise MoespecError(f"the draft proposed {len(proposal)} tokens when asked for {k}")
@@ -218,6 +225,8 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
         verified = time.perf_counter()
         accepted = next((i for i, (d, t) in enumerate(zip(proposal, greedy)) if d != t), k)
         target.rollback(k - accepted)
+        if policy is not None:
+            policy.update(k, accepted)
         new = [*proposal[:accepted], greedy[accepted]]
         tokens += new
         history += new

@@ -4,6 +4,7 @@
   points (B.31), convex criterion (10) and a_1 (B.36), the staircase on a grid and as intervals.
 - dedup: step time (5), saving (6)-(7), the deduplicating engine (11)-(16) with the reuse threshold.
 - bounds: error bounds (17)-(21) of Table 2.
+- profile: non-geometric acceptance (a per-position profile a_1..a_kmax): G(k), k*, (8), (9), the estimate.
 """
 
 from moespec.theory.bounds import (
@@ -50,5 +51,14 @@ from moespec.theory.dedup import (
     union_bytes,
     verify_time,
 )
+from moespec.theory.profile import (
+    best_draft_length_for,
+    check_profile,
+    estimate_profile,
+    expected_tokens,
+    profile_beats_plain,
+    profile_speedup,
+    profile_throughput,
+)
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in {"bounds", "core", "dedup"}]
+__all__ = [name for name in dir() if not name.startswith("_") and name not in {"bounds", "core", "dedup", "profile"}]

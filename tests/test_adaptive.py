@@ -1,0 +1,90 @@
+"""Draft-length policies (moespec.model.adaptive): transformers' heuristic schedule step by step, the online policy
+following the acceptance it sees (growing k for a good draft, shrinking it for a bad one, exploring from k = 0),
+and decode_steps driven by a policy giving plain decoding's tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moespec import theory
+from moespec.model.adaptive import EXPLORE, Heuristic, Online
+from moespec.model.speculative import OracleDraft, decode_steps
+
+V = [10.0 + 1.5 * k for k in range(9)]  # verify grows 15% per drafted token
+
+
+def test_heuristic_is_transformers_schedule():
+    h = Heuristic(kmax=8)
+    assert h.next_k() == 8  # transformers' 20, capped at kmax
+    h.update(8, 3)
+    assert h.next_k() == 7
+    h.update(7, 7)
+    assert h.next_k() == 8  # +2, capped
+    for _ in range(10):
+        h.update(h.next_k(), 0)
+    assert h.next_k() == 1  # never below 1
+    with pytest.raises(ValueError, match="accepted"):
+        h.update(2, 3)
+
+
+def feed(policy: Online, rate: float, steps: int, rng: np.random.Generator) -> list[int]:
+    ks = []
+    for _ in range(steps):
+        k = policy.next_k()
+        accepted = 0
+        while accepted < k and rng.random() < rate:
+            accepted += 1
+        policy.update(k, accepted)
+        ks.append(k)
+    return ks
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.6, 0.8, 0.9])
+def test_online_policy_settles_on_k_star_of_the_true_rate(rate):
+    ks = feed(Online(V), rate, 400, np.random.default_rng(0))
+    want = theory.best_draft_length(V, rate)
+    settled = ks[200:]
+    assert abs(int(np.median(settled)) - want) <= 1, (rate, want, np.bincount(settled))
+    best = float(theory.speedup(V, rate, want))  # the throughput the choices give, against k*'s
+    assert np.mean([float(theory.speedup(V, rate, k)) for k in settled]) >= 0.97 * best
+
+
+def test_online_policy_follows_a_change_and_explores_from_zero():
+    rng = np.random.default_rng(1)
+    policy = Online(V)
+    feed(policy, 0.9, 300, rng)
+    assert policy.next_k() >= theory.best_draft_length(V, 0.9) - 1
+    late = feed(policy, 0.1, 600, rng)[400:]  # the text got hard: the draft is worthless now (DECAY forgets)
+    assert np.median(late) == 0 and 1 in late  # plain decoding, with an exploratory draft every EXPLORE + 1 steps
+    assert late.count(1) >= len(late) // (EXPLORE + 2)
+    profile = policy.profile()
+    assert profile[0] < 0.3 and len(profile) == 8
+
+
+class Counting:
+    """A Greedy target whose greedy token after x is x + 1 (mod 50): plain decoding is a known sequence."""
+
+    def __init__(self):
+        self.length = 0
+
+    def forward(self, tokens, last_only=False):
+        self.length += len(tokens)
+        out = [(t + 1) % 50 for t in tokens]
+        return out[-1:] if last_only else out
+
+    def rollback(self, tokens):
+        self.length -= tokens
+
+
+def test_decode_steps_with_a_policy_gives_plain_tokens():
+    prompt = [3, 4, 5]
+    want = [(6 + i) % 50 for i in range(40)]
+    continuation = [(7 + i) % 50 for i in range(60)]
+    target = Counting()
+    target.forward(prompt)
+    policy = Online(V)
+    out, records = decode_steps(target, prompt, 6, OracleDraft(continuation, 0.8, 0, 50, 3), policy, 40)
+    assert out == want and target.length == len(prompt) + 39
+    assert {r.drafted for r in records} != {records[0].drafted}  # the draft length changed along the way
+    assert sum(policy.tested) > 0
