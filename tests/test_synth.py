@@ -128,3 +128,26 @@ def test_cli_synth(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("moespec synth: error:") and "\n" not in err
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_per_layer_calibration_fits_each_layer_of_a_trace(tmp_path):
+    """Each layer its own parameters: a trace whose layers differ in reuse, fitted layer by layer, reproduces every
+    layer's rho(2) and rho(9) (the one-parameter process gives all layers the same)."""
+    from moespec.model.spec import resolve
+    from moespec.routing.synth import layer_targets
+
+    spec = resolve("olmoe-1b-7b")
+    wanted = [(0.25 + 0.2 * l / 15, 0.72 + 0.15 * l / 15) for l in range(16)]  # layers from low to high reuse
+    source = synthesize("olmoe-1b-7b", "calibrated", 40_000, 80, seed=1, targets=wanted, fitted_to="hand-made")
+    fitted = layer_targets(source, spec)
+    assert len(fitted) == 16 and fitted[0][0] < fitted[-1][0]
+    for (r2, r9), (w2, w9) in zip(fitted, wanted):
+        assert abs(r2 - w2) < 0.02 and abs(r9 - w9) < 0.03
+    out = tmp_path / "fit.npz"
+    source.save(tmp_path / "src.npz")
+    assert main(["synth", "--fit", str(tmp_path / "src.npz"), "--tokens", "20000", "--docs", "40",
+                     "--out", str(out)]) == 0
+    again = reuse_stats(load_trace(out), n_max=9, bootstrap=0).rho
+    for layer, (w2, w9) in enumerate(fitted):
+        assert abs(again[layer, 2] - w2) < 0.03 and abs(again[layer, 9] - w9) < 0.04, layer
+    assert load_trace(out).meta["calibrated_to"]["what"] == "per-layer reuse"

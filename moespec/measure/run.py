@@ -63,7 +63,7 @@ from moespec.measure.decoding import (
 from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense
-from moespec.model.load import LoadedModel, load_model, resolve_device
+from moespec.model.load import LoadedModel, load_draft, load_model, resolve_device
 from moespec.model.policies import set_policy, set_replay
 from moespec.model.spec import ModelSpec
 
@@ -374,7 +374,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     policies = list(KERNELS) + (["auto"] if kernel_by_n else [])
     drafter = None
     if config.draft_model:
-        drafter = load_model(path=config.draft_model, dtype=config.dtype, device=device).model
+        drafter = load_draft(config.draft_model, dtype=config.dtype, device=device)
         set_dense(drafter, config.dense)
         if drafter.config.vocab_size != lm.model.config.vocab_size:
             raise MoespecError(f"{config.draft_model}: vocabulary of {drafter.config.vocab_size} tokens, the "

@@ -23,7 +23,7 @@ from moespec import MoespecError
 from moespec.defaults import DTYPES, TORCH_DTYPES
 from moespec.model.spec import SUPPORTED_MODEL_TYPES, ModelSpec
 
-__all__ = ["LoadedModel", "load_model", "preset_config", "cache_argument", "find_routers", "PRESET_VOCAB"]
+__all__ = ["LoadedModel", "load_model", "load_draft", "preset_config", "cache_argument", "find_routers", "PRESET_VOCAB"]
 
 # A preset's model is built with this vocabulary unless asked for the real one (vocab=None): the embedding and
 # LM head of a 150k vocabulary (Qwen3, gpt-oss: 0.3-0.6 G weights) would dominate the memory and build time of
@@ -95,6 +95,24 @@ def load_model(path: str | None = None, preset: str | ModelSpec | None = None, l
         tokenizer, source = None, f"preset {spec.name}, random weights (seed {seed})"
     model = model.to(device).eval().requires_grad_(False)
     return LoadedModel(model, tokenizer, spec, device, dtype, source)
+
+
+def load_draft(path: str, dtype: str = "bf16", device: str = "cpu") -> Any:
+    """A draft model: any local causal LM checkpoint (dense or MoE; it must share the target's tokenizer), in
+    eval mode on `device` in `dtype`; one-line errors name the folder."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise MoespecError(f"{path}: no config.json (a local Hugging Face checkpoint folder is needed)")
+    if dtype not in DTYPES:
+        raise MoespecError(f"load_draft: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    resolve_device(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                     dtype=getattr(torch, TORCH_DTYPES[dtype]))
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MoespecError(f"{path}: cannot load the draft model ({first})") from None
+    return model.to(device).eval().requires_grad_(False)
 
 
 def _load_checkpoint(path: Path, dtype: torch.dtype) -> tuple[Any, Any, ModelSpec, str]:

@@ -25,7 +25,9 @@ document starts in the stationary law, so a window of n tokens has the same law 
   p^7 = (1 - r9)/(1 - r2) fix a real pool size s*; pools take the two integers around s*, the larger with the
   share f that makes the mixture exact at n = 9 (a mixture over documents of stationary processes is stationary,
   and its reuse is the mixture of their reuses). Feasible targets need 2m <= s* <= N (s >= 2m leaves room to
-  refresh all m slots). All layers share the parameters: the profile targets are layer means.
+  refresh all m slots). With a profile, all layers share the parameters (its targets are layer means); fitted to a
+  recorded trace (`synth --fit TRACE`, layer_targets), each layer gets its own: real routing's reuse differs by
+  layer (FLAME-MoE-290M's next-token reuse runs from 0.151 to 0.252 across its layers).
 
 The `paper-wikitext` profile holds the paper's layer means on WikiText-103 (Section 2, Figure 1):
 rho(2) = 0.363, 0.480, 0.492 and rho(9) = 0.762, 0.780, 0.856 for OLMoE-1B-7B, Qwen3-30B-A3B and gpt-oss-20b.
@@ -244,16 +246,34 @@ def document_lengths(tokens: int, docs: int) -> np.ndarray:
     return np.full(docs, tokens // docs) + (np.arange(docs) < tokens % docs)
 
 
+def layer_targets(fit: Trace, spec: ModelSpec, where: str = "trace") -> list[tuple[float, float]]:
+    """Per MoE layer of `spec`, the (rho(2), rho(9)) of a recorded trace's layer at the same relative depth (layer l
+    of L takes the trace's layer round(l (L_fit - 1) / (L - 1))): a model of 16 layers fitted to a trace of 4 gets
+    each of its layers from the nearest one. The trace must route N experts with top-m as the model does."""
+    from moespec.routing.reuse import reuse_stats
+
+    if (fit.num_experts, fit.m) != (spec.N, spec.m):
+        raise MoespecError(f"{where}: routes N={fit.num_experts}, m={fit.m}; {spec.name} has N={spec.N}, m={spec.m}")
+    rho = reuse_stats(fit, n_max=TARGET_N[1], bootstrap=0).rho  # [L_fit, n_max + 1]
+    source = [round(l * (fit.num_layers - 1) / max(spec.L - 1, 1)) for l in range(spec.L)]
+    return [(float(rho[i, TARGET_N[0]]), float(rho[i, TARGET_N[1]])) for i in source]
+
+
 def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, profile: str = "paper-wikitext",
-               targets: tuple[float, float] | None = None, show_progress: bool = False) -> Trace:
+               targets: tuple[float, float] | list[tuple[float, float]] | None = None,
+               show_progress: bool = False, fitted_to: str | None = None) -> Trace:
     """A synthetic trace of `tokens` tokens in `docs` documents for a model preset (or config path).
 
-    `targets` = (rho(2), rho(9)) for the calibrated process; default: the profile's values for the model."""
+    `targets` = (rho(2), rho(9)) for the calibrated process, one pair for every layer, or a list of one pair per MoE
+    layer (layer_targets: each layer its own parameters; `fitted_to` names the trace they came from); default: the
+    profile's values for the model."""
     spec = resolve(model)
     if process not in PROCESSES:
         raise MoespecError(f"unknown process {process!r}; one of {', '.join(PROCESSES)}")
     if targets is not None and process != "calibrated":
-        raise MoespecError("--rho2/--rho9 apply to --process calibrated only")
+        raise MoespecError("--rho2/--rho9 and --fit apply to --process calibrated only")
+    if isinstance(targets, list):
+        return _per_layer(spec, targets, tokens, docs, seed, fitted_to, show_progress)
     lengths = document_lengths(tokens, docs)
     rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {"model": spec.name, "spec": spec.to_dict(), "source": f"synthetic:{process}",
@@ -274,6 +294,32 @@ def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, 
             meta["expected_rho"] = [None, *uniform_rho(TARGET_N[1], spec.N, spec.m)[1:].round(6).tolist()]
         else:
             meta["params"] = {"popularity": _popularity_source(spec.name, spec.N)}
+    return Trace.from_arrays(experts, np.concatenate([[0], np.cumsum(lengths)]), spec.N, meta=meta)
+
+
+def _per_layer(spec: ModelSpec, targets: list[tuple[float, float]], tokens: int, docs: int, seed: int,
+               fitted_to: str | None, show_progress: bool) -> Trace:
+    """The calibrated process with each MoE layer's own parameters (synthesize with a list of targets)."""
+    if len(targets) != spec.L:
+        raise MoespecError(f"{len(targets)} per-layer targets for the {spec.L} MoE layers of {spec.name}")
+    lengths = document_lengths(tokens, docs)
+    rng = np.random.default_rng(seed)
+    weights = popularity(spec.name, spec.N, spec.L, rng)
+    params = []
+    for layer, (rho2, rho9) in enumerate(targets):
+        try:
+            params.append(KeepPool.calibrate(spec.m, spec.N, rho2, rho9))
+        except MoespecError as e:
+            raise MoespecError(f"layer {layer}: {e}") from None
+    experts = np.stack([p.sample(rng, lengths, weights[layer:layer + 1], show_progress)[:, 0]
+                        for layer, p in enumerate(params)], axis=1)
+    meta: dict[str, Any] = {
+        "model": spec.name, "spec": spec.to_dict(), "source": "synthetic:calibrated", "tokenizer": None,
+        "synthetic": True, "process": "calibrated", "seed": seed, "params": {"layers": [asdict(p) for p in params]},
+        "calibrated_to": {"profile": fitted_to or "custom", "what": "per-layer reuse",
+                          "rho": [{str(n): v for n, v in zip(TARGET_N, t)} for t in targets]},
+        "expected_rho": [[None, *p.rho(TARGET_N[1])[1:].round(6).tolist()] for p in params],
+        "provenance": provenance()}
     return Trace.from_arrays(experts, np.concatenate([[0], np.cumsum(lengths)]), spec.N, meta=meta)
 
 
@@ -308,6 +354,9 @@ def describe(meta: dict[str, Any]) -> str:
     """One phrase naming the process and what it was calibrated to or drawn from."""
     if meta["calibrated_to"]:
         target = meta["calibrated_to"]
+        if isinstance(target["rho"], list):  # one pair per layer
+            pairs = "; ".join(f"{r['2']:.3f}, {r['9']:.3f}" for r in target["rho"])
+            return f"calibrated process, each layer fitted to {target['profile']}: rho(2), rho(9) = {pairs}"
         rho = ", ".join(f"rho({n}) = {v}" for n, v in target["rho"].items())
         return f"calibrated process, calibrated to {target['profile']}: {rho}"
     if meta["params"].get("popularity"):
