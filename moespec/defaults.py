@@ -6,6 +6,8 @@ on (the model, the depth, the largest draft, the kernel names, the default routi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 MODEL = "olmoe-1b-7b"  # the built-in default: OLMoE-1B-7B's shapes (16 MoE layers, N = 64, m = 8)
 FORMAT = "bf16"  # the weight format of the default and of the paper's engines
 DEPTH = 512  # context depth d: the paper's shorter depth (Section 4)
@@ -22,6 +24,11 @@ ENGINES = ("moespec", "llama.cpp")  # what `moespec run` measures: our engine, o
 # The default routing: the calibrated process at the paper's WikiText-103 reuse, 50k tokens in 50 documents
 # (bootstrap intervals of rho(n) narrower than 0.01, synthesized in about a second).
 PROFILE = "paper-wikitext"
+# The trained pair shipped with the project (scripts/train_pair.py, issue 16): an OLMoE-class target at N = 64, m = 8
+# and a dense draft, and the target's routing traced on WikiText-2's test split (real text, real documents).
+PAIR_DIR = Path(__file__).resolve().parent / "data" / "pair"
+PAIR_TRACE = PAIR_DIR / "trace-wikitext-test.npz"
+ROUTINGS = ("synthetic", "trained")  # the demo's routing: the calibrated process, or the trained target's trace
 TRACE_TOKENS, TRACE_DOCS = 50_000, 50
 
 # ---- bounds: every size a user passes is checked against one of these before any work (the CLI's --help states

@@ -34,13 +34,24 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from moespec import MoespecError, theory
-from moespec.defaults import DEPTH, DTYPES, FORMAT, KMAX, MODEL, PROFILE, TRACE_DOCS, TRACE_TOKENS
+from moespec.defaults import (
+    DEPTH,
+    DTYPES,
+    FORMAT,
+    KMAX,
+    MODEL,
+    PAIR_TRACE,
+    PROFILE,
+    ROUTINGS,
+    TRACE_DOCS,
+    TRACE_TOKENS,
+)
 from moespec.formats.benchfile import Bench, load_bench
 from moespec.formats.demofile import STEPS_FILE, Demo, Steps
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
-from moespec.formats.trace import Trace
+from moespec.formats.trace import Trace, load_trace
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model.spec import ModelSpec
@@ -92,12 +103,25 @@ def kernel_summary(V: list) -> dict[str, Any]:
                        "speedup": float(theory.speedup(V, a, k))} for a in theory.PAPER_ACCEPTANCES]}
 
 
+def trained_routing(spec: ModelSpec) -> Trace:
+    """The trained target's routing on WikiText-2's test split (PAIR_TRACE: 4 MoE layers, N = 64, m = 8) on the
+    model's MoE layers by relative depth (Trace.by_relative_depth), named as the model for the bench and plan."""
+    recorded = load_trace(PAIR_TRACE)
+    if (recorded.num_experts, recorded.m) != (spec.N, spec.m):
+        raise MoespecError(f"--routing trained: the trained pair routes N={recorded.num_experts}, m={recorded.m}; "
+                           f"{spec.name} has N={spec.N}, m={spec.m}")
+    return recorded.by_relative_depth(spec.L, {"model": spec.name, "spec": spec.to_dict(),
+                                               "source": f"trained pair's routing ({recorded.meta.get('source')})"})
+
+
 def routing_and_theory(model: str, fmt: str, depth: int, kmax: int, tokens: int, docs: int, seed: int,
-                       out_dir: Path) -> tuple[dict[str, Any], Trace, ReuseStats]:
-    """Steps 1 and 2: synthesize the default trace, measure its reuse, and apply the theory; returns (result,
+                       out_dir: Path, routing: str = ROUTINGS[0]) -> tuple[dict[str, Any], Trace, ReuseStats]:
+    """Steps 1 and 2: the routing (the calibrated process, or with routing "trained" the trained pair's traced
+    routing, the process's layer-mean reuse reported beside it), its reuse, and the theory; returns (result,
     trace, stats)."""
     spec = ModelSpec.from_name(model)
-    trace = synthesize(model, "calibrated", tokens, docs, seed=seed, profile=PROFILE)
+    synthetic = synthesize(model, "calibrated", tokens, docs, seed=seed, profile=PROFILE)
+    trace = trained_routing(spec) if routing == "trained" else synthetic
     trace.save(out_dir / "trace.npz")
     w, units = trace_expert_bytes(trace, fmt)
     stats = reuse_stats(trace, kmax + 1, expert_bytes=w, units=units, seed=seed)
@@ -112,8 +136,10 @@ def routing_and_theory(model: str, fmt: str, depth: int, kmax: int, tokens: int,
     result = {
         "model": spec.name, "format": fmt, "depth": depth, "kmax": kmax,
         "trace": {"path": str(out_dir / "trace.npz"), "tokens": trace.num_tokens, "documents": trace.num_documents,
+                  "routing": routing, "source": trace.meta.get("source"),
                   "calibrated_to": trace.meta.get("calibrated_to"),
-                  "rho_mean": stats.rho_mean.tolist(), "u": stats.u.tolist()},
+                  "rho_mean": stats.rho_mean.tolist(), "u": stats.u.tolist(),
+                  "rho_layers": {str(n): stats.rho[:, n].tolist() for n in (2, kmax + 1)}},
         "assumptions": ["one bandwidth for every byte, no fixed work: step time = bytes",
                         "per-slot bytes m(k+1)W; dedup bytes from uniform routing and from the synthetic trace",
                         "theory on stated assumptions, not a measurement"],
@@ -124,6 +150,9 @@ def routing_and_theory(model: str, fmt: str, depth: int, kmax: int, tokens: int,
                     "trace": [float(x) for x in routed["rho_bars"]]},
         "reuse_threshold": thresholds,
     }
+    if routing == "trained":  # both routings reported: the process the default uses, beside the trained one
+        other = reuse_stats(synthetic, kmax + 1, bootstrap=0)
+        result["trace"]["synthetic_rho_mean"] = other.rho_mean.tolist()
     return result, trace, stats
 
 
@@ -143,6 +172,7 @@ class DemoConfig:
     out: str = DEFAULT_OUT_DIR
     bench_reps: int = BENCH_REPS
     engine_layers: int = ENGINE_LAYERS
+    routing: str = ROUTINGS[0]
 
     @property
     def outputs(self) -> list[Path]:
@@ -154,6 +184,10 @@ class DemoConfig:
         folder writable, before any work: a bad setting leaves nothing behind."""
         for path in self.outputs:
             check_output(path, "--out")
+        if self.routing not in ROUTINGS:
+            raise MoespecError(f"--routing {self.routing!r}: one of {', '.join(ROUTINGS)}")
+        if self.routing == "trained" and not PAIR_TRACE.is_file():
+            raise MoespecError(f"--routing trained: {PAIR_TRACE} is missing (scripts/train_pair.py makes it)")
         if self.kmax < 1 or self.depth < 0 or self.bench_reps < 0 or self.engine_layers < 0:
             raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
                                f"{self.kmax}, {self.depth}, {self.bench_reps} and {self.engine_layers}")
@@ -203,7 +237,7 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     config.check()
     out_dir = Path(config.out)
     result, trace, stats = routing_and_theory(config.model, config.format, config.depth, config.kmax, config.tokens,
-                                              config.docs, config.seed, out_dir)
+                                              config.docs, config.seed, out_dir, config.routing)
     view.say(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> {out_dir / 'trace.npz'}")
     view.routing(stats, trace, str(out_dir / "trace.npz"))
     view.theory(result)

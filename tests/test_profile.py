@@ -41,7 +41,8 @@ def test_a_draft_that_drifts_drafts_less():
     flat = [Fraction(4, 5)] * 8
     drifting = [Fraction(4, 5) * Fraction(9, 10) ** j for j in range(8)]  # a_1 = 0.8, then 10% worse each position
     assert theory.best_draft_length_for(V, drifting) < theory.best_draft_length_for(V, flat)
-    assert theory.expected_tokens([1, 1, 1], 3) == 4 and theory.expected_tokens([Fraction(1, 2), 0, 1], 3) == Fraction(3, 2)
+    assert theory.expected_tokens([1, 1, 1], 3) == 4
+    assert theory.expected_tokens([Fraction(1, 2), 0, 1], 3) == Fraction(3, 2)
 
 
 def test_estimate_from_steps():

@@ -450,3 +450,25 @@ def test_draft_model_runs_are_scored_at_the_drafts_acceptance(tmp_path: Path, pl
     drafted["throughput_draft_model"] = draft_rows(a, {k: 100.0 if k == 0 else 50.0 for k in range(9)})
     rules = scored(tmp_path, plan, drafted)["by_name"]  # a draft that never pays: k* = 0, far from k_hat
     assert not rules["k_hat"]["holds"] and not rules["speedup_band"]["holds"]
+
+
+def test_a_measured_profile_decides_k_hat_for_a_draft_model(tmp_path: Path, plan, runs) -> None:
+    """Runs that recorded the draft's per-position acceptance are scored with it (G(k) = 1 + a_1 + a_1 a_2 + ...),
+    not with a geometric rate: a draft good for two tokens and bad after them is planned at k = 2."""
+    from moespec import theory
+
+    V = [0.01 * (1 + 0.1 * k) for k in range(9)]
+    plan["step_times"] = {p: V for p in POLICIES}
+    profile = [0.95, 0.95] + [0.05] * 6
+    drafted = one_kernel(runs)
+    drafted["throughput"] = []
+    measured = {k: 100.0 * float(theory.expected_tokens(profile, k)) / (1 + 0.1 * k) for k in range(9)}
+    rows = draft_rows(0.6, measured)
+    for row in rows:
+        row["acceptance_profile"] = profile[:row["k"]]
+    drafted["throughput_draft_model"] = rows
+    rules = scored(tmp_path, plan, drafted)["by_name"]
+    row = rules["k_hat"]["per_policy"]["dedup"]["per_acceptance"][0]
+    assert row["k_hat"] == row["k_star"] == theory.best_draft_length_for(V, profile) == 2
+    assert theory.best_draft_length(V, 0.6) != 2  # the pooled geometric rate would have drafted otherwise
+    assert rules["throughput_loss"]["value"] == pytest.approx(0, abs=1e-12) and rules["speedup_band"]["holds"]

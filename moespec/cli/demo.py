@@ -25,6 +25,7 @@ from moespec.defaults import (
     LAYERS_LIMIT,
     MODEL,
     REPS_LIMIT,
+    ROUTINGS,
     TOKENS_LIMIT,
     TRACE_DOCS,
     TRACE_TOKENS,
@@ -61,12 +62,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-layers", type=bounded(0, LAYERS_LIMIT), default=ENGINE_LAYERS,
                    help=f"layers of the engine's model (default {ENGINE_LAYERS}, at most {LAYERS_LIMIT:,}; 0 skips "
                         f"steps 4-6)")
+    p.add_argument("--routing", default=ROUTINGS[0], choices=ROUTINGS,
+                   help="synthetic (the calibrated process, default) or trained (the shipped trained pair's routing "
+                        "on WikiText-2 test text, on the model's layers by relative depth; the process is reported "
+                        "beside it)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
 def print_report(r: dict[str, Any]) -> None:
     c = console()
     b, s = r["bytes"], r["shape"]
+    t = r["trace"]
+    if t.get("synthetic_rho_mean"):
+        mean = lambda rho, n: f"{rho[n]:.3f}"  # noqa: E731
+        c.print(f"routing: {t['source']}; layer-mean rho(2) {mean(t['rho_mean'], 2)}, rho(9) "
+                f"{mean(t['rho_mean'], 9)} (the calibrated process: {mean(t['synthetic_rho_mean'], 2)}, "
+                f"{mean(t['synthetic_rho_mean'], 9)})")
     c.print(f"[bold]2. theory[/bold] on {r['model']} shapes (L={s['L']} MoE layers, N={s['N']}, m={s['m']}, "
             f"hidden {s['hidden']}, expert width {s['expert_width']}), {r['format']}, context depth {r['depth']}")
     c.print("[yellow]Theory on stated assumptions, not a measurement:[/yellow] " + "; ".join(r["assumptions"][:2]))
@@ -165,7 +176,7 @@ class Printed:
 def run(args: argparse.Namespace) -> int:
     config = DemoConfig(model=args.model, format=args.format, depth=args.depth, kmax=args.kmax, tokens=args.tokens,
                         docs=args.docs, seed=args.seed, out=args.out, bench_reps=args.bench_reps,
-                        engine_layers=args.engine_layers)
+                        engine_layers=args.engine_layers, routing=args.routing)
     result = demo(config, Quiet() if args.json else Printed())
     if args.json:
         print(json.dumps(result))

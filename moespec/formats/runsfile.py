@@ -21,6 +21,9 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       and G_a(k) for the oracle draft (geometric at rate a by construction) at the nominal a; for a
                       draft model, the realized rate below (files without realized_tokens_per_s: the realized
                       rate for both)
+                      acceptance_profile: [a_1..a_k] the per-position acceptance the steps measured
+                      (moespec.theory.profile.estimate_profile; null where no step tested a position; absent in
+                      older files)
                       realized_tokens_per_s, tokens_per_step: what the steps emitted, every step's accepted drafts
                       plus one over the steps' time (the last step counted in full where it overshoots the
                       generated length, the prompt's first token left out; absent in older files);

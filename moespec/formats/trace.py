@@ -83,6 +83,14 @@ def chunk_masks(ids: np.ndarray, num_experts: int, length: int | None = None) ->
     return masks
 
 
+def depth_map(from_layers: int, to_layers: int) -> list[int]:
+    """For each of `to_layers` layers, the one of `from_layers` at the same relative depth: round(l (F - 1) / (T - 1))
+    (the first to the first, the last to the last)."""
+    if from_layers < 1 or to_layers < 1:
+        raise MoespecError(f"layers: need at least one on each side, got {from_layers} and {to_layers}")
+    return [round(l * (from_layers - 1) / max(to_layers - 1, 1)) for l in range(to_layers)]
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """T tokens x L MoE layers x m expert ids, split into D documents. Build with `from_arrays` (validates)."""
@@ -126,6 +134,14 @@ class Trace:
         new_weights = None if weights is None else np.concatenate([self.weights, np.asarray(weights, np.float32)])
         return _build(np.concatenate([self.experts, experts]), starts, self.num_experts, new_weights,
                       self.meta, where="trace")
+
+    def by_relative_depth(self, num_layers: int, meta: dict[str, Any] | None = None) -> "Trace":
+        """A trace of `num_layers` MoE layers whose layer l replays this trace's layer at the same relative depth
+        (depth_map): a 4-layer model's routing on a 16-layer model's shape. Router weights are dropped; `meta`
+        updates the metadata (its model), which records the layers taken."""
+        source = depth_map(self.num_layers, num_layers)
+        info = {**self.meta, **(meta or {}), "layers_from": {"num_layers": self.num_layers, "source": source}}
+        return _build(self.experts[:, source], self.doc_starts, self.num_experts, None, info, where="trace")
 
     # ---- shape ---------------------------------------------------------------------------------------------
     @property

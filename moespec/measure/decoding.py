@@ -139,11 +139,12 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     host = sum(r.host_s + r.draft_s for r in records)
     rate = speculative.acceptance_rate(records)
     rate = None if np.isnan(rate) else rate
+    profile = theory.estimate_profile([(r.drafted, r.accepted) for r in records], k) if k else []
     g = float(theory.geometric_sum(rate if a is None else a, k)) if k and (a is not None or rate is not None) else 1.0
     return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if oracle else "model",
             "tokens_per_s": (g * steps if oracle else emitted) / wall,
             "realized_tokens_per_s": emitted / wall, "tokens": sum(unit["tokens"] for unit in prompts),
-            "realized_acceptance": rate,
+            "realized_acceptance": rate, "acceptance_profile": profile,
             "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
             "tokens_per_step": emitted / steps, "G_a": g, "steps": steps, "step_time_s": wall / steps,
             "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,

@@ -44,7 +44,7 @@ import numpy as np
 from moespec import MoespecError
 from moespec.console import progress
 from moespec.formats.files import provenance
-from moespec.formats.trace import Trace
+from moespec.formats.trace import Trace, depth_map
 from moespec.model.spec import ModelSpec, resolve
 from moespec.routing.reuse import uniform_rho
 
@@ -247,15 +247,15 @@ def document_lengths(tokens: int, docs: int) -> np.ndarray:
 
 
 def layer_targets(fit: Trace, spec: ModelSpec, where: str = "trace") -> list[tuple[float, float]]:
-    """Per MoE layer of `spec`, the (rho(2), rho(9)) of a recorded trace's layer at the same relative depth (layer l
-    of L takes the trace's layer round(l (L_fit - 1) / (L - 1))): a model of 16 layers fitted to a trace of 4 gets
-    each of its layers from the nearest one. The trace must route N experts with top-m as the model does."""
+    """Per MoE layer of `spec`, the (rho(2), rho(9)) of a recorded trace's layer at the same relative depth
+    (moespec.formats.trace.depth_map): a model of 16 layers fitted to a trace of 4 gets each of its layers from the
+    nearest one. The trace must route N experts with top-m as the model does."""
     from moespec.routing.reuse import reuse_stats
 
     if (fit.num_experts, fit.m) != (spec.N, spec.m):
         raise MoespecError(f"{where}: routes N={fit.num_experts}, m={fit.m}; {spec.name} has N={spec.N}, m={spec.m}")
     rho = reuse_stats(fit, n_max=TARGET_N[1], bootstrap=0).rho  # [L_fit, n_max + 1]
-    source = [round(l * (fit.num_layers - 1) / max(spec.L - 1, 1)) for l in range(spec.L)]
+    source = depth_map(fit.num_layers, spec.L)
     return [(float(rho[i, TARGET_N[0]]), float(rho[i, TARGET_N[1]])) for i in source]
 
 
