@@ -12,10 +12,12 @@ generate(assistant_model=...)).
 What it does.
 1. Prompts: Spec-Bench questions (../shared/data/spec_bench/question.jsonl, first turn) and WikiText-2 test
    passages, tokenized by the pair's tokenizer; --prompts of each kind, --tokens generated per prompt (greedy).
-   A calibration prompt of each kind is decoded first, at every constant k, untimed for the scores: its mean step
-   time per k is V(k) for the online policy and the plan, and its k = KMAX steps give the measured profile.
+   CALIBRATION prompts of each kind are decoded first at every constant k, not scored: their mean step time per
+   k is V(k) for the online policy and the plan, and their k = KMAX steps give the measured profile.
 2. Cells, interleaved prompt by prompt (the order reversed every other round): k = 0..KMAX constant, the
-   heuristic, the online policy, and transformers' generate with the assistant (its own loop and kernels).
+   heuristic, the online policy (each one object per kind of prompt, carried across its prompts, as transformers
+   keeps its assistant's draft length across generate calls), and transformers' generate with the assistant
+   (its own loop and kernels).
 3. Per cell and kind of prompt: tokens/s (tokens generated over the decoding time), tokens per step, the realized
    per-position acceptance; the plan's k_hat = best_draft_length_for(V, measured profile) beside the best constant
    k measured in hindsight; ratios to the best constant k.
@@ -44,20 +46,21 @@ from moespec.model.speculative import GreedyDraft, TorchGreedy, decode_steps
 PAIR = Path(__file__).resolve().parents[1] / "moespec" / "data" / "pair"
 KMAX = 8
 CONTEXT_TOKENS = 96  # prompt tokens kept (the pair was trained on 128-token sequences)
+CALIBRATION = 2  # prompts per kind decoded at every constant k first: V(k) and the profile the plan uses
 
 
 def prompts(tokenizer, data: Path, count: int) -> dict[str, list[list[int]]]:
-    """Token ids of `count` + 1 prompts per kind (the first one calibrates)."""
+    """Token ids of CALIBRATION + `count` prompts per kind (the first CALIBRATION calibrate)."""
     out: dict[str, list[list[int]]] = {}
     bench = data / "spec_bench" / "question.jsonl"
     if bench.is_file():
         rows = [json.loads(line) for line in bench.read_text().splitlines() if line.strip()]
         texts = [r["turns"][0] for r in rows if r.get("turns")]
-        out["spec-bench"] = [tokenizer(t)["input_ids"][-CONTEXT_TOKENS:] for t in texts[:count + 1]]
+        out["spec-bench"] = [tokenizer(t)["input_ids"][-CONTEXT_TOKENS:] for t in texts[:count + CALIBRATION]]
     wiki = data / "wikitext-2" / "wiki.test.raw"
     if wiki.is_file():
         ids = tokenizer(wiki.read_text(encoding="utf-8"))["input_ids"]
-        starts = np.random.default_rng(0).integers(0, len(ids) - CONTEXT_TOKENS, size=count + 1)
+        starts = np.random.default_rng(0).integers(0, len(ids) - CONTEXT_TOKENS, size=count + CALIBRATION)
         out["wikitext"] = [ids[s:s + CONTEXT_TOKENS] for s in starts.tolist()]
     if not out:
         raise SystemExit(f"no prompts: neither {bench} nor {wiki} is here")
@@ -125,18 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     fixed = list(range(KMAX + 1))
     result: dict = {"provenance": started, "pair": str(pair), "tokens": args.tokens, "kinds": {}}
     for kind, ps in kinds.items():
-        calibration = {k: decode(target, draft_model, ps[0], k, args.tokens) for k in fixed}  # warm-up as well
-        V = [float(np.mean([s[2] for s in calibration[k]["steps"]])) for k in fixed]
-        profile = theory.estimate_profile([(d, a) for d, a, _ in calibration[KMAX]["steps"]], KMAX, prior=(1, 1))
+        calibration = {k: [decode(target, draft_model, p, k, args.tokens) for p in ps[:CALIBRATION]] for k in fixed}
+        V = [float(np.mean([s[2] for u in calibration[k] for s in u["steps"]])) for k in fixed]
+        profile = theory.estimate_profile([(d, a) for u in calibration[KMAX] for d, a, _ in u["steps"]], KMAX,
+                                          prior=(1, 1))
         k_hat = int(theory.best_draft_length_for(V, profile))
         cells = [*(f"k={k}" for k in fixed), "heuristic", "online", "transformers-assisted"]
         units: dict[str, list[dict]] = {c: [] for c in cells}
-        for i, prompt in enumerate(ps[1:]):
+        # one policy object per kind, carried from prompt to prompt (as transformers keeps num_assistant_tokens
+        # across generate calls with one assistant): what an engine serving a stream of requests does
+        policies = {"heuristic": Heuristic(KMAX), "online": Online(V)}
+        for i, prompt in enumerate(ps[CALIBRATION:]):
             for cell in cells if i % 2 == 0 else cells[::-1]:
                 if cell == "transformers-assisted":
                     units[cell].append(hf_assisted(target, draft_model, prompt, args.tokens))
                     continue
-                k = Heuristic(KMAX) if cell == "heuristic" else Online(V) if cell == "online" else int(cell[2:])
+                k = policies.get(cell, None) or int(cell[2:])
                 units[cell].append(decode(target, draft_model, prompt, k, args.tokens))
         plain = [u["tokens"] for u in units["k=0"]]
         rows = {c: summarize(u, args.tokens) | {"greedy_exact": [x["tokens"] for x in u] == plain}

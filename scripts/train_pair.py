@@ -10,7 +10,8 @@ What it trains (every number below is a named constant):
 - the draft: a dense Llama-class model (LlamaForCausalLM) of DRAFT_LAYERS layers sharing the tokenizer.
 Both train on the same token stream (AdamW, cosine decay, seeded), in bf16 weights for the files (trained in fp32).
 Splits: ../shared/data/wikitext-2 holds the valid and test splits (no train split); training uses wiki.valid.tokens
-and wiki.test.raw is held out for the card's numbers (loss, the draft's greedy acceptance against the target).
+(its last 5% held back to stop training when it stops improving) and wiki.test.raw is held out for the card's
+numbers (loss, the draft's greedy agreement with the target).
 
 Usage: .venv/bin/python scripts/train_pair.py [--data ../shared/data/wikitext-2] [--out moespec/data/pair]
        [--minutes 45]
@@ -39,6 +40,8 @@ LR, WARMUP, WEIGHT_DECAY = 3e-3, 50, 0.1
 AUX = 0.01  # OLMoE's router_aux_loss_coef: balances the experts' load
 SEED = 0
 EVAL_TOKENS = 20_000  # held-out tokens for the card's loss
+STOP_SHARE = 0.05  # the last 5% of the training split, held back to stop early (never the test split)
+CHECK_EVERY, PATIENCE = 50, 3
 ACCEPT_PROMPTS, ACCEPT_LEN, ACCEPT_DRAFT = 32, 64, 4  # held-out greedy agreement: prompts of 64 tokens, 4 drafted
 
 
@@ -73,16 +76,33 @@ def batches(ids: np.ndarray, rng: np.random.Generator):
         yield torch.from_numpy(np.stack([ids[s:s + CONTEXT + 1] for s in starts]).astype(np.int64))
 
 
-def train(model, ids: np.ndarray, seconds: float, name: str) -> list[dict]:
-    """AdamW with warm-up and cosine decay over the time budget; the loss curve (every 20 steps)."""
+def train(model, ids: np.ndarray, stop_ids: np.ndarray, seconds: float, name: str) -> list[dict]:
+    """AdamW with warm-up and cosine decay over the time budget, stopped early (the weights of the best check
+    kept) once the loss on `stop_ids` (a slice of the training split held back) has not improved for PATIENCE
+    checks of every CHECK_EVERY steps: 300k tokens overfit a few-million-parameter model within a few epochs.
+    Returns the loss curve (every 20 steps, and each check's stop loss)."""
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.95))
     rng = np.random.default_rng(SEED)
     curve, start, step, recent = [], time.time(), 0, []
+    best, best_state, waited = float("inf"), None, 0
     model.train()
     for batch in batches(ids, rng):
         spent = time.time() - start
         if spent > seconds:
             break
+        if step and step % CHECK_EVERY == 0:
+            model.eval()
+            check = held_out_loss(model, stop_ids)
+            model.train()
+            curve.append({"step": step, "seconds": round(spent, 1), "stop_loss": round(check, 4)})
+            print(f"{name} step {step} stop loss {check:.4f}", flush=True)
+            if check < best:
+                best, waited = check, 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                waited += 1
+                if waited >= PATIENCE:
+                    break
         frac = spent / seconds
         for group in opt.param_groups:
             group["lr"] = LR * min(1.0, (step + 1) / WARMUP) * 0.5 * (1 + math.cos(math.pi * frac))
@@ -98,6 +118,8 @@ def train(model, ids: np.ndarray, seconds: float, name: str) -> list[dict]:
             curve.append({"step": step, "seconds": round(spent, 1), "loss": round(float(np.mean(recent)), 4)})
             recent = []
             print(f"{name} step {step} {spent:.0f}s loss {curve[-1]['loss']}", flush=True)
+    if best_state is not None:
+        model.load_state_dict(best_state)
     model.eval()
     return curve
 
@@ -142,18 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     train_text = (data / "wiki.valid.tokens").read_text(encoding="utf-8")
     held_text = (data / "wiki.test.raw").read_text(encoding="utf-8")
     tok = tokenizer_for(train_text)
-    train_ids = np.array(tok.encode(train_text).ids, dtype=np.int32)
+    all_ids = np.array(tok.encode(train_text).ids, dtype=np.int32)
+    cut = int(all_ids.size * (1 - STOP_SHARE))
+    train_ids, stop_ids = all_ids[:cut], all_ids[cut:]
     held_ids = np.array(tok.encode(held_text).ids, dtype=np.int32)
     print(f"tokens: train {train_ids.size:,}, held out {held_ids.size:,}", flush=True)
     target_cfg, draft_cfg = configs()
     target = AutoModelForCausalLM.from_config(target_cfg)
     draft = AutoModelForCausalLM.from_config(draft_cfg)
     budget = args.minutes * 60
-    curves = {"target": train(target, train_ids, 0.8 * budget, "target"),
-              "draft": train(draft, train_ids, 0.2 * budget, "draft")}
+    curves = {"target": train(target, train_ids, stop_ids, 0.75 * budget, "target"),
+              "draft": train(draft, train_ids, stop_ids, 0.25 * budget, "draft")}
     card = {"command": shlex.join([sys.executable, *sys.argv]), "data": {
-                "train": "WikiText-2 wiki.valid.tokens", "held_out": "WikiText-2 wiki.test.raw",
-                "train_tokens": int(train_ids.size), "held_out_tokens": int(held_ids.size)},
+                "train": "WikiText-2 wiki.valid.tokens (its last 5% held back to stop early)",
+                "held_out": "WikiText-2 wiki.test.raw", "train_tokens": int(train_ids.size),
+                "stop_tokens": int(stop_ids.size), "held_out_tokens": int(held_ids.size)},
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
             "settings": {k: v for k, v in globals().items() if k.isupper()},
             "loss_curve": curves,

@@ -140,7 +140,8 @@ class Trace:
         (depth_map): a 4-layer model's routing on a 16-layer model's shape. Router weights are dropped; `meta`
         updates the metadata (its model), which records the layers taken."""
         source = depth_map(self.num_layers, num_layers)
-        info = {**self.meta, **(meta or {}), "layers_from": {"num_layers": self.num_layers, "source": source}}
+        kept = {k: v for k, v in self.meta.items() if k != "num_layers"}  # the new shape is the arrays'
+        info = {**kept, **(meta or {}), "layers_from": {"num_layers": self.num_layers, "source": source}}
         return _build(self.experts[:, source], self.doc_starts, self.num_experts, None, info, where="trace")
 
     # ---- shape ---------------------------------------------------------------------------------------------

@@ -13,9 +13,18 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   difficulty changes;
 - so a position no step has tested (k was always shorter) takes the previous position's estimate, and the policy
   can grow k when the draft proves good (an untested position is not assumed perfect or useless);
-- k = best_draft_length_for(V, posterior means): exact theory on the current estimate, no rule of thumb;
-- after EXPLORE steps in a row at k = 0 it drafts one token once, so a draft that looked useless can prove itself
-  (at k = 0 nothing is tested, and the estimate would never move again).
+- each step draws a profile from the posterior and drafts k = best_draft_length_for(V, drawn profile) (Thompson
+  sampling): exact theory on a plausible profile, no rule of thumb. While a position's acceptance is uncertain
+  the draws sometimes favour drafting it, so evidence keeps arriving (a policy that drafted the posterior mean's
+  k* could stop at k = 0 for good, and k = 0 tests nothing); as the counts grow the draws concentrate and k
+  settles on k*(profile);
+- acceptance comes in runs (text the draft knows, then text it does not), so the counts are kept apart by the
+  state the step started in: after a step whose drafts were all accepted (HIT) or after one that rejected one
+  (MISSED). The profile that decides is the current state's: a Markov-modulated profile, of which the i.i.d. one is
+  the case where both states agree; transformers' +2/-1 rule reacts to the same signal by a fixed step;
+- the step times too are the machine's now: each k's observed mean step time (decayed like the counts) replaces
+  the given V(k) once a few steps were timed, and the untimed k follow the observed ones' ratio (a shared machine's
+  bandwidth moves by tens of percent within minutes).
 
 Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step.
 """
@@ -26,19 +35,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from moespec import theory
 
 # Prior of the online policy: PRIOR pseudo-steps at acceptance PRIOR_RATE per position, worth about one prompt's
 # first steps; DECAY forgets half the evidence in ~70 steps (0.99^69 = 0.5), a few paragraphs of text.
 PRIOR, PRIOR_RATE, DECAY = 2.0, 0.5, 0.99
-EXPLORE = 16  # steps at k = 0 before one exploratory draft of 1 token
+MISSED, HIT = 0, 1  # the online policy's state: the last drafting step rejected a draft, or accepted them all
+TIMED = 3.0  # observed steps (decayed) of a draft length before its own mean time replaces the given V(k)
 HEURISTIC_START = 20  # transformers' GenerationConfig.num_assistant_tokens default (capped at kmax here)
 
 
 class DraftLength(Protocol):
     def next_k(self) -> int: ...
 
-    def update(self, drafted: int, accepted: int) -> None: ...
+    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None: ...
 
 
 def _check_step(drafted: int, accepted: int) -> None:
@@ -62,49 +74,83 @@ class Heuristic:
     def next_k(self) -> int:
         return self.k
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         _check_step(drafted, accepted)
         self.k = min(self.kmax, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
 
 class Online:
-    """The online policy (module docstring) for step times V(0..kmax)."""
+    """The online policy (module docstring) for step times V(0..kmax); `seed` makes its draws reproducible."""
 
     def __init__(self, V: Sequence[float], prior: float = PRIOR, prior_rate: float = PRIOR_RATE,
-                 decay: float = DECAY) -> None:
-        self.V = theory.check_step_times(V, min_len=2)
-        if not (prior >= 0 and 0 <= prior_rate <= 1 and 0 < decay <= 1):
-            raise ValueError(f"prior, prior_rate, decay: need prior >= 0, 0 <= prior_rate <= 1, 0 < decay <= 1, got "
+                 decay: float = DECAY, seed: int = 0) -> None:
+        self.V = [float(v) for v in theory.check_step_times(V, min_len=2)]
+        self.V_array = np.array(self.V)
+        if not (prior > 0 and 0 < prior_rate < 1 and 0 < decay <= 1):
+            raise ValueError(f"prior, prior_rate, decay: need prior > 0, 0 < prior_rate < 1, 0 < decay <= 1, got "
                              f"{prior}, {prior_rate}, {decay}")
         self.kmax = len(self.V) - 1
         self.prior, self.prior_rate, self.decay = prior, prior_rate, decay
-        self.tested = [0.0] * self.kmax
-        self.passed = [0.0] * self.kmax
-        self.idle = 0  # steps in a row at k = 0
+        self.tested, self.passed = np.zeros((2, self.kmax)), np.zeros((2, self.kmax))  # [state, position]
+        self.state = MISSED
+        self.timed = np.zeros(self.kmax + 1)  # decayed count and sum of observed step times per k
+        self.seconds = np.zeros(self.kmax + 1)
+        self.rng = np.random.default_rng(seed)
 
-    def profile(self) -> list[float]:
-        """The posterior mean of a_1..a_kmax, each position's prior centred on the previous position's estimate
-        (the first's on prior_rate): a position tested rarely, or never, leans on the one before it instead of on a
-        fixed guess, so a flat profile is not pulled down where k has seldom reached."""
-        out, last = [], self.prior_rate
-        for t, p in zip(self.tested, self.passed):
-            last = (p + self.prior * last) / (t + self.prior)
-            out.append(last)
+    def _posterior(self, state: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Beta(alpha_j, beta_j) per position after a step of `state` (default the current one), each prior
+        centred on the previous position's posterior mean."""
+        state = self.state if state is None else state
+        alpha, beta, last = np.empty(self.kmax), np.empty(self.kmax), self.prior_rate
+        for j in range(self.kmax):
+            t, p = self.tested[state, j], self.passed[state, j]
+            alpha[j], beta[j] = p + self.prior * last, (t - p) + self.prior * (1 - last)
+            last = alpha[j] / (alpha[j] + beta[j])
+        return alpha, beta
+
+    def profile(self, state: int | None = None) -> list[float]:
+        """The posterior mean of a_1..a_kmax after a step of `state` (MISSED or HIT; default the current one): a
+        position tested rarely, or never, leans on the one before it instead of on a fixed guess, so a flat
+        profile is not pulled down where k has seldom reached."""
+        alpha, beta = self._posterior(state)
+        return (alpha / (alpha + beta)).tolist()
+
+    def step_times(self) -> list[float]:
+        """V(0..kmax): the given step times, each k's replaced by the mean of its observed steps once it has
+        TIMED of them (decayed like the counts), and every other k scaled by the observed over given ratio of
+        the observed ones: the machine's state now, not the calibration's."""
+        return self._times().tolist()
+
+    def _times(self) -> np.ndarray:
+        seen = self.timed >= TIMED
+        if not seen.any():
+            return self.V_array
+        observed = self.seconds[seen] / self.timed[seen]
+        scale = float(np.median(observed / self.V_array[seen]))
+        out = self.V_array * scale
+        out[seen] = observed
         return out
 
     def next_k(self) -> int:
-        k = int(theory.best_draft_length_for([float(v) for v in self.V], self.profile()))
-        self.idle = self.idle + 1 if k == 0 else 0
-        if self.idle > EXPLORE:
-            self.idle = 0
-            return 1
-        return k
+        """k* of a profile drawn from the posterior (Thompson sampling): a position whose acceptance is still
+        uncertain is drafted as often as it might be worth drafting, and once the evidence is in, k settles on
+        the best draft length of the posterior. In floats, vectorized (the choice runs every step, inside its
+        time): G(k) = 1 + cumsum(cumprod(a)), k = the first maximizer of G(k)/V(k) (theory.best_draft_length_for
+        on floats)."""
+        drawn = self.rng.beta(*self._posterior())
+        G = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(drawn))])
+        return int(np.argmax(G / self._times()))
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+        """One step's outcome: its acceptance counts and, when given, its time (the step-time estimate)."""
         _check_step(drafted, accepted)
-        self.tested = [t * self.decay for t in self.tested]
-        self.passed = [p * self.decay for p in self.passed]
-        for j in range(1, min(drafted, self.kmax) + 1):
-            if accepted >= j - 1:
-                self.tested[j - 1] += 1
-                self.passed[j - 1] += accepted >= j
+        for counts in (self.timed, self.seconds, self.tested, self.passed):
+            counts *= self.decay
+        if seconds is not None and drafted <= self.kmax:
+            self.timed[drafted] += 1
+            self.seconds[drafted] += seconds
+        top = min(drafted, self.kmax, accepted + 1)  # positions 1..accepted + 1 were tested (up to the draft's end)
+        self.tested[self.state, :top] += 1
+        self.passed[self.state, :min(accepted, self.kmax)] += 1
+        if drafted:  # a step that drafted nothing says nothing of the draft's run
+            self.state = HIT if accepted == drafted else MISSED

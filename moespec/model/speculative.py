@@ -225,12 +225,12 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
         verified = time.perf_counter()
         accepted = next((i for i, (d, t) in enumerate(zip(proposal, greedy)) if d != t), k)
         target.rollback(k - accepted)
-        if policy is not None:
-            policy.update(k, accepted)
         new = [*proposal[:accepted], greedy[accepted]]
         tokens += new
         history += new
         end = time.perf_counter()
+        if policy is not None:
+            policy.update(k, accepted, end - start)
         records.append(StepRecord(k, accepted, verified - drafted, end - start, drafted - start, end - verified))
     return tokens[:max_new], records
 
