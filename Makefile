@@ -4,6 +4,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # The CPU build of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH   := torch==2.13.0
+# The llama.cpp whose graph layout (moespec/model/llama_cpp.py GgmlTensor) and flags moespec was checked against.
+LLAMA   := llama-cpp-python==0.3.36
 STAMP   := $(VENV)/.installed
 
 .PHONY: install llama test demo clean
@@ -21,7 +23,7 @@ install: $(STAMP)
 
 # Optional: llama.cpp through llama-cpp-python (builds llama.cpp, ~10 min on 2 cores; pip caches the wheel).
 llama: $(STAMP)
-	$(BIN)/python -m pip install -q -e ".[llama]" || echo "make: llama-cpp-python not installed; its tests skip"
+	$(BIN)/python -m pip install -q -e ".[llama]" "$(LLAMA)" || echo "make: llama-cpp-python not installed; its tests skip"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
