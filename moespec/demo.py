@@ -40,6 +40,7 @@ from moespec.defaults import (
     FORMAT,
     KMAX,
     MODEL,
+    PAIR_DIR,
     PAIR_TRACE,
     PROFILE,
     ROUTINGS,
@@ -47,8 +48,8 @@ from moespec.defaults import (
     TRACE_TOKENS,
 )
 from moespec.formats.benchfile import Bench, load_bench
-from moespec.formats.demofile import STEPS_FILE, Demo, Steps
-from moespec.formats.files import check_output, holds_outputs, provenance, write_json
+from moespec.formats.demofile import DRAFTING_FILE, STEPS_FILE, Demo, Steps
+from moespec.formats.files import check_output, holds_outputs, provenance, read_json, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
@@ -74,8 +75,11 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 7, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 4, 24
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
-OUTPUTS = ("trace.npz", "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json", "report.html",
-           STEPS_FILE, "demo.json")  # every file the demo writes in its folder
+OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",
+           "report.html", STEPS_FILE, "demo.json")  # every file the demo writes in its folder
+# The drafting step on the trained pair (moespec/data/pair): 2 calibration + 4 scored prompts of 48 tokens sampled
+# from the target, 64 tokens generated each, k = 0..kmax, the heuristic and the online policy: ~20 s here.
+DRAFTING_PROMPTS, DRAFTING_PROMPT_TOKENS, DRAFTING_TOKENS = 4, 48, 64
 KERNEL_LABELS = {"slot": "slot", "dedup_uniform": "dedup, uniform routing", "dedup_trace": "dedup, traced routing"}
 
 
@@ -173,6 +177,7 @@ class DemoConfig:
     bench_reps: int = BENCH_REPS
     engine_layers: int = ENGINE_LAYERS
     routing: str = ROUTINGS[0]
+    drafting: int = DRAFTING_PROMPTS
 
     @property
     def outputs(self) -> list[Path]:
@@ -188,6 +193,8 @@ class DemoConfig:
             raise MoespecError(f"--routing {self.routing!r}: one of {', '.join(ROUTINGS)}")
         if self.routing == "trained" and not PAIR_TRACE.is_file():
             raise MoespecError(f"--routing trained: {PAIR_TRACE} is missing (scripts/train_pair.py makes it)")
+        if self.drafting < 0:
+            raise MoespecError(f"--drafting-prompts must be >= 0 (0 skips the drafting step), got {self.drafting}")
         if self.kmax < 1 or self.depth < 0 or self.bench_reps < 0 or self.engine_layers < 0:
             raise MoespecError(f"need --kmax >= 1, --depth >= 0, --bench-reps >= 0 and --engine-layers >= 0, got "
                                f"{self.kmax}, {self.depth}, {self.bench_reps} and {self.engine_layers}")
@@ -220,6 +227,7 @@ class DemoView(Protocol):
     def runs(self, runs: Runs) -> None: ...
     def plan(self, plan: Plan) -> None: ...
     def score(self, score: Score) -> None: ...
+    def drafting(self, found: dict[str, Any]) -> None: ...
 
 
 class Quiet:
@@ -241,9 +249,16 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     view.say(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> {out_dir / 'trace.npz'}")
     view.routing(stats, trace, str(out_dir / "trace.npz"))
     view.theory(result)
+    steps = Steps(out_dir, vars(config), view.say)
+    if config.drafting and config.bench_reps and PAIR_DIR.is_dir():  # a measurement: --bench-reps 0 skips it too
+        view.say("[bold]2b. drafting[/bold] on the trained pair (moespec/data/pair): the acceptance profile, every "
+                 "constant k, transformers' heuristic and the online policy")
+        steps.run(out_dir / DRAFTING_FILE, lambda: view.drafting(drafting_step(config, out_dir)))
+        found = read_json(out_dir / DRAFTING_FILE, "drafting results")
+        result["drafting"] = {key: found[key] for key in ("k_hat_plan", "best_constant_k", "profile_calibration")} \
+            | {"vs_best_constant": {c: row["vs_best_constant"] for c, row in found["cells"].items()}}
     if config.bench_reps:
         view.say("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
-        steps = Steps(out_dir, vars(config), view.say)
         bench = _bench(config, out_dir, steps, view)
         result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": bench.ceiling_gbps,
                            "r": bench["r"], "u": bench["u"], "crossover": bench.crossover}
@@ -254,6 +269,21 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
             result["engine"] = _engine(config, out_dir, steps, view)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=config.format)})
     return Demo(result, out_dir / "demo.json")
+
+
+def drafting_step(config: DemoConfig, out_dir: Path) -> dict[str, Any]:
+    """Step 2b: moespec.measure.drafting.compare on the trained pair, prompts sampled from its target (the demo
+    reads no third-party text); writes drafting.json and returns it."""
+    from moespec.measure.drafting import CALIBRATION, compare, sampled_prompts
+    from moespec.model.load import load_draft
+
+    target, draft = load_draft(str(PAIR_DIR / "target"), "fp32"), load_draft(str(PAIR_DIR / "draft"), "fp32")
+    prompts = sampled_prompts(target, CALIBRATION + config.drafting, DRAFTING_PROMPT_TOKENS, config.seed)
+    found = compare(target, draft, prompts, DRAFTING_TOKENS, min(config.kmax, KMAX))
+    found |= {"pair": str(PAIR_DIR), "prompts_source": f"sampled from the target (temperature 1, seed {config.seed})",
+              "provenance": provenance(dtype="fp32")}
+    write_json(out_dir / DRAFTING_FILE, found)
+    return found
 
 
 def bench_config(config: DemoConfig) -> BenchConfig:

@@ -102,7 +102,7 @@ def test_demo_tables(capsys, tmp_path):
 def test_demo_short_bench(capsys, tmp_path):
     """Step 3 runs the real bench on one OLMoE layer (one repetition here) and reports r(n) and the crossover."""
     assert main(["demo", "--tokens", "3000", "--docs", "10", "--bench-reps", "1", "--engine-layers", "0",
-                 "--out", str(tmp_path)]) == 0
+                 "--drafting-prompts", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "3. measurement" in out and "measured r(n)" in out and "crossover" in out
     saved = json.loads((tmp_path / "demo.json").read_text())

@@ -86,3 +86,19 @@ def test_demo_replays_the_trained_routing(tmp_path, capsys):
     assert out["trace"]["routing"] == "trained" and "trained pair" in out["trace"]["source"]
     assert out["trace"]["synthetic_rho_mean"][2] == pytest.approx(0.363, abs=0.01)
     assert out["trace"]["rho_mean"][2] > 8 / 64  # learned locality, above uniform
+
+
+def test_the_demos_drafting_step_on_the_pair(tmp_path, capsys):
+    """Step 2b: every constant k, the heuristic and the online policy on prompts sampled from the trained target;
+    tokens equal plain decoding's in every cell; drafting.json feeds the report's drafting section."""
+    from moespec.cli import main
+
+    assert main(["demo", "--bench-reps", "1", "--engine-layers", "0", "--tokens", "3000", "--docs", "10",
+                 "--drafting-prompts", "1", "--kmax", "3", "--out", str(tmp_path)]) == 0
+    found = json.loads((tmp_path / "drafting.json").read_text())
+    assert set(found["cells"]) == {"k=0", "k=1", "k=2", "k=3", "heuristic", "online"}
+    assert all(row["greedy_exact"] for row in found["cells"].values())
+    assert len(found["profile_calibration"]) == 3 and 0 <= found["k_hat_plan"] <= 3
+    assert "drafting on the trained pair" in capsys.readouterr().out
+    assert main(["report", str(tmp_path)]) == 0
+    assert "Drafting on the trained pair" in (tmp_path / "report.html").read_text()

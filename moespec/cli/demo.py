@@ -26,11 +26,21 @@ from moespec.defaults import (
     MODEL,
     REPS_LIMIT,
     ROUTINGS,
+    SAMPLES_LIMIT,
     TOKENS_LIMIT,
     TRACE_DOCS,
     TRACE_TOKENS,
 )
-from moespec.demo import BENCH_REPS, DEFAULT_OUT_DIR, ENGINE_LAYERS, KERNEL_LABELS, DemoConfig, Quiet, demo
+from moespec.demo import (
+    BENCH_REPS,
+    DEFAULT_OUT_DIR,
+    DRAFTING_PROMPTS,
+    ENGINE_LAYERS,
+    KERNEL_LABELS,
+    DemoConfig,
+    Quiet,
+    demo,
+)
 from moespec.formats.benchfile import Bench
 from moespec.formats.planfile import Plan
 from moespec.formats.runsfile import Runs
@@ -66,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="synthetic (the calibrated process, default) or trained (the shipped trained pair's routing "
                         "on WikiText-2 test text, on the model's layers by relative depth; the process is reported "
                         "beside it)")
+    p.add_argument("--drafting-prompts", type=bounded(0, SAMPLES_LIMIT), default=DRAFTING_PROMPTS,
+                   help=f"prompts of the drafting step on the trained pair (default {DRAFTING_PROMPTS}; 0 skips it, "
+                        f"as --bench-reps 0 does)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
 
 
@@ -172,11 +185,25 @@ class Printed:
     def score(self, score: Score) -> None:
         print_score(score)
 
+    def drafting(self, found: dict[str, Any]) -> None:
+        t = Table(title=f"drafting on the trained pair ({found['prompts']} prompts sampled from the target, "
+                        f"{found['tokens']} tokens each): tokens/s and the share of the best constant k")
+        for col in ("cell", "tokens/s", "/ best constant", "mean k", "greedy = plain"):
+            t.add_column(col, justify="right")
+        for cell, row in found["cells"].items():
+            t.add_row(cell, f"{row['tokens_per_s']:.1f}", f"{row['vs_best_constant']:.3f}",
+                      "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}", "yes" if row["greedy_exact"] else "NO")
+        self.out.print(t)
+        profile = ", ".join(f"{a:.2f}" for a in found["profile_calibration"])
+        self.out.print(f"acceptance profile a_1..a_{len(found['profile_calibration'])} (calibration prompts): "
+                       f"{profile}; the plan's k_hat from it: {found['k_hat_plan']}, the best constant k measured: "
+                       f"{found['best_constant_k']}")
+
 
 def run(args: argparse.Namespace) -> int:
     config = DemoConfig(model=args.model, format=args.format, depth=args.depth, kmax=args.kmax, tokens=args.tokens,
                         docs=args.docs, seed=args.seed, out=args.out, bench_reps=args.bench_reps,
-                        engine_layers=args.engine_layers, routing=args.routing)
+                        engine_layers=args.engine_layers, routing=args.routing, drafting=args.drafting_prompts)
     result = demo(config, Quiet() if args.json else Printed())
     if args.json:
         print(json.dumps(result))

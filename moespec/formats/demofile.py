@@ -1,5 +1,6 @@
-"""demo.json (the demo's closing summary) and demo-steps.json (which of its measuring steps finished in the output
-folder, with the settings they used): their only readers and writers."""
+"""demo.json (the demo's closing summary), drafting.json (its drafting step on the trained pair: the cells of
+moespec.measure.drafting.compare) and demo-steps.json (which of its measuring steps finished in the output folder,
+with the settings they used): their only readers and writers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from moespec import MoespecError
 from moespec.formats.files import Record, read_json, write_json
 
 STEPS_FILE = "demo-steps.json"  # the measuring steps finished in the output folder, with the settings they used
+DRAFTING_FILE = "drafting.json"  # the drafting step: {pair, prompts source, V_s, profile_calibration, cells, ...}
 
 
 class Demo(Record):
@@ -28,6 +30,18 @@ def load_demo(path: str | Path) -> Demo:
     if not isinstance(doc, dict):
         raise MoespecError(f"{path}: not a moespec demo summary (not a JSON object)")
     return Demo(doc, path)
+
+
+def load_drafting(path: str | Path) -> Record:
+    """drafting.json: an object with the comparison's cells (moespec.measure.drafting.compare), each with a positive
+    tokens_per_s; one line naming the file otherwise."""
+    doc = read_json(path, "drafting results")
+    cells = doc.get("cells") if isinstance(doc, dict) else None
+    if not isinstance(cells, dict) or not cells or not all(
+            isinstance(c, dict) and isinstance(c.get("tokens_per_s"), (int, float)) and c["tokens_per_s"] > 0
+            for c in cells.values()):
+        raise MoespecError(f"{path}: not a moespec drafting result (cells with positive tokens_per_s)")
+    return Record(doc, path)
 
 
 class Steps:

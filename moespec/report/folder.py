@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from moespec import MoespecError
 from moespec.formats.benchfile import load_bench
-from moespec.formats.demofile import load_demo
+from moespec.formats.demofile import DRAFTING_FILE, load_demo, load_drafting
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import load_runs
 from moespec.formats.trace import load_trace
@@ -29,6 +29,7 @@ ARTIFACTS: dict[str, tuple[str, Callable[[Path], Any]]] = {
     RUNS: ("moespec run --plan", load_runs),
     RUNS_VERIFY: ("moespec run --no-throughput", load_runs),
     "demo.json": ("moespec demo", load_demo),
+    DRAFTING_FILE: ("moespec demo (its drafting step on the trained pair)", load_drafting),
 }
 
 

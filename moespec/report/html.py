@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from moespec import MoespecError, theory
 from moespec.defaults import N_MAX, POLICIES
+from moespec.formats.demofile import DRAFTING_FILE
 from moespec.formats.files import atomic_write, check_output, writing
 from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, VERSIONS, acceptance_rows, score_files
 from moespec.report.figures import (
@@ -418,6 +419,21 @@ def engine_section(f: Folder) -> str:
         ("" if RUNS in f.docs else _missing(f.problems[RUNS]))
 
 
+def drafting_section(f: Folder) -> str:
+    """The demo's drafting step on the trained pair: the measured acceptance profile beside the plan's k_hat, and
+    every constant k, transformers' heuristic and the online policy."""
+    d = f.docs[DRAFTING_FILE]
+    profile = ", ".join(f"{a:.2f}" for a in d["profile_calibration"])
+    rows = [[cell, f"{row['tokens_per_s']:.1f}", f"{row['vs_best_constant']:.3f}",
+             "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}", "yes" if row["greedy_exact"] else "no"]
+            for cell, row in d["cells"].items()]
+    return (f"<p>{_e(d.get('prompts_source', ''))}; {d['prompts']} prompts, {d['tokens']} tokens each. Acceptance "
+            f"profile a_1..a_{len(d['profile_calibration'])} on the calibration prompts: {_e(profile)} (not "
+            f"geometric: G(k) = 1 + a_1 + a_1 a_2 + ...). The plan's k_hat from it and the measured step times: "
+            f"{d['k_hat_plan']}; the best constant k measured: {d['best_constant_k']}.</p>"
+            + _table(["cell", "tokens/s", "/ best constant", "mean k", "tokens = plain decoding's"], rows))
+
+
 # ---- the page ------------------------------------------------------------------------------------------------
 # (anchor, link text, title, the artifacts it needs, the function that renders it from them)
 SECTIONS: tuple[tuple[str, str, str, tuple[str, ...], Callable[[Folder], str]], ...] = (
@@ -430,6 +446,8 @@ SECTIONS: tuple[tuple[str, str, str, tuple[str, ...], Callable[[Folder], str]], 
      ("plan.json", RUNS), acceptance_section),
     ("score", "Tables 3, 8", "Tables 3 and 8: the prediction scored", ("plan.json", RUNS), score_section),
     ("engine", "engine", "The engine: verify times, AUTO, overhead, greedy agreement", (), engine_section),
+    ("drafting", "drafting", "Drafting on the trained pair: the acceptance profile, constant k, heuristic, online",
+     (DRAFTING_FILE,), drafting_section),
 )
 
 

@@ -1,0 +1,122 @@
+"""The draft length chosen four ways on a real target and draft pair, side by side (issue 16): every constant k,
+transformers' +2/-1 heuristic and the online policy (moespec.model.adaptive), optionally transformers' own
+generate(assistant_model=...). `benchmarks/adaptive_draft.py` runs it on Spec-Bench and WikiText prompts; the demo
+runs it on the shipped trained pair (moespec/data/pair).
+
+Physics first. A step drafting k tokens costs V(k) (the target's verify pass of k + 1 tokens plus k draft passes
+plus host time) and yields G(k) = 1 + a_1 + a_1 a_2 + ... tokens (moespec.theory.profile). The best constant k
+maximizes G(k)/V(k) on the text at hand; the plan's k_hat is that k for the profile and step times measured on
+calibration prompts; the policies choose k step by step.
+
+How. Per kind of prompt: CALIBRATION prompts are decoded at every constant k first (not scored): their mean step
+time per k is V(k), and their longest-draft steps give the profile (estimate_profile with a Beta(1, 1) prior).
+Then every cell decodes every other prompt, interleaved prompt by prompt (the order reversed every other round);
+the heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps
+its assistant's draft length across generate calls). Greedy throughout: every cell must give plain decoding's
+tokens. tokens/s: tokens generated over decoding time (the prefill left out).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from moespec import MoespecError, theory
+from moespec.model.adaptive import Heuristic, Online
+from moespec.model.cache import new_cache
+from moespec.model.speculative import GreedyDraft, TorchGreedy, decode_steps
+
+CALIBRATION = 2  # prompts per kind decoded at every constant k first: V(k) and the profile the plan uses
+HF_ASSISTED = "transformers-assisted"
+
+
+def decode(target: Any, draft: Any, prompt: list[int], k: int | Heuristic | Online, tokens: int) -> dict:
+    """One greedy speculative decoding of `prompt` (k: a constant or a policy): tokens, seconds, steps."""
+    with torch.inference_mode():
+        cache = new_cache(target)
+        first = int(target(input_ids=torch.tensor([prompt]), use_cache=True, past_key_values=cache,
+                           logits_to_keep=1).logits[0, -1].argmax())
+        drafter = GreedyDraft(TorchGreedy(draft, new_cache(draft)))
+        drafter.prefill(prompt)
+        start = time.perf_counter()
+        out, records = decode_steps(TorchGreedy(target, cache), prompt, first, drafter, k, tokens)
+        seconds = time.perf_counter() - start
+    return {"tokens": out, "seconds": seconds, "steps": [[r.drafted, r.accepted, r.step_s] for r in records]}
+
+
+def hf_assisted(target: Any, draft: Any, prompt: list[int], tokens: int) -> dict:
+    """transformers' own assisted generation (greedy, its heuristic schedule from 20) of `tokens` tokens."""
+    draft.generation_config.num_assistant_tokens_schedule = "heuristic"
+    draft.generation_config.num_assistant_tokens = 20
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        start = time.perf_counter()
+        out = target.generate(ids, assistant_model=draft, max_new_tokens=tokens, min_new_tokens=tokens,
+                              do_sample=False)
+        seconds = time.perf_counter() - start
+    return {"tokens": out[0, len(prompt):].tolist(), "seconds": seconds, "steps": []}
+
+
+def summarize(units: list[dict], kmax: int) -> dict:
+    """One cell: tokens/s, steps, tokens per step, its mean k and its measured profile."""
+    steps = [s for u in units for s in u["steps"]]
+    tokens = sum(len(u["tokens"]) for u in units)
+    seconds = sum(u["seconds"] for u in units)
+    drafted = [d for d, _, _ in steps]
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "steps": len(steps),
+            "tokens_per_step": tokens / len(steps) if steps else None,
+            "mean_k": float(np.mean(drafted)) if drafted else None,
+            "profile": theory.estimate_profile([(d, a) for d, a, _ in steps], kmax)}
+
+
+def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax: int,
+            with_hf: bool = False) -> dict[str, Any]:
+    """The comparison of the module docstring on one kind of prompt (CALIBRATION + at least one)."""
+    if len(prompts) <= CALIBRATION or tokens < 2 or kmax < 1:
+        raise MoespecError(f"drafting: need more than {CALIBRATION} prompts, tokens >= 2 and kmax >= 1, got "
+                           f"{len(prompts)}, {tokens} and {kmax}")
+    fixed = list(range(kmax + 1))
+    calibration = {k: [decode(target, draft, p, k, tokens) for p in prompts[:CALIBRATION]] for k in fixed}
+    V = [float(np.mean([s[2] for u in calibration[k] for s in u["steps"]])) for k in fixed]
+    profile = theory.estimate_profile([(d, a) for u in calibration[kmax] for d, a, _ in u["steps"]], kmax,
+                                      prior=(1, 1))
+    k_hat = int(theory.best_draft_length_for(V, profile))
+    cells = [*(f"k={k}" for k in fixed), "heuristic", "online", *([HF_ASSISTED] if with_hf else [])]
+    units: dict[str, list[dict]] = {c: [] for c in cells}
+    policies = {"heuristic": Heuristic(kmax), "online": Online(V)}
+    for i, prompt in enumerate(prompts[CALIBRATION:]):
+        for cell in cells if i % 2 == 0 else cells[::-1]:
+            if cell == HF_ASSISTED:
+                units[cell].append(hf_assisted(target, draft, prompt, tokens))
+            else:
+                units[cell].append(decode(target, draft, prompt, policies.get(cell) or int(cell[2:]), tokens))
+    plain = [u["tokens"] for u in units["k=0"]]
+    rows = {c: summarize(u, kmax) | {"greedy_exact": [x["tokens"] for x in u] == plain} for c, u in units.items()}
+    best = max(fixed, key=lambda k: rows[f"k={k}"]["tokens_per_s"])
+    for row in rows.values():
+        row["vs_best_constant"] = row["tokens_per_s"] / rows[f"k={best}"]["tokens_per_s"]
+    return {"V_s": V, "profile_calibration": profile, "k_hat_plan": k_hat, "best_constant_k": best,
+            "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "cells": rows}
+
+
+def sampled_prompts(target: Any, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `length` tokens sampled from the target itself (temperature 1, seeded): text in the
+    target's own distribution, where no text may be read (the demo reads no third-party data)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    with torch.inference_mode():
+        for _ in range(count):
+            ids = [int(target.config.bos_token_id or 0)]
+            cache = new_cache(target)
+            feed = ids
+            while len(ids) < length + 1:
+                logits = target(input_ids=torch.tensor([feed]), use_cache=True, past_key_values=cache,
+                                logits_to_keep=1).logits[0, -1].float()
+                token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+                ids.append(token)
+                feed = [token]
+            out.append(ids[1:])
+    return out
