@@ -219,7 +219,7 @@ def test_run_llama_cpp_oracle_and_draft_gguf(exported, tmp_path, capsys):
                                           ("arch", "architecture 'mamba'"), ("missing", "no such"),
                                           ("preset", "--preset applies to moespec's engine"),
                                           ("no-engine", "add --engine llama.cpp"),
-                                          ("no-gguf", "needs --gguf")])
+                                          ("no-gguf", "needs --gguf"), ("device", "--device cuda")])
 def test_run_llama_cpp_bad_input_one_line(case, needle, tmp_path, capsys):
     path = tmp_path / "bad.gguf"
     argv = ["run", *RUN, "--gguf", str(path), "--out", str(tmp_path / "runs.json")]
@@ -237,6 +237,8 @@ def test_run_llama_cpp_bad_input_one_line(case, needle, tmp_path, capsys):
         argv.remove("--engine")
     elif case == "no-gguf":
         argv = [a for a in argv if a not in ("--gguf", str(path))]
+    elif case == "device":
+        argv += ["--device", "cuda"]
     assert needle in refused(argv, capsys)
     assert not (tmp_path / "runs.json").exists()
 

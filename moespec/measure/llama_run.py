@@ -158,6 +158,8 @@ def check(config: RunConfig) -> None:
         if value is not None:
             raise MoespecError(f"{flag} applies to moespec's engine; --engine llama.cpp runs --gguf (and "
                                "--draft-gguf)")
+    if config.device != "cpu":
+        raise MoespecError(f"--device {config.device}: --engine llama.cpp runs llama-cpp-python's CPU build here")
     if config.gguf is None:
         raise MoespecError("--engine llama.cpp needs --gguf MODEL.gguf")
     check_input(config.gguf, "--gguf")
