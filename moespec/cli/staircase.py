@@ -87,8 +87,7 @@ def runs_step_times(path: str, kernel: str | None) -> list[Fraction]:
     """V(0..K) from a runs.json: the verify time of `kernel` at n = k + 1 plus draft_time_s at k, for the k
     (from 0 on, consecutive) that both hold."""
     runs = load_runs(path)
-    held = [p for p in KERNELS if p in (runs.get("verify_time_s") or {})]
-    kernel = kernel or ("dedup" if "dedup" in held else held[0] if held else "dedup")
+    kernel = kernel or ("dedup" if "dedup" in runs.kernels or not runs.kernels else runs.kernels[0])
     tau = runs.get("verify_time_s", {}).get(kernel)
     if not isinstance(tau, dict):
         raise MoespecError(f"{path}: no verify_time_s.{kernel}")

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError
-from moespec.defaults import POLICIES
+from moespec.defaults import KERNELS, POLICIES
 from moespec.formats.files import NUMBER, Record, check_numbers, field, is_number, read_json, timestamp
 
 FORMAT_NAME = "moespec-runs"
@@ -115,6 +115,13 @@ class Runs(Record):
             raise MoespecError(f"{self.where}: plan must be null or an object whose sha256 is 64 hex digits, "
                                f"got {plan!r}")
         return sha
+
+    @property
+    def kernels(self) -> list[str]:
+        """The expert kernels whose verify times the runs hold, in KERNELS order: both for moespec's engine, dedup
+        alone for llama.cpp's CPU engine (its MUL_MAT_ID deduplicates)."""
+        held = self.get("verify_time_s")
+        return [p for p in KERNELS if isinstance(held, dict) and p in held]
 
     @property
     def started(self) -> datetime:

@@ -201,8 +201,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     delta = float(theory.delta_from_eps(eps))
     ns = range(1, kmax + 2)
     # the runs' kernel: slot (moespec's engine, dedup off), or dedup where it is the only one (llama.cpp's CPU)
-    held = (runs or {}).get("verify_time_s") or {}
-    measured = "dedup" if isinstance(held, dict) and "dedup" in held and "slot" not in held else "slot"
+    measured = "dedup" if runs is not None and runs.kernels == ["dedup"] else "slot"
     tau_runs = None if runs is None else runs.series(f"verify_time_s.{measured}", ns, positive=True)
     measured_outside = runs is not None and "outside" in (runs.get("verify_time_s") or {})
     tau_outside = runs.series("verify_time_s.outside", ns, positive=True) if measured_outside else None

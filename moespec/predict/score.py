@@ -166,17 +166,11 @@ def _delta(plan: dict[str, Any], keys: Keys, plan_path: str) -> float | None:
     return max(known) if known else None
 
 
-def measured_kernels(runs: Mapping[str, Any]) -> list[str]:
-    """The expert kernels whose verify times the runs hold (both for moespec's engine, dedup alone for llama.cpp's
-    CPU engine)."""
-    return [p for p in KERNELS if p in (runs.get("verify_time_s") or {})]
-
-
-def _scored_n(plan: dict[str, Any], runs: dict[str, Any], runs_path: str) -> list[int]:
+def _scored_n(plan: dict[str, Any], runs: Runs, runs_path: str) -> list[int]:
     """n = 2..n_top: n_top <= N_MAX the largest n up to which both files hold the saving at every n (the verify
     times, for runs of one kernel)."""
     measured = _field(runs, runs_path, "saving_s", dict)
-    kernels = measured_kernels(runs)
+    kernels = runs.kernels
     if not kernels:
         raise MoespecError(f"{runs_path}: verify_time_s holds neither kernel ({', '.join(KERNELS)})")
     if not measured and len(kernels) == 1:
@@ -210,16 +204,16 @@ def _or(n: int | None, none: int) -> int:
     return none if n is None else n
 
 
-def not_applicable(name: str, rule: str, runs: dict[str, Any]) -> Verdict:
+def not_applicable(name: str, rule: str, runs: Runs) -> Verdict:
     """A rule on the saving S(n) for runs of one kernel: there is no measured saving to score."""
-    kernel = ", ".join(measured_kernels(runs))
+    kernel = ", ".join(runs.kernels)
     return Verdict(name, rule, None, None, {"reason": f"the runs measured one expert kernel ({kernel})"},
                    ("-", f"not applicable: the engine has one expert kernel ({kernel})"))
 
 
-def crossover_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
+def crossover_rule(plan: dict[str, Any], runs: Runs, ns: list[int], plan_path: str,
                    runs_path: str, keys: Keys) -> Verdict:
-    if len(measured_kernels(runs)) == 1:
+    if len(runs.kernels) == 1:
         return not_applicable("crossover", "crossover within one", runs)
     predicted = theory.crossover({n: _field(plan, plan_path, f"saving.{n}.{keys.saving}") for n in ns})
     measured = theory.crossover({n: _field(runs, runs_path, f"saving_s.{n}.median") for n in ns})
@@ -232,10 +226,10 @@ def crossover_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], pl
                     "none_counts_as": none}, (f"{shown[0]} (n = 2..{ns[-1]})", shown[1]))
 
 
-def sign_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
+def sign_rule(plan: dict[str, Any], runs: Runs, ns: list[int], plan_path: str,
               runs_path: str, keys: Keys) -> Verdict:
     rule = "sign of S(n) right wherever its 95% interval excludes 0"
-    if len(measured_kernels(runs)) == 1:
+    if len(runs.kernels) == 1:
         return not_applicable("saving_sign", rule, runs)
     per_n = []
     for n in ns:
@@ -253,9 +247,9 @@ def sign_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_pa
                     f"{right} of {len(per_n)} right" + (f", wrong at n = {wrong}" if wrong else "")))
 
 
-def verify_rule(plan: dict[str, Any], runs: dict[str, Any], ns: list[int], plan_path: str,
+def verify_rule(plan: dict[str, Any], runs: Runs, ns: list[int], plan_path: str,
                 runs_path: str, keys: Keys) -> Verdict:
-    kernels = measured_kernels(runs)
+    kernels = runs.kernels
     errors = {p: {str(n): _relative_error(_field(plan, plan_path, f"{keys.tau}.{p}.{n}"), runs, runs_path, p, n)
                   for n in ns} for p in kernels}
     kernel, n = max(((p, n) for p in kernels for n in errors[p]), key=lambda pn: errors[pn[0]][pn[1]])
