@@ -113,12 +113,19 @@ def decode_prompt(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_
     out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, ps.tokens, prefilled=state,
                                                route=ps.route(i))
     set_replay(lm.model, None)
-    mismatch = None
-    if out != cont[:ps.tokens]:  # where it first differs and how near greedy was to a tie there
-        p = next(j for j, (x, y) in enumerate(zip(out, cont)) if x != y)
-        mismatch = {"prompt": i, "position": p, "plain_top2_gap": ps.margins[policy][i][p - 1] if p else None}
-    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in recs],
-            "tokens": len(out), "mismatch": mismatch}
+    return prompt_unit(out, recs, cont, ps.margins[policy][i], i)
+
+
+def prompt_unit(out: list[int], records: list[speculative.StepRecord], plain: list[int], margins: list[float],
+                i: int) -> dict:
+    """One (cell, prompt) checkpoint unit of either engine: the steps (drafted, accepted and the four times of
+    each), the tokens generated and where they first differ from plain decoding's `plain` with plain decoding's
+    top-2 logit gap there (`margins[j]`: the gap behind plain token j + 1), if they do."""
+    p = next((j for j, (x, y) in enumerate(zip(out, plain)) if x != y), None)
+    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in records],
+            "tokens": len(out),
+            "mismatch": None if p is None else {"prompt": i, "position": p,
+                                                "plain_top2_gap": margins[p - 1] if p else None}}
 
 
 def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracle: bool) -> dict:

@@ -27,23 +27,22 @@ import torch
 from moespec import MoespecError, theory
 from moespec.model.adaptive import Heuristic, Online
 from moespec.model.cache import new_cache
-from moespec.model.speculative import GreedyDraft, TorchGreedy, decode_steps
+from moespec.model.speculative import ModelDraft, prefill, speculative_decode
 
 CALIBRATION = 2  # prompts per kind decoded at every constant k first: V(k) and the profile the plan uses
 HF_ASSISTED = "transformers-assisted"
 
 
 def decode(target: Any, draft: Any, prompt: list[int], k: int | Heuristic | Online, tokens: int) -> dict:
-    """One greedy speculative decoding of `prompt` (k: a constant or a policy): tokens, seconds, steps."""
-    with torch.inference_mode():
-        cache = new_cache(target)
-        first = int(target(input_ids=torch.tensor([prompt]), use_cache=True, past_key_values=cache,
-                           logits_to_keep=1).logits[0, -1].argmax())
-        drafter = GreedyDraft(TorchGreedy(draft, new_cache(draft)))
-        drafter.prefill(prompt)
-        start = time.perf_counter()
-        out, records = decode_steps(TorchGreedy(target, cache), prompt, first, drafter, k, tokens)
-        seconds = time.perf_counter() - start
+    """One greedy speculative decoding of `prompt` (k: a constant or a policy), both models prefilled outside the
+    clock: tokens, seconds, steps."""
+    ids = torch.tensor([prompt])
+    state = prefill(target, ids)
+    drafter = ModelDraft(draft)
+    drafter.prefill(prompt)
+    start = time.perf_counter()
+    out, records = speculative_decode(target, ids, drafter, k, tokens, prefilled=state)
+    seconds = time.perf_counter() - start
     return {"tokens": out, "seconds": seconds, "steps": [[r.drafted, r.accepted, r.step_s] for r in records]}
 
 

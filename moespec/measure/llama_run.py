@@ -36,7 +36,7 @@ from moespec.console import progress
 from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_input, provenance, write_json
 from moespec.formats.runsfile import Runs
-from moespec.measure.decoding import cell_record, interleaved, prompts, throughput_cells
+from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prompts, throughput_cells
 from moespec.measure.run import RunConfig, load_plan_kernels, summarize, timed_rounds
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
@@ -144,11 +144,7 @@ def decode_cell(prompt: Prompt, i: int, k: int, a: float | None, seed: int, toke
         draft = speculative.GreedyDraft(prompt.draft)
         draft.prefill(prompt.ids)
     out, records = prompt.decode(draft, k, tokens)
-    p = next((j for j, (x, y) in enumerate(zip(out, prompt.continuation)) if x != y), None)
-    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in records],
-            "tokens": len(out),
-            "mismatch": None if p is None else {"prompt": i, "position": p,
-                                                "plain_top2_gap": prompt.margins[p - 1] if p else None}}
+    return prompt_unit(out, records, prompt.continuation, prompt.margins, i)
 
 
 def check(config: RunConfig) -> None:
