@@ -19,18 +19,18 @@ which the bindings load instead of their own.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from moespec import MoespecError
+from moespec.measure.llama_run import timed_pass
 from moespec.measure.timing import StreamRead
 from moespec.model import llama_cpp
+from moespec.model.llama_cpp import LlamaContext
 
 EVICT_BYTES = 64 << 20  # the engine's REFERENCE_BYTES: twice this CPU's 32 MiB last-level cache
 MAX_BATCH = 2048  # llama-bench's n_batch: the prefill of the context goes in one batch up to this size
@@ -54,56 +54,27 @@ def bindings(python_src: Path | None = None, lib_dir: Path | None = None) -> Any
 
 
 class Passes:
-    """A llama.cpp context holding one prefilled DEPTH-token context of the GGUF model at `gguf`; `time(tokens)`
-    is the seconds of one verify pass of those tokens after it (see the module docstring)."""
+    """A llama.cpp context (moespec.model.llama_cpp.LlamaContext) holding one prefilled DEPTH-token context of the
+    GGUF model at `gguf`; `time(tokens)` is the seconds of one verify pass of those tokens after it (see the module
+    docstring), timed by the engine's own moespec.measure.llama_run.timed_pass."""
 
-    def __init__(self, api: Any, gguf: Path, depth: int, n_max: int, threads: int, seed: int) -> None:
-        self.api, self.depth = api, depth
-        api.llama_backend_init()
-        api.llama_log_set(llama_cpp.quiet_log, ctypes.c_void_p(0))
-        self.model = api.llama_model_load_from_file(str(gguf).encode(), api.llama_model_default_params())
-        if not self.model:
-            raise Unavailable(f"llama.cpp could not load {gguf}")
-        params = api.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch = depth + n_max, MAX_BATCH, 512
-        params.n_threads = params.n_threads_batch = threads
-        self.ctx = api.llama_init_from_model(self.model, params)
-        if not self.ctx:
-            api.llama_model_free(self.model)
-            raise Unavailable("llama.cpp could not make a context")
-        self.memory = api.llama_get_memory(self.ctx)
-        self.vocab = api.llama_vocab_n_tokens(api.llama_model_get_vocab(self.model))
-        self.batch = api.llama_batch_init(max(depth, n_max), 0, 1)
+    def __init__(self, gguf: Path, depth: int, n_max: int, threads: int, seed: int) -> None:
+        try:
+            self.context = LlamaContext(str(gguf), depth + n_max, threads, n_batch=MAX_BATCH)
+            rng = np.random.default_rng(seed)
+            self.context.forward(rng.integers(3, self.context.vocab_size, size=depth).tolist(), last_only=True)
+        except MoespecError as e:
+            raise Unavailable(str(e)) from None
+        self.vocab = self.context.vocab_size
         self.evict = StreamRead(EVICT_BYTES)
-        rng = np.random.default_rng(seed)
-        self._decode(rng.integers(3, self.vocab, size=depth).tolist(), 0, every_logit=False)
-
-    def _fill(self, tokens: list[int], start: int, every_logit: bool) -> None:
-        b = self.batch
-        b.n_tokens = len(tokens)
-        for i, token in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = token, start + i, 1, 0
-            b.logits[i] = every_logit or i == len(tokens) - 1
-
-    def _decode(self, tokens: list[int], start: int, every_logit: bool) -> None:
-        self._fill(tokens, start, every_logit)
-        rc = self.api.llama_decode(self.ctx, self.batch)
-        if rc != 0:
-            raise Unavailable(f"llama_decode failed (code {rc}) on {len(tokens)} tokens at position {start}")
-        self.api.llama_synchronize(self.ctx)
 
     def time(self, tokens: list[int]) -> float:
         """Seconds of one pass of `tokens` (all logits) after the context; the cache is rolled back after it."""
-        self._fill(tokens, self.depth, every_logit=True)
         self.evict()
-        start = time.perf_counter()
-        rc = self.api.llama_decode(self.ctx, self.batch)
-        self.api.llama_synchronize(self.ctx)
-        seconds = time.perf_counter() - start
-        self.api.llama_memory_seq_rm(self.memory, 0, self.depth, -1)
-        if rc != 0:
-            raise Unavailable(f"llama_decode failed (code {rc}) on a pass of {len(tokens)} tokens")
-        return seconds
+        try:
+            return timed_pass(self.context, tokens)
+        except MoespecError as e:
+            raise Unavailable(str(e)) from None
 
     def samples(self, ns: list[int], reps: int, rng: np.random.Generator) -> dict[int, list[float]]:
         """`reps` passes per n of random tokens, the n interleaved pass by pass; one untimed warm-up per n."""
@@ -117,6 +88,4 @@ class Passes:
         return out
 
     def close(self) -> None:
-        self.api.llama_batch_free(self.batch)
-        self.api.llama_free(self.ctx)
-        self.api.llama_model_free(self.model)
+        self.context.close()

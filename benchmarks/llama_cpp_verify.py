@@ -173,10 +173,10 @@ def llama_api(args: argparse.Namespace, work: Path, binary: Path | None) -> obje
         return llama_cpp_api.bindings(trees[0], built)
 
 
-def api_round(api: object, gguf: Path, ns: list[int], args: argparse.Namespace,
+def api_round(gguf: Path, ns: list[int], args: argparse.Namespace,
               rng: np.random.Generator) -> dict[int, list[float]]:
     """One block of llama.cpp through its C API: a fresh context, the prefill, reps passes per n (all logits)."""
-    passes = llama_cpp_api.Passes(api, gguf, args.depth, max(ns), args.threads, args.seed)
+    passes = llama_cpp_api.Passes(gguf, args.depth, max(ns), args.threads, args.seed)
     try:
         return passes.samples(ns, args.reps, rng)
     finally:
@@ -313,10 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     except Skip as why:
         skipped = str(why)
         print(f"llama.cpp comparison skipped: {skipped}", flush=True)
-    api, api_skipped = None, skipped
+    api_skipped = skipped
     if gguf is not None:
         try:
-            api = llama_api(args, work, binary)
+            llama_api(args, work, binary)  # the bindings loadable: installed, or the sdist beside a built libllama
         except llama_cpp_api.Unavailable as why:
             api_skipped = str(why)
             print(f"llama.cpp all-logits column skipped: {api_skipped}", flush=True)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                     llama_samples[n] += got[n]
             elif block == "llama.cpp api":
                 try:
-                    got = api_round(api, gguf, ns, args, api_rng)
+                    got = api_round(gguf, ns, args, api_rng)
                 except llama_cpp_api.Unavailable as why:
                     api_skipped = str(why)
                     print(f"llama.cpp all-logits column skipped: {api_skipped}", flush=True)
