@@ -283,3 +283,11 @@ def test_staircase_from_runs_and_plan_flags(tmp_path, capsys):
     want = [0.01 * (1 + 0.05 * (k + 1)) + 0.001 * k for k in range(9)]
     assert doc["step_times"] == pytest.approx(want) and doc["llama_cpp"][-1]["flags"].startswith("--spec-draft")
     assert "no verify_time_s.slot" in refused(["staircase", "--runs", path, "--kernel", "slot"], capsys)
+
+
+def test_each_engine_has_its_own_entry_point(tmp_path):
+    from moespec.measure.run import RunConfig, run_engine
+
+    with pytest.raises(MoespecError, match="run_llama_cpp runs llama.cpp"):
+        run_engine(RunConfig(out=str(tmp_path / "runs.json"), engine="llama.cpp", gguf=str(tmp_path / "m.gguf")))
+    assert not (tmp_path / "runs.json").exists()

@@ -6,6 +6,7 @@ import argparse
 from typing import Callable
 
 from moespec import MoespecError
+from moespec.defaults import LAYERS_LIMIT, MODEL
 from moespec.formats.checkpoint import FRESH
 
 
@@ -60,3 +61,12 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                    help="drop the finished units an interrupted run left in OUT.partial/ and start over (by default "
                         "a rerun resumes them when its settings match, and refuses when they differ)")
     choice.add_argument("--resume", action="store_true", help="resume OUT.partial/: the default, kept for old scripts")
+
+
+def add_model_source(p: argparse.ArgumentParser, classes: str, layers_default: str) -> None:
+    """--model (a local checkpoint of `classes`) or --preset (random weights), and --layers of a preset."""
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", help=f"a local HF checkpoint folder ({classes})")
+    source.add_argument("--preset", help=f"a model preset with random weights (default {MODEL})")
+    p.add_argument("--layers", type=bounded(1, LAYERS_LIMIT),
+                   help=f"decoder layers of a preset model (default {layers_default}, at most {LAYERS_LIMIT:,})")

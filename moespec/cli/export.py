@@ -7,9 +7,10 @@ import argparse
 from typing import Any
 
 from moespec import MoespecError
-from moespec.cli.args import bounded, seed
+from moespec.cli.args import add_model_source, bounded, seed
 from moespec.defaults import LAYERS_LIMIT, MODEL, THREADS_LIMIT
 from moespec.formats.files import check_output
+from moespec.measure.run import DEFAULT_LAYERS
 from moespec.model.gguf_export import TYPES, check_exportable, export_gguf, truncated
 from moespec.model.load import PRESET_VOCAB, load_model, preset_config
 from moespec.model.spec import ModelSpec
@@ -18,11 +19,7 @@ _GIB = 2**30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--model", help="a local HF checkpoint folder (OLMoE, Qwen3-MoE or Mixtral)")
-    source.add_argument("--preset", help=f"a model preset with random weights (default {MODEL})")
-    p.add_argument("--layers", type=bounded(1, LAYERS_LIMIT),
-                   help=f"decoder layers of a preset model (default all, at most {LAYERS_LIMIT:,})")
+    add_model_source(p, "OLMoE, Qwen3-MoE or Mixtral", f"{DEFAULT_LAYERS}, as `moespec run` builds it")
     p.add_argument("--vocab", type=bounded(2, 1 << 20), default=PRESET_VOCAB,
                    help=f"vocabulary of a preset model (default {PRESET_VOCAB}, as `moespec run` builds it)")
     p.add_argument("--truncate", type=bounded(1, LAYERS_LIMIT), metavar="K",
@@ -40,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, preset: str | None) -> Any:
     """The model's transformers config, read before any weight is (a refused architecture costs nothing)."""
     if preset is not None:
-        return preset_config(ModelSpec.from_name(preset), args.layers, args.vocab)[0]
+        return preset_config(ModelSpec.from_name(preset), args.layers or DEFAULT_LAYERS, args.vocab)[0]
     ModelSpec.from_config(args.model)  # a folder without a supported MoE config.json: one line
     from transformers import AutoConfig
 
@@ -54,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     check_exportable(config)
     if args.truncate is not None and args.truncate > config.num_hidden_layers:
         raise MoespecError(f"--truncate {args.truncate}: the model has {config.num_hidden_layers} decoder layers")
-    lm = load_model(path=args.model, preset=preset, layers=None if args.model else args.layers,
+    layers = None if args.model else args.layers or DEFAULT_LAYERS
+    lm = load_model(path=args.model, preset=preset, layers=layers,
                     vocab=args.vocab if preset else None, dtype="fp32" if args.type == "f32" else "bf16",
                     seed=args.seed)
     name = preset or lm.spec.name

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import add_checkpoint_flags, bounded, parse_ints, seed
+from moespec.cli.args import add_checkpoint_flags, add_model_source, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import (
     DEPTH,
@@ -21,13 +21,12 @@ from moespec.defaults import (
     ENGINES,
     GENERATED_LIMIT,
     KMAX,
-    LAYERS_LIMIT,
-    MODEL,
     N_MAX,
     REPS_LIMIT,
     SAMPLES_LIMIT,
     THREADS_LIMIT,
 )
+from moespec.measure.llama_run import run_llama_cpp
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 from moespec.model.dense import DENSE
 
@@ -101,11 +100,7 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
 
 # ---- command: moespec run ---------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--model", help="a local HF checkpoint folder (any of the five MoE architectures)")
-    source.add_argument("--preset", help=f"a model preset with random weights (default {MODEL})")
-    p.add_argument("--layers", type=bounded(1, LAYERS_LIMIT),
-                   help=f"decoder layers of a preset model (default {DEFAULT_LAYERS}, at most {LAYERS_LIMIT:,})")
+    add_model_source(p, "any of the five MoE architectures", str(DEFAULT_LAYERS))
     p.add_argument("--dtype", default=RunConfig.dtype, choices=DTYPES,
                    help=f"weights dtype (default {RunConfig.dtype})")
     p.add_argument("--device", default="cpu", help="cpu or cuda (our Triton kernels on cuda)")
@@ -169,6 +164,6 @@ def run(args: argparse.Namespace) -> int:
                        dense=args.dense, engine=args.engine, gguf=args.gguf, draft_gguf=args.draft_gguf,
                        threads=args.threads)
     out = console()
-    runs = run_engine(config, say=out.print)
+    runs = (run_llama_cpp if config.engine == "llama.cpp" else run_engine)(config, say=out.print)
     report(runs, args.out, out)
     return 0

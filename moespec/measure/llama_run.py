@@ -34,7 +34,7 @@ from typing import Any, Callable
 from moespec import MoespecError
 from moespec.console import progress
 from moespec.formats.checkpoint import Checkpoint, unit_rng
-from moespec.formats.files import check_input, provenance, write_json
+from moespec.formats.files import check_input, holds_outputs, provenance, write_json
 from moespec.formats.runsfile import Runs
 from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prompts, throughput_cells
 from moespec.measure.run import RunConfig, load_plan_kernels, summarize, timed_rounds
@@ -148,7 +148,7 @@ def decode_cell(prompt: Prompt, i: int, k: int, a: float | None, seed: int, toke
 
 
 def check(config: RunConfig) -> None:
-    """The llama.cpp run's own arguments, before any work (RunConfig.check has checked the shared ones)."""
+    """The llama.cpp run's own arguments, before any work (RunConfig.check checks the shared ones)."""
     for flag, value in (("--model", config.model), ("--preset", config.preset), ("--replay", config.replay),
                         ("--draft-model", config.draft_model)):
         if value is not None:
@@ -163,9 +163,11 @@ def check(config: RunConfig) -> None:
         check_input(config.draft_gguf, "--draft-gguf")
 
 
+@holds_outputs(lambda config: [config.out])
 def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
-    """Measure llama.cpp's verify times and throughput grid on config.gguf (the module docstring) and write
-    runs.json to config.out; called by moespec.measure.run.run_engine with the outputs held."""
+    """Measure llama.cpp's verify times and throughput grid on config.gguf (the module docstring), write runs.json
+    to config.out (locked meanwhile) and return it."""
+    config.check()
     check(config)
     model = read_gguf(config.gguf)  # a dense, truncated or unknown-architecture file: one line
     bindings()  # llama-cpp-python absent: one line, before any work

@@ -349,10 +349,9 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     config.out and return it; `say` receives one line per stage (the CLI prints them). config.out is locked for the
     whole run (moespec.formats.lock)."""
     config.check()
-    if config.engine == "llama.cpp":
-        from moespec.measure.llama_run import run_llama_cpp  # imported here: it builds on this module
-
-        return run_llama_cpp(config, say)
+    if config.engine != ENGINES[0]:
+        raise MoespecError(f"--engine {config.engine}: run_engine runs moespec's engine "
+                           "(moespec.measure.llama_run.run_llama_cpp runs llama.cpp)")
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
     device = resolve_device(config.device)
     started = provenance(device, config.dtype)  # the timestamp says when the run began (score: pre-registration)
