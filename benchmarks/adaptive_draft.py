@@ -69,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind}: V(k) ms {[round(v * 1e3, 2) for v in found['V_s']]}; profile "
               f"{[round(a, 3) for a in found['profile_calibration']]}; plan k_hat {found['k_hat_plan']}, best "
               f"constant k {found['best_constant_k']}")
+        ceiling = found["ceiling_gbps"]
+        print(f"  ceiling (streaming read): {ceiling['before']:.1f} GB/s before the cells, {ceiling['after']:.1f} "
+              "after")
         for cell, row in found["cells"].items():
             mean_k = "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}"
+            med, lo, hi = row["vs_best_constant_paired"]
             print(f"  {cell:>22}: {row['tokens_per_s']:7.1f} tok/s  x{row['vs_best_constant']:.3f} of best "
-                  f"constant  mean k {mean_k}  greedy {'=' if row['greedy_exact'] else '!='} plain")
+                  f"constant (per prompt {med:.3f} [{lo:.3f}, {hi:.3f}])  mean k {mean_k}  "
+                  f"greedy {'=' if row['greedy_exact'] else '!='} plain")
     if args.out:
         write_json(args.out, result)
     print(json.dumps({kind: {"best_constant_k": v["best_constant_k"], "k_hat_plan": v["k_hat_plan"],

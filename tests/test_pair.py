@@ -99,6 +99,12 @@ def test_the_demos_drafting_step_on_the_pair(tmp_path, capsys):
     assert set(found["cells"]) == {"k=0", "k=1", "k=2", "k=3", "heuristic", "online"}
     assert all(row["greedy_exact"] for row in found["cells"].values())
     assert len(found["profile_calibration"]) == 3 and 0 <= found["k_hat_plan"] <= 3
+    assert found["ceiling_gbps"]["before"] > 0 and found["ceiling_gbps"]["after"] > 0
+    best = found["cells"][f"k={found['best_constant_k']}"]["vs_best_constant_paired"]
+    assert best == [1.0, 1.0, 1.0]  # the best constant against itself, prompt by prompt
+    for row in found["cells"].values():
+        med, lo, hi = row["vs_best_constant_paired"]
+        assert lo <= med <= hi
     assert "drafting on the trained pair" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 0
     assert "Drafting on the trained pair" in (tmp_path / "report.html").read_text()

@@ -13,7 +13,10 @@ time per k is V(k), and their longest-draft steps give the profile (estimate_pro
 Then every cell decodes every other prompt, interleaved prompt by prompt (the order reversed every other round);
 the heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps
 its assistant's draft length across generate calls). Greedy throughout: every cell must give plain decoding's
-tokens. tokens/s: tokens generated over decoding time (the prefill left out).
+tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's ratio to the
+best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval, and the
+streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes to megabytes of a
+small model, so it is reported, not divided by).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import numpy as np
 import torch
 
 from moespec import MoespecError, theory
+from moespec.measure.run import bootstrap_median
+from moespec.measure.timing import measure_stream_read
 from moespec.model.adaptive import Heuristic, Online
 from moespec.model.cache import new_cache
 from moespec.model.speculative import ModelDraft, prefill, speculative_decode
@@ -78,6 +83,7 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
         raise MoespecError(f"drafting: need more than {CALIBRATION} prompts, tokens >= 2 and kmax >= 1, got "
                            f"{len(prompts)}, {tokens} and {kmax}")
     fixed = list(range(kmax + 1))
+    ceilings = {"before": float(np.median(measure_stream_read()))}  # the machine's state around the cells
     calibration = {k: [decode(target, draft, p, k, tokens) for p in prompts[:CALIBRATION]] for k in fixed}
     V = [float(np.mean([s[2] for u in calibration[k] for s in u["steps"]])) for k in fixed]
     profile = theory.estimate_profile([(d, a) for u in calibration[kmax] for d, a, _ in u["steps"]], kmax,
@@ -92,13 +98,18 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
                 units[cell].append(hf_assisted(target, draft, prompt, tokens))
             else:
                 units[cell].append(decode(target, draft, prompt, policies.get(cell) or int(cell[2:]), tokens))
+    ceilings["after"] = float(np.median(measure_stream_read()))
     plain = [u["tokens"] for u in units["k=0"]]
     rows = {c: summarize(u, kmax) | {"greedy_exact": [x["tokens"] for x in u] == plain} for c, u in units.items()}
     best = max(fixed, key=lambda k: rows[f"k={k}"]["tokens_per_s"])
-    for row in rows.values():
+    rng = np.random.default_rng(0)
+    for cell, row in rows.items():
         row["vs_best_constant"] = row["tokens_per_s"] / rows[f"k={best}"]["tokens_per_s"]
+        # paired by prompt (both decoded in the same round): the median ratio with its 95% bootstrap interval
+        ratios = [b["seconds"] / u["seconds"] for u, b in zip(units[cell], units[f"k={best}"])]
+        row["vs_best_constant_paired"] = list(bootstrap_median(ratios, rng))
     return {"V_s": V, "profile_calibration": profile, "k_hat_plan": k_hat, "best_constant_k": best,
-            "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "cells": rows}
+            "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "ceiling_gbps": ceilings, "cells": rows}
 
 
 def sampled_prompts(target: Any, count: int, length: int, seed: int) -> list[list[int]]:
