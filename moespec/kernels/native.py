@@ -1,6 +1,7 @@
 """Loader of moespec's native kernels: the expert operation (`moespec/kernels/csrc/expert_kernels.cpp`), the
-dense linear layers of a verification pass (`csrc/dense_kernels.cpp`) and its attention over the KV cache
-(`csrc/attention_kernels.cpp`), built into one library.
+dense linear layers of a verification pass (`csrc/dense_kernels.cpp`), its attention over the KV cache
+(`csrc/attention_kernels.cpp`) and its per-token steps, RMSNorm, rotary and the router's top-k
+(`csrc/token_kernels.cpp`), built into one library.
 
 The sources expose a plain C ABI and include no torch header, so they are compiled with g++ alone in a few
 seconds on first use (no ninja, no pybind11, nothing downloaded) and loaded with ctypes. The shared
@@ -31,14 +32,17 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded before the library, see the module docstring)
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / name
-                for name in ("expert_kernels.cpp", "dense_kernels.cpp", "attention_kernels.cpp"))
-HEADERS = (Path(__file__).parent / "csrc" / "simd_common.h",)  # included by all three: part of the build's key
+                for name in ("expert_kernels.cpp", "dense_kernels.cpp", "attention_kernels.cpp",
+                          "token_kernels.cpp"))
+HEADERS = (Path(__file__).parent / "csrc" / "simd_common.h",)  # included by all of them: part of the build's key
 # -O3 for unrolled register tiles, AVX2 + FMA for the 8-lane fp32 FMAs and the bf16 widening,
 # -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
 CXXFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 ABI_VERSION = 2  # of expert_kernels.cpp (moespec_abi_version)
 DENSE_ABI_VERSION = 1  # of dense_kernels.cpp (moespec_dense_abi_version)
 ATTENTION_ABI_VERSION = 1  # of attention_kernels.cpp (moespec_attention_abi_version)
+TOKEN_ABI_VERSION = 1  # of token_kernels.cpp (moespec_token_abi_version)
+ABI = (ABI_VERSION, DENSE_ABI_VERSION, ATTENTION_ABI_VERSION, TOKEN_ABI_VERSION)
 # A cold build takes ~2-8 s on a 2-core machine; anything past this is a broken toolchain.
 BUILD_TIMEOUT_S = 120
 
@@ -73,7 +77,7 @@ def _build(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(
         b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(CXXFLAGS).encode() + version.encode()
-        + f"{ABI_VERSION}.{DENSE_ABI_VERSION}.{ATTENTION_ABI_VERSION}".encode()
+        + ".".join(map(str, ABI)).encode()
     ).hexdigest()[:16]
     folder = cache_dir()
     target = folder / f"moespec_kernels_{key}.so"
@@ -109,6 +113,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.moespec_attention.restype = i32
     lib.moespec_attention.argtypes = [i32, *[i64] * 7, ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64,
                                       ptr, i64, i64, i64, f32, ptr, i32]
+    lib.moespec_token_abi_version.restype = i32
+    lib.moespec_rms_norm.restype = i32
+    lib.moespec_rms_norm.argtypes = [i32, i64, i64, ptr, i64, ptr, f32, ptr, i64]
+    lib.moespec_rope.restype = i32
+    lib.moespec_rope.argtypes = [i32, i64, i64, i64, ptr, i64, i64, ptr, ptr]
+    lib.moespec_softmax_topk.restype = i32
+    lib.moespec_softmax_topk.argtypes = [i32, i64, i64, ptr, i64, i32, i32, ptr, ptr]
     return lib
 
 
@@ -129,10 +140,10 @@ def load() -> ctypes.CDLL | None:
     try:
         path = _build(cxx)
         lib = _bind(ctypes.CDLL(str(path)))
-        found = (lib.moespec_abi_version(), lib.moespec_dense_abi_version(), lib.moespec_attention_abi_version())
-        if found != (ABI_VERSION, DENSE_ABI_VERSION, ATTENTION_ABI_VERSION):
-            raise RuntimeError(f"{path} has ABI {'.'.join(map(str, found))}, expected "
-                               f"{ABI_VERSION}.{DENSE_ABI_VERSION}.{ATTENTION_ABI_VERSION}")
+        found = (lib.moespec_abi_version(), lib.moespec_dense_abi_version(), lib.moespec_attention_abi_version(),
+                 lib.moespec_token_abi_version())
+        if found != ABI:
+            raise RuntimeError(f"{path} has ABI {'.'.join(map(str, found))}, expected {'.'.join(map(str, ABI))}")
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         _status = f"build or load failed: {err}"
         return None

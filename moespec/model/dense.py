@@ -23,6 +23,11 @@ its own half millisecond to every pass. No module class, weight or model source 
 "torch")` removes the instance forwards and the hooks. The expert operation is not an F.linear under our
 policies (moespec.model.policies), so it is untouched.
 
+The lean pass. For OLMoE, Qwen3-MoE and Mixtral `set_dense(model, "native")` also installs moespec.model.lean:
+the model's verification passes (1..16 new tokens on the engine's cache) then run one readable forward with the
+same kernels and a quarter of transformers' calls, and the routers route with one native top-k; other calls and
+the other classes keep transformers' forward with the kernels above.
+
 Attention. The cached keys and values are read once per pass as well (4 MB a layer at the demo's depth), and
 torch's CPU flash attention takes ~0.9 ms for them at n = 1 here, 7x their bytes' time. `set_dense(model,
 "native")` also switches every config on transformers' "sdpa" to ATTENTION_NAME, an attention function registered
@@ -45,6 +50,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from moespec import MoespecError
 from moespec.kernels import attention, dense
+from moespec.model import lean
 
 DENSE = ("native", "torch")  # the engine's dense path: our kernel for verify passes, or torch's F.linear throughout
 DEFAULT_DENSE = "native"
@@ -89,9 +95,11 @@ class _Installed:
         self.linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
         for module in self.linears:
             module.forward = functools.partial(self._forward, module)
+        self.lean = lean.install(model)  # None: a model lean.unsupported names runs transformers' forward
+        routed = self.lean.routers if self.lean is not None else []
         self.handles = []
         for module in model.modules():
-            if _owns_matrix(module):
+            if _owns_matrix(module) and module not in routed:
                 self.handles += [module.register_forward_pre_hook(self._enter),
                                  module.register_forward_hook(self._leave, always_call=True)]
         # attention: configs on sdpa switch to the native function (others, e.g. eager with sinks, keep theirs)
@@ -122,6 +130,8 @@ class _Installed:
             config._attn_implementation = "sdpa"
         for module in self.counted:
             del module._moespec_counter
+        if self.lean is not None:
+            self.lean.remove()
 
 
 # transformers' documented way to add an attention implementation (AttentionInterface, AttentionMaskInterface):
@@ -178,10 +188,14 @@ def set_dense(model: torch.nn.Module, kind: str) -> str:
 def native_calls(model: torch.nn.Module) -> int:
     """How many F.linear calls the native kernel ran in this model since set_dense (0 when not installed)."""
     installed = getattr(model, "_moespec_dense", None)
-    return 0 if installed is None else installed.mode.calls
+    if installed is None:
+        return 0
+    return installed.mode.calls + (installed.lean.linear_calls if installed.lean is not None else 0)
 
 
 def native_attention_calls(model: torch.nn.Module) -> int:
     """How many attention calls the native kernel ran in this model since set_dense (0 when not installed)."""
     installed = getattr(model, "_moespec_dense", None)
-    return 0 if installed is None else installed.attention_calls
+    if installed is None:
+        return 0
+    return installed.attention_calls + (installed.lean.attention_calls if installed.lean is not None else 0)

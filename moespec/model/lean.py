@@ -1,0 +1,229 @@
+"""A verification pass of a Llama-family MoE decoder (OLMoE, Qwen3-MoE, Mixtral) in one readable function.
+
+Physics first. A pass of n <= 16 tokens is a stream of bytes: the dense weights, the cached keys and values and the
+selected experts, each read once (moespec.model.spec). Between the streams it does a few kilobytes of arithmetic
+per token, which costs nothing, and a few hundred Python and torch calls, which do: on the demo's 2-layer OLMoE
+model transformers' forward spends ~3 ms of a ~16 ms pass at n = 1 outside the native kernels (module calls,
+keyword plumbing, the causal-mask builder, eight torch operations per RMSNorm and ten per rotary embedding, each a
+few microseconds right after the pass has pushed hundreds of megabytes through the caches). llama.cpp runs one
+prebuilt graph and spends ~14 ms on the same pass. `Lean.verify` computes the same function from the model's
+own modules with about a quarter of the calls: RMSNorm and rotary one native call each
+(moespec.kernels.token_ops), every matrix the native dense kernel, attention the native kernel with its implicit
+causal mask, the KV cache written in place (moespec.model.cache). The MoE block is called as transformers' own
+module, so expert policies, routing replay and router hooks (moespec.model.policies, the tracer) work unchanged.
+
+Where it applies (`unsupported` says why not): a model of these families on the CPU in fp32 or bf16, full
+attention only (every cache layer an InPlaceLayer: no sliding window), rotary over the whole head, the
+non-interleaved rotary of transformers, no router-logit outputs; a call of 1..MAX_TOKENS new tokens as
+`input_ids` of batch 1 with the engine's cache and nothing else (no attention mask, positions or embeddings
+given). Every other model or call runs transformers' forward. moespec.model.dense installs it with the native
+dense path (`set_dense(model, "native")`); `set_dense(model, "torch")` removes it. The tests hold its logits to
+transformers' on tiny models of all three families.
+
+Per decoder layer, with x [n, d] and the family's q/k normalization ("full": over the whole projection, OLMoE;
+"head": per head, Qwen3-MoE; none: Mixtral):
+    h = x + o_proj(attention(rope(norm_q(q_proj(rms(x)))), cache <- rope(norm_k(k_proj(rms(x)))), v_proj(rms(x))))
+    x = h + mlp(rms(h))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+from moespec.kernels import attention, dense, token_ops
+from moespec.model.cache import InPlaceLayer
+
+MAX_TOKENS = min(dense.MAX_TOKENS, attention.MAX_QUERIES)  # a verification pass; longer calls go to transformers
+QK_NORM = {"olmoe": "full", "qwen3_moe": "head", "mixtral": None}  # where each family normalizes q and k
+# Rotary kinds whose inverse frequencies do not change with the sequence: cos and sin of a position are then a
+# fixed table (dynamic and longrope rescale with the length and keep transformers' module).
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+# The softmax-then-top-k routers: whether the scores are cast back to the logits' dtype (Mixtral keeps fp32) and
+# the attribute that says whether the top k are renormalized (None: always).
+ROUTERS = {"OlmoeTopKRouter": (True, "norm_topk_prob"), "Qwen3MoeTopKRouter": (True, "norm_topk_prob"),
+           "MixtralTopKRouter": (False, None)}
+MIN_TABLE = 1024  # positions of the first rotary table (doubled when a pass goes past it)
+_CALL_KEYS = {"input_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}  # what a verify call passes
+
+
+def _norm_ok(module: Any, dtype: torch.dtype) -> bool:
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor) and weight.dim() == 1
+            and weight.dtype == dtype and weight.is_contiguous() and hasattr(module, "variance_epsilon"))
+
+
+def unsupported(model: Any) -> str | None:
+    """None when `Lean.verify` computes this model's passes, else the reason it does not."""
+    config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None)
+    if family not in QK_NORM:
+        return f"model type {family!r} is not one of {', '.join(QK_NORM)}"
+    if getattr(config, "output_router_logits", False):
+        return "the config asks for router logits (an auxiliary loss)"
+    body = getattr(model, "model", None)
+    dtype = getattr(model, "dtype", None)
+    if dtype not in (torch.float32, torch.bfloat16) or getattr(model.device, "type", None) != "cpu":
+        return f"the model is {dtype} on {getattr(model, 'device', '?')}; the kernels take fp32 or bf16 on the CPU"
+    if body is None or not all(hasattr(body, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm")):
+        return "the model has no embed_tokens, rotary_emb, layers and norm"
+    if not _norm_ok(body.norm, dtype) or not isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
+        return "the final norm or the output head is not of the expected kind"
+    for layer in body.layers:
+        a = getattr(layer, "self_attn", None)
+        if a is None or not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
+            return f"decoder layer {type(layer).__name__} is not the pre-norm attention + mlp layout"
+        if not all(_norm_ok(getattr(layer, n), dtype) for n in ("input_layernorm", "post_attention_layernorm")):
+            return "a decoder layer's norms are not RMSNorms of the model's dtype"
+        if QK_NORM[family] and not all(_norm_ok(getattr(a, n, None), dtype) for n in ("q_norm", "k_norm")):
+            return "an attention module lacks its q_norm and k_norm"
+        if not all(isinstance(getattr(a, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            return "an attention module's projections are not nn.Linear"
+    return None
+
+
+class RotaryTable:
+    """cos and sin [positions, D] of a model's rotary module for positions 0.. (computed by that module, so every
+    rotary kind and scaling is its own; valid for STATIC_ROPE only), grown by doubling."""
+
+    def __init__(self, rotary: Any, dtype: torch.dtype) -> None:
+        self.rotary, self.dtype = rotary, dtype
+        self.cos = self.sin = torch.empty(0)
+
+    def rows(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, D] of positions start .. start + n - 1 (contiguous views)."""
+        if start + n > self.cos.shape[0]:
+            size = max(MIN_TABLE, 2 * (start + n))
+            cos, sin = self.rotary(torch.empty(1, 1, dtype=self.dtype), torch.arange(size).unsqueeze(0))
+            self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+        return self.cos[start:start + n], self.sin[start:start + n]
+
+
+class Lean:
+    """What `install` puts on a model: its instance forward, the routers' instance forwards, the rotary table, and
+    the counts of native calls made by the passes it ran (`linear_calls`, `attention_calls`)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.qk_norm = model, QK_NORM[model.config.model_type]
+        self.linear_calls = self.attention_calls = 0
+        rotary = model.model.rotary_emb
+        self.table = RotaryTable(rotary, model.dtype) if getattr(rotary, "rope_type", None) in STATIC_ROPE else None
+        self.original = type(model).forward.__get__(model)
+        model.forward = self.forward
+        self.routers = [m for m in model.modules() if type(m).__name__ in ROUTERS]
+        for router in self.routers:
+            router.forward = _RouterForward(router, self)
+
+    def remove(self) -> None:
+        for module in (self.model, *self.routers):
+            module.__dict__.pop("forward", None)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        cache = None if args else takes_call(self.model, kwargs)
+        if cache is None:
+            return self.original(*args, **kwargs)
+        logits = self.verify(kwargs["input_ids"], cache, kwargs.get("logits_to_keep", 0))
+        return MoeCausalLMOutputWithPast(logits=logits.unsqueeze(0), cache=cache)
+
+    def linear(self, x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+        y = dense.linear_if_taken(x, layer.weight, layer.bias)
+        if y is None:
+            return F.linear(x, layer.weight, layer.bias)
+        self.linear_calls += 1
+        return y
+
+    def attention_block(self, a: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        cache: Any) -> torch.Tensor:
+        """o_proj(attention) of one layer for x [n, d]; the layer's new keys and values go into the cache."""
+        n, D = x.shape[0], a.head_dim
+        q, k, v = self.linear(x, a.q_proj), self.linear(x, a.k_proj), self.linear(x, a.v_proj)
+        if self.qk_norm == "full":
+            q, k = _rms(a.q_norm, q), _rms(a.k_norm, k)
+        clip = getattr(a.config, "clip_qkv", None)
+        if clip is not None:
+            for t in (q, k, v):
+                t.clamp_(min=-clip, max=clip)
+        q, k, v = q.view(n, -1, D), k.view(n, -1, D), v.view(n, -1, D)
+        if self.qk_norm == "head":
+            q, k = _rms(a.q_norm, q), _rms(a.k_norm, k)
+        token_ops.rope_unchecked(q, cos, sin)
+        token_ops.rope_unchecked(k, cos, sin)
+        keys, values = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], a.layer_idx)
+        out = attention.attention_if_taken(q.transpose(0, 1)[None], keys, values, None, a.scaling)
+        if out is None:
+            raise RuntimeError("the native attention kernel did not take a verification pass it was installed for")
+        self.attention_calls += 1
+        return self.linear(out.view(n, -1), a.o_proj)
+
+    def verify(self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits [n, vocab] (the last `logits_to_keep` rows when > 0) of the n = input_ids.shape[1] tokens after
+        the cache, which receives their keys and values: the function transformers' forward computes (module
+        docstring)."""
+        body = self.model.model
+        n = input_ids.shape[1]
+        past = cache.get_seq_length()
+        h = body.embed_tokens(input_ids)[0]
+        if self.table is not None:
+            cos, sin = self.table.rows(past, n)
+        else:
+            cos, sin = body.rotary_emb(h, torch.arange(past, past + n).unsqueeze(0))
+            cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        for layer in body.layers:
+            h = h + self.attention_block(layer.self_attn, _rms(layer.input_layernorm, h), cos, sin, cache)
+            h = h + layer.mlp(_rms(layer.post_attention_layernorm, h).unsqueeze(0))[0]
+        h = _rms(body.norm, h if logits_to_keep <= 0 else h[-logits_to_keep:])
+        return self.linear(h, self.model.lm_head)
+
+
+class _RouterForward:
+    """The instance forward of a softmax-then-top-k router (ROUTERS): the native linear and top-k for passes of
+    up to MAX_TOKENS tokens on the CPU, the class's forward for anything else. Same outputs: (logits, scores,
+    ids)."""
+
+    def __init__(self, router: Any, lean: Lean) -> None:
+        self.original = type(router).forward.__get__(router)
+        self.router, self.lean = router, lean
+        self.cast, self.flag = ROUTERS[type(router).__name__]
+
+    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        router = self.router
+        x = hidden_states.reshape(-1, router.weight.shape[1])
+        logits = dense.linear_if_taken(x, router.weight) if x.shape[0] <= MAX_TOKENS else None
+        if logits is None:
+            return self.original(hidden_states)
+        self.lean.linear_calls += 1
+        renorm = True if self.flag is None else bool(getattr(router, self.flag))
+        scores, ids = token_ops.softmax_topk_unchecked(logits, router.top_k, renorm,
+                                                       logits.dtype if self.cast else torch.float32)
+        return logits, scores, ids
+
+
+def _rms(module: Any, x: torch.Tensor) -> torch.Tensor:
+    return token_ops.rms_norm_unchecked(x, module.weight, module.variance_epsilon)
+
+
+def takes_call(model: Any, kwargs: dict[str, Any]) -> Any:
+    """The cache when this forward call is a verification pass `Lean.verify` computes, else None."""
+    if not set(kwargs) <= _CALL_KEYS or kwargs.get("use_cache") is False:
+        return None
+    ids, cache = kwargs.get("input_ids"), kwargs.get("cache", kwargs.get("past_key_values"))
+    if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1 and 1 <= ids.shape[1] <= MAX_TOKENS
+            and ids.device.type == "cpu"):
+        return None
+    keep = kwargs.get("logits_to_keep", 0)
+    if not isinstance(keep, int) or keep < 0:
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or len(layers) != len(model.model.layers) or not all(type(x) is InPlaceLayer for x in layers):
+        return None
+    return cache
+
+
+def install(model: Any) -> Lean | None:
+    """Give `model` (when `unsupported(model)` is None) an instance forward that runs `Lean.verify` for the calls
+    it takes and transformers' forward for every other, and its ROUTERS an instance forward that routes
+    natively; returns what was installed (its `remove()` undoes it), or None for a model it does not support."""
+    return Lean(model) if unsupported(model) is None else None
