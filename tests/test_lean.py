@@ -10,6 +10,8 @@ fp64, torch's in fp32, so bf16 results agree to 0.06 (a few bf16 ulps at O(1))."
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -33,8 +35,9 @@ PASSES = ((3, 20), (40, 1), (50, 4), (60, 16), (70, 9))  # a prefill (transforme
 
 
 def model_of(tiny_configs, model_type: str, dtype: torch.dtype = torch.float32):
+    """A model of its own config copy: set_dense switches a config's attention, and the fixture is shared."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_configs[model_type]).eval().to(dtype)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(tiny_configs[model_type])).eval().to(dtype)
     set_policy(model, "dedup")
     return model
 
@@ -139,9 +142,12 @@ def test_other_classes_keep_transformers_forward(model_type, reason, tiny_config
     assert model._moespec_dense.lean is None and "forward" not in model.__dict__
 
 
-def test_unsupported_names_a_float16_model(tiny_configs):
+def test_unsupported_names_a_float16_model_and_eager_attention(tiny_configs):
     model = model_of(tiny_configs, "olmoe", torch.float16)
     assert "float16" in lean.unsupported(model)
+    model = model_of(tiny_configs, "mixtral")
+    model.config._attn_implementation = "eager"
+    assert "'eager'" in lean.unsupported(model)
 
 
 def test_the_rotary_table_equals_the_rotary_module(tiny_configs):

@@ -1,7 +1,8 @@
 """Loader of moespec's native kernels: the expert operation (`moespec/kernels/csrc/expert_kernels.cpp`), the
 dense linear layers of a verification pass (`csrc/dense_kernels.cpp`), its attention over the KV cache
-(`csrc/attention_kernels.cpp`) and its per-token steps, RMSNorm, rotary and the router's top-k
-(`csrc/token_kernels.cpp`), built into one library.
+(`csrc/attention_kernels.cpp`), its per-token steps, RMSNorm, rotary and the router's top-k
+(`csrc/token_kernels.cpp`), and a whole MoE decoder layer composed of them (`csrc/layer_kernels.cpp`), built into
+one library.
 
 The sources expose a plain C ABI and include no torch header, so they are compiled with g++ alone in a few
 seconds on first use (no ninja, no pybind11, nothing downloaded) and loaded with ctypes. The shared
@@ -33,7 +34,7 @@ import torch  # noqa: F401  (loaded before the library, see the module docstring
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / name
                 for name in ("expert_kernels.cpp", "dense_kernels.cpp", "attention_kernels.cpp",
-                          "token_kernels.cpp"))
+                          "token_kernels.cpp", "layer_kernels.cpp"))
 HEADERS = (Path(__file__).parent / "csrc" / "simd_common.h",)  # included by all of them: part of the build's key
 # -O3 for unrolled register tiles, AVX2 + FMA for the 8-lane fp32 FMAs and the bf16 widening,
 # -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
@@ -42,7 +43,8 @@ ABI_VERSION = 2  # of expert_kernels.cpp (moespec_abi_version)
 DENSE_ABI_VERSION = 1  # of dense_kernels.cpp (moespec_dense_abi_version)
 ATTENTION_ABI_VERSION = 1  # of attention_kernels.cpp (moespec_attention_abi_version)
 TOKEN_ABI_VERSION = 1  # of token_kernels.cpp (moespec_token_abi_version)
-ABI = (ABI_VERSION, DENSE_ABI_VERSION, ATTENTION_ABI_VERSION, TOKEN_ABI_VERSION)
+LAYER_ABI_VERSION = 1  # of layer_kernels.cpp and its LayerArgs (moespec_layer_abi_version)
+ABI = (ABI_VERSION, DENSE_ABI_VERSION, ATTENTION_ABI_VERSION, TOKEN_ABI_VERSION, LAYER_ABI_VERSION)
 # A cold build takes ~2-8 s on a 2-core machine; anything past this is a broken toolchain.
 BUILD_TIMEOUT_S = 120
 
@@ -120,6 +122,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.moespec_rope.argtypes = [i32, i64, i64, i64, ptr, i64, i64, ptr, ptr]
     lib.moespec_softmax_topk.restype = i32
     lib.moespec_softmax_topk.argtypes = [i32, i64, i64, ptr, i64, i32, i32, ptr, ptr]
+    lib.moespec_layer_abi_version.restype = i32
+    lib.moespec_decoder_layers.restype = i32
+    lib.moespec_decoder_layers.argtypes = [ptr, i64]
     return lib
 
 
@@ -141,7 +146,7 @@ def load() -> ctypes.CDLL | None:
         path = _build(cxx)
         lib = _bind(ctypes.CDLL(str(path)))
         found = (lib.moespec_abi_version(), lib.moespec_dense_abi_version(), lib.moespec_attention_abi_version(),
-                 lib.moespec_token_abi_version())
+                 lib.moespec_token_abi_version(), lib.moespec_layer_abi_version())
         if found != ABI:
             raise RuntimeError(f"{path} has ABI {'.'.join(map(str, found))}, expected {'.'.join(map(str, ABI))}")
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:

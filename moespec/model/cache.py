@@ -7,7 +7,8 @@ read and 4 MB written per layer and pass, twice the bytes the attention itself n
 writes the n new rows into a preallocated cache instead. `InPlaceLayer` does the same: its keys and values live in
 buffers with room to grow (doubled when full, so a long decoding copies O(d) bytes in all, not per pass), `keys`
 and `values` are views of the first `length` rows, a pass writes only its n rows, and crop (the speculative
-rollback) shortens the views without touching memory.
+rollback) shortens the views without touching memory. `reserve` and `advance` let a native layer
+(moespec.kernels.layer) write its rows into the buffers itself.
 
 Sliding-window and other layer kinds keep transformers' own classes (their crop restores tokens past the window).
 Shapes: keys [batch, heads, length, head_dim] and values [batch, heads, length, v_head_dim] (MLA's differ).
@@ -61,6 +62,22 @@ class InPlaceLayer(DynamicLayer):
         values[..., start:end, :].copy_(value_states)
         self.keys, self.values = keys[..., :end, :], values[..., :end, :]
         return self.keys, self.values
+
+    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """(keys buffer, values buffer, start) with room for n rows after the current length, for a writer that
+        fills rows start .. start + n - 1 itself and then calls `advance(n)`; None before the first update."""
+        if not self.is_initialized or not self.keys.numel():
+            return None
+        start = self.get_seq_length()
+        self._room(self.keys, self.values, start + n)
+        keys, values = self._buffers
+        return keys, values, start
+
+    def advance(self, n: int) -> None:
+        """Take the n rows a `reserve` caller wrote into the cache."""
+        keys, values = self._buffers
+        end = self.get_seq_length() + n
+        self.keys, self.values = keys[..., :end, :], values[..., :end, :]
 
     def reset(self) -> None:
         self._buffers = None

@@ -7,18 +7,23 @@ model transformers' forward spends ~3 ms of a ~16 ms pass at n = 1 outside the n
 keyword plumbing, the causal-mask builder, eight torch operations per RMSNorm and ten per rotary embedding, each a
 few microseconds right after the pass has pushed hundreds of megabytes through the caches). llama.cpp runs one
 prebuilt graph and spends ~14 ms on the same pass. `Lean.verify` computes the same function from the model's
-own modules with about a quarter of the calls: RMSNorm and rotary one native call each
+own modules with a few calls: every MoE layer under one of our expert policies runs as one native call
+(moespec.kernels.layer: RMSNorm, projections, rotary, cache write, attention, router top-k and expert kernel,
+composed in C++), a run of such layers as one call, so the Python work of a pass happens before its streams. A
+layer the layer kernel does not take (a dense MLP, a tracer's hooks on its router, transformers' expert
+implementations) runs the same steps from Python: RMSNorm and rotary one native call each
 (moespec.kernels.token_ops), every matrix the native dense kernel, attention the native kernel with its implicit
-causal mask, the KV cache written in place (moespec.model.cache). The MoE block is called as transformers' own
-module, so expert policies, routing replay and router hooks (moespec.model.policies, the tracer) work unchanged.
+causal mask, the KV cache written in place (moespec.model.cache), and the MoE block as transformers' own module,
+so expert policies, routing replay and router hooks (moespec.model.policies, the tracer) work unchanged. Both
+give the same bits (tests/test_lean.py).
 
-Where it applies (`unsupported` says why not): a model of these families on the CPU in fp32 or bf16, full
-attention only (every cache layer an InPlaceLayer: no sliding window), rotary over the whole head, the
-non-interleaved rotary of transformers, no router-logit outputs; a call of 1..MAX_TOKENS new tokens as
-`input_ids` of batch 1 with the engine's cache and nothing else (no attention mask, positions or embeddings
-given). Every other model or call runs transformers' forward. moespec.model.dense installs it with the native
-dense path (`set_dense(model, "native")`); `set_dense(model, "torch")` removes it. The tests hold its logits to
-transformers' on tiny models of all three families.
+Where it applies (`unsupported` says why not): a model of these families on the CPU in fp32 or bf16 on transformers'
+sdpa attention, full attention only (every cache layer an InPlaceLayer: no sliding window), rotary over the whole
+head, the non-interleaved rotary of transformers, no router-logit outputs; a call of 1..MAX_TOKENS new tokens as
+`input_ids` of batch 1 with the engine's cache and nothing else (no attention mask, positions or embeddings given).
+Every other model or call runs transformers' forward. moespec.model.dense installs it with the native dense path
+(`set_dense(model, "native")`); `set_dense(model, "torch")` removes it. The tests hold its logits to transformers'
+on tiny models of all three families.
 
 Per decoder layer, with x [n, d] and the family's q/k normalization ("full": over the whole projection, OLMoE;
 "head": per head, Qwen3-MoE; none: Mixtral):
@@ -35,6 +40,8 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from moespec.kernels import attention, dense, token_ops
+from moespec.kernels import layer as layer_kernel
+from moespec.model import policies
 from moespec.model.cache import InPlaceLayer
 
 MAX_TOKENS = min(dense.MAX_TOKENS, attention.MAX_QUERIES)  # a verification pass; longer calls go to transformers
@@ -64,6 +71,8 @@ def unsupported(model: Any) -> str | None:
         return f"model type {family!r} is not one of {', '.join(QK_NORM)}"
     if getattr(config, "output_router_logits", False):
         return "the config asks for router logits (an auxiliary loss)"
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return f"attention runs {config._attn_implementation!r}; the native attention stands in for sdpa only"
     body = getattr(model, "model", None)
     dtype = getattr(model, "dtype", None)
     if dtype not in (torch.float32, torch.bfloat16) or getattr(model.device, "type", None) != "cpu":
@@ -72,6 +81,10 @@ def unsupported(model: Any) -> str | None:
         return "the model has no embed_tokens, rotary_emb, layers and norm"
     if not _norm_ok(body.norm, dtype) or not isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
         return "the final norm or the output head is not of the expected kind"
+    inv_freq = getattr(body.rotary_emb, "inv_freq", None)
+    head_dim = getattr(body.layers[0].self_attn, "head_dim", None) if len(body.layers) else None
+    if not isinstance(inv_freq, torch.Tensor) or head_dim is None or 2 * inv_freq.numel() != head_dim:
+        return "the rotary embedding does not span the whole head (partial rotary)"
     for layer in body.layers:
         a = getattr(layer, "self_attn", None)
         if a is None or not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
@@ -116,6 +129,8 @@ class Lean:
         self.routers = [m for m in model.modules() if type(m).__name__ in ROUTERS]
         for router in self.routers:
             router.forward = _RouterForward(router, self)
+        self.fused = [_layer_weights(layer, self.qk_norm) for layer in model.model.layers]
+        self.fused_calls = 0  # layers run by the one-call layer kernel
 
     def remove(self) -> None:
         for module in (self.model, *self.routers):
@@ -158,6 +173,53 @@ class Lean:
         self.attention_calls += 1
         return self.linear(out.view(n, -1), a.o_proj)
 
+    def fused_args(self, i: int, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   cache: Any) -> layer_kernel.LayerArgs | None:
+        """Layer i's arguments for the one-call layer kernel (moespec.kernels.layer), its cache room reserved,
+        where that computes what the modules would: a MoE layer under one of our expert policies, with no hooks on
+        its block, router or experts other than replay's, and a cache layer with buffers; else None."""
+        w, mlp = self.fused[i], layer.mlp
+        if w is None or _global_hooks() or any(t.dtype != h.dtype or t.device.type != "cpu" for t in (w.q, w.gate_up)):
+            return None  # (a model moved to another dtype or device after the install: the modules' path)
+        kernel = policies.pass_kernel(mlp.experts, h.shape[0])
+        replay = policies.replayed(mlp.experts)
+        hooks = (mlp._forward_hooks or mlp._forward_pre_hooks or mlp.gate._forward_hooks
+                 or mlp.gate._forward_pre_hooks or mlp.experts._forward_hooks
+                 or len(mlp.experts._forward_pre_hooks) != (replay is not None))
+        if kernel is None or hooks or (replay is not None and replay.shape[0] != h.shape[0]):
+            return None
+        room = cache.layers[i].reserve(h.shape[0])
+        if room is None:
+            return None
+        keys, values, past = room
+        return layer_kernel.layer_args(h, w, cos, sin, keys, values, past, kernel, replay, None)
+
+    def layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any) -> torch.Tensor:
+        """The decoder layers on h [n, d]: runs of layers the layer kernel takes in one native call each (h in
+        place), the others through `attention_block` and the model's MLP module."""
+        layers, n, i = self.model.model.layers, h.shape[0], 0
+        while i < len(layers):
+            run = []
+            while i + len(run) < len(layers):
+                args = self.fused_args(i + len(run), layers[i + len(run)], h, cos, sin, cache)
+                if args is None:
+                    break
+                run.append(args)
+            if run:
+                layer_kernel.run_layers(run, self.fused[i].gate_up.shape[0])
+                for k in range(i, i + len(run)):
+                    cache.layers[k].advance(n)
+                self.fused_calls += len(run)
+                self.attention_calls += len(run)
+                self.linear_calls += 5 * len(run)  # q, k, v, o and the router of each
+                i += len(run)
+                continue
+            layer = layers[i]
+            h = h + self.attention_block(layer.self_attn, _rms(layer.input_layernorm, h), cos, sin, cache)
+            h = h + layer.mlp(_rms(layer.post_attention_layernorm, h).unsqueeze(0))[0]
+            i += 1
+        return h
+
     def verify(self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits [n, vocab] (the last `logits_to_keep` rows when > 0) of the n = input_ids.shape[1] tokens after
         the cache, which receives their keys and values: the function transformers' forward computes (module
@@ -171,9 +233,7 @@ class Lean:
         else:
             cos, sin = body.rotary_emb(h, torch.arange(past, past + n).unsqueeze(0))
             cos, sin = cos[0].contiguous(), sin[0].contiguous()
-        for layer in body.layers:
-            h = h + self.attention_block(layer.self_attn, _rms(layer.input_layernorm, h), cos, sin, cache)
-            h = h + layer.mlp(_rms(layer.post_attention_layernorm, h).unsqueeze(0))[0]
+        h = self.layers(h, cos, sin, cache)
         h = _rms(body.norm, h if logits_to_keep <= 0 else h[-logits_to_keep:])
         return self.linear(h, self.model.lm_head)
 
@@ -199,6 +259,46 @@ class _RouterForward:
         scores, ids = token_ops.softmax_topk_unchecked(logits, router.top_k, renorm,
                                                        logits.dtype if self.cast else torch.float32)
         return logits, scores, ids
+
+
+def _global_hooks() -> bool:
+    """Whether module hooks registered for every module are active (they would miss the fused layer's modules)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+
+def _layer_weights(layer: Any, qk_norm: str | None) -> layer_kernel.LayerWeights | None:
+    """The layer's tensors for the one-call layer kernel, or None where the kernel does not compute this layer
+    (a dense MLP, a router that is not softmax-then-top-k, experts with biases, another activation or layout)."""
+    mlp, a = layer.mlp, layer.self_attn
+    gate, experts = getattr(mlp, "gate", None), getattr(mlp, "experts", None)
+    if type(gate).__name__ not in ROUTERS or not hasattr(experts, "gate_up_proj") or set(dict(mlp.named_children())) \
+            != {"gate", "experts"}:
+        return None
+    if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True) \
+            or getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "limit") \
+            or getattr(experts.config, "hidden_act", "silu") != "silu":
+        return None
+    cast, flag = ROUTERS[type(gate).__name__]
+    clip = getattr(a.config, "clip_qkv", None)
+    weights = layer_kernel.LayerWeights(
+        in_norm=layer.input_layernorm.weight, q=a.q_proj.weight, k=a.k_proj.weight, v=a.v_proj.weight,
+        o=a.o_proj.weight, q_bias=a.q_proj.bias, k_bias=a.k_proj.bias, v_bias=a.v_proj.bias, o_bias=a.o_proj.bias,
+        q_norm=a.q_norm.weight if qk_norm else None, k_norm=a.k_norm.weight if qk_norm else None,
+        post_norm=layer.post_attention_layernorm.weight, router=gate.weight, gate_up=experts.gate_up_proj,
+        down=experts.down_proj, heads=a.config.num_attention_heads, kv_heads=a.config.num_key_value_heads,
+        head_dim=a.head_dim, top_k=gate.top_k, eps=layer.input_layernorm.variance_epsilon, scale=a.scaling,
+        clip=None if clip is None else float(clip), qk_norm=qk_norm,
+        renorm=True if flag is None else bool(getattr(gate, flag)), scores_fp32=not cast)
+    norms = [layer.post_attention_layernorm] + ([a.q_norm, a.k_norm] if qk_norm else [])
+    if any(m.variance_epsilon != weights.eps for m in norms):
+        return None  # one eps for the layer's norms
+    try:
+        weights.check()
+    except ValueError:
+        return None
+    return weights
 
 
 def _rms(module: Any, x: torch.Tensor) -> torch.Tensor:

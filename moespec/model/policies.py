@@ -49,7 +49,7 @@ from moespec.kernels import expert_op, from_hf_experts
 from moespec.model.load import find_routers
 from moespec.model.spec import ModelSpec
 
-__all__ = ["POLICIES", "moe_experts", "set_policy", "set_replay"]
+__all__ = ["POLICIES", "moe_experts", "set_policy", "set_replay", "pass_kernel", "replayed"]
 
 # our kernels, AUTO (a plan's kernel per pass size), OUTSIDE (the expert operation taken out, to time the rest of a
 # pass) and transformers' own implementations for comparison
@@ -166,6 +166,22 @@ def set_policy(model: Any, policy: str, kernel_by_n: dict[int, str] | None = Non
         raise MoespecError(f"policy {policy!r}: transformers refused experts implementation {name!r} ({e})") from None
 
 
+def pass_kernel(module: torch.nn.Module, n: int) -> str | None:
+    """What the experts module's current policy runs for a pass of n tokens: "slot" or "dedup" (our kernels, auto
+    resolved for n), "outside" (the operation taken out), or None for transformers' own implementations."""
+    name = getattr(module.config, "_experts_implementation", None)
+    if name == "moespec-auto":
+        return _kernel_for(module, n)
+    return {"moespec-slot": "slot", "moespec-dedup": "dedup", "moespec-outside": "outside"}.get(name)
+
+
+def replayed(module: torch.nn.Module) -> torch.Tensor | None:
+    """The replayed ids [T, m] (int64, contiguous, held by the module) of this experts module while replay is on,
+    else None."""
+    return _state(module).replay
+
+
+
 # ---------------------------------------------------------------- routing replay
 
 def _replay_hook(module: torch.nn.Module, args: tuple) -> tuple:
@@ -200,6 +216,7 @@ def set_replay(model: Any, ids: np.ndarray | None) -> None:
         raise MoespecError(f"replay ids must lie in [0, {spec.N})")
     for layer, module in enumerate(experts):
         state = _state(module)
-        state.replay = torch.as_tensor(ids[:, layer], dtype=torch.long, device=module.gate_up_proj.device)
+        state.replay = torch.as_tensor(ids[:, layer], dtype=torch.long,
+                                       device=module.gate_up_proj.device).contiguous()
         if state.hook is None:
             state.hook = module.register_forward_pre_hook(_replay_hook)
