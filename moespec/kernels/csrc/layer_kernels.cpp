@@ -120,7 +120,6 @@ int layer(const LayerArgs& a) {
     rc |= moespec_linear(dt, dt, dt, dt, n, qd, d, o.data(), qd, a.o_w, a.o_b, y.data(), d, nt, 0);
     if (rc) return 2;
     add_into(h, y.data(), n * d);
-    if (a.mode == 2) return 0;  // the expert operation taken out: the MoE layer adds nothing
     rc |= moespec_rms_norm(dt, n, d, h, d, a.post_norm, a.eps, x.data(), d);
     std::vector<T> logits(n * a.N);
     rc |= moespec_linear(dt, dt, dt, dt, n, d, a.N, x.data(), d, a.router_w, nullptr, logits.data(), a.N, nt, 0);
@@ -130,6 +129,7 @@ int layer(const LayerArgs& a) {
     rc |= moespec_softmax_topk(dt, n, a.N, logits.data(), a.m, static_cast<int>(a.renorm), sdt, scores.data(),
                                ids.data());
     if (rc) return 2;
+    if (a.mode == 2) return 0;  // the expert operation taken out (the router still runs): the MoE layer adds nothing
     const int64_t* chosen = a.replay ? a.replay : ids.data();
     if (moespec_expert_op(dt, dt, sdt, static_cast<int>(a.mode), 0, 0.0f, 0.0f, n, a.m, a.N, d, a.f, x.data(),
                           chosen, scores.data(), a.gate_up, a.down, nullptr, nullptr, y.data(), nt))
