@@ -18,6 +18,8 @@ KERNELS = ("slot", "dedup")  # our two expert kernels: per-slot and deduplicatin
 POLICIES = (*KERNELS, "auto")  # a plan's policies: a fixed kernel, or AUTO (its kernel per pass size n)
 DTYPES = ("bf16", "fp32")  # weight dtypes our kernels and the engine run
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # those names -> torch dtype attribute
+QUANTIZED = ("q8_0", "q4_0")  # GGUF expert formats the bench times with ggml's kernels (llama.cpp's CPU backend)
+BENCH_DTYPES = (*DTYPES, *QUANTIZED)  # every expert format `moespec bench --dtype` takes
 DEVICE_KINDS = ("cpu", "cuda")  # where the kernels run
 ENGINES = ("moespec", "llama.cpp")  # what `moespec run` measures: our engine, or llama.cpp on a GGUF file
 

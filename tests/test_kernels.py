@@ -245,14 +245,15 @@ def test_mlx_peers_refuse_bf16_on_cpu():
 
 
 @pytest.mark.skipif("ggml-mul_mat_id" not in K.KERNELS, reason="optional peer: pip install ggml-python")
+@pytest.mark.parametrize("kernel", ["ggml-mul_mat_id", "ggml-per-slot"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES[:5], ids=[s[0] for s in SHAPES[:5]])
-def test_ggml_peer_matches_reference(shape, dtype):
+def test_ggml_peer_matches_reference(shape, dtype, kernel):
     _, n, m, N, d, f, same = shape
     for act, bias in ((K.SILU, False), (K.GPT_OSS, True)):
         args = make(n, m, N, d, f, dtype, same, bias=bias)
         ref = K.reference_float64(*args, act=act)
-        assert rel_err(K.expert_op("ggml-mul_mat_id", *args, act=act), ref) < TOL["peer", dtype]
+        assert rel_err(K.expert_op(kernel, *args, act=act), ref) < TOL["peer", dtype]
 
 
 def test_biases_in_another_dtype_are_converted():

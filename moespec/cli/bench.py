@@ -8,14 +8,16 @@ import json
 
 from moespec.cli.args import add_checkpoint_flags, bounded, parse_ints, seed
 from moespec.console import console
-from moespec.defaults import DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, REPS_LIMIT, SAMPLES_LIMIT
+from moespec.defaults import BENCH_DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, QUANTIZED, REPS_LIMIT, SAMPLES_LIMIT
 from moespec.formats.files import writing
+from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.bench import (
     DEFAULT_KERNELS,
     DEFAULT_REPS,
     DEFAULT_U_VALUES,
     DEFAULT_WINDOWS,
     BenchConfig,
+    default_dtype,
     noise_verdict,
     run_bench,
 )
@@ -29,11 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=MODEL, help=f"model preset, config path or GGUF file (default {MODEL})")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the kernels run (cuda: our Triton kernels)")
     p.add_argument("--layers", help="MoE layers to time, e.g. 0,7 (default: the first and L/2 - 1)")
-    p.add_argument("--dtype", default=BenchConfig.dtype, choices=DTYPES,
-                   help=f"expert weight dtype (default {BenchConfig.dtype})")
+    p.add_argument("--dtype", choices=BENCH_DTYPES,
+                   help=f"expert weight format (default: a GGUF file's own, else {BenchConfig.dtype}; "
+                        f"{', '.join(QUANTIZED)}: GGUF blocks, timed with ggml's kernels, llama.cpp's CPU backend)")
     p.add_argument("--kernels", default=DEFAULT_KERNELS,
-                   help=f"comma-separated kernels, or all (default {DEFAULT_KERNELS}; peers: hf-batched_mm, "
-                        f"hf-grouped_mm, hf-eager, and mlx-gather, mlx-sorted when mlx-lm is installed)")
+                   help=f"comma-separated kernels, or all (default {DEFAULT_KERNELS}, for a quantized --dtype "
+                        f"{','.join(GGML_PEERS)}; peers: hf-batched_mm, hf-grouped_mm, hf-eager, and, when "
+                        "installed, ggml-per-slot, ggml-mul_mat_id (ggml-python), mlx-gather, mlx-sorted (mlx-lm))")
     p.add_argument("--trace", help="routing trace (.npz) for the recorded windows and u(n) (default: synthesize "
                                    "the calibrated default for the model)")
     p.add_argument("--n", default=f"1-{N_MAX}",
@@ -56,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         check_plot(args.plot)  # before any work
     layers = None if args.layers is None else tuple(parse_ints(args.layers, "--layers", 0, LAYERS_LIMIT - 1,
                                                                               "MoE layer indices"))
-    config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=args.dtype, kernels=args.kernels,
+    dtype = args.dtype or default_dtype(args.model)
+    config = BenchConfig(out=args.out, model=args.model, layers=layers, dtype=dtype, kernels=args.kernels,
                          n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,

@@ -5,7 +5,8 @@ moespec.report.html.
 bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U are strings):
   format, format_version, model, spec     model name and ModelSpec fields
   device, device_kind, dtype              "cpu: <model name>, <threads> threads" or "cuda: <GPU name>, sm<major><minor>,
-                                          <memory> GiB"; "cpu" or "cuda" (bench --device); "bf16" or "fp32"
+                                          <memory> GiB"; "cpu" or "cuda" (bench --device); "bf16", "fp32",
+                                          or a GGUF format "q8_0", "q4_0" (ggml's kernels only)
   ceiling_kind                            what the ceiling measures (moespec.measure.timing): "streaming read" (cpu) or
                                           "device-to-device copy" (cuda; bytes read + written)
   ceiling_gbps, ceiling_iqr_gbps          the measured ceiling in GB/s (1e9 B/s): median and IQR over the
@@ -17,7 +18,9 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            (kind 'slot': n m b, kind 'dedup': U b), median and IQR over recorded windows of all layers
            gflops: {n: v} (newer files): 2 x 3 d f FLOPs per token-slot over the kernel's time, median over windows
   ceiling_by_n_gbps {n: median of the ceiling samples taken between the rounds of that n} (newer files)
-  r        {n: beta_dedup/beta_slot} of our kernels `dedup` and `slot` (empty if either is missing)
+  pair     [per-slot kernel, dedup kernel]: the engine pair timed (moespec.kernels.PAIRS: ours, or ggml's), or
+           null (newer files; older ones timed ours)
+  r        {n: beta_dedup/beta_slot} of the pair (empty if none was timed)
   u        {n: E_dedup/E_slot} over every in-document window of every layer of the trace (bytes-weighted)
   eps      {kernel: median over layers of its fit's median relative error on windows, n >= 2}
   eps_engine {engine: max over its kernels' eps}  (moespec: slot, dedup; transformers: hf-*; mlx-lm: mlx-*)
@@ -46,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError
-from moespec.defaults import DEVICE_KINDS, DTYPES, N_LIMIT
+from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, N_LIMIT
 from moespec.formats.files import Record, field, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-bench"
@@ -56,6 +59,20 @@ LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read"}
 # per_layer's times of one kernel at one n: measured ones are positive; a fit's prediction is finite (a fit may
 # extrapolate below zero at a pass size it did not see)
 OP_TIMES = {"measured_mean_s": True, "measured_median_s": True, "predicted_mean_s": False}
+
+
+def as_pair_roles(doc: Any) -> dict[str, Any]:
+    """The bench document with its pair's kernels renamed to KERNELS (slot, dedup) in kernels, eps and per_layer,
+    the names a plan reads (a bench of ggml's pair plans llama.cpp with ggml's times); the document itself when
+    it timed ours."""
+    pair = doc.get("pair") or list(KERNELS)
+    if list(pair) == list(KERNELS):
+        return doc
+    rename = dict(zip(pair, KERNELS))
+    keep = lambda table: {rename[k]: v for k, v in table.items() if k in rename}  # noqa: E731
+    per_layer = {layer: {**entry, "kernels": keep(entry["kernels"])} for layer, entry in doc["per_layer"].items()}
+    return {**doc, "kernels": keep(doc["kernels"]), "eps": keep(doc["eps"]), "per_layer": per_layer,
+            "pair_kernels": dict(zip(KERNELS, pair))}
 
 
 # ---- bench.json --------------------------------------------------------------------------------------------
@@ -98,6 +115,11 @@ class Bench(Record):
     """A validated bench.json: read it as its JSON object; the typed accessors are what a plan decides on."""
 
     @property
+    def pair(self) -> list[str]:
+        """The kernels that play per-slot and dedup for a plan: the pair timed, ours in older files."""
+        return self.get("pair") or list(KERNELS)
+
+    @property
     def ceiling_gbps(self) -> float:
         return float(self["ceiling_gbps"])
 
@@ -130,8 +152,11 @@ def load_bench(path: str | Path) -> Bench:
             raise _fail(where, f"{key} has the wrong type ({type(doc[key]).__name__})")
     if not doc["model"] or (isinstance(doc.get("spec"), dict) and doc["spec"].get("name") != doc["model"]):
         raise _fail(where, f"model name {doc['model']!r} is empty or differs from its spec's")
-    if doc["dtype"] not in DTYPES:
-        raise _fail(where, f"dtype {doc['dtype']!r} is not one of {', '.join(DTYPES)}")
+    if doc["dtype"] not in BENCH_DTYPES:
+        raise _fail(where, f"dtype {doc['dtype']!r} is not one of {', '.join(BENCH_DTYPES)}")
+    pair = doc.get("pair")
+    if pair is not None and not (isinstance(pair, list) and len(pair) == 2 and all(k in doc["kernels"] for k in pair)):
+        raise _fail(where, f"pair {pair!r} must name a per-slot and a dedup kernel of its kernels")
     for key, value in LEGACY_KEYS.items():
         doc.setdefault(key, value)
     if doc["device_kind"] not in DEVICE_KINDS:

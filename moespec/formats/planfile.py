@@ -9,6 +9,8 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   coverage     {timed_layers, num_moe_layers (L, the MoE layers the sums cover), model_moe_layers, scale, rule}
   crossover    n or null;  crossover_measured: the same on the measured-time version
   kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
+  kernels      {slot: name, dedup: name}: the bench kernels the plan's slot and dedup are (newer files): ours,
+               or ggml's pair (ggml-per-slot, ggml-mul_mat_id) for a plan of llama.cpp from ggml's own times
   tau_hat      {slot|dedup|auto: {n: s}} prediction (22);  tau_measured: {slot|dedup: {n: s}}
   saving       {n: {predicted_s, measured_s, band_s, lo_s, hi_s, u, r, margin, decided, byte_model, two_bandwidth}}
   delta_steps  {version: {policy: d}}: (1-d) V <= V_hat <= (1+d) V, the delta of the version's bands (21); d

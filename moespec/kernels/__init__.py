@@ -43,9 +43,11 @@ neither fp32 nor bf16; on a CUDA device they run the Triton kernels of moespec.k
 - `hf-batched_mm` (per-slot), `hf-grouped_mm`, `hf-eager` (dedup): transformers' experts implementations,
   called on a real experts module of the model's class (OlmoeExperts; GptOssExperts for the gpt-oss
   activation) that shares our weight tensors (gpt-oss's layout: converted once);
-- when installed, `ggml-mul_mat_id` (dedup; ggml-python: llama.cpp's MUL_MAT_ID on the ggml CPU backend,
-  which groups rows by expert) and `mlx-gather` / `mlx-sorted` (mlx[cpu] + mlx-lm: SwitchGLU's layers with
-  its sort decision forced: per-slot gather_mm, or slots sorted by expert; float32 only on the CPU).
+- when installed, `ggml-mul_mat_id` (dedup; ggml-python: llama.cpp's MUL_MAT_ID on the ggml CPU backend, which
+  groups rows by expert) and `ggml-per-slot` (the same with one node per token: each token's m experts, per-slot
+  bytes), also on q8_0 and q4_0 experts (peers.ggml_quantized, what a quantized GGUF runs), and `mlx-gather` /
+  `mlx-sorted` (mlx[cpu] + mlx-lm: SwitchGLU's layers with its sort decision forced: per-slot gather_mm, or slots
+  sorted by expert; float32 only on the CPU).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from __future__ import annotations
 import torch
 
 from moespec import MoespecError, theory
+from moespec.defaults import KERNELS as OURS
 from moespec.kernels.experts import (
     GPT_OSS,
     SILU,
@@ -68,11 +71,11 @@ from moespec.kernels.experts import (
     implementation,
     reference_float64,
 )
-from moespec.kernels.peers import PEERS
+from moespec.kernels.peers import GGML_PEERS, PEERS
 
 __all__ = [
     "Activation", "SILU", "GPT_OSS", "Kernel", "KERNELS", "expert_op", "reference_float64", "implementation",
-    "expert_bytes", "distinct_experts", "requested_bytes", "from_hf_experts",
+    "expert_bytes", "distinct_experts", "requested_bytes", "from_hf_experts", "PAIRS",
 ]
 
 
@@ -87,6 +90,12 @@ KERNELS: dict[str, Kernel] = {
                           "torch loop: one F.linear pair per distinct expert on its tokens"),
     **PEERS,
 }
+
+
+# The (per-slot, deduplicating) pairs of one engine that a plan can compare: ours, and llama.cpp's ggml kernels
+# (per token, and over the whole pass). A bench that times a pair records it; the plan reads the pair's times as
+# the slot and dedup of (7), (18) and (22).
+PAIRS = (OURS, GGML_PEERS)
 
 
 def _kernel(name: str) -> Kernel:

@@ -16,7 +16,9 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
 
 from moespec import MoespecError
-from moespec.kernels.experts import Kernel, _check_ids
+from moespec.defaults import QUANTIZED
+from moespec.kernels.experts import SILU, Kernel, _check_ids
+from moespec.model.weights import FORMATS
 
 # Peer state (modules sharing or converting our weights) is built once per weight tensor and dropped when
 # that tensor is garbage-collected. Weights are treated as immutable while their peer state is cached.
@@ -141,28 +143,33 @@ def _ggml_available() -> bool:
     return importlib.util.find_spec("ggml") is not None
 
 
-def _ggml_run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
-    """llama.cpp's ggml MUL_MAT_ID on the CPU backend (ggml-python bindings), wrapping our weights without a
-    copy; ggml-cpu groups the slots' rows by expert, so each distinct expert is read once per pass."""
+GGML_QUANTIZED = QUANTIZED  # expert formats the ggml peers take as raw GGUF blocks (bench --dtype)
 
+
+def _ggml_type(fmt: str) -> int:
+    import ggml  # optional heavy dependency: ggml-python
+
+    return {"fp32": ggml.GGML_TYPE_F32, "bf16": ggml.GGML_TYPE_BF16, "q8_0": ggml.GGML_TYPE_Q8_0,
+            "q4_0": ggml.GGML_TYPE_Q4_0}[fmt]
+
+
+def _ggml_experts(x, ids, weights, gate_up, down, fmt: str, shape: tuple[int, int, int], biases, act, threads,
+                  per_slot: bool) -> torch.Tensor:
+    """llama.cpp's ggml MUL_MAT_ID on the CPU backend (ggml-python bindings) over expert weights held as raw bytes
+    of ggml type `fmt` (shape (N, d, f): gate_up's rows are 2f rows of d weights, down's d rows of f), wrapped
+    without a copy. ggml-cpu groups a node's rows by expert, so one node for the pass reads each distinct expert
+    once (dedup); `per_slot` builds one node per token instead, each reading its own m experts (per-slot bytes)."""
     import ggml  # optional heavy dependency: ggml-python
     import ggml.utils
 
-    _check_ids(ids, gate_up.shape[0])
-    gtype = {torch.float32: ggml.GGML_TYPE_F32, torch.bfloat16: ggml.GGML_TYPE_BF16}.get(gate_up.dtype)
-    if gtype is None:  # ggml aborts the process on unsupported operands, so refuse them here
-        raise MoespecError(f"ggml peer: weights must be float32 or bfloat16, not {gate_up.dtype}")
-    (n, d), m, (N, two_f, _) = x.shape, ids.shape[1], gate_up.shape
-    f = two_f // 2
-    # ggml's add_id wants fp32 biases: converted once per weight set
-    biases = _peer_state("ggml", gate_up, down, gate_up_bias, down_bias, act, lambda: [
-        None if b is None else b.detach().float().contiguous() for b in (gate_up_bias, down_bias)])
+    (n, d), m, (N, _, f) = x.shape, ids.shape[1], shape
+    two_f = 2 * f
     inputs = [x.detach().float().contiguous(), ids.to(torch.int32).contiguous(),
               weights.detach().float().contiguous()]
     # Activations (gate/up, h, per-slot outputs, float32) and the work buffer, with room to spare.
-    mem = 16 * (2 * f + 2 * d) * m * n + (4 << 20)
-    wrap_ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=16 * ggml.ggml_tensor_overhead(), mem_buffer=None,
-                                                    no_alloc=True))
+    mem = 16 * (2 * f + 2 * d) * m * n + (4 << 20) + (n << 16)
+    wrap_ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=8 * ggml.ggml_tensor_overhead(), mem_buffer=None,
+                                                    no_alloc=True))  # the 7 wrapped tensors below
     ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
 
     def wrap(t, ne, kind):  # ggml dims are innermost first
@@ -170,22 +177,38 @@ def _ggml_run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, thre
         g.contents.data = ctypes.c_void_p(t.data_ptr())
         return g
 
-    try:
-        xs, idx, ws = inputs
-        experts_in = wrap(gate_up, [d, two_f, N], gtype)
-        experts_out = wrap(down, [f, d, N], gtype)
-        sel = wrap(idx, [m, n], ggml.GGML_TYPE_I32)
-        gu = ggml.ggml_mul_mat_id(ctx, experts_in, wrap(xs, [d, 1, n], ggml.GGML_TYPE_F32), sel)  # [2f, m, n]
-        if biases[0] is not None:
-            gu = ggml.ggml_add_id(ctx, gu, wrap(biases[0], [two_f, N], ggml.GGML_TYPE_F32), sel)
+    def experts_of(xs, sel, rows):  # [d, 1, rows] inputs, [m, rows] ids -> [1, d, rows] weighted sums
+        gu = ggml.ggml_mul_mat_id(ctx, experts_in, xs, sel)  # [2f, m, rows]
+        if bias_in is not None:
+            gu = ggml.ggml_add_id(ctx, gu, bias_in, sel)
         nb1, nb2 = gu.contents.nb[1], gu.contents.nb[2]
-        gate = ggml.ggml_view_3d(ctx, gu, f, m, n, nb1, nb2, 0)
-        up = ggml.ggml_view_3d(ctx, gu, f, m, n, nb1, nb2, f * 4)
+        gate = ggml.ggml_view_3d(ctx, gu, f, m, rows, nb1, nb2, 0)
+        up = ggml.ggml_view_3d(ctx, gu, f, m, rows, nb1, nb2, f * 4)
         h = (ggml.ggml_swiglu_split(ctx, gate, up) if act.kind == "silu"
              else ggml.ggml_swiglu_oai(ctx, gate, up, act.alpha, act.limit))
-        y = ggml.ggml_mul_mat_id(ctx, experts_out, h, sel)  # [d, m, n]
-        if biases[1] is not None:
-            y = ggml.ggml_add_id(ctx, y, wrap(biases[1], [d, N], ggml.GGML_TYPE_F32), sel)
+        y = ggml.ggml_mul_mat_id(ctx, experts_out, h, sel)  # [d, m, rows]
+        if bias_out is not None:
+            y = ggml.ggml_add_id(ctx, y, bias_out, sel)
+        return y
+
+    try:
+        xs, idx, ws = inputs
+        gtype = _ggml_type(fmt)
+        experts_in = wrap(gate_up, [d, two_f, N], gtype)
+        experts_out = wrap(down, [f, d, N], gtype)
+        bias_in = None if biases[0] is None else wrap(biases[0], [two_f, N], ggml.GGML_TYPE_F32)
+        bias_out = None if biases[1] is None else wrap(biases[1], [d, N], ggml.GGML_TYPE_F32)
+        x_all, sel_all = wrap(xs, [d, 1, n], ggml.GGML_TYPE_F32), wrap(idx, [m, n], ggml.GGML_TYPE_I32)
+        if per_slot:
+            parts = [experts_of(ggml.ggml_view_3d(ctx, x_all, d, 1, 1, x_all.contents.nb[1], x_all.contents.nb[2],
+                                                  t * x_all.contents.nb[2]),
+                                ggml.ggml_view_2d(ctx, sel_all, m, 1, sel_all.contents.nb[1],
+                                                  t * sel_all.contents.nb[1]), 1) for t in range(n)]
+            y = parts[0]
+            for part in parts[1:]:
+                y = ggml.ggml_concat(ctx, y, part, 2)
+        else:
+            y = experts_of(x_all, sel_all, n)
         y = ggml.ggml_mul(ctx, y, wrap(ws, [1, m, n], ggml.GGML_TYPE_F32))
         out = ggml.ggml_sum_rows(ctx, ggml.ggml_cont(ctx, ggml.ggml_permute(ctx, y, 1, 0, 2, 3)))  # [1, d, n]
         graph = ggml.ggml_new_graph(ctx)
@@ -198,6 +221,48 @@ def _ggml_run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, thre
     return result.to(x.dtype)
 
 
+def _ggml(per_slot: bool) -> Callable[..., torch.Tensor]:
+    def run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
+        _check_ids(ids, gate_up.shape[0])
+        fmt = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(gate_up.dtype)
+        if fmt is None:  # ggml aborts the process on unsupported operands, so refuse them here
+            raise MoespecError(f"ggml peer: weights must be float32 or bfloat16, not {gate_up.dtype}")
+        # ggml's add_id wants fp32 biases: converted once per weight set
+        biases = _peer_state("ggml", gate_up, down, gate_up_bias, down_bias, act, lambda: [
+            None if b is None else b.detach().float().contiguous() for b in (gate_up_bias, down_bias)])
+        N, two_f, d = gate_up.shape
+        return _ggml_experts(x, ids, weights, gate_up.contiguous(), down.contiguous(), fmt, (N, d, two_f // 2),
+                             biases, act, threads, per_slot)
+
+    return run
+
+
+def ggml_quantized(kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor, fmt: str, shape: tuple[int, int, int], threads: int | None = None
+                   ) -> torch.Tensor:
+    """A ggml peer (`kernel`: ggml-mul_mat_id or ggml-per-slot) on quantized experts: gate_up and down the raw
+    GGUF blocks (uint8, contiguous: [N, 2f, d / 32 x block bytes], [N, d, f / 32 x block bytes]) of `fmt` (one
+    of GGML_QUANTIZED), shape (N, d, f), silu and no biases: what llama.cpp's CPU backend runs for a q8_0 or
+    q4_0 GGUF (bench --dtype q8_0)."""
+    if kernel not in GGML_PEERS or fmt not in GGML_QUANTIZED:
+        raise MoespecError(f"quantized experts run on {', '.join(GGML_PEERS)} in {', '.join(GGML_QUANTIZED)}; got "
+                           f"{kernel} in {fmt}")
+    (N, d, f), (block_bytes, block) = shape, FORMATS[fmt]
+    want = {"gate_up": (N, 2 * f, d // block * block_bytes), "down": (N, d, f // block * block_bytes)}
+    for name, t in (("gate_up", gate_up), ("down", down)):
+        if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != want[name]:
+            raise MoespecError(f"{name} must be contiguous uint8 {want[name]} on the CPU ({fmt} blocks), got "
+                               f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    if d % block or f % block or tuple(x.shape) != (ids.shape[0], d) or x.device.type != "cpu":
+        raise MoespecError(f"x {tuple(x.shape)} must be [n, d={d}] on the CPU, d and f multiples of {block}")
+    _check_ids(ids, N)
+    return _ggml_experts(x, ids, weights, gate_up, down, fmt, shape, [None, None], SILU, threads,
+                         kernel == "ggml-per-slot")
+
+
+GGML_PEERS = ("ggml-per-slot", "ggml-mul_mat_id")  # llama.cpp's kernel pair: per token, and the whole pass
+
+
 PEERS: dict[str, Kernel] = {
     "hf-batched_mm": Kernel("hf-batched_mm", "slot", _hf("batched_mm"),
                             "transformers batched_mm: gathers each slot's weights, then bmm"),
@@ -207,8 +272,10 @@ PEERS: dict[str, Kernel] = {
                        "transformers eager: loop over hit experts, linear on their tokens"),
 }
 if _ggml_available():  # optional peer: pip install ggml-python (builds llama.cpp's ggml from source)
-    PEERS["ggml-mul_mat_id"] = Kernel("ggml-mul_mat_id", "dedup", _ggml_run,
+    PEERS["ggml-mul_mat_id"] = Kernel("ggml-mul_mat_id", "dedup", _ggml(per_slot=False),
                                         "llama.cpp ggml MUL_MAT_ID, CPU backend: rows grouped by expert")
+    PEERS["ggml-per-slot"] = Kernel("ggml-per-slot", "slot", _ggml(per_slot=True),
+                                      "llama.cpp ggml MUL_MAT_ID, one node per token: each token's m experts")
 if _mlx_available():  # optional peer: pip install 'mlx[cpu]' mlx-lm
     PEERS["mlx-gather"] = Kernel("mlx-gather", "slot", _mlx(sort=False),
                                    "mlx-lm SwitchGLU, gather_mm per slot (its path when n*m < 64)")

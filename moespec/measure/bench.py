@@ -43,11 +43,13 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 from moespec import MoespecError, kernels, theory
 from moespec.console import progress
 from moespec.defaults import (
-    DTYPES,
+    BENCH_DTYPES,
     KERNELS,
     MODEL,
     N_LIMIT,
@@ -64,9 +66,10 @@ from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
+from moespec.kernels.peers import GGML_PEERS, GGML_QUANTIZED, ggml_quantized
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.timing import Timer, median_iqr, timer_for
-from moespec.model.gguf import resolve_model
+from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
 from moespec.model.spec import ModelSpec
 from moespec.routing.reuse import reuse_stats
@@ -177,9 +180,10 @@ def parse_kernels(text: str, spec: ModelSpec, dtype: str, device: str = "cpu") -
 def _cannot_run(names: list[str], spec: ModelSpec, dtype: str, device: str) -> dict[str, str]:
     """kernel -> why it fails on a tiny layer with this model's structure (N, m, biases, activation) at dtype
     on device."""
-    layer = layer_weights(dataclasses.replace(spec, hidden=8, expert_width=8), 0, dtype, 0, device)
+    size = 32  # a quantized format's block
+    layer = layer_weights(dataclasses.replace(spec, hidden=size, expert_width=size), 0, dtype, 0, device)
     ids = chosen_ids(2, spec.m, spec.N, spec.m + 1, np.random.default_rng(0))
-    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], 8, layer.gate_up.dtype, device)[0]
+    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], size, layer.x_dtype, device)[0]
     failing = {}
     for name in names:
         try:
@@ -210,26 +214,45 @@ def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, di
 
 @dataclass
 class LayerWeights:
-    """Random expert weights of one MoE layer in the kernels' layout (moespec.kernels shape legend)."""
+    """Random expert weights of one MoE layer in the kernels' layout (moespec.kernels shape legend); for a
+    quantized `fmt` (GGML_QUANTIZED) gate_up and down hold the GGUF blocks of those weights (uint8) and only
+    ggml's kernels run them."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
     gate_up_bias: torch.Tensor | None
     down_bias: torch.Tensor | None
     act: Activation
+    fmt: str = "bf16"
+    shape: tuple[int, int, int] = (0, 0, 0)  # (N, d, f)
+
+    @property
+    def x_dtype(self) -> torch.dtype:
+        """The dtype of the pass's inputs: the weights' own, fp32 for quantized weights (ggml's activations)."""
+        return torch.float32 if self.fmt in GGML_QUANTIZED else self.gate_up.dtype
 
     def run(self, kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.fmt in GGML_QUANTIZED:
+            return ggml_quantized(kernel, x, ids, weights, self.gate_up, self.down, self.fmt, self.shape)
         return expert_op(kernel, x, ids, weights, self.gate_up, self.down, self.gate_up_bias, self.down_bias,
                          self.act)
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, TORCH_DTYPES[name])
+    return getattr(torch, TORCH_DTYPES.get(name, "float32"))  # quantized formats draw fp32 weights, then quantize
+
+
+def _quantized(t: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The GGUF blocks of t's rows (the last dimension) in `fmt`, quantized by the gguf package as llama.cpp's
+    converter does: uint8 [..., K / block x block bytes]."""
+    rows = gguf_quants.quantize(t.reshape(-1, t.shape[-1]).numpy(), GGMLQuantizationType[fmt.upper()])
+    return torch.from_numpy(rows).reshape(*t.shape[:-1], rows.shape[-1])
 
 
 def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: str = "cpu") -> LayerWeights:
     """Seeded random weights of the layer's real shape and dtype on `device`; biases and the clamped SwiGLU for
-    gpt-oss. Drawn by the CPU generator whatever the device, so every device gets the same values."""
+    gpt-oss. Drawn by the CPU generator whatever the device, so every device gets the same values. A quantized
+    dtype draws fp32 weights and stores their GGUF blocks (CPU only)."""
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, layer]).generate_state(1)[0]))
 
     def normal(*shape: int) -> torch.Tensor:
@@ -237,8 +260,13 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: st
 
     N, d, f = spec.N, spec.hidden, spec.expert_width  # noqa: N806
     biases = (normal(N, 2 * f), normal(N, d)) if spec.expert_bias else (None, None)
-    return LayerWeights(normal(N, 2 * f, d), normal(N, d, f), *biases,
-                        GPT_OSS if spec.model_type == "gpt_oss" else SILU)
+    act = GPT_OSS if spec.model_type == "gpt_oss" else SILU
+    gate_up, down = normal(N, 2 * f, d), normal(N, d, f)
+    if dtype in GGML_QUANTIZED:
+        if device != "cpu":
+            raise MoespecError(f"--dtype {dtype}: quantized experts run on the CPU (ggml's kernels) only")
+        gate_up, down = _quantized(gate_up, dtype), _quantized(down, dtype)
+    return LayerWeights(gate_up, down, *biases, act, dtype, (N, d, f))
 
 
 # ---- timing ------------------------------------------------------------------------------------------------
@@ -264,7 +292,7 @@ def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps
     """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
     flush, in an order rotated per round, so drift and order effects hit all kernels alike. After each round one
     ceiling sample (GB/s): a kernel's share of the ceiling is then taken against the machine of its own rounds."""
-    inputs = _inputs(passes, layer.gate_up.shape[2], layer.gate_up.dtype, layer.gate_up.device)
+    inputs = _inputs(passes, layer.shape[1], layer.x_dtype, layer.gate_up.device)
     for kernel in kernels:
         layer.run(kernel, *inputs[0])
     samples: Timings = [{kernel: [] for kernel in kernels} for _ in passes]
@@ -369,6 +397,12 @@ class BenchConfig:
     device: str = "cpu"
     fresh: bool = False
 
+    def kernel_list(self) -> str:
+        """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
+        runs GGUF blocks)."""
+        quantized_default = self.dtype in GGML_QUANTIZED and self.kernels == DEFAULT_KERNELS
+        return ",".join(GGML_PEERS) if quantized_default else self.kernels
+
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
         check_output(self.out)
@@ -379,8 +413,19 @@ class BenchConfig:
                 raise MoespecError(f"{flag} must lie in {least}..{most:,}, got {value}")
         if not self.n or not all(1 <= n <= N_LIMIT for n in self.n):
             raise MoespecError(f"--n: pass sizes must lie in 1..{N_LIMIT}, got {list(self.n)}")
-        if self.dtype not in DTYPES:
-            raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(DTYPES)}")
+        if self.dtype not in BENCH_DTYPES:
+            raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(BENCH_DTYPES)}")
+
+
+def default_dtype(model: str) -> str:
+    """The expert format to bench `model` in when none is given: a GGUF file's own (bf16, q8_0, ...: its real
+    bytes), else BenchConfig's default."""
+    if not str(model).endswith(".gguf"):
+        return BenchConfig.dtype
+    fmt = read_gguf(model).expert_format()
+    if fmt not in BENCH_DTYPES:
+        raise MoespecError(f"{model}: its experts are {fmt}; the bench times {', '.join(BENCH_DTYPES)}: give --dtype")
+    return fmt
 
 
 @holds_outputs(lambda config: [config.out])
@@ -393,7 +438,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     device = resolve_device(config.device)
     spec = resolve_model(config.model)
     ns, layers = sorted(set(config.n)), bench_layers(config.layers, spec)
-    names, skipped = parse_kernels(config.kernels, spec, config.dtype, device)
+    names, skipped = parse_kernels(config.kernel_list(), spec, config.dtype, device)
     kinds = {k: bench_kernels()[k] for k in names}
     trace, trace_info = bench_trace(spec, config.trace, config.seed)
     plan = {(layer, n): plan_unit(trace, spec, layer, n, config.windows, config.u_values, config.seed)

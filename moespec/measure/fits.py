@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError, theory
+from moespec.kernels import PAIRS
 
 EQUATIONS = {"slot": "(4)", "dedup": "(E.1)"}
 _COEFFICIENTS = 3  # t_op and two slopes in both fits
@@ -175,15 +176,16 @@ def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], la
             kernels[kernel]["gflops"] = {str(n): float(np.median(
                 [n * m * slot_flops / r["median_s"][kernel] / 1e9
                  for layer in layers for k, r in _rows(units, layer, "window") if k == n])) for n in ns}
-    r = {} if not {"slot", "dedup"} <= set(kinds) else {
-        n: kernels["dedup"]["beta_gbps"][str(n)] / kernels["slot"]["beta_gbps"][str(n)] for n in ns}
+    pair = next((list(p) for p in PAIRS if set(p) <= set(kinds)), None)  # the engine pair timed, ours first
+    r = {} if pair is None else {
+        n: kernels[pair[1]]["beta_gbps"][str(n)] / kernels[pair[0]]["beta_gbps"][str(n)] for n in ns}
     eps = {k: float(np.median(v)) for k, v in errors.items() if v}
     engines: dict[str, list[float]] = {}
     for kernel, value in eps.items():
         engines.setdefault(engine_of(kernel), []).append(value)
     ceilings = {n: [c for layer in layers for c in units[layer, n].get("ceiling_gbps", [])] for n in ns}
     by_n = {str(n): float(np.median(c)) for n, c in ceilings.items() if c}
-    return {"kernels": kernels, "r": {str(n): v for n, v in r.items()}, "u": {str(n): u[n] for n in ns},
+    return {"kernels": kernels, "pair": pair, "r": {str(n): v for n, v in r.items()}, "u": {str(n): u[n] for n in ns},
             "eps": eps, "eps_engine": {e: max(v) for e, v in engines.items()},
             "crossover": theory.crossover({n: r[n] - u[n] for n in ns if n in r}),  # (7): dedup faster where u < r
             "fits": fits, "per_layer": per_layer, **({"ceiling_by_n_gbps": by_n} if len(by_n) == len(ns) else {})}

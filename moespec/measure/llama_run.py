@@ -40,18 +40,10 @@ from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prom
 from moespec.measure.run import RunConfig, load_plan_kernels, summarize, timed_rounds
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
-from moespec.model.gguf import GgufModel, read_gguf
+from moespec.model.gguf import read_gguf
 from moespec.model.llama_cpp import LlamaContext, bindings
 
 POLICY = "dedup"  # llama.cpp's CPU MUL_MAT_ID reads each selected expert once (the module docstring)
-
-
-def gguf_format(model: GgufModel) -> str:
-    """The file's weight format as runs and plans name a dtype: the type of its expert tensors (bf16, q8_0, ...),
-    "gguf-mixed" where they differ (a q4_K_M file)."""
-    names = model.expert_tensor_names()
-    kinds = {t.type.lower() for t in model.tensors if t.name in names}
-    return kinds.pop() if len(kinds) == 1 else "gguf-mixed"
 
 
 class Contexts:
@@ -172,7 +164,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
     model = read_gguf(config.gguf)  # a dense, truncated or unknown-architecture file: one line
     bindings()  # llama-cpp-python absent: one line, before any work
     ns, ks, acceptances = sorted(set(config.n)), sorted(set(config.k)), config.acceptances
-    started = provenance("cpu", gguf_format(model))
+    started = provenance("cpu", model.expert_format())
     # --plan: recorded (its sha256) so score can call the plan pre-registered; llama.cpp runs its one kernel
     plan_info, _ = load_plan_kernels(config.plan, started["dtype"], "cpu")
     if plan_info and plan_info["model"] != model.spec.name:

@@ -72,6 +72,13 @@ class GgufModel:
         """The names of every routed-expert tensor of the file (all MoE layers)."""
         return set().union(*(self._expert_names(b) for b in self.spec.moe_layers))
 
+    def expert_format(self) -> str:
+        """The file's weight format as runs, benches and plans name a dtype: the type of its expert tensors (bf16,
+        q8_0, ...), "gguf-mixed" where they differ (a q4_K_M file)."""
+        names = self.expert_tensor_names()
+        kinds = {t.type.lower() for t in self.tensors if t.name in names}
+        return kinds.pop() if len(kinds) == 1 else "gguf-mixed"
+
     def expert_bytes(self, layer: int) -> int:
         """w_l: bytes of one routed expert of MoE layer `layer` (0..L-1) as stored in the file."""
         if not 0 <= layer < self.spec.L:

@@ -51,7 +51,7 @@ import numpy as np
 
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
-from moespec.formats.benchfile import load_bench
+from moespec.formats.benchfile import as_pair_roles, load_bench
 from moespec.formats.files import holds_outputs, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan
 from moespec.formats.runsfile import Runs, load_runs
@@ -192,6 +192,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     calibrated version and the defaults of depth and moe_layers."""
     if runs is not None and not isinstance(runs, Runs):
         runs = Runs(dict(runs), runs_path)
+    bench = as_pair_roles(bench)  # ggml's pair, where the bench timed it, plays slot and dedup
     if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
         raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
     if tau1 is None and runs is None:
@@ -283,6 +284,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
         "inputs_ceiling_gbps": inputs_ceiling(bench, runs),
         "llama_cpp": llama_cpp_flags(step, "calibrated" if "calibrated" in step else "prediction"),
+        "kernels": bench.get("pair_kernels") or dict(zip(KERNELS, KERNELS)),
         "provenance": provenance(device=bench["device"], dtype=fmt),
     }
     for version in [v for v in versions if v != "prediction"]:
