@@ -116,3 +116,17 @@ def test_online_policy_keeps_runs_of_acceptance_apart():
             hard = accepted < k
     assert policy.profile(1)[0] > 0.8 > 0.4 > policy.profile(0)[0]
     assert np.mean(ks[False][100:]) > np.mean(ks[True][100:]) + 2
+
+
+def test_a_prior_profile_starts_at_the_plans_k_and_the_text_moves_it():
+    plan = [0.9] * 8  # the calibration said: a good draft
+    policy = Online(V, prior=10.0, prior_profile=plan)
+    want = int(theory.best_draft_length_for(V, plan))
+    first = [policy.next_k() for _ in range(50)]  # no evidence yet: draws near the plan's k_hat
+    assert abs(int(np.median(first)) - want) <= 1 and want >= 5
+    late = feed(policy, 0.2, 800, np.random.default_rng(2))[600:]  # this text defeats the draft
+    assert np.median(late) <= 1
+    with pytest.raises(ValueError, match="prior_profile"):
+        Online(V, prior_profile=[0.5] * 3)
+    with pytest.raises(ValueError, match="prior_profile"):
+        Online(V, prior_profile=[1.0] * 8)

@@ -12,7 +12,8 @@ How. Per kind of prompt: CALIBRATION prompts are decoded at every constant k fir
 time per k is V(k), and their longest-draft steps give the profile (estimate_profile with a Beta(1, 1) prior).
 Then every cell decodes every other prompt, interleaved prompt by prompt (the order reversed every other round);
 the heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps
-its assistant's draft length across generate calls). Greedy throughout: every cell must give plain decoding's
+its assistant's draft length across generate calls); the online policy starts from the plan, V(k) and the
+calibration profile as its prior, where the heuristic starts from transformers' default. Greedy throughout: every cell must give plain decoding's
 tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's ratio to the
 best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval, and the
 streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes to megabytes of a
@@ -91,7 +92,7 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
     k_hat = int(theory.best_draft_length_for(V, profile))
     cells = [*(f"k={k}" for k in fixed), "heuristic", "online", *([HF_ASSISTED] if with_hf else [])]
     units: dict[str, list[dict]] = {c: [] for c in cells}
-    policies = {"heuristic": Heuristic(kmax), "online": Online(V)}
+    policies = {"heuristic": Heuristic(kmax), "online": Online(V, prior_profile=profile)}
     for i, prompt in enumerate(prompts[CALIBRATION:]):
         for cell in cells if i % 2 == 0 else cells[::-1]:
             if cell == HF_ASSISTED:

@@ -9,8 +9,9 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
 
 - per position j, a Beta posterior over a_j from the steps that tested j (moespec.theory.profile.estimate_profile's
   counts), with a prior of PRIOR pseudo-steps centred on the estimate of position j - 1 (position 1's on
-  PRIOR_RATE), and an exponential forgetting factor (DECAY per step) so the estimate follows a text whose
-  difficulty changes;
+  PRIOR_RATE), or, given a plan's measured profile (`prior_profile`, e.g. from calibration prompts), on that
+  profile's a_j, so decoding starts at the plan's k_hat and moves off it as the text proves otherwise; and an
+  exponential forgetting factor (DECAY per step) so the estimate follows a text whose difficulty changes;
 - so a position no step has tested (k was always shorter) takes the previous position's estimate, and the policy
   can grow k when the draft proves good (an untested position is not assumed perfect or useless);
 - each step draws a profile from the posterior and drafts k = best_draft_length_for(V, drawn profile) (Thompson
@@ -83,13 +84,19 @@ class Online:
     """The online policy (module docstring) for step times V(0..kmax); `seed` makes its draws reproducible."""
 
     def __init__(self, V: Sequence[float], prior: float = PRIOR, prior_rate: float = PRIOR_RATE,
-                 decay: float = DECAY, seed: int = 0) -> None:
+                 decay: float = DECAY, seed: int = 0, prior_profile: Sequence[float] | None = None) -> None:
         self.V = [float(v) for v in theory.check_step_times(V, min_len=2)]
         self.V_array = np.array(self.V)
         if not (prior > 0 and 0 < prior_rate < 1 and 0 < decay <= 1):
             raise ValueError(f"prior, prior_rate, decay: need prior > 0, 0 < prior_rate < 1, 0 < decay <= 1, got "
                              f"{prior}, {prior_rate}, {decay}")
         self.kmax = len(self.V) - 1
+        if prior_profile is not None:
+            prior_profile = [float(a) for a in theory.check_profile(prior_profile)]
+            if len(prior_profile) != self.kmax or not all(0 < a < 1 for a in prior_profile):
+                raise ValueError(f"prior_profile: {self.kmax} acceptances in (0, 1) (one per draft position), got "
+                                 f"{prior_profile}")
+        self.prior_profile = prior_profile
         self.prior, self.prior_rate, self.decay = prior, prior_rate, decay
         self.tested, self.passed = np.zeros((2, self.kmax)), np.zeros((2, self.kmax))  # [state, position]
         self.state = MISSED
@@ -104,7 +111,8 @@ class Online:
         alpha, beta, last = np.empty(self.kmax), np.empty(self.kmax), self.prior_rate
         for j in range(self.kmax):
             t, p = self.tested[state, j], self.passed[state, j]
-            alpha[j], beta[j] = p + self.prior * last, (t - p) + self.prior * (1 - last)
+            centre = last if self.prior_profile is None else self.prior_profile[j]
+            alpha[j], beta[j] = p + self.prior * centre, (t - p) + self.prior * (1 - centre)
             last = alpha[j] / (alpha[j] + beta[j])
         return alpha, beta
 
