@@ -67,6 +67,9 @@ def test_run_writes_the_documented_keys(tiny_run):
         assert r["tokens_per_step"] * r["steps"] >= 5 - 1 and (r["k"] or r["tokens_per_step"] == 1.0)
         assert r["tokens_per_step"] <= r["k"] + 1 and r["tokens"] == 5
     assert doc["greedy_match"] is doc["greedy_exact"] is True and doc["depth"] == 8 and doc["moe_layers"] == 2
+    native = doc["dense"] == "native"  # the lean pass rides on the native kernels (absent: transformers' forward)
+    assert doc["verify_pass"] == ("lean (2 of 2 layers one native call each)" if native else
+                                  "transformers (dense path torch)")
     assert set(doc["draft_time_s"]) == {"0", "1", "2"}
     assert doc["provenance"]["timestamp"] and doc["device_kind"] == "cpu"
     assert set(doc["ceiling_gbps"]) == {"before", "between", "after"} and min(doc["ceiling_gbps"].values()) > 0

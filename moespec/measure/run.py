@@ -62,7 +62,7 @@ from moespec.measure.decoding import (
 )
 from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr
 from moespec.model import speculative
-from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense
+from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense, verify_pass
 from moespec.model.load import LoadedModel, load_draft, load_model, resolve_device
 from moespec.model.policies import set_policy, set_replay
 from moespec.model.spec import ModelSpec
@@ -387,7 +387,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "seed": config.seed, "draft_model": config.draft_model}
     checkpoint = Checkpoint(config.out, key, "run", config.fresh)
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
-        f"{dense_path}; policies "
+        f"{dense_path}; verify pass: {verify_pass(lm.model)}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
@@ -402,7 +402,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     ceilings["after"] = measure_stream_read()
     doc = summarize(identity(lm, config), config, units, verify, measured, acceptances, plan_info, kernel_by_n,
                     started, ceilings)
-    doc["dense"] = dense_path
+    doc["dense"], doc["verify_pass"] = dense_path, verify_pass(lm.model)
     write_json(config.out, doc)
     checkpoint.remove()
     return Runs(doc, config.out)

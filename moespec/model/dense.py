@@ -185,6 +185,18 @@ def set_dense(model: torch.nn.Module, kind: str) -> str:
     return "native"
 
 
+def verify_pass(model: torch.nn.Module) -> str:
+    """What computes a verification pass of this model: "lean" (moespec.model.lean) with how many of its layers
+    run as one native call each, or "transformers" with the reason the lean pass does not apply."""
+    installed = getattr(model, "_moespec_dense", None)
+    if installed is None:
+        return "transformers (dense path torch)"
+    if installed.lean is None:
+        return f"transformers ({lean.unsupported(model)})"
+    fused = sum(w is not None for w in installed.lean.fused)
+    return f"lean ({fused} of {len(installed.lean.fused)} layers one native call each)"
+
+
 def native_calls(model: torch.nn.Module) -> int:
     """How many F.linear calls the native kernel ran in this model since set_dense (0 when not installed)."""
     installed = getattr(model, "_moespec_dense", None)
