@@ -45,8 +45,8 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       the rounds (target, max_reps, budget, disturbed)
   dense               what ran the dense weights of verify passes: "native" (moespec.model.dense), "torch", or
                       "torch (why the native kernel is unavailable)"; absent in older files
-  verify_pass         what computed a verify pass: "lean (L of L layers one native call each)" (moespec.model.lean)
-                      or "transformers (why the lean pass does not apply)"; absent in older files
+  verify_pass         what computed a verify pass: "lean (L of L layers one native call each)" (moespec.model.lean),
+                      "transformers (why the lean pass does not apply)" or "llama.cpp (...)"; absent in older files
   engine              "llama.cpp" for `run --engine llama.cpp` (moespec.measure.llama_run: verify_time_s holds dedup
                       alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format;
                       provenance.llama_cpp names the files and threads); absent for moespec's engine

@@ -217,7 +217,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
     doc = summarize(identity, replace(config, dtype=started["dtype"]), units, [POLICY], measured, acceptances,
                     plan_info, None, started, ceilings)
     doc["engine"] = "llama.cpp"
-    doc["dense"] = "llama.cpp"
+    doc["dense"], doc["verify_pass"] = "llama.cpp", "llama.cpp (its own graph, through its C API)"
     write_json(config.out, doc)
     checkpoint.remove()
     return Runs(doc, config.out)

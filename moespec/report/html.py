@@ -392,6 +392,8 @@ def _engine(name: str, runs: dict[str, Any]) -> str:
     share = runs.get("overhead_share")
     facts = [("engine", f"{runs.get('source', '-')}; {runs.get('moe_layers')} MoE layers, depth {runs['depth']}"),
              ("replayed routing", runs.get("replay") or "none (the model's own routers)"),
+             ("verify pass", f"dense weights {runs.get('dense', '-')}; "
+                             f"{runs.get('verify_pass', 'not recorded (older runs.json)')}"),
              ("measured crossover", "none" if runs.get("crossover") is None else f"n = {runs['crossover']}"),
              ("engine overhead", "no throughput measured" if share is None else
               f"{share:.1%} of step time (median over cells)"),
