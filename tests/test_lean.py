@@ -159,3 +159,23 @@ def test_the_rotary_table_equals_the_rotary_module(tiny_configs):
     torch.testing.assert_close(cos, want_cos[0], atol=0, rtol=0)
     torch.testing.assert_close(sin, want_sin[0], atol=0, rtol=0)
     assert table.cos.shape[0] >= lean.MIN_TABLE + 8
+
+
+def test_the_engines_direct_call_equals_the_forward_and_yields_to_model_hooks(tiny_configs):
+    from moespec.model import speculative
+
+    model = model_of(tiny_configs, "olmoe")
+    set_dense(model, "native")
+    logits = {}
+    for hooked in (False, True):
+        seen = []
+        handle = model.register_forward_hook(lambda m, a, out: seen.append(out)) if hooked else None
+        cache = new_cache(model)
+        with torch.inference_mode():
+            speculative._forward(model, list(range(3, 23)), cache)  # a prefill: transformers' forward either way
+            logits[hooked] = speculative._forward(model, [30, 31, 32], cache)
+        if handle is not None:
+            handle.remove()
+        assert len(seen) == (2 if hooked else 0)  # the hook saw both calls: the direct call stood aside
+    torch.testing.assert_close(logits[True], logits[False], atol=2e-5, rtol=0)  # two threads: fp32 sums vary
+    assert model._moespec_dense.lean.logits(torch.tensor([[5]]), new_cache(model)) is not None  # an empty cache

@@ -185,6 +185,12 @@ def set_dense(model: torch.nn.Module, kind: str) -> str:
     return "native"
 
 
+def lean_pass(model: torch.nn.Module) -> lean.Lean | None:
+    """The lean verify pass installed on this model (set_dense "native" on a class it supports), else None."""
+    installed = getattr(model, "_moespec_dense", None)
+    return None if installed is None else installed.lean
+
+
 def verify_pass(model: torch.nn.Module) -> str:
     """What computes a verification pass of this model: "lean" (moespec.model.lean) with how many of its layers
     run as one native call each, or "transformers" with the reason the lean pass does not apply."""

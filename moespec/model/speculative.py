@@ -35,6 +35,7 @@ import torch
 from moespec import MoespecError
 from moespec.model.adaptive import DraftLength
 from moespec.model.cache import new_cache
+from moespec.model.dense import lean_pass
 from moespec.model.load import cache_argument
 
 __all__ = ["StepRecord", "Draft", "Greedy", "TorchGreedy", "OracleDraft", "GreedyDraft", "ModelDraft", "NO_DRAFT",
@@ -79,8 +80,13 @@ class Greedy(Protocol):
 # ---------------------------------------------------------------- model plumbing
 
 def _forward(model: Any, tokens: list[int], cache: Any, keep: int = 0) -> torch.Tensor:
-    """Logits [len(tokens), vocab] of feeding `tokens` after the cache (only the last `keep` when keep > 0)."""
+    """Logits [len(tokens), vocab] of feeding `tokens` after the cache (only the last `keep` when keep > 0): the
+    lean pass's direct call where it takes the call (moespec.model.lean), else the model's forward."""
     ids = torch.tensor([tokens], device=model.device)
+    lean = lean_pass(model)
+    logits = None if lean is None else lean.logits(ids, cache, keep)
+    if logits is not None:
+        return logits
     out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{cache_argument(model): cache})
     return out.logits[0]
 
