@@ -12,8 +12,8 @@ throughput; the difference is the Python loop's overhead.
 
 What it does. Per round, per k in an order rotated each round:
 - llama.cpp: `llama-speculative-simple -m TARGET -md DRAFT -p PROMPT -n TOKENS --spec-type draft-simple
-  --spec-draft-n-max k --spec-draft-n-min 0 --spec-draft-p-min 0 --temp 0 -t THREADS` (a child process; it loads both models, so only its
-  own "decoded N tokens in S seconds" line is read, with n_drafted and n_accept);
+  --spec-draft-n-max k --spec-draft-n-min 0 --spec-draft-p-min 0 --temp 0 -t THREADS` (a child process; it loads
+  both models, so only its own "decoded N tokens in S seconds" line is read, with n_drafted and n_accept);
 - moespec: the prompt's llama.cpp tokens (the same tokenizer), one prefilled target context and draft context,
   then `decode_steps` with `GreedyDraft` for TOKENS tokens; tokens/s over the steps' time.
 Plain decoding (k = 0) is moespec's loop at k = 0 beside `llama-bench -p 0 -n TOKENS` (llama.cpp's token
@@ -72,8 +72,8 @@ def tokenize(context: LlamaContext, text: str) -> list[int]:
 def llama_speculative(binary: Path, args: argparse.Namespace, k: int) -> dict:
     """One run of llama.cpp's own loop: tokens/s of its decode phase, drafted and accepted tokens."""
     cmd = [str(binary), "-m", args.target, "-md", args.draft, "-p", PROMPT, "-n", str(args.tokens),
-           "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "--temp", "0",
-           "-t", str(args.threads), "-c", str(CONTEXT), "--seed", "0"]
+           "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0",
+           "--spec-draft-p-min", "0", "--temp", "0", "-t", str(args.threads), "-c", str(CONTEXT), "--seed", "0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
     text = proc.stdout + proc.stderr
     found = DECODED.search(text)

@@ -9,15 +9,15 @@ maximizes G(k)/V(k) on the text at hand; the plan's k_hat is that k for the prof
 calibration prompts; the policies choose k step by step.
 
 How. Per kind of prompt: CALIBRATION prompts are decoded at every constant k first (not scored): their mean step
-time per k is V(k), and their longest-draft steps give the profile (estimate_profile with a Beta(1, 1) prior).
-Then every cell decodes every other prompt, interleaved prompt by prompt (the order reversed every other round);
-the heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps
-its assistant's draft length across generate calls); the online policy starts from the plan, V(k) and the
-calibration profile as its prior, where the heuristic starts from transformers' default. Greedy throughout: every cell must give plain decoding's
-tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's ratio to the
-best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval, and the
-streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes to megabytes of a
-small model, so it is reported, not divided by).
+time per k is V(k), and their longest-draft steps give the profile (estimate_profile with a Beta(1, 1) prior). Then
+every cell decodes every other prompt, interleaved prompt by prompt (the order reversed every other round); the
+heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps its
+assistant's draft length across generate calls); the online policy starts from the plan, V(k) and the calibration
+profile as its prior, where the heuristic starts from transformers' default. Greedy throughout: every cell must give
+plain decoding's tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's
+ratio to the best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval,
+and the streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes to megabytes
+of a small model, so it is reported, not divided by).
 """
 
 from __future__ import annotations
