@@ -179,3 +179,15 @@ def test_the_engines_direct_call_equals_the_forward_and_yields_to_model_hooks(ti
         assert len(seen) == (2 if hooked else 0)  # the hook saw both calls: the direct call stood aside
     torch.testing.assert_close(logits[True], logits[False], atol=2e-5, rtol=0)  # two threads: fp32 sums vary
     assert model._moespec_dense.lean.logits(torch.tensor([[5]]), new_cache(model)) is not None  # an empty cache
+
+
+def test_a_model_moved_after_the_install_runs_transformers_forward(tiny_configs):
+    model = model_of(tiny_configs, "olmoe")
+    set_dense(model, "native")
+    model.to(torch.float16)  # no native kernel takes fp16: no pointer of it may reach one
+    cache = new_cache(model)
+    with torch.inference_mode():
+        model(input_ids=torch.arange(3, 23)[None], use_cache=True, cache=cache)
+        out = model(input_ids=torch.arange(30, 33)[None], use_cache=True, cache=cache).logits
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert model._moespec_dense.lean.attention_calls == 0 and model._moespec_dense.lean.fused_calls == 0

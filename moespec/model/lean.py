@@ -329,6 +329,9 @@ def takes_call(model: Any, kwargs: dict[str, Any]) -> Any:
     layers = getattr(cache, "layers", None)
     if not layers or len(layers) != len(model.model.layers) or not all(type(x) is InPlaceLayer for x in layers):
         return None
+    head = model.lm_head.weight  # a model moved to another device or dtype since the install: transformers' forward
+    if head.device.type != "cpu" or head.dtype not in (torch.float32, torch.bfloat16):
+        return None
     return cache
 
 
