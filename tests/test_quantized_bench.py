@@ -127,3 +127,21 @@ def test_load_bench_refuses_a_pair_it_did_not_time(q8_bench, tmp_path):
 def test_our_kernels_are_refused_on_quantized_experts(bench_argv, tmp_path, capsys):
     line = refused(bench_argv(tmp_path / "b.json", "--dtype", "q4_0", "--kernels", "slot,ggml-mul_mat_id"), capsys)
     assert "kernel slot cannot run" in line and "q4_0" in line
+
+
+def test_a_gguf_is_benched_at_its_own_format(monkeypatch):
+    from moespec.measure import bench
+
+    class File:
+        def __init__(self, fmt):
+            self.fmt = fmt
+
+        def expert_format(self):
+            return self.fmt
+
+    assert bench.default_dtype("olmoe-1b-7b") == bench.BenchConfig.dtype
+    monkeypatch.setattr(bench, "read_gguf", lambda path: File("q8_0"))
+    assert bench.default_dtype("m.gguf") == "q8_0"
+    monkeypatch.setattr(bench, "read_gguf", lambda path: File("gguf-mixed"))
+    with pytest.raises(MoespecError, match="m.gguf: its experts are gguf-mixed.*give --dtype"):
+        bench.default_dtype("m.gguf")
