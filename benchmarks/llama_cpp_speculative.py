@@ -15,7 +15,8 @@ What it does. Per round, per k in an order rotated each round:
   --spec-draft-n-max k --spec-draft-n-min 0 --spec-draft-p-min 0 --temp 0 -t THREADS` (a child process; it loads
   both models, so only its own "decoded N tokens in S seconds" line is read, with n_drafted and n_accept);
 - moespec: the prompt's llama.cpp tokens (the same tokenizer), one prefilled target context and draft context,
-  then `decode_steps` with `GreedyDraft` for TOKENS tokens; tokens/s over the steps' time.
+  then `run --engine llama.cpp`'s own cell (measure.llama_run.decode_cell: decode_steps with GreedyDraft) for
+  TOKENS tokens; tokens/s: the steps' emitted tokens over their time.
 Plain decoding (k = 0) is moespec's loop at k = 0 beside `llama-bench -p 0 -n TOKENS` (llama.cpp's token
 generation). The streaming-read ceiling is measured before, between the rounds and after. Medians over rounds
 with [min, max]; the ratio moespec / llama.cpp per k.
@@ -32,7 +33,6 @@ vendors); where they are missing, one line says so and the program exits 2.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import re
 import subprocess
@@ -45,28 +45,17 @@ import numpy as np
 from moespec import MoespecError
 from moespec.cli.args import parse_ints
 from moespec.formats.files import provenance, write_json
+from moespec.measure.llama_run import Prompt, decode_cell
 from moespec.measure.timing import measure_stream_read
-from moespec.model import speculative
 from moespec.model.gguf import read_gguf
-from moespec.model.llama_cpp import LlamaContext, bindings
+from moespec.model.llama_cpp import LlamaContext, tokenize
 
 PROMPT = ("The history of the river valley begins with the first farmers, who cleared the forest along its banks "
           "and built their houses from the stones of the hills. Over the centuries the villages grew into towns")
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 COUNT = re.compile(r"n_(drafted|accept)\s*=\s*(\d+)")
 CONTEXT = 1024  # both loops' context: the prompt, the tokens and the longest draft past them
-
-
-def tokenize(context: LlamaContext, text: str) -> list[int]:
-    """The prompt's token ids as llama.cpp's own tokenizer gives them (BOS added as the examples add it)."""
-    lib = bindings()
-    vocab = lib.llama_model_get_vocab(context.model)
-    raw = text.encode()
-    out = (ctypes.c_int32 * (len(raw) + 8))()
-    n = lib.llama_tokenize(vocab, raw, len(raw), out, len(out), True, False)
-    if n < 0:
-        raise RuntimeError("llama_tokenize needs more room than the prompt's bytes")
-    return list(out[:n])
+MAX_K = 16  # the longest --k
 
 
 def llama_speculative(binary: Path, args: argparse.Namespace, k: int) -> dict:
@@ -96,24 +85,22 @@ def llama_plain(bench: Path, args: argparse.Namespace) -> dict:
 
 
 class Ours:
-    """moespec's loop over llama.cpp: one target and one draft context, the prompt prefilled in both."""
+    """moespec's loop over llama.cpp (`run --engine llama.cpp --draft-gguf`'s: measure.llama_run.Prompt and
+    decode_cell): one target and one draft context, the prompt prefilled in both."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.target = LlamaContext(args.target, CONTEXT, args.threads)
         self.draft = LlamaContext(args.draft, CONTEXT, args.threads)
-        self.ids = tokenize(self.target, PROMPT)
-        self.first = self.target.forward(self.ids, last_only=True)[-1]
+        ids = tokenize(self.target.api, self.target.vocab, PROMPT, args.target)
+        self.prompt = Prompt(ids, self.target, self.draft, args.tokens + MAX_K + 1)  # plain decoding's, kept
         self.tokens = args.tokens
 
     def run(self, k: int) -> dict:
-        self.draft.clear()
-        draft = speculative.GreedyDraft(self.draft)
-        draft.prefill(self.ids)
-        out, records = speculative.decode_steps(self.target, self.ids, self.first, draft, k, self.tokens)
-        self.target.rollback(self.target.length - len(self.ids))
-        seconds = sum(r.step_s for r in records)
-        return {"tokens": len(out) - 1, "seconds": seconds, "tokens_per_s": (len(out) - 1) / seconds,
-                "drafted": sum(r.drafted for r in records), "accept": sum(r.accepted for r in records)}
+        steps = decode_cell(self.prompt, 0, k, None, 0, self.tokens)["steps"]  # [drafted, accepted, v, s, d, h]
+        seconds = sum(step[3] for step in steps)
+        tokens = sum(step[1] + 1 for step in steps)
+        return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "drafted": sum(step[0] for step in steps), "accept": sum(step[1] for step in steps)}
 
     def close(self) -> None:
         self.draft.close()
@@ -139,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/llama-cpp-speculative.json")
     args = p.parse_args(argv)
     try:
-        ks = parse_ints(args.k, "--k", 1, 16, "draft lengths")
+        ks = parse_ints(args.k, "--k", 1, MAX_K, "draft lengths")
         binary, bench = Path(args.bin) / "llama-speculative-simple", Path(args.bin) / "llama-bench"
         for path in (binary, bench, Path(args.target), Path(args.draft)):
             if not path.is_file():

@@ -21,8 +21,9 @@ from kernel_cases import rel_err
 
 from moespec import MoespecError, cli
 from moespec import kernels as K
+from moespec.defaults import QUANTIZED
 from moespec.formats.benchfile import as_pair_roles, load_bench
-from moespec.kernels.peers import GGML_PEERS, GGML_QUANTIZED, ggml_quantized
+from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.model.spec import ModelSpec
 
 pytestmark = pytest.mark.skipif("ggml-mul_mat_id" not in K.KERNELS, reason="optional peer: pip install ggml-python")
@@ -42,7 +43,7 @@ def quantized_layer(fmt: str, N=5, d=64, f=32, seed=0):
 
 
 @pytest.mark.parametrize("kernel", GGML_PEERS)
-@pytest.mark.parametrize("fmt", GGML_QUANTIZED)
+@pytest.mark.parametrize("fmt", QUANTIZED)
 @pytest.mark.parametrize("n, m", [(1, 2), (4, 3), (9, 2)])
 def test_quantized_experts_match_the_dequantized_reference(fmt, kernel, n, m):
     (gate_up, down), (plain_gu, plain_down) = quantized_layer(fmt)

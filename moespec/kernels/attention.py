@@ -31,7 +31,6 @@ import torch
 from moespec.kernels import native
 
 MAX_QUERIES = 16  # the rows of a verification pass (k <= 15 drafts); a prefill goes to torch
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def _layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> str | None:
@@ -40,7 +39,7 @@ def _layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: t
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             return f"{name} is not a tensor"
-        if t.device.type != "cpu" or t.dtype not in _DTYPE_CODE:
+        if t.device.type != "cpu" or t.dtype not in native.DTYPE_CODE:
             return f"{name} is {t.dtype} on {t.device}; the kernel takes float32 or bfloat16 on the CPU"
         if t.dim() != 4 or t.stride(-1) != 1:
             return f"{name} {tuple(t.shape)} must be 4-D with a contiguous last dimension"
@@ -103,7 +102,7 @@ def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torc
         mask_args = (mask.data_ptr(), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2), mask.stride(3))
     q, k, v = query.stride(), key.stride(), value.stride()
     rc = lib.moespec_attention(
-        _DTYPE_CODE[query.dtype], B, Hq, Hkv, n, L, D, Dv,
+        native.DTYPE_CODE[query.dtype], B, Hq, Hkv, n, L, D, Dv,
         query.data_ptr(), q[0], q[1], q[2], key.data_ptr(), k[0], k[1], k[2], value.data_ptr(), v[0], v[1], v[2],
         *mask_args, scale, out.data_ptr(), threads or torch.get_num_threads())
     if rc != 0:

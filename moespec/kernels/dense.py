@@ -35,7 +35,6 @@ from moespec.kernels import native
 
 MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
 ISA = {"auto": 0, "fma": 1, "dot": 2}
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def available() -> bool:
@@ -64,7 +63,8 @@ def takes(x: object, weight: object, bias: object = None) -> bool:
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and available()):
         return False
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in _DTYPE_CODE for t in tensors):
+    codes = native.DTYPE_CODE
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in codes for t in tensors):
         return False
     if weight.dim() != 2 or not weight.is_contiguous() or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         return False
@@ -79,7 +79,7 @@ def _check_tensor(name: str, t: object) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_cpu:
         raise ValueError(f"{name} is on {t.device}; linear runs on the CPU")
-    if t.dtype not in _DTYPE_CODE:
+    if t.dtype not in native.DTYPE_CODE:
         raise ValueError(f"{name} is {t.dtype}; linear takes float32 or bfloat16")
 
 
@@ -143,9 +143,10 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threa
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
     y = torch.empty((*lead, M), dtype=xdtype)  # contiguous: [n, M] with row stride M
-    xcode = _DTYPE_CODE[xdtype]
+    codes = native.DTYPE_CODE
+    xcode = codes[xdtype]
     rc = lib.moespec_linear(
-        _DTYPE_CODE[weight.dtype], xcode, 0 if bias is None else _DTYPE_CODE[bias.dtype], xcode, n, K, M, x2.data_ptr(),
+        codes[weight.dtype], xcode, 0 if bias is None else codes[bias.dtype], xcode, n, K, M, x2.data_ptr(),
         row_stride if n > 1 else K, weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), M,
         threads or torch.get_num_threads(), ISA[isa])
     if rc == 4:

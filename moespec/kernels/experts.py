@@ -144,7 +144,6 @@ def _reference(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, thr
 
 # ---------------------------------------------------------------- our kernels
 
-_NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _MODE = {"slot": 0, "dedup": 1}
 _ACT_CODE = {"silu": 0, "gpt-oss": 1}
 
@@ -156,7 +155,7 @@ def implementation(kernel: str, dtype: torch.dtype = torch.bfloat16, device: str
         return "torch"
     if torch.device(device).type == "cuda":
         return "triton"
-    return "native" if dtype in _NATIVE_DTYPES and native.load() is not None else "torch"
+    return "native" if dtype in native.DTYPE_CODE and native.load() is not None else "torch"
 
 
 def _native_op(mode, x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads):
@@ -173,7 +172,7 @@ def _native_op(mode, x, ids, weights, gate_up, down, gate_up_bias, down_bias, ac
     bias_ptrs = [None if b is None else b.data_ptr() for b in biases]  # `biases` keeps converted copies alive
     out = torch.empty(n, d, dtype=x.dtype)
     rc = lib.moespec_expert_op(
-        _NATIVE_DTYPES[gate_up.dtype], _NATIVE_DTYPES[x.dtype], _NATIVE_DTYPES[weights.dtype], _MODE[mode],
+        native.DTYPE_CODE[gate_up.dtype], native.DTYPE_CODE[x.dtype], native.DTYPE_CODE[weights.dtype], _MODE[mode],
         _ACT_CODE[act.kind], act.alpha, act.limit, n, m, N, d, two_f // 2, x.data_ptr(), ids.data_ptr(),
         weights.data_ptr(), gate_up.data_ptr(), down.data_ptr(), bias_ptrs[0], bias_ptrs[1], out.data_ptr(),
         threads or torch.get_num_threads())
@@ -184,7 +183,7 @@ def _native_op(mode, x, ids, weights, gate_up, down, gate_up_bias, down_bias, ac
 
 def _native_input(t: torch.Tensor) -> torch.Tensor:
     """t as a contiguous fp32 or bf16 tensor (other dtypes go through fp32)."""
-    if t.dtype not in _NATIVE_DTYPES:
+    if t.dtype not in native.DTYPE_CODE:
         t = t.to(torch.float32)
     return t if t.is_contiguous() else t.contiguous()
 

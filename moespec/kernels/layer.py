@@ -34,7 +34,6 @@ from moespec.kernels import native
 
 QK_NORMS = {None: 0, "full": 1, "head": 2}  # where q and k are normalized: not, over the projection, per head
 MODES = {"slot": 0, "dedup": 1, "outside": 2}  # the expert kernel, or the expert operation taken out
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
 
 class LayerArgs(ctypes.Structure):
@@ -86,7 +85,7 @@ class LayerWeights:
     def check(self) -> None:
         """ValueError naming the first tensor that is not a contiguous CPU tensor of the layer's dtype and shape."""
         dtype, (d,) = self.in_norm.dtype, self.in_norm.shape
-        if dtype not in _DTYPE_CODE:
+        if dtype not in native.DTYPE_CODE:
             raise ValueError(f"in_norm is {dtype}; the layer kernel takes float32 or bfloat16")
         qd, kd = self.heads * self.head_dim, self.kv_heads * self.head_dim
         N, two_f = self.gate_up.shape[0], self.gate_up.shape[1]
@@ -144,7 +143,7 @@ def layer_args(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.T
     once, the pass's own tensors made to fit); `run_layers` runs them."""
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     return LayerArgs(
-        dtype=_DTYPE_CODE[h.dtype], n=h.shape[0], d=h.shape[1], Hq=w.heads, Hkv=w.kv_heads, D=w.head_dim,
+        dtype=native.DTYPE_CODE[h.dtype], n=h.shape[0], d=h.shape[1], Hq=w.heads, Hkv=w.kv_heads, D=w.head_dim,
         qk_norm=QK_NORMS[w.qk_norm], has_clip=w.clip is not None, N=w.gate_up.shape[0], m=w.top_k,
         f=w.down.shape[2], renorm=w.renorm, scores_fp32=w.scores_fp32, mode=MODES[mode], past=past,
         threads=threads or torch.get_num_threads(), k_sh=keys.stride(1), k_sl=keys.stride(2),

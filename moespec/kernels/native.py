@@ -30,7 +30,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-import torch  # noqa: F401  (loaded before the library, see the module docstring)
+import torch  # loaded before the library, see the module docstring
 
 SOURCES = tuple(Path(__file__).parent / "csrc" / name
                 for name in ("expert_kernels.cpp", "dense_kernels.cpp", "attention_kernels.cpp",
@@ -45,6 +45,8 @@ ATTENTION_ABI_VERSION = 1  # of attention_kernels.cpp (moespec_attention_abi_ver
 TOKEN_ABI_VERSION = 1  # of token_kernels.cpp (moespec_token_abi_version)
 LAYER_ABI_VERSION = 1  # of layer_kernels.cpp and its LayerArgs (moespec_layer_abi_version)
 ABI = (ABI_VERSION, DENSE_ABI_VERSION, ATTENTION_ABI_VERSION, TOKEN_ABI_VERSION, LAYER_ABI_VERSION)
+# The dtype codes every entry point of the library takes (0 fp32, 1 bf16): the C side's `dtype` arguments.
+DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 # A cold build takes ~2-8 s on a 2-core machine; anything past this is a broken toolchain.
 BUILD_TIMEOUT_S = 120
 

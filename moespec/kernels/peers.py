@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from transformers import GptOssConfig, OlmoeConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
@@ -18,7 +19,6 @@ from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
 from moespec import MoespecError
 from moespec.defaults import QUANTIZED
 from moespec.kernels.experts import SILU, Kernel, _check_ids
-from moespec.model.weights import FORMATS
 
 # Peer state (modules sharing or converting our weights) is built once per weight tensor and dropped when
 # that tensor is garbage-collected. Weights are treated as immutable while their peer state is cached.
@@ -143,9 +143,6 @@ def _ggml_available() -> bool:
     return importlib.util.find_spec("ggml") is not None
 
 
-GGML_QUANTIZED = QUANTIZED  # expert formats the ggml peers take as raw GGUF blocks (bench --dtype)
-
-
 def _ggml_type(fmt: str) -> int:
     import ggml  # optional heavy dependency: ggml-python
 
@@ -242,12 +239,12 @@ def ggml_quantized(kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: tor
                    ) -> torch.Tensor:
     """A ggml peer (`kernel`: ggml-mul_mat_id or ggml-per-slot) on quantized experts: gate_up and down the raw
     GGUF blocks (uint8, contiguous: [N, 2f, d / 32 x block bytes], [N, d, f / 32 x block bytes]) of `fmt` (one
-    of GGML_QUANTIZED), shape (N, d, f), silu and no biases: what llama.cpp's CPU backend runs for a q8_0 or
+    of QUANTIZED), shape (N, d, f), silu and no biases: what llama.cpp's CPU backend runs for a q8_0 or
     q4_0 GGUF (bench --dtype q8_0)."""
-    if kernel not in GGML_PEERS or fmt not in GGML_QUANTIZED:
-        raise MoespecError(f"quantized experts run on {', '.join(GGML_PEERS)} in {', '.join(GGML_QUANTIZED)}; got "
+    if kernel not in GGML_PEERS or fmt not in QUANTIZED:
+        raise MoespecError(f"quantized experts run on {', '.join(GGML_PEERS)} in {', '.join(QUANTIZED)}; got "
                            f"{kernel} in {fmt}")
-    (N, d, f), (block_bytes, block) = shape, FORMATS[fmt]
+    (N, d, f), (block, block_bytes) = shape, GGML_QUANT_SIZES[GGMLQuantizationType[fmt.upper()]]
     want = {"gate_up": (N, 2 * f, d // block * block_bytes), "down": (N, d, f // block * block_bytes)}
     for name, t in (("gate_up", gate_up), ("down", down)):
         if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != want[name]:

@@ -32,14 +32,12 @@ import torch
 
 from moespec.kernels import native
 
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
-
 
 def _cpu(name: str, t: object, dtype: torch.dtype | None = None) -> torch.Tensor:
     """t, once known to be a CPU tensor of fp32 or bf16 (of `dtype` when given); ValueError naming it otherwise."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu" or t.dtype not in _DTYPE_CODE:
+    if t.device.type != "cpu" or t.dtype not in native.DTYPE_CODE:
         raise ValueError(f"{name} is {t.dtype} on {t.device}; the kernel takes float32 or bfloat16 on the CPU")
     if dtype is not None and t.dtype != dtype:
         raise ValueError(f"{name} is {t.dtype}, expected {dtype} (the dtype of the tensor it goes with)")
@@ -73,7 +71,7 @@ def rms_norm_unchecked(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < d):
         x2 = x2.contiguous()
     y = torch.empty(x.shape, dtype=x.dtype)
-    rc = _library().moespec_rms_norm(_DTYPE_CODE[x.dtype], x2.shape[0], d, x2.data_ptr(),
+    rc = _library().moespec_rms_norm(native.DTYPE_CODE[x.dtype], x2.shape[0], d, x2.data_ptr(),
                                      x2.stride(0) if x2.shape[0] > 1 else d, weight.data_ptr(), eps, y.data_ptr(), d)
     if rc != 0:
         raise RuntimeError(f"moespec_rms_norm rejected its arguments (code {rc})")
@@ -97,7 +95,7 @@ def rope_(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def rope_unchecked(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`rope_` for arguments the caller has already checked (the engine's path)."""
     n, H, D = t.shape
-    rc = _library().moespec_rope(_DTYPE_CODE[t.dtype], n, H, D, t.data_ptr(), t.stride(0), t.stride(1),
+    rc = _library().moespec_rope(native.DTYPE_CODE[t.dtype], n, H, D, t.data_ptr(), t.stride(0), t.stride(1),
                                  cos.data_ptr(), sin.data_ptr())
     if rc != 0:
         raise RuntimeError(f"moespec_rope rejected its arguments (code {rc})")
@@ -112,7 +110,7 @@ def softmax_topk(logits: torch.Tensor, k: int, renorm: bool,
         raise ValueError(f"logits {tuple(logits.shape)} must be [n, N] with n, N >= 1")
     if not (isinstance(k, int) and 1 <= k <= logits.shape[1]):
         raise ValueError(f"k must be an integer in 1..N={logits.shape[1]}, got {k!r}")
-    if dtype not in _DTYPE_CODE:
+    if dtype not in native.DTYPE_CODE:
         raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     return softmax_topk_unchecked(logits, k, bool(renorm), dtype)
 
@@ -123,8 +121,8 @@ def softmax_topk_unchecked(logits: torch.Tensor, k: int, renorm: bool,
     logits = logits if logits.is_contiguous() else logits.contiguous()
     n, N = logits.shape
     scores, ids = torch.empty((n, k), dtype=dtype), torch.empty((n, k), dtype=torch.int64)
-    rc = _library().moespec_softmax_topk(_DTYPE_CODE[logits.dtype], n, N, logits.data_ptr(), k, int(renorm),
-                                         _DTYPE_CODE[dtype], scores.data_ptr(), ids.data_ptr())
+    rc = _library().moespec_softmax_topk(native.DTYPE_CODE[logits.dtype], n, N, logits.data_ptr(), k, int(renorm),
+                                         native.DTYPE_CODE[dtype], scores.data_ptr(), ids.data_ptr())
     if rc != 0:
         raise RuntimeError(f"moespec_softmax_topk rejected its arguments (code {rc})")
     return scores, ids

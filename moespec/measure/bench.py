@@ -55,6 +55,7 @@ from moespec.defaults import (
     N_LIMIT,
     N_MAX,
     PROFILE,
+    QUANTIZED,
     REPS_LIMIT,
     SAMPLES_LIMIT,
     TORCH_DTYPES,
@@ -66,7 +67,7 @@ from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
-from moespec.kernels.peers import GGML_PEERS, GGML_QUANTIZED, ggml_quantized
+from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
@@ -215,7 +216,7 @@ def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, di
 @dataclass
 class LayerWeights:
     """Random expert weights of one MoE layer in the kernels' layout (moespec.kernels shape legend); for a
-    quantized `fmt` (GGML_QUANTIZED) gate_up and down hold the GGUF blocks of those weights (uint8) and only
+    quantized `fmt` (QUANTIZED) gate_up and down hold the GGUF blocks of those weights (uint8) and only
     ggml's kernels run them."""
 
     gate_up: torch.Tensor
@@ -229,17 +230,17 @@ class LayerWeights:
     @property
     def x_dtype(self) -> torch.dtype:
         """The dtype of the pass's inputs: the weights' own, fp32 for quantized weights (ggml's activations)."""
-        return torch.float32 if self.fmt in GGML_QUANTIZED else self.gate_up.dtype
+        return torch.float32 if self.fmt in QUANTIZED else self.gate_up.dtype
 
     def run(self, kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if self.fmt in GGML_QUANTIZED:
+        if self.fmt in QUANTIZED:
             return ggml_quantized(kernel, x, ids, weights, self.gate_up, self.down, self.fmt, self.shape)
         return expert_op(kernel, x, ids, weights, self.gate_up, self.down, self.gate_up_bias, self.down_bias,
                          self.act)
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, TORCH_DTYPES.get(name, "float32"))  # quantized formats draw fp32 weights, then quantize
+    return getattr(torch, TORCH_DTYPES["fp32" if name in QUANTIZED else name])  # quantized: fp32, then blocks
 
 
 def _quantized(t: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -262,7 +263,7 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: st
     biases = (normal(N, 2 * f), normal(N, d)) if spec.expert_bias else (None, None)
     act = GPT_OSS if spec.model_type == "gpt_oss" else SILU
     gate_up, down = normal(N, 2 * f, d), normal(N, d, f)
-    if dtype in GGML_QUANTIZED:
+    if dtype in QUANTIZED:
         if device != "cpu":
             raise MoespecError(f"--dtype {dtype}: quantized experts run on the CPU (ggml's kernels) only")
         gate_up, down = _quantized(gate_up, dtype), _quantized(down, dtype)
@@ -400,7 +401,7 @@ class BenchConfig:
     def kernel_list(self) -> str:
         """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
         runs GGUF blocks)."""
-        quantized_default = self.dtype in GGML_QUANTIZED and self.kernels == DEFAULT_KERNELS
+        quantized_default = self.dtype in QUANTIZED and self.kernels == DEFAULT_KERNELS
         return ",".join(GGML_PEERS) if quantized_default else self.kernels
 
     def check(self) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules import module as nn_module
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from moespec.kernels import attention, dense, token_ops
@@ -256,7 +257,6 @@ class _RouterForward:
     def __init__(self, router: Any, lean: Lean) -> None:
         self.original = type(router).forward.__get__(router)
         self.router, self.lean = router, lean
-        self.cast, self.flag = ROUTERS[type(router).__name__]
 
     def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         router = self.router
@@ -265,17 +265,20 @@ class _RouterForward:
         if logits is None:
             return self.original(hidden_states)
         self.lean.linear_calls += 1
-        renorm = True if self.flag is None else bool(getattr(router, self.flag))
-        scores, ids = token_ops.softmax_topk_unchecked(logits, router.top_k, renorm,
-                                                       logits.dtype if self.cast else torch.float32)
+        renorm, scores_dtype = _router_rule(router)
+        scores, ids = token_ops.softmax_topk_unchecked(logits, router.top_k, renorm, scores_dtype or logits.dtype)
         return logits, scores, ids
 
 
 def _global_hooks() -> bool:
     """Whether module hooks registered for every module are active (they would miss the fused layer's modules)."""
-    from torch.nn.modules import module as nn_module
-
     return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+
+def _router_rule(router: Any) -> tuple[bool, torch.dtype | None]:
+    """A ROUTERS router's (renormalize the top k, scores dtype: None for the logits' own, else fp32)."""
+    cast, flag = ROUTERS[type(router).__name__]
+    return True if flag is None else bool(getattr(router, flag)), None if cast else torch.float32
 
 
 def _layer_weights(layer: Any, qk_norm: str | None) -> layer_kernel.LayerWeights | None:
@@ -290,7 +293,7 @@ def _layer_weights(layer: Any, qk_norm: str | None) -> layer_kernel.LayerWeights
             or getattr(experts, "gate_up_proj_bias", None) is not None or hasattr(experts, "limit") \
             or getattr(experts.config, "hidden_act", "silu") != "silu":
         return None
-    cast, flag = ROUTERS[type(gate).__name__]
+    renorm, scores_dtype = _router_rule(gate)
     clip = getattr(a.config, "clip_qkv", None)
     weights = layer_kernel.LayerWeights(
         in_norm=layer.input_layernorm.weight, q=a.q_proj.weight, k=a.k_proj.weight, v=a.v_proj.weight,
@@ -300,7 +303,7 @@ def _layer_weights(layer: Any, qk_norm: str | None) -> layer_kernel.LayerWeights
         down=experts.down_proj, heads=a.config.num_attention_heads, kv_heads=a.config.num_key_value_heads,
         head_dim=a.head_dim, top_k=gate.top_k, eps=layer.input_layernorm.variance_epsilon, scale=a.scaling,
         clip=None if clip is None else float(clip), qk_norm=qk_norm,
-        renorm=True if flag is None else bool(getattr(gate, flag)), scores_fp32=not cast)
+        renorm=renorm, scores_fp32=scores_dtype is not None)
     norms = [layer.post_attention_layernorm] + ([a.q_norm, a.k_norm] if qk_norm else [])
     if any(m.variance_epsilon != weights.eps for m in norms):
         return None  # one eps for the layer's norms

@@ -73,6 +73,18 @@ def backend() -> Any:
     return api
 
 
+def tokenize(api: Any, vocab: Any, text: str, where: str) -> list[int]:
+    """`text`'s token ids with a llama.cpp model's own tokenizer (`vocab`: llama_model_get_vocab), special tokens
+    as the vocabulary adds them (BOS where it has one); `where` names the model in an error."""
+    raw = text.encode()
+    room = len(raw) + 8  # a byte-level tokenizer gives at most one token per byte, plus BOS/EOS
+    buf = (api.llama_token * room)()
+    n = api.llama_tokenize(vocab, raw, len(raw), buf, room, True, False)
+    if n < 0:
+        raise MoespecError(f"{where}: llama.cpp could not tokenize a text")
+    return list(buf[:n])
+
+
 class LlamaContext:
     """A GGUF model in one llama.cpp context: its KV cache holds `length` tokens at positions 0..length-1 of
     sequence 0. `forward` feeds tokens after them (a verify pass, a draft step, a chunk of a prefill) and

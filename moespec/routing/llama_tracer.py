@@ -22,6 +22,7 @@ import numpy as np
 from moespec import MoespecError
 from moespec.model.gguf import GgufModel, read_gguf
 from moespec.model.llama_cpp import EVAL_CALLBACK, GgmlTensor, LlamaContext, backend
+from moespec.model.llama_cpp import tokenize as llama_tokenize
 from moespec.routing.documents import HASH_CHARS, tokenize
 
 
@@ -63,19 +64,9 @@ class GgufRouter:
         self.context.clear()
         return self.context
 
-    def _encode(self, doc: str) -> list[int]:
-        """One document's token ids with the model's own tokenizer (special tokens as the vocabulary adds them)."""
-        text = doc.encode()
-        room = len(text) + 8  # a byte-level tokenizer gives at most one token per byte, plus BOS/EOS
-        buf = (self.api.llama_token * room)()
-        n = self.api.llama_tokenize(self.vocab, text, len(text), buf, room, True, False)
-        if n < 0:
-            raise MoespecError(f"{self.path}: llama.cpp could not tokenize a document")
-        return buf[:n]
-
     def tokenize(self, docs: list[str], max_tokens: int | None) -> list[np.ndarray]:
         """Token ids per document with the model's own tokenizer, truncated to max_tokens in all."""
-        return tokenize(self._encode, docs, max_tokens)
+        return tokenize(lambda doc: llama_tokenize(self.api, self.vocab, doc, str(self.path)), docs, max_tokens)
 
     def trace_document(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """experts [T, L, m] and weights [T, L, m] of one document, fed in chunks after a cleared cache."""
