@@ -172,8 +172,8 @@ def test_the_engines_direct_call_equals_the_forward_and_yields_to_model_hooks(ti
         handle = model.register_forward_hook(lambda m, a, out: seen.append(out)) if hooked else None
         cache = new_cache(model)
         with torch.inference_mode():
-            speculative._forward(model, list(range(3, 23)), cache)  # a prefill: transformers' forward either way
-            logits[hooked] = speculative._forward(model, [30, 31, 32], cache)
+            speculative.forward_logits(model, list(range(3, 23)), cache)  # a prefill: transformers' forward either way
+            logits[hooked] = speculative.forward_logits(model, [30, 31, 32], cache)
         if handle is not None:
             handle.remove()
         assert len(seen) == (2 if hooked else 0)  # the hook saw both calls: the direct call stood aside

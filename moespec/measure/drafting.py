@@ -33,7 +33,7 @@ from moespec.measure.run import bootstrap_median
 from moespec.measure.timing import measure_stream_read
 from moespec.model.adaptive import Heuristic, Online
 from moespec.model.cache import new_cache
-from moespec.model.speculative import ModelDraft, prefill, speculative_decode
+from moespec.model.speculative import ModelDraft, forward_logits, prefill, speculative_decode
 
 CALIBRATION = 2  # prompts per kind decoded at every constant k first: V(k) and the profile the plan uses
 HF_ASSISTED = "transformers-assisted"
@@ -124,8 +124,7 @@ def sampled_prompts(target: Any, count: int, length: int, seed: int) -> list[lis
             cache = new_cache(target)
             feed = ids
             while len(ids) < length + 1:
-                logits = target(input_ids=torch.tensor([feed]), use_cache=True, past_key_values=cache,
-                                logits_to_keep=1).logits[0, -1].float()
+                logits = forward_logits(target, feed, cache, keep=1)[-1].float()
                 token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
                 ids.append(token)
                 feed = [token]

@@ -39,7 +39,7 @@ from moespec.model.dense import lean_pass
 from moespec.model.load import cache_argument
 
 __all__ = ["StepRecord", "Draft", "Greedy", "TorchGreedy", "OracleDraft", "GreedyDraft", "ModelDraft", "NO_DRAFT",
-           "Prefill", "prefill", "timed_forward", "plain_decode", "speculative_decode", "decode_steps",
+           "Prefill", "prefill", "forward_logits", "timed_forward", "plain_decode", "speculative_decode", "decode_steps",
            "realized_acceptance", "acceptance_rate"]
 
 
@@ -79,7 +79,7 @@ class Greedy(Protocol):
 
 # ---------------------------------------------------------------- model plumbing
 
-def _forward(model: Any, tokens: list[int], cache: Any, keep: int = 0) -> torch.Tensor:
+def forward_logits(model: Any, tokens: list[int], cache: Any, keep: int = 0) -> torch.Tensor:
     """Logits [len(tokens), vocab] of feeding `tokens` after the cache (only the last `keep` when keep > 0): the
     lean pass's direct call where it takes the call (moespec.model.lean), else the model's forward."""
     ids = torch.tensor([tokens], device=model.device)
@@ -105,7 +105,7 @@ class TorchGreedy:
     cache: Any
 
     def forward(self, tokens: list[int], last_only: bool = False) -> list[int]:
-        out = _forward(self.model, tokens, self.cache, keep=1 if last_only else 0).argmax(-1).tolist()
+        out = forward_logits(self.model, tokens, self.cache, keep=1 if last_only else 0).argmax(-1).tolist()
         _sync(self.model.device)
         return out
 
@@ -140,7 +140,7 @@ def prefill(model: Any, prompt_ids: torch.LongTensor) -> Prefill:
     history = _prompt(prompt_ids)
     cache = new_cache(model)
     with torch.inference_mode():
-        first = int(_forward(model, history, cache, keep=1)[-1].argmax())
+        first = int(forward_logits(model, history, cache, keep=1)[-1].argmax())
         _rollback(cache, 0)
     return Prefill(cache, first, len(history))
 
@@ -151,7 +151,7 @@ def timed_forward(model: Any, tokens: list[int], state: Prefill) -> float:
     with torch.inference_mode():
         _sync(model.device)
         start = time.perf_counter()
-        _forward(model, tokens, state.cache)
+        forward_logits(model, tokens, state.cache)
         _sync(model.device)
         seconds = time.perf_counter() - start
         _rollback(state.cache, len(tokens))
@@ -178,7 +178,7 @@ def plain_decode(model: Any, prompt_ids: torch.LongTensor, max_new: int, prefill
         while len(tokens) < max_new:
             if route is not None:
                 route(len(tokens) - 1, 1)
-            logits = _forward(model, tokens[-1:], cache, keep=1)[-1]
+            logits = forward_logits(model, tokens[-1:], cache, keep=1)[-1]
             tokens.append(int(logits.argmax()))
             if margins is not None:
                 top = logits.float().topk(2).values
