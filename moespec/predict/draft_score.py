@@ -26,15 +26,15 @@ def measured_profile(rows: list[dict[str, Any]], kmax: int) -> list[float] | Non
     rows = [r for r in rows if r.get("acceptance_profile")]
     if not rows:
         return None
-    profile, last = [], None
-    for a in max(rows, key=lambda r: r["k"])["acceptance_profile"][:kmax]:
+    values = max(rows, key=lambda r: r["k"])["acceptance_profile"][:kmax]
+    known = [a for a in values if a is not None]
+    if not known:
+        return None
+    profile, last = [], known[0]  # leading untested positions take the first tested one's
+    for a in values:
         last = a if a is not None else last
         profile.append(last)
-    if last is None:
-        return None
-    first = next(a for a in profile if a is not None)
-    profile = [first if a is None else a for a in profile]
-    return profile + [profile[-1]] * (kmax - len(profile))
+    return profile + [last] * (kmax - len(profile))
 
 
 def draft_model_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str, table: str, delta: str,

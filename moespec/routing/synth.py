@@ -272,15 +272,21 @@ def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, 
         raise MoespecError(f"unknown process {process!r}; one of {', '.join(PROCESSES)}")
     if targets is not None and process != "calibrated":
         raise MoespecError("--rho2/--rho9 and --fit apply to --process calibrated only")
-    if isinstance(targets, list):
-        return _per_layer(spec, targets, tokens, docs, seed, fitted_to, show_progress)
     lengths = document_lengths(tokens, docs)
     rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {"model": spec.name, "spec": spec.to_dict(), "source": f"synthetic:{process}",
                             "tokenizer": None, "synthetic": True, "process": process, "seed": seed, "params": {},
                             "calibrated_to": None, "expected_rho": None, "provenance": provenance()}
     weights = None if process == "uniform" else popularity(spec.name, spec.N, spec.L, rng)
-    if process == "calibrated":
+    if isinstance(targets, list):
+        params_by_layer = _per_layer(spec, targets)
+        experts = np.stack([p.sample(rng, lengths, weights[layer:layer + 1], show_progress)[:, 0]
+                            for layer, p in enumerate(params_by_layer)], axis=1)
+        meta.update(params={"layers": [asdict(p) for p in params_by_layer]},
+                    expected_rho=[[None, *p.rho(TARGET_N[1])[1:].round(6).tolist()] for p in params_by_layer],
+                    calibrated_to={"profile": fitted_to or "custom", "what": "per-layer reuse",
+                                   "rho": [{str(n): v for n, v in zip(TARGET_N, t)} for t in targets]})
+    elif process == "calibrated":
         label = profile if targets is None else "custom"
         targets = targets or _profile_targets(profile, spec.name)
         params = KeepPool.calibrate(spec.m, spec.N, *targets)
@@ -297,30 +303,17 @@ def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, 
     return Trace.from_arrays(experts, np.concatenate([[0], np.cumsum(lengths)]), spec.N, meta=meta)
 
 
-def _per_layer(spec: ModelSpec, targets: list[tuple[float, float]], tokens: int, docs: int, seed: int,
-               fitted_to: str | None, show_progress: bool) -> Trace:
-    """The calibrated process with each MoE layer's own parameters (synthesize with a list of targets)."""
+def _per_layer(spec: ModelSpec, targets: list[tuple[float, float]]) -> list[KeepPool]:
+    """Each MoE layer's calibrated parameters (synthesize with a list of targets), the layer named on failure."""
     if len(targets) != spec.L:
         raise MoespecError(f"{len(targets)} per-layer targets for the {spec.L} MoE layers of {spec.name}")
-    lengths = document_lengths(tokens, docs)
-    rng = np.random.default_rng(seed)
-    weights = popularity(spec.name, spec.N, spec.L, rng)
     params = []
     for layer, (rho2, rho9) in enumerate(targets):
         try:
             params.append(KeepPool.calibrate(spec.m, spec.N, rho2, rho9))
         except MoespecError as e:
             raise MoespecError(f"layer {layer}: {e}") from None
-    experts = np.stack([p.sample(rng, lengths, weights[layer:layer + 1], show_progress)[:, 0]
-                        for layer, p in enumerate(params)], axis=1)
-    meta: dict[str, Any] = {
-        "model": spec.name, "spec": spec.to_dict(), "source": "synthetic:calibrated", "tokenizer": None,
-        "synthetic": True, "process": "calibrated", "seed": seed, "params": {"layers": [asdict(p) for p in params]},
-        "calibrated_to": {"profile": fitted_to or "custom", "what": "per-layer reuse",
-                          "rho": [{str(n): v for n, v in zip(TARGET_N, t)} for t in targets]},
-        "expected_rho": [[None, *p.rho(TARGET_N[1])[1:].round(6).tolist()] for p in params],
-        "provenance": provenance()}
-    return Trace.from_arrays(experts, np.concatenate([[0], np.cumsum(lengths)]), spec.N, meta=meta)
+    return params
 
 
 def _independent(rng: np.random.Generator, spec: ModelSpec, weights: np.ndarray | None, tokens: int,
