@@ -48,8 +48,8 @@ from moespec.defaults import (
     TRACE_TOKENS,
 )
 from moespec.formats.benchfile import Bench, load_bench
-from moespec.formats.demofile import DRAFTING_FILE, STEPS_FILE, Demo, Steps
-from moespec.formats.files import check_output, holds_outputs, provenance, read_json, write_json
+from moespec.formats.demofile import DRAFTING_FILE, STEPS_FILE, Demo, Steps, load_drafting
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
@@ -254,7 +254,7 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
         view.say("[bold]2b. drafting[/bold] on the trained pair (moespec/data/pair): the acceptance profile, every "
                  "constant k, transformers' heuristic and the online policy")
         steps.run(out_dir / DRAFTING_FILE, lambda: view.drafting(drafting_step(config, out_dir)))
-        found = read_json(out_dir / DRAFTING_FILE, "drafting results")
+        found = load_drafting(out_dir / DRAFTING_FILE)  # validated: a resumed demo may find an old or broken one
         result["drafting"] = {key: found[key] for key in ("k_hat_plan", "best_constant_k", "profile_calibration")} \
             | {"vs_best_constant": {c: row["vs_best_constant"] for c, row in found["cells"].items()}}
     if config.bench_reps:
