@@ -24,11 +24,13 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    scoring rules (moespec.measure.run with the plan, moespec.predict.score): the plan is written before that run,
    so pre-registered.
 7. Report: moespec.report.html writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
+Steps 3-6 keep every timed round at one bandwidth level of the host (moespec.measure.level): the bench pins it,
+the verify-only run keeps it, the plan records it and the scored run reads it from the plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,7 +58,7 @@ from moespec.formats.trace import Trace, load_trace
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model.spec import ModelSpec
-from moespec.predict.plan import PlanConfig, make_plan
+from moespec.predict.plan import PlanConfig, inputs_level, make_plan
 from moespec.predict.score import VERSIONS, Score, score_files
 from moespec.report.figures import bandwidth_figure, save_figure
 from moespec.report.html import write_report
@@ -266,7 +268,7 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
         view.say(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. Measured crossover "
                  f"(u(n) < r(n) from there on): n = {bench.crossover}")
         if config.engine_layers:
-            result["engine"] = _engine(config, out_dir, steps, view)
+            result["engine"] = _engine(config, out_dir, steps, view, bench)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=config.format)})
     return Demo(result, out_dir / "demo.json")
 
@@ -319,11 +321,14 @@ def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> B
     return load_bench(out_dir / "bench.json")
 
 
-def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> dict[str, Any]:
+def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, bench: Bench) -> dict[str, Any]:
     """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score,
     the report. The engine replays the trace's routing (random weights route like uniform iid); the plan is
-    written before the run it is scored against, so the score is pre-registered."""
+    written before the run it is scored against, so the score is pre-registered. Every timed round of the chain
+    is kept at the bench's bandwidth level (moespec.measure.level): the verify-only run pins it, the plan records
+    it, the scored run reads it from the plan."""
     verify, planned, scored = engine_configs(config)
+    verify = replace(verify, level_gbps=inputs_level(bench, None))
     view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
              f"full shape, random weights, the trace's routing replayed")
     steps.run(out_dir / "runs-verify.json", lambda: view.runs(run_engine(verify, view.say)))

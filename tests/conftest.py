@@ -29,6 +29,16 @@ TINY_BENCH_CONFIG = {"model_type": "olmoe", "hidden_size": 64, "num_hidden_layer
 BENCH_SMOKE_ARGS = ["--n", "1-3", "--layers", "0,1", "--reps", "1", "--windows", "2", "--u-values", "3"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_level_wait() -> Iterator[None]:
+    """Timed jobs in the tests keep rounds at any bandwidth level (moespec.measure.level.WAIT_S = 0): the suite
+    shares the machine with itself, so a pinned level would wait out its budget; tests of the level give theirs.
+    Session-scoped, so that it holds before any module's fixtures run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("moespec.measure.level.WAIT_S", 0.0)
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_configs() -> dict:
     """model_type -> one tiny config per supported class, exercising each routing rule and layer layout."""

@@ -16,6 +16,7 @@ from moespec import cli, theory
 from moespec.formats.trace import Trace
 from moespec.measure import decoding as D
 from moespec.measure import run as R
+from moespec.measure.level import Level
 
 SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
          "--prompts", "1", "--tokens", "5", "--dtype", "fp32"]
@@ -167,7 +168,7 @@ def test_disturbed_rounds_are_dropped_and_repeated(tiny_checkpoints, tmp_path, m
     """A round whose reference read runs at a fraction of the machine's bandwidth is measured again, and the rounds
     stop at the target interval, the round limit or the budget, whichever comes first; the file says which."""
     reads = iter([20.0] * 8 + [2.0] + [20.0] * 1000)  # GB/s: the ninth reference read is disturbed
-    monkeypatch.setattr(R, "StreamRead", lambda nbytes: lambda: next(reads))
+    monkeypatch.setattr("moespec.measure.level.StreamRead", lambda nbytes: lambda: next(reads))
     passes = itertools.cycle([0.010, 0.011, 0.012])  # seconds: spread too wide for a 1e-9 target
     monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
     out = tmp_path / "runs.json"
@@ -210,7 +211,8 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
 
     monkeypatch.setattr(D, "decode_prompt", decode)
     cells = [("slot", 0, 0.5), ("slot", 2, 0.5), ("dedup", 2, 0.5)]
-    rows = D.measure_throughput(None, cells, None, SimpleNamespace(count=3), Units(), None, lambda n: None)
+    rows = D.measure_throughput(None, cells, None, SimpleNamespace(count=3), Units(), None, lambda n: None,
+                                Level(wait_s=0))
     order = [(p, k) for p, k, _ in cells]
     assert calls == [c + (0,) for c in order] + [c + (1,) for c in order[::-1]] + [c + (2,) for c in order]
     assert [r["steps"] for r in rows] == [3, 3, 3] and rows[1]["tokens"] == 6

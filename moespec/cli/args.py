@@ -63,6 +63,19 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     choice.add_argument("--resume", action="store_true", help="resume OUT.partial/: the default, kept for old scripts")
 
 
+def add_level_flags(p: argparse.ArgumentParser) -> None:
+    """--level and --level-wait of a timed job (bench, run): the host's bandwidth level its rounds are kept at
+    (moespec.measure.level)."""
+    from moespec.measure.level import LEVEL_BAND, WAIT_S
+
+    p.add_argument("--level", type=float, default=None, metavar="GBPS",
+                   help=f"keep only timed rounds whose reference read is within +-{LEVEL_BAND:.0%}% of GBPS (default: "
+                        "a run with --plan the plan's level, else the first round's)")
+    p.add_argument("--level-wait", type=float, default=None, metavar="S",
+                   help=f"seconds to wait at most for the host to return to the level (default {WAIT_S:g}; 0 keeps "
+                        "rounds at any level)")
+
+
 def add_model_source(p: argparse.ArgumentParser, classes: str, layers_default: str) -> None:
     """--model (a local checkpoint of `classes`) or --preset (random weights), and --layers of a preset."""
     source = p.add_mutually_exclusive_group()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from moespec.cli.args import add_checkpoint_flags, bounded, parse_ints, seed
+from moespec.cli.args import add_checkpoint_flags, add_level_flags, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, QUANTIZED, REPS_LIMIT, SAMPLES_LIMIT
 from moespec.formats.files import writing
@@ -22,6 +22,7 @@ from moespec.measure.bench import (
     run_bench,
 )
 from moespec.measure.fits import NOISY_IQR
+from moespec.measure.level import describe as describe_level
 from moespec.report.figures import bandwidth_figure, check_plot, save_figure
 from moespec.report.tables import bench_tables
 
@@ -52,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{SAMPLES_LIMIT:,})")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
     p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
+    add_level_flags(p)
     add_checkpoint_flags(p)
 
 
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                          n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
-                         fresh=args.fresh)
+                         fresh=args.fresh, level_gbps=args.level, level_wait_s=args.level_wait)
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
         bench = run_bench(config, say=out.print)
@@ -75,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(table)
     before, after = bench["ceiling_before_after_gbps"]
     out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
+    if line := describe_level(bench.get("level")):
+        out.print(line)
     noisy, drift = noise_verdict(bench)
     if noisy:
         out.print(f"[bold red]warning: noisy run[/]: {bench['noisy']['count']} of {bench['noisy']['total']} timings "

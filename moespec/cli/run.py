@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import add_checkpoint_flags, add_model_source, bounded, parse_ints, seed
+from moespec.cli.args import add_checkpoint_flags, add_level_flags, add_model_source, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import (
     DEPTH,
@@ -26,6 +26,7 @@ from moespec.defaults import (
     SAMPLES_LIMIT,
     THREADS_LIMIT,
 )
+from moespec.measure.level import describe as describe_level
 from moespec.measure.llama_run import run_llama_cpp
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 from moespec.model.dense import DENSE
@@ -62,6 +63,8 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
                   + ("at every n" if not short else f"[bold red]except at n = {', '.join(short)}[/] (budget or "
                                                     f"round limit reached; the machine stayed noisy)")
                   + f"; {noise['repeated']} disturbed round(s) dropped and repeated; ceiling GB/s {ceiling}")
+    if line := describe_level(doc.get("level")):
+        out.print(line)
     for row in doc["throughput_draft_model"]:
         rate = "-" if row["realized_acceptance"] is None else f"{row['realized_acceptance']:.2f}"
         out.print(f"draft model, {row['policy']} k = {row['k']}: {row['tokens_per_s']:.1f} tokens/s, acceptance {rate}")
@@ -120,6 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{RunConfig.target})")
     p.add_argument("--budget", type=float, default=RunConfig.budget_s,
                    help=f"seconds of verify rounds per pass size at most (default {RunConfig.budget_s:g})")
+    add_level_flags(p)
     p.add_argument("--k", default=f"0-{KMAX}", help=f"draft lengths of the throughput grid (default 0-{KMAX})")
     p.add_argument("--a", help="acceptances of the throughput grid, each in [0, 1) (default the paper's 11, "
                                "0.2..0.98)")
@@ -162,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
                        draft_model=args.draft_model, replay=args.replay, seed=args.seed, fresh=args.fresh,
                        dense=args.dense, engine=args.engine, gguf=args.gguf, draft_gguf=args.draft_gguf,
-                       threads=args.threads)
+                       threads=args.threads, level_gbps=args.level, level_wait_s=args.level_wait)
     out = console()
     runs = (run_llama_cpp if config.engine == "llama.cpp" else run_engine)(config, say=out.print)
     report(runs, args.out, out)

@@ -38,6 +38,8 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            or "cuda events"
   skipped_kernels {kernel: why}: kernels `--kernels all` left out because they cannot run at this dtype
   noisy    {threshold, count, total, worst}: timings whose IQR exceeds threshold x median
+  level    {pinned_gbps, band, wait_s, waited_s, dropped, kept_off, exhausted}: the host's bandwidth level the
+           rounds were kept at (moespec.measure.level; wait_s 0: none pinned); absent in older files
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
 Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on
 the CPU against a streaming read, and load_bench fills in those two keys (LEGACY_KEYS).
@@ -50,7 +52,7 @@ from typing import Any
 
 from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, N_LIMIT
-from moespec.formats.files import Record, field, is_number, positive, read_json
+from moespec.formats.files import Record, check_level_record, field, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-bench"
 FORMAT_VERSION = 1
@@ -182,4 +184,5 @@ def load_bench(path: str | Path) -> Bench:
     if doc["crossover"] is not None and doc["crossover"] not in ns:
         raise _fail(where, f"crossover {doc['crossover']!r} is not a timed pass size")
     _check_per_layer(where, doc, ns)
+    check_level_record(doc, where)
     return Bench(doc, path)

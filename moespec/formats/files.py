@@ -200,6 +200,21 @@ def positive(doc: Any, where: str, keys: str) -> float:
     return value
 
 
+def check_level_record(doc: Mapping[str, Any], where: str) -> None:
+    """doc["level"] where present (bench.json, runs.json; written by moespec.measure.level.Level.record): an
+    object whose pinned_gbps is null or positive and whose band, wait_s and waited_s are finite numbers >= 0."""
+    level = doc.get("level")
+    if level is None:
+        return
+    if not isinstance(level, Mapping):
+        raise MoespecError(f"{where}: level must be an object, got {type(level).__name__}")
+    if level.get("pinned_gbps") is not None and not (is_number(level["pinned_gbps"]) and level["pinned_gbps"] > 0):
+        raise MoespecError(f"{where}: level.pinned_gbps = {level['pinned_gbps']!r} must be null or positive")
+    for key in ("band", "wait_s", "waited_s"):
+        if not (is_number(level.get(key)) and level[key] >= 0):
+            raise MoespecError(f"{where}: level.{key} = {level.get(key)!r} must be a number >= 0")
+
+
 def check_numbers(doc: Any, where: str, keys: str, positive: bool) -> None:
     """Every leaf of the object or list at doc[k1][k2]... a finite number (> 0 where `positive`, e.g. times); one
     line naming the file and the dotted key of the first that is not."""

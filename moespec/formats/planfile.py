@@ -23,6 +23,9 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   reuse_threshold {depth, rho_bar: {k: v}, rho_star: {a: {k: v}}, k_hat_bytes: {a: k}}  (16)
   inputs_ceiling_gbps {bench, runs}: the streaming-read ceiling its bench and its --runs were measured at (score
                compares it with the scored runs'; absent in older plans)
+  level_gbps   the host's bandwidth level (reference read, GB/s) its measured inputs were kept at: the --runs'
+               pinned level, else the bench's (moespec.measure.level); a run with this plan keeps its rounds at it;
+               null where neither pinned one (absent in older plans)
   runs         null, or {path, moe_layers, depth} of --runs; then the calibrated version too:
   tau_calibrated {slot|dedup|auto: {n: s}};  saving.{n}.calibrated_s;  crossover_calibrated (the last two equal
                the predicted ones: the calibration adds the same measured time to both kernels)
@@ -146,6 +149,8 @@ def _check_numbers(doc: dict[str, Any], where: str) -> None:
         positive(doc, where, "tau1_s")
     if "inputs_ceiling_gbps" in doc:
         check_numbers(doc, where, "inputs_ceiling_gbps", positive=True)
+    if doc.get("level_gbps") is not None:
+        positive(doc, where, "level_gbps")
 
 class Plan(Record):
     """A validated plan.json: read it as its JSON object; the typed accessors are what an engine and a score use.

@@ -39,10 +39,11 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   draft_time_s        {k: median draft + host time per step}, the h(k) `moespec plan --draft-time` reads
   overhead_share      median over cells of the engine's share of step time
   greedy_match, greedy_exact   over every cell (above)
-  noise               {target, met, repeated, per_n: {n: {rounds, repeated, met, seconds, reference_gbps, stopped_by}}}:
-                      rounds kept, rounds dropped as disturbed (a reference read below 70% of the median
-                      bandwidth), whether every median's 95% interval came within +-target of it, and what stopped
-                      the rounds (target, max_reps, budget, disturbed)
+  noise               {target, met, repeated, per_n: {n: {rounds, repeated, off_level, met, seconds, reference_gbps,
+                      stopped_by}}}: rounds kept, rounds dropped as disturbed (a reference read below 70% of the
+                      median bandwidth, or off the level: off_level of them, newer files), whether every
+                      median's 95% interval came within +-target of it, and what stopped the rounds (target,
+                      max_reps, budget, disturbed)
   dense               what ran the dense weights of verify passes: "native" (moespec.model.dense), "torch", or
                       "torch (why the native kernel is unavailable)"; absent in older files
   verify_pass         what computed a verify pass: "lean (L of L layers one native call each)" (moespec.model.lean),
@@ -50,6 +51,10 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   engine              "llama.cpp" for `run --engine llama.cpp` (moespec.measure.llama_run: verify_time_s holds dedup
                       alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format;
                       provenance.llama_cpp names the files and threads); absent for moespec's engine
+  level               {pinned_gbps, band, wait_s, waited_s, dropped, kept_off, exhausted}: the host's bandwidth
+                      level (reference read, GB/s) every verify round and throughput prompt was kept at: --level,
+                      the plan's, or the first round's; rounds off it dropped and waited out, within wait_s
+                      (moespec.measure.level); absent in older files
   ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
                       and the throughput grid, and after
   provenance          device, dtype, versions, timestamp (the start of the run), command
@@ -66,7 +71,16 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.defaults import KERNELS, POLICIES
-from moespec.formats.files import NUMBER, Record, check_numbers, field, is_number, read_json, timestamp
+from moespec.formats.files import (
+    NUMBER,
+    Record,
+    check_level_record,
+    check_numbers,
+    field,
+    is_number,
+    read_json,
+    timestamp,
+)
 
 FORMAT_NAME = "moespec-runs"
 FORMAT_VERSION = 1
@@ -176,6 +190,7 @@ def load_runs(path: str | Path) -> Runs:
     for key, positive in NUMBERS.items():
         if doc.get(key) is not None:
             check_numbers(runs, str(path), key, positive)
+    check_level_record(runs, str(path))
     runs.plan_sha256  # noqa: B018 - checked here, read by score
     if "throughput" in doc:
         runs.throughput()

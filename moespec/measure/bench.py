@@ -69,6 +69,7 @@ from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
+from moespec.measure.level import LEVEL_UNIT, Level, check_level
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
@@ -289,10 +290,12 @@ def _inputs(passes: list[Pass], d: int, dtype: torch.dtype,
 
 
 def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, timer: Timer,
-               advance: Callable[[int], None]) -> tuple[Timings, list[float]]:
+               advance: Callable[[int], None], level: Level) -> tuple[Timings, list[float]]:
     """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
     flush, in an order rotated per round, so drift and order effects hit all kernels alike. After each round one
-    ceiling sample (GB/s): a kernel's share of the ceiling is then taken against the machine of its own rounds."""
+    ceiling sample (GB/s): a kernel's share of the ceiling is then taken against the machine of its own rounds.
+    Each round starts at the bench's bandwidth level and is repeated where the reference read after it is off
+    the level (moespec.measure.level; on a CPU)."""
     inputs = _inputs(passes, layer.shape[1], layer.x_dtype, layer.gate_up.device)
     for kernel in kernels:
         layer.run(kernel, *inputs[0])
@@ -300,11 +303,20 @@ def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps
     ceilings = []
     for rep in range(reps):
         order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
-        for inp, times in zip(inputs, samples):
-            for kernel in order:
-                timer.flush()
-                times[kernel].append(timer.time(partial(layer.run, kernel, *inp)))
-            advance(1)
+
+        def one_round(order: list[str] = order) -> list[list[float]]:
+            times = []
+            for inp in inputs:
+                times.append([])
+                for kernel in order:
+                    timer.flush()
+                    times[-1].append(timer.time(partial(layer.run, kernel, *inp)))
+            return times
+
+        for times, got in zip(samples, level.measured(one_round)):
+            for kernel, t in zip(order, got):
+                times[kernel].append(t)
+        advance(len(passes))
         ceilings += timer.ceiling(repeats=1)
     return samples, ceilings
 
@@ -332,7 +344,7 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
     pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
     total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
-    probe, _ = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None)
+    probe, _ = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None, Level(wait_s=0))
     for kernel, kind in kinds.items():
         (t_lo,), (t_hi,) = probe[0][kernel], probe[1][kernel]
         lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
@@ -345,9 +357,9 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
 
 
 def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: dict[tuple[int, int], list[Pass]],
-             checkpoint: Checkpoint, ceiling: float, timer: Timer, say: Callable[[str], None]) -> None:
+             checkpoint: Checkpoint, ceiling: float, timer: Timer, say: Callable[[str], None], level: Level) -> None:
     """Time every unit the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
-    printing the estimated time."""
+    printing the estimated time; every round at the bench's bandwidth level (saved with each unit)."""
     kernels = list(kinds)
     pending = [key for key in plan if unit_key(*key, kernels) not in checkpoint.units]
     say(f"plan: {len(plan)} units (layer, n), {len(plan) - len(pending)} done; each up to {config.u_values} "
@@ -370,9 +382,11 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         for layer in layers:
             weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
             for n in [n for lay, n in pending if lay == layer]:
-                samples, ceilings = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance)
+                samples, ceilings = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance, level)
                 checkpoint.save(unit_key(layer, n, kernels),
                                 unit_record(layer, n, kernels, plan[layer, n], samples, ceilings))
+                if level.active:
+                    checkpoint.save(LEVEL_UNIT, level.record())
             weights = None  # frees the layer (and the peers' modules cached on its tensors)
 
 
@@ -397,6 +411,8 @@ class BenchConfig:
     seed: int = 0
     device: str = "cpu"
     fresh: bool = False
+    level_gbps: float | None = None
+    level_wait_s: float | None = None
 
     def kernel_list(self) -> str:
         """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
@@ -416,6 +432,7 @@ class BenchConfig:
             raise MoespecError(f"--n: pass sizes must lie in 1..{N_LIMIT}, got {list(self.n)}")
         if self.dtype not in BENCH_DTYPES:
             raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(BENCH_DTYPES)}")
+        check_level(self.level_gbps, self.level_wait_s)
 
 
 def default_dtype(model: str) -> str:
@@ -446,6 +463,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
             for layer in layers for n in ns}
     timer = timer_for(device)
     key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
+           "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s,
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"]}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh)
@@ -463,8 +481,10 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     before = timer.ceiling()
     first, first_iqr = median_iqr(before)
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
+    level = Level(config.level_gbps, config.level_wait_s if timer.kind == "cpu" else 0)  # the host's level: CPU
+    level.restore(checkpoint.units.get(LEVEL_UNIT))
     with checkpoint:
-        _measure(spec, config, kinds, plan, checkpoint, first, timer, say)
+        _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level)
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 
@@ -481,7 +501,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,
                         "seed": config.seed, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
                         "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
-           "skipped_kernels": skipped, "noisy": noise(units), "provenance": provenance(timer.name, config.dtype)}
+           "skipped_kernels": skipped, "noisy": noise(units), "level": level.record(),
+           "provenance": provenance(timer.name, config.dtype)}
     for kernel in kinds:
         doc["kernels"][kernel]["implementation"] = impl[kernel]
     doc["elapsed_s"] = time.perf_counter() - started

@@ -21,6 +21,7 @@ from moespec import MoespecError, theory
 from moespec.defaults import KMAX
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.trace import Trace
+from moespec.measure.level import Level
 from moespec.model import speculative
 from moespec.model.load import LoadedModel
 from moespec.model.policies import set_policy, set_replay
@@ -181,10 +182,12 @@ def interleaved(cells: list[Cell], count: int, checkpoint: Checkpoint, unit: Cal
 
 
 def measure_throughput(lm: LoadedModel, cells: list[Cell], kernel_by_n: dict[int, str] | None,
-                       ps: Prompts, checkpoint: Checkpoint, drafter: Any, advance: Any) -> list[dict]:
-    """Every throughput cell on the engine, interleaved over the prompts (interleaved), as runs.json rows."""
-    done = interleaved(cells, ps.count, checkpoint, lambda cell, i: decode_prompt(lm, *cell, kernel_by_n, ps, i,
-                                                                                  drafter), advance)
+                       ps: Prompts, checkpoint: Checkpoint, drafter: Any, advance: Any, level: Level) -> list[dict]:
+    """Every throughput cell on the engine, interleaved over the prompts (interleaved), each prompt decoded at the
+    run's bandwidth level (Level.measured), as runs.json rows."""
+    done = interleaved(cells, ps.count, checkpoint,
+                       lambda cell, i: level.measured(lambda: decode_prompt(lm, *cell, kernel_by_n, ps, i, drafter)),
+                       advance)
     return [cell_record(*cell, units, drafter is None) for cell, units in done]
 
 

@@ -37,7 +37,8 @@ from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_input, holds_outputs, provenance, write_json
 from moespec.formats.runsfile import Runs
 from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prompts, throughput_cells
-from moespec.measure.run import RunConfig, load_plan_kernels, summarize, timed_rounds
+from moespec.measure.level import LEVEL_UNIT, Level
+from moespec.measure.run import RunConfig, load_plan_kernels, run_level, summarize, timed_rounds
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
 from moespec.model.gguf import read_gguf
@@ -75,8 +76,9 @@ def timed_pass(context: LlamaContext, tokens: list[int]) -> float:
 
 
 def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], checkpoint: Checkpoint,
-                   advance: Any) -> dict[int, dict[str, Any]]:
-    """Verify-time samples of POLICY per n at depth d (module docstring, 1), one checkpoint unit per n."""
+                   advance: Any, level: Level) -> dict[int, dict[str, Any]]:
+    """Verify-time samples of POLICY per n at depth d (module docstring, 1), at the run's bandwidth level, one
+    checkpoint unit per n."""
     for n in ns:
         key = f"verify n {n}"
         if key in checkpoint.units:
@@ -87,8 +89,10 @@ def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], chec
         tokens = rng.integers(3, context.vocab_size, size=(config.max_reps, n)).tolist()
         timed_pass(context, tokens[0])  # untimed: the first pass of a size allocates its buffers
         samples, noise = timed_rounds(lambda policy, rep: timed_pass(context, tokens[rep]), [POLICY], config, rng,
-                                      advance)
+                                      advance, level)
         checkpoint.save(key, {"samples": samples, "noise": noise})
+        if level.active:
+            checkpoint.save(LEVEL_UNIT, level.record())
     return {n: checkpoint.units[f"verify n {n}"] for n in ns}
 
 
@@ -188,22 +192,23 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
                "threads": config.threads, "depth": config.depth, "n": ns, "reps": config.reps,
                "max_reps": config.max_reps, "target": config.target, "budget_s": config.budget_s, "k": ks,
                "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed,
-               "plan": plan_info}
+               "plan": plan_info, "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s}
         checkpoint = Checkpoint(config.out, key, "run", config.fresh)
         say(f"moespec run: llama.cpp, {config.gguf} ({model.spec.L} MoE layers, {started['dtype']}, "
             f"{config.threads} threads); policy {POLICY} (llama.cpp's CPU MUL_MAT_ID); depth {config.depth}")
         if note := checkpoint.describe():
             say(note)
         ceilings = {"before": measure_stream_read()}
+        level = run_level(config, plan_info, checkpoint, say)
         with checkpoint, progress("run", len(ns) * config.reps + len(cells) * config.prompts,
                                   enabled=sys.stderr.isatty()) as advance:
-            units = measure_verify(contexts.first, config, ns, checkpoint, advance)
+            units = measure_verify(contexts.first, config, ns, checkpoint, advance, level)
             ceilings["between"] = measure_stream_read()
             ps = [Prompt(ids, contexts.new(), drafts.new() if drafts else None, config.tokens + max(ks))
                   for ids in prompts(config.prompts, config.depth, vocab, config.seed)] if cells else []
 
             def unit(cell: tuple[str, int, float | None], i: int) -> dict:
-                return decode_cell(ps[i], i, cell[1], cell[2], config.seed + i, config.tokens)
+                return level.measured(lambda: decode_cell(ps[i], i, cell[1], cell[2], config.seed + i, config.tokens))
 
             measured = [cell_record(*cell, prompts_done, drafts is None)
                         for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)]
@@ -215,7 +220,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
     identity = {"model": model.spec.name, "spec": model.spec.to_dict(), "source": f"llama.cpp, GGUF {config.gguf}",
                 "moe_layers": model.spec.L}
     doc = summarize(identity, replace(config, dtype=started["dtype"]), units, [POLICY], measured, acceptances,
-                    plan_info, None, started, ceilings)
+                    plan_info, None, started, ceilings, level)
     doc["engine"] = "llama.cpp"
     doc["dense"], doc["verify_pass"] = "llama.cpp", "llama.cpp (its own graph, through its C API)"
     write_json(config.out, doc)

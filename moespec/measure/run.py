@@ -60,7 +60,8 @@ from moespec.measure.decoding import (
     prompts,
     throughput_cells,
 )
-from moespec.measure.timing import StreamRead, measure_stream_read, median_iqr
+from moespec.measure.level import LEVEL_BAND, LEVEL_UNIT, Level, check_level
+from moespec.measure.timing import measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense, verify_pass
 from moespec.model.load import LoadedModel, load_draft, load_model, resolve_device
@@ -75,7 +76,6 @@ TARGET = 0.05
 MAX_REPS = 60
 BUDGET_S = 60.0
 DISTURBED = 0.7  # a reference read below 70% of the median bandwidth so far: the round was disturbed
-REFERENCE_BYTES = 64 << 20  # read before every timed pass: evicts a 32 MiB last-level cache, measures the machine
 BOOTSTRAP = 2000  # resamples for the 95% intervals: their ends move by < 1% of the interval between seeds
 CONFIDENCE = 0.95
 
@@ -109,7 +109,8 @@ def load_plan_kernels(path: str | None, dtype: str, device_kind: str) -> tuple[d
         if plan.get(key) != ran:
             raise MoespecError(f"{path}: a plan for {key} {plan.get(key)!r}, but the run is {ran!r}: make the plan "
                                f"from a bench of this {key}")
-    info = {"path": path, "sha256": plan.sha256, "model": plan.model, "moe_layers": plan.moe_layers}
+    info = {"path": path, "sha256": plan.sha256, "model": plan.model, "moe_layers": plan.moe_layers,
+            "level_gbps": plan.get("level_gbps")}
     return info, plan.kernel_by_n
 
 
@@ -139,27 +140,29 @@ def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) 
 
 
 def timed_rounds(time_pass: Callable[[str, int], float], policies: list[str], config: RunConfig,
-                 rng: np.random.Generator, advance: Any) -> tuple[dict[str, list[float]], dict[str, Any]]:
+                 rng: np.random.Generator, advance: Any, level: Level) -> tuple[dict[str, list[float]],
+                                                                              dict[str, Any]]:
     """Rounds of one pass size: each round times every policy once (`time_pass(policy, round)`: seconds of one
-    pass, its inputs set up outside the clock), in an order rotated per round; before each timed pass a reference
-    read of REFERENCE_BYTES evicts the last-level cache and measures the machine's bandwidth at that moment. A
-    round whose slowest reference read falls below DISTURBED x the median so far was disturbed (another job took
-    the memory bus or a core): its samples are dropped and the round is repeated. Rounds go on, past config.reps,
-    until every policy's median has a 95% interval within +-config.target of it, or config.max_reps rounds are
-    kept, or the round budget config.budget_s is spent. Returns the samples per policy and the noise record
-    (rounds, repeated, met, seconds, reference_gbps, stopped_by)."""
-    reference = StreamRead(REFERENCE_BYTES)
+    pass, its inputs set up outside the clock), in an order rotated per round; before each timed pass the level's
+    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth at
+    that moment. A round is dropped and repeated when its slowest reference read falls below DISTURBED x the
+    median so far (another job took the memory bus or a core) or when its reads are off the pinned level (the host
+    in another state; the level waits for it before the next round). Rounds go on, past config.reps, until every
+    policy's median has a 95% interval within +-config.target of it, or config.max_reps rounds are kept, or the
+    round budget config.budget_s is spent. Returns the samples per policy and the noise record (rounds, repeated,
+    off_level, met, seconds, reference_gbps, stopped_by)."""
     samples: dict[str, list[float]] = {p: [] for p in policies}
     kept_reference: list[float] = []
-    repeated, started = 0, time.perf_counter()
+    repeated, dropped, started = 0, level.dropped, time.perf_counter()
     while True:
         rep = len(kept_reference)
         order = policies[rep % len(policies):] + policies[:rep % len(policies)]
         times, reads = {}, []
+        level.settle()
         for policy in order:
-            reads.append(reference())
+            reads.append(level.read())
             times[policy] = time_pass(policy, rep)
-        if kept_reference and min(reads) < DISTURBED * float(np.median(kept_reference)):
+        if (kept_reference and min(reads) < DISTURBED * float(np.median(kept_reference))) or not level.keep(reads):
             repeated += 1
         else:
             kept_reference.append(min(reads))
@@ -171,17 +174,18 @@ def timed_rounds(time_pass: Callable[[str, int], float], policies: list[str], co
         if met or kept >= config.max_reps or (kept >= config.reps and spent > config.budget_s) \
                 or repeated > config.max_reps:
             break
-    return samples, {"rounds": kept, "repeated": repeated, "met": met, "seconds": spent,
-                     "reference_gbps": float(np.median(kept_reference)),
+    return samples, {"rounds": kept, "repeated": repeated, "off_level": level.dropped - dropped, "met": met,
+                     "seconds": spent, "reference_gbps": float(np.median(kept_reference)),
                      "stopped_by": "target" if met else "max_reps" if kept >= config.max_reps else
                      "disturbed" if repeated > config.max_reps else "budget"}
 
 
 def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
                    kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
-                   advance: Any) -> dict[int, dict[str, Any]]:
+                   advance: Any, level: Level) -> dict[int, dict[str, Any]]:
     """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass),
-    in the rounds of `timed_rounds`; one checkpoint unit per n."""
+    in the rounds of `timed_rounds` at the level `level`; one checkpoint unit per n (the level's record saved
+    with it)."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     state = None
     for n in ns:
@@ -202,9 +206,11 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
 
         for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
             time_pass(policy, 0)
-        samples, noise = timed_rounds(time_pass, policies, config, rng, advance)
+        samples, noise = timed_rounds(time_pass, policies, config, rng, advance, level)
         set_replay(lm.model, None)
         checkpoint.save(key, {"samples": samples, "noise": noise})
+        if level.active:
+            checkpoint.save(LEVEL_UNIT, level.record())
     return {n: checkpoint.units[f"verify n {n}"] for n in ns}
 
 
@@ -225,7 +231,7 @@ def identity(lm: LoadedModel, config: RunConfig) -> dict[str, Any]:
 def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[str, Any]], policies: list[str],
               cells: list[dict], acceptances: list[float], plan_info: dict | None,
               kernel_by_n: dict[int, str] | None, started: dict[str, Any],
-              ceilings: dict[str, list[float]]) -> dict[str, Any]:
+              ceilings: dict[str, list[float]], level: Level) -> dict[str, Any]:
     """runs.json from the measured verify units and cells (keys in moespec.formats.runsfile); `model` is the
     engine's identity(). The saving and crossover need both kernels: an engine of one kernel (llama.cpp's CPU
     MUL_MAT_ID deduplicates) records none."""
@@ -261,6 +267,7 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
                   "repeated": sum(u["noise"]["repeated"] for u in units.values()),
                   "per_n": {str(n): u["noise"] for n, u in units.items()}},
         "ceiling_gbps": {when: median_iqr(v)[0] for when, v in ceilings.items()},
+        "level": level.record(),
         "provenance": started,
     }
     return doc
@@ -288,6 +295,8 @@ class RunConfig:
     max_reps: int = MAX_REPS
     target: float = TARGET
     budget_s: float = BUDGET_S
+    level_gbps: float | None = None
+    level_wait_s: float | None = None
     outside: bool = True
     dense: str = DEFAULT_DENSE
     k: tuple[int, ...] = tuple(range(KMAX + 1))
@@ -313,6 +322,7 @@ class RunConfig:
             raise MoespecError("--gguf and --draft-gguf run llama.cpp: add --engine llama.cpp")
         if not 1 <= self.threads <= THREADS_LIMIT:
             raise MoespecError(f"--threads must lie in 1..{THREADS_LIMIT}, got {self.threads}")
+        check_level(self.level_gbps, self.level_wait_s)
         if self.dense not in DENSE:
             raise MoespecError(f"--dense {self.dense!r}: one of {', '.join(DENSE)}")
         if self.model is not None and self.preset is not None:
@@ -341,6 +351,19 @@ class RunConfig:
     def acceptances(self) -> list[float]:
         """The throughput grid's acceptances, sorted and distinct (the paper's 11 when `a` is None)."""
         return sorted({float(a) for a in (theory.PAPER_ACCEPTANCES if self.a is None else self.a)})
+
+
+def run_level(config: RunConfig, plan_info: dict[str, Any] | None, checkpoint: Checkpoint,
+              say: Callable[[str], None]) -> Level:
+    """The run's bandwidth level (moespec.measure.level): --level, else the plan's (the level its calibration was
+    measured at), else the first kept round's; a resumed run continues its checkpointed one."""
+    pinned = config.level_gbps if config.level_gbps is not None else (plan_info or {}).get("level_gbps")
+    level = Level(pinned, config.level_wait_s)
+    level.restore(checkpoint.units.get(LEVEL_UNIT))
+    if level.active:
+        say(f"level: rounds kept at {'the first round' if level.pinned is None else f'{level.pinned:.1f} GB/s'} "
+            f"+-{LEVEL_BAND:.0%} of the reference read, waiting {level.wait_s:.0f} s at most for it")
+    return level
 
 
 @holds_outputs(lambda config: [config.out])
@@ -382,7 +405,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         throughput_cells(policies, ks, acceptances)
     key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
            "n": ns, "reps": config.reps, "max_reps": config.max_reps, "target": config.target,
-           "budget_s": config.budget_s, "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
+           "budget_s": config.budget_s, "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s,
+           "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model}
     checkpoint = Checkpoint(config.out, key, "run", config.fresh)
@@ -392,16 +416,17 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
     ceilings = {"before": measure_stream_read()}
+    level = run_level(config, plan_info, checkpoint, say)
     if note := checkpoint.describe():
         say(note)
     with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
-        units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance)
+        units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance, level)
         ceilings["between"] = measure_stream_read()
         ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
-        measured = measure_throughput(lm, cells, kernel_by_n, ps, checkpoint, drafter, advance)
+        measured = measure_throughput(lm, cells, kernel_by_n, ps, checkpoint, drafter, advance, level)
     ceilings["after"] = measure_stream_read()
     doc = summarize(identity(lm, config), config, units, verify, measured, acceptances, plan_info, kernel_by_n,
-                    started, ceilings)
+                    started, ceilings, level)
     doc["dense"], doc["verify_pass"] = dense_path, verify_pass(lm.model)
     write_json(config.out, doc)
     checkpoint.remove()

@@ -39,8 +39,8 @@ from moespec.model.dense import lean_pass
 from moespec.model.load import cache_argument
 
 __all__ = ["StepRecord", "Draft", "Greedy", "TorchGreedy", "OracleDraft", "GreedyDraft", "ModelDraft", "NO_DRAFT",
-           "Prefill", "prefill", "forward_logits", "timed_forward", "plain_decode", "speculative_decode", "decode_steps",
-           "realized_acceptance", "acceptance_rate"]
+           "Prefill", "prefill", "forward_logits", "timed_forward", "plain_decode", "speculative_decode",
+           "decode_steps", "realized_acceptance", "acceptance_rate"]
 
 
 @dataclass(frozen=True)

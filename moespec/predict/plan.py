@@ -172,6 +172,16 @@ def inputs_ceiling(bench: Mapping[str, Any], runs: Runs | None) -> dict[str, flo
     return out
 
 
+def inputs_level(bench: Mapping[str, Any], runs: Runs | None) -> float | None:
+    """The bandwidth level (moespec.measure.level) the plan's measured inputs were kept at: the verify-only runs'
+    pinned level where they pinned one (they calibrate the plan), else the bench's; None where neither did."""
+    for doc in (runs or {}, bench):
+        level = (doc.get("level") or {})
+        if level.get("pinned_gbps") is not None and level.get("wait_s", 0) > 0:
+            return float(level["pinned_gbps"])
+    return None
+
+
 def llama_cpp_flags(step: Mapping[str, Any], version: str) -> dict[str, Any]:
     """The plan in llama.cpp's words: its CPU expert kernel deduplicates, so the dedup policy's staircase of
     `version` (the calibrated one where the plan was made from llama.cpp's own runs: its measured step times) as
@@ -283,6 +293,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
             "k_hat_bytes": {str(a): int(theory.best_draft_length(V_bytes, a)) for a in grid}},
         "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
         "inputs_ceiling_gbps": inputs_ceiling(bench, runs),
+        "level_gbps": inputs_level(bench, runs),
         "llama_cpp": llama_cpp_flags(step, "calibrated" if "calibrated" in step else "prediction"),
         "kernels": bench.get("pair_kernels") or dict(zip(KERNELS, KERNELS)),
         "provenance": provenance(device=bench["device"], dtype=fmt),

@@ -1,0 +1,141 @@
+"""The machine's bandwidth level: times that are compared with each other must be taken in one state of the host.
+
+Physics. On a shared host the streaming bandwidth this process gets is not one number. It sits at one of a few
+levels for seconds to minutes, as other tenants' memory traffic comes and goes. On this project's 2-core machine
+the 64 MiB reference read reads ~33 GB/s or ~55-63 GB/s, and a memory-bound verify pass follows it: 14 ms or 10 ms
+at n = 1 (`make demo`, 2026-12-01). A plan is calibrated by times measured at one level. When it is scored against
+times measured at the other, it misses by their ratio, 1.4-1.8x. That says nothing about the plan.
+
+So every timed round carries reference reads, and one `Level` pins the measurements of a chain (the bench, the
+verify-only run that calibrates the plan, the run scored against the plan) to one level:
+- a round whose reference reads have a median outside LEVEL_BAND of the pinned level is dropped and repeated;
+- before a round, `settle` polls the reference read until the host is back at the level;
+- the waiting has a budget (wait_s per measurement). When it is spent, the measurement goes on at the level it
+  finds, and its record says so (`exhausted`, and how many kept rounds were off the level).
+The first kept round pins the level when none is given. A wait of 0 turns pinning off: rounds are dropped only
+as disturbed (moespec.measure.run.DISTURBED).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from moespec import MoespecError
+from moespec.measure.timing import StreamRead
+
+REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cache, measures the host's bandwidth
+# The levels seen here are 1.6-1.9x apart, and one level's reads spread by +-5-10% (IQR 3.7 of 34 GB/s in a quiet
+# window): +-15% takes every read of one level and none of the other.
+LEVEL_BAND = 0.15
+WAIT_S = 45.0  # the waiting budget of one measurement: three of them (bench, two runs) stay inside `make demo`'s 8 min
+POLL_S = 0.2  # between reference reads while waiting: a level lasts seconds at least; a read takes ~2 ms
+LEVEL_UNIT = "level"  # the checkpoint unit that carries a measurement's level (a resumed one keeps its pin)
+ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a reference read after it is off
+
+T = TypeVar("T")
+
+
+def check_level(pinned: float | None, wait_s: float | None) -> None:
+    """A pinned level is a positive GB/s, a waiting budget >= 0 seconds (None: WAIT_S)."""
+    if pinned is not None and not (math.isfinite(pinned) and pinned > 0):
+        raise MoespecError(f"--level must be a positive GB/s, got {pinned}")
+    if wait_s is not None and not (math.isfinite(wait_s) and wait_s >= 0):
+        raise MoespecError(f"--level-wait must be >= 0 seconds, got {wait_s}")
+
+
+class Level:
+    """The pinned bandwidth level of one measurement (module docstring): `pinned` GB/s, or None to pin the first
+    kept round's; `wait_s` seconds of waiting for it at most (None: WAIT_S; 0: no pinning). `read()` is the
+    reference read (GB/s; a REFERENCE_BYTES streaming read unless given), which also evicts the caches."""
+
+    def __init__(self, pinned: float | None = None, wait_s: float | None = None,
+                 read: Callable[[], float] | None = None) -> None:
+        check_level(pinned, wait_s)
+        self.pinned, self.wait_s = pinned, float(WAIT_S if wait_s is None else wait_s)
+        self._read = read
+        self.waited_s, self.dropped, self.kept_off, self.exhausted = 0.0, 0, 0, False
+
+    def read(self) -> float:
+        """One reference read, GB/s (its buffer made on the first call)."""
+        if self._read is None:
+            self._read = StreamRead(REFERENCE_BYTES)
+        return self._read()
+
+    @property
+    def active(self) -> bool:
+        return self.wait_s > 0
+
+    def within(self, gbps: float) -> bool:
+        """Whether a bandwidth `gbps` reads as the pinned level (always, when none is pinned or pinning is off)."""
+        return not self.active or self.pinned is None or abs(math.log(gbps / self.pinned)) <= math.log1p(LEVEL_BAND)
+
+    def settle(self) -> None:
+        """Poll the reference read until the host is at the pinned level, within what is left of the waiting
+        budget."""
+        if not self.active or self.pinned is None or self.exhausted:
+            return
+        start = time.perf_counter()
+        while not self.within(self.read()):
+            if self.waited_s + time.perf_counter() - start >= self.wait_s:
+                self.exhausted = True
+                break
+            time.sleep(POLL_S)
+        self.waited_s += time.perf_counter() - start
+
+    def keep(self, reads: Sequence[float]) -> bool:
+        """Whether a round whose reference reads were `reads` counts: its median at the pinned level (pinning it
+        when none is), or the waiting budget spent (then counted in kept_off). A round it refuses is counted in
+        `dropped`; the caller repeats it."""
+        level = float(np.median(reads))
+        if not self.active:
+            return True
+        if self.pinned is None:
+            self.pinned = level
+        if self.within(level):
+            return True
+        if self.exhausted:
+            self.kept_off += 1
+            return True
+        self.dropped += 1
+        return False
+
+    def measured(self, unit: Callable[[], T]) -> T:
+        """`unit()` (a longer measurement, e.g. one prompt of a throughput cell) run at the pinned level: settled
+        before, a reference read after, and run again (ATTEMPTS at most, the last kept) where that read is off."""
+        for _ in range(ATTEMPTS - 1):
+            self.settle()
+            result = unit()
+            if self.keep([self.read()]):
+                return result
+        self.settle()
+        result = unit()
+        if not self.within(self.read()):
+            self.kept_off += 1
+        return result
+
+    def record(self) -> dict[str, Any]:
+        """What runs.json and bench.json say of it (`level`)."""
+        return {"pinned_gbps": self.pinned, "band": LEVEL_BAND, "wait_s": self.wait_s, "waited_s": self.waited_s,
+                "dropped": self.dropped, "kept_off": self.kept_off, "exhausted": self.exhausted}
+
+    def restore(self, saved: dict[str, Any] | None) -> None:
+        """Continue a checkpointed measurement's level: its pin and what it had waited and dropped."""
+        if saved and self.active:
+            self.pinned = self.pinned if self.pinned is not None else saved["pinned_gbps"]
+            self.waited_s, self.dropped = saved["waited_s"], saved["dropped"]
+            self.kept_off, self.exhausted = saved["kept_off"], saved["exhausted"]
+
+
+def describe(record: dict[str, Any] | None) -> str | None:
+    """One line on a level record (bench.json, runs.json `level`), or None where no level was pinned."""
+    if not record or record["pinned_gbps"] is None or record["wait_s"] <= 0:
+        return None
+    return (f"level: rounds kept at {record['pinned_gbps']:.1f} GB/s +-{record['band']:.0%} of the reference read; "
+            f"{record['dropped']} dropped off it, {record['waited_s']:.1f} s waited for it"
+            + (f"; [bold red]the wait budget ran out[/]: {record['kept_off']} kept off the level"
+               if record["exhausted"] else ""))

@@ -1,0 +1,156 @@
+"""The host's bandwidth level (moespec.measure.level): rounds off the pinned level are dropped and waited out
+within a budget, the pin travels bench -> verify-only run -> plan -> scored run, and bad values are one line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from test_run import run_cli
+
+from moespec import MoespecError
+from moespec.formats.files import check_level_record
+from moespec.measure import bench
+from moespec.measure import level as L
+from moespec.measure import run as R
+from moespec.predict.plan import inputs_level
+
+
+def reads_of(values):
+    it = iter(values)
+    return lambda: next(it)
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch):
+    monkeypatch.setattr(L, "POLL_S", 0.0)
+
+
+def test_band_is_symmetric_and_pins_the_first_round():
+    level = L.Level(wait_s=10, read=reads_of([]))
+    assert level.keep([33.0, 34.0, 35.0]) and level.pinned == 34.0  # the first kept round pins its median
+    assert level.within(34.0 * 1.15) and level.within(34.0 / 1.15)
+    assert not level.within(34.0 * 1.2) and not level.within(34.0 / 1.2)
+    assert not level.keep([57.0, 58.0, 34.0]) and level.dropped == 1  # the median is the other level
+    assert level.keep([33.0, 57.0, 35.0]) and level.dropped == 1  # one read off: the median holds
+
+
+def test_settle_waits_for_the_level_then_gives_up_at_the_budget():
+    polls = []
+
+    def read():
+        polls.append(1)
+        return 57.0 if len(polls) < 4 else 34.0
+
+    level = L.Level(34.0, wait_s=10, read=read)
+    level.settle()
+    assert len(polls) == 4 and not level.exhausted and level.waited_s >= 0
+    stuck = L.Level(34.0, wait_s=0.02, read=lambda: 57.0)
+    stuck.settle()
+    assert stuck.exhausted and stuck.waited_s >= 0.02
+    assert stuck.keep([57.0]) and stuck.kept_off == 1 and stuck.dropped == 0  # the budget spent: kept, counted
+    stuck.settle()  # no more waiting
+    record = stuck.record()
+    assert record["exhausted"] and record["kept_off"] == 1 and record["pinned_gbps"] == 34.0
+
+
+def test_no_wait_keeps_every_round_and_pins_nothing():
+    level = L.Level(wait_s=0, read=lambda: pytest.fail("an inactive level reads nothing to settle"))
+    level.settle()
+    assert level.keep([10.0]) and level.keep([90.0]) and level.pinned is None and not level.active
+
+
+def test_measured_reruns_a_unit_whose_after_read_is_off():
+    runs = []
+    # settle reads 34 (at the level); the first run's after-read is 57 (off): run again; the second's is 34
+    level = L.Level(34.0, wait_s=10, read=reads_of([34.0, 57.0, 34.0, 34.0]))
+    assert level.measured(lambda: runs.append(1) or len(runs)) == 2 and level.dropped == 1
+    always_off = L.Level(34.0, wait_s=0.0001, read=lambda: 57.0)
+    count = []
+    always_off.measured(lambda: count.append(1))
+    assert len(count) <= L.ATTEMPTS and always_off.kept_off == 1  # the last attempt kept, and said so
+
+
+def test_restore_continues_a_checkpointed_pin():
+    saved = L.Level(40.0, wait_s=10, read=reads_of([])).record() | {"dropped": 3, "waited_s": 1.5}
+    level = L.Level(wait_s=10, read=reads_of([]))
+    level.restore(saved)
+    assert level.pinned == 40.0 and level.dropped == 3 and level.waited_s == 1.5
+
+
+@pytest.mark.parametrize("pinned, wait, needle", [(-1.0, None, "--level"), (float("nan"), None, "--level"),
+                                                  (None, -1.0, "--level-wait"), (None, float("inf"), "--level-wait")])
+def test_bad_values_name_the_flag(pinned, wait, needle):
+    with pytest.raises(MoespecError, match=needle):
+        L.Level(pinned, wait)
+
+
+@pytest.mark.parametrize("flag, value", [("--level", "-3"), ("--level-wait", "-1"), ("--level", "x")])
+def test_cli_bad_level_is_one_line(flag, value, tiny_checkpoints, tmp_path):
+    code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), flag, value, "--no-throughput",
+                            "--out", str(tmp_path / "r.json")])
+    assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_drops_rounds_off_the_pinned_level(tiny_checkpoints, tmp_path, monkeypatch):
+    """With --level 20, a round whose reference reads sit at 35 GB/s is dropped and counted off_level; settle's
+    polls wait until the reads return; the file records the level and what it cost."""
+    # per round: one settle poll, then one read per policy (slot, dedup, outside: 3)
+    at, off = [20.0] * 4, [20.0] + [35.0] * 3
+    monkeypatch.setattr(L, "StreamRead", lambda nbytes: reads_of(at + off + at * 100))
+    passes = itertools.cycle([0.010, 0.011, 0.012])
+    monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
+    out = tmp_path / "runs.json"
+    code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps",
+                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--level", "20",
+                               "--level-wait", "30", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    unit = doc["noise"]["per_n"]["2"]
+    assert code == 0 and unit["rounds"] == 3 and unit["repeated"] == 1 and unit["off_level"] == 1
+    assert doc["level"]["pinned_gbps"] == 20.0 and doc["level"]["dropped"] == 1 and not doc["level"]["exhausted"]
+    assert "1 dropped off it" in stdout and "20.0 GB/s" in stdout
+
+
+def test_the_pin_travels_from_bench_and_runs_to_the_plan_and_its_scored_run():
+    bench = {"level": {"pinned_gbps": 33.0, "wait_s": 45.0}}
+    runs = {"level": {"pinned_gbps": 34.5, "wait_s": 45.0}}
+    assert inputs_level(bench, None) == 33.0 and inputs_level(bench, runs) == 34.5  # the calibration's wins
+    assert inputs_level({"level": {"pinned_gbps": 33.0, "wait_s": 0.0}}, None) is None  # nothing pinned
+    assert inputs_level({}, {}) is None  # older files
+    said = []
+    config = R.RunConfig(level_wait_s=10)
+    ckpt = type("C", (), {"units": {}})()
+    assert R.run_level(config, {"level_gbps": 34.5}, ckpt, said.append).pinned == 34.5
+    assert R.run_level(R.RunConfig(level_gbps=50.0, level_wait_s=10), {"level_gbps": 34.5}, ckpt,
+                       said.append).pinned == 50.0  # --level wins over the plan's
+    assert "34.5 GB/s" in said[0]
+
+
+@pytest.mark.parametrize("level, needle", [([], "level must be an object"), ({"pinned_gbps": -1}, "pinned_gbps"),
+                                           ({"pinned_gbps": 30, "band": 0.15, "wait_s": "x", "waited_s": 0},
+                                            "wait_s")])
+def test_loaders_refuse_a_bad_level_record(level, needle):
+    with pytest.raises(MoespecError, match=needle) as info:
+        check_level_record({"level": level}, "runs.json")
+    assert "runs.json" in str(info.value)
+
+
+def test_bench_repeats_a_round_off_the_level():
+    """The bench's rounds: settled before, a reference read after; a round whose read is off is timed again and
+    only the kept rounds' samples count."""
+    calls = []
+    layer = SimpleNamespace(shape=(4, 8), x_dtype=torch.float32, gate_up=torch.zeros(1),
+                            run=lambda kernel, *inp: calls.append(kernel))
+    timer = SimpleNamespace(flush=lambda: None, time=lambda fn: fn() or 0.001, ceiling=lambda repeats: [30.0])
+    passes = [SimpleNamespace(ids=np.zeros((2, 2), dtype=np.int64))]
+    # round 1: nothing pinned to settle at, after 30 (pins); round 2: settle 30, after 50 (off: again), settle 30,
+    # after 30
+    level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0, 30.0, 30.0]))
+    samples, ceilings = bench._time_unit(passes, ["slot", "dedup"], layer, 2, timer, lambda n: None, level)
+    assert level.pinned == 30.0 and level.dropped == 1
+    assert [len(v) for v in samples[0].values()] == [2, 2] and len(ceilings) == 2
+    assert len(calls) == 2 + 3 * 2  # the warm-up, two kept rounds and the dropped one
