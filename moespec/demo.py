@@ -71,12 +71,12 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here); verify
 # rounds until every median's 95% interval is within 5%, at least 25 (AUTO's paired ratio to the better fixed
 # kernel, whose per-round spread is 4-6% here, then has a 95% spread of about +-1.5%: 50 rounds at n = 1 and 5,
-# 2026-12-01), at most 60 rounds or 12 s per pass size (a round of three 13-65 ms passes takes 0.05-0.2 s), and a
-# reduced throughput grid: every k = 0..8 (the score needs the
+# 2026-12-01), at most 40 rounds or 8 s per pass size (a round times every pass size and policy once: 27 passes of
+# 13-65 ms, ~1 s), and a reduced throughput grid: every k = 0..8 (the score needs the
 # plan's k_hat* measured) at 4 acceptances, four prompts of 24 tokens per cell, run as four interleaved rounds
 # (one prompt of every cell each) so drift hits every k alike; the oracle's tokens/s is G_a(k) over the measured
 # step time (moespec.measure.run.cell_record), so a cell's ~40-200 drafted tokens add no acceptance noise: ~4 min.
-ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 60, 12.0
+ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 4, 24
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
 OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",

@@ -32,14 +32,14 @@ def no_sleep(monkeypatch):
 
 def test_band_is_symmetric_and_pins_the_first_round():
     level = L.Level(wait_s=10, read=reads_of([]))
-    assert level.keep([33.0, 34.0, 35.0]) and level.pinned == 34.0  # the first kept round pins its median
+    assert level.judge([33.0, 34.0, 35.0]) == L.KEEP and level.pinned == 34.0  # the first round pins its median
     assert level.within(34.0 * 1.15) and level.within(34.0 / 1.15)
     assert not level.within(34.0 * 1.2) and not level.within(34.0 / 1.2)
-    assert not level.keep([57.0, 58.0, 34.0]) and level.dropped == 1  # the median is the other level
-    assert level.keep([33.0, 57.0, 35.0]) and level.dropped == 1  # one read off: the median holds
+    assert level.judge([57.0, 58.0, 34.0]) == L.DROP and level.dropped == 1  # the median is the other level
+    assert level.judge([33.0, 57.0, 35.0]) == L.KEEP and level.dropped == 1  # one read off: the median holds
 
 
-def test_settle_waits_for_the_level_then_gives_up_at_the_budget():
+def test_settle_waits_for_the_level_then_the_level_follows_the_host():
     polls = []
 
     def read():
@@ -52,16 +52,29 @@ def test_settle_waits_for_the_level_then_gives_up_at_the_budget():
     stuck = L.Level(34.0, wait_s=0.02, read=lambda: 57.0)
     stuck.settle()
     assert stuck.exhausted and stuck.waited_s >= 0.02
-    assert stuck.keep([57.0]) and stuck.kept_off == 1 and stuck.dropped == 0  # the budget spent: kept, counted
-    stuck.settle()  # no more waiting
+    assert stuck.judge([57.0], repin=False) == L.KEEP and stuck.kept_off == 1  # a grid's unit: kept, counted
+    assert stuck.judge([57.0]) == L.REPIN and stuck.pinned == 57.0 and not stuck.exhausted and stuck.repins == 1
+    stuck.settle()  # at the new level: nothing to wait for
+    assert stuck.judge([58.0]) == L.KEEP
     record = stuck.record()
-    assert record["exhausted"] and record["kept_off"] == 1 and record["pinned_gbps"] == 34.0
+    assert record["repins"] == 1 and record["kept_off"] == 1 and record["pinned_gbps"] == 57.0
+
+
+def test_repins_are_bounded():
+    level = L.Level(30.0, wait_s=1e-6, read=lambda: 90.0)
+    verdicts = []
+    for gbps in [60.0, 30.0] * (L.MAX_REPINS + 1):
+        level.exhausted = True  # each level stays past the wait
+        verdicts.append(level.judge([gbps]))
+    assert verdicts[:L.MAX_REPINS] == [L.REPIN] * L.MAX_REPINS and level.repins == L.MAX_REPINS
+    assert L.REPIN not in verdicts[L.MAX_REPINS:] and level.kept_off >= 1  # then kept off the level, counted
 
 
 def test_no_wait_keeps_every_round_and_pins_nothing():
     level = L.Level(wait_s=0, read=lambda: pytest.fail("an inactive level reads nothing to settle"))
     level.settle()
-    assert level.keep([10.0]) and level.keep([90.0]) and level.pinned is None and not level.active
+    assert level.judge([10.0]) == L.KEEP and level.judge([90.0]) == L.KEEP and level.pinned is None
+    assert not level.active
 
 
 def test_measured_reruns_a_unit_whose_after_read_is_off():
@@ -72,14 +85,14 @@ def test_measured_reruns_a_unit_whose_after_read_is_off():
     always_off = L.Level(34.0, wait_s=0.0001, read=lambda: 57.0)
     count = []
     always_off.measured(lambda: count.append(1))
-    assert len(count) <= L.ATTEMPTS and always_off.kept_off == 1  # the last attempt kept, and said so
+    assert len(count) <= L.ATTEMPTS and always_off.kept_off >= 1 and always_off.repins == 0  # never re-pinned
 
 
 def test_restore_continues_a_checkpointed_pin():
-    saved = L.Level(40.0, wait_s=10, read=reads_of([])).record() | {"dropped": 3, "waited_s": 1.5}
-    level = L.Level(wait_s=10, read=reads_of([]))
-    level.restore(saved)
-    assert level.pinned == 40.0 and level.dropped == 3 and level.waited_s == 1.5
+    saved = L.Level(40.0, wait_s=10, read=reads_of([])).record() | {"dropped": 3, "waited_s": 1.5, "repins": 1}
+    level = L.Level(35.0, wait_s=10, read=reads_of([]))
+    level.restore(saved)  # the saved pin wins: a re-pinned run goes on at its new level
+    assert level.pinned == 40.0 and level.dropped == 3 and level.waited_s == 1.5 and level.repins == 1
 
 
 @pytest.mark.parametrize("pinned, wait, needle", [(-1.0, None, "--level"), (float("nan"), None, "--level"),
@@ -113,6 +126,29 @@ def test_run_drops_rounds_off_the_pinned_level(tiny_checkpoints, tmp_path, monke
     assert code == 0 and unit["rounds"] == 3 and unit["repeated"] == 1 and unit["off_level"] == 1
     assert doc["level"]["pinned_gbps"] == 20.0 and doc["level"]["dropped"] == 1 and not doc["level"]["exhausted"]
     assert "1 dropped off it" in stdout and "20.0 GB/s" in stdout
+
+
+def test_a_run_follows_a_level_that_stays_away_and_measures_its_rounds_again(tiny_checkpoints, tmp_path,
+                                                                             monkeypatch):
+    """Two rounds at the pinned 20 GB/s, then the host stays at 35: after the wait the level moves, the two rounds
+    are discarded, and every kept round is of the new level."""
+    count = []
+
+    def read():
+        count.append(1)
+        return 20.0 if len(count) <= 8 else 35.0  # per round: a settle poll and three passes' reads
+
+    monkeypatch.setattr(L, "StreamRead", lambda nbytes: read)
+    passes = itertools.cycle([0.010, 0.011, 0.012])
+    monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
+    out = tmp_path / "runs.json"
+    code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps",
+                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--level", "20",
+                               "--level-wait", "0.01", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["noise"]["discarded"] == 2 and doc["noise"]["rounds"] == 3
+    assert doc["level"]["repins"] == 1 and doc["level"]["pinned_gbps"] == 35.0
+    assert doc["noise"]["per_n"]["2"]["reference_gbps"] == 35.0 and "re-pinned 1 time" in stdout
 
 
 def test_the_pin_travels_from_bench_and_runs_to_the_plan_and_its_scored_run():

@@ -78,36 +78,39 @@ def test_an_interrupted_bench_says_how_to_resume_and_a_plain_rerun_resumes(bench
 
 
 def test_a_resumed_run_draws_what_a_clean_run_draws(tiny_checkpoints, tmp_path, monkeypatch):
-    """Interrupted in its second verify unit and resumed with its lists in another order: the remaining units
-    time the same random tokens as a clean run with the seed."""
+    """Interrupted in its second verify round and resumed with its lists in another order: the first round is
+    kept, not measured again, and the second times the same random tokens as a clean run with the seed."""
     model = ["--model", str(tiny_checkpoints["olmoe"])]
-    monkeypatch.setattr(R, "DISTURBED", 0.0)  # no round repeated: every unit times exactly --max-reps rounds
+    monkeypatch.setattr(R, "DISTURBED", 0.0)  # no round repeated: the run times exactly --max-reps rounds
     timed = speculative.timed_forward
-    seen: dict[int, set] = {}
+    seen: list[tuple] = []
 
     def record(model, tokens, state):
-        seen.setdefault(len(tokens), set()).add(tuple(tokens))
+        seen.append(tuple(tokens))
         return timed(model, tokens, state)
 
     monkeypatch.setattr(speculative, "timed_forward", record)
     assert main([*RUN, *model, "--n", "1,2,3", "--a", "0.5,0.9", "--out", str(tmp_path / "clean.json")])[0] == 0
-    clean, seen = seen, {}
+    policies, sizes = 3, 3  # slot, dedup, outside; n = 1, 2, 3
+    warm, per_round = policies * sizes, policies * sizes
+    clean, seen = seen, []
+    assert len(clean) == warm + 2 * per_round
 
-    def interrupt_at_two(model, tokens, state):
-        if len(tokens) == 2:
+    def interrupt_in_round_two(model, tokens, state):
+        if len(seen) == warm + per_round + 1:
             raise KeyboardInterrupt
         return record(model, tokens, state)
 
     out = tmp_path / "runs.json"
-    monkeypatch.setattr(speculative, "timed_forward", interrupt_at_two)
-    code, err = main([*RUN, *model, "--n", "1,2,3", "--a", "0.5,0.9", "--out", str(out)])
+    monkeypatch.setattr(speculative, "timed_forward", interrupt_in_round_two)
+    code, err = main([*RUN, *model, "--n", "1,2,3", "--a", "0.9,0.5", "--out", str(out)])
     assert code == 130 and not out.exists()
     one_line(err, f"{out}.partial", "rerun the same command to resume")
-    seen = {}
+    seen = []
     monkeypatch.setattr(speculative, "timed_forward", record)
     assert main([*RUN, *model, "--n", "3,2,1", "--a", "0.9,0.5", "--out", str(out)])[0] == 0
-    assert sorted(seen) == [2, 3]  # n = 1 was kept, not measured again
-    assert all(seen[n] == clean[n] for n in (2, 3))
+    assert len(seen) == warm + per_round  # the warm-up and round two: round one was kept
+    assert sorted(seen[warm:]) == sorted(clean[warm + per_round:])  # round two's tokens, as in the clean run
     assert sorted(json.loads(out.read_text())["verify_time_s"]["slot"]) == ["1", "2", "3"]
 
 

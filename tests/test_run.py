@@ -96,7 +96,7 @@ def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path,
     monkeypatch.setattr(D, "decode_prompt", interrupted)
     assert run_cli(argv)[0] == 130  # interrupted
     units = [p for p in (tmp_path / "runs.json.partial").glob("*.json") if p.name != "state.json"]
-    assert len(units) == 3 + 2  # the three verify units and two cells survived
+    assert len(units) == 1 + 2  # the verify rounds and two cells survived
     cells, passes = [], []
     monkeypatch.setattr(D, "decode_prompt", lambda *a, **k: cells.append(1) or real(*a, **k))
     timed = speculative.timed_forward
@@ -231,3 +231,10 @@ def test_auto_ratio_pairs_the_passes_of_a_round():
     assert R.paired_ratio(samples, stats, 4) == pytest.approx(1.01)
     samples["auto"][4][3] *= 3  # one of AUTO's passes disturbed: the median of the round ratios does not move
     assert R.paired_ratio(samples, stats, 4) == pytest.approx(1.01)
+
+
+def test_a_verify_round_covers_every_size_and_policy_in_turn():
+    """Even rounds go up the pass sizes, odd ones down; each size's policies rotate by the round."""
+    assert R._round_order([1, 2], ["slot", "dedup"], 0) == [(1, "slot"), (1, "dedup"), (2, "slot"), (2, "dedup")]
+    assert R._round_order([1, 2], ["slot", "dedup"], 1) == [(2, "dedup"), (2, "slot"), (1, "dedup"), (1, "slot")]
+    assert len(R._round_order(list(range(1, 10)), ["slot", "dedup", "auto"], 5)) == 27

@@ -39,11 +39,13 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   draft_time_s        {k: median draft + host time per step}, the h(k) `moespec plan --draft-time` reads
   overhead_share      median over cells of the engine's share of step time
   greedy_match, greedy_exact   over every cell (above)
-  noise               {target, met, repeated, per_n: {n: {rounds, repeated, off_level, met, seconds, reference_gbps,
-                      stopped_by}}}: rounds kept, rounds dropped as disturbed (a reference read below 70% of the
-                      median bandwidth, or off the level: off_level of them, newer files), whether every
-                      median's 95% interval came within +-target of it, and what stopped the rounds (target,
-                      max_reps, budget, disturbed)
+  noise               {target, met, rounds, repeated, off_level, discarded, per_n: {n: {rounds, repeated,
+                      off_level, discarded, met, seconds, reference_gbps, stopped_by}}}: the verify rounds (each
+                      times every n and policy once) kept, dropped as disturbed (a reference read below 70% of
+                      the median) or off the level (off_level of them), discarded when the level moved
+                      (moespec.measure.level), whether each median's 95% interval came within +-target of it,
+                      and what stopped the rounds (target, max_reps, budget, disturbed); older files counted
+                      rounds per n
   dense               what ran the dense weights of verify passes: "native" (moespec.model.dense), "torch", or
                       "torch (why the native kernel is unavailable)"; absent in older files
   verify_pass         what computed a verify pass: "lean (L of L layers one native call each)" (moespec.model.lean),

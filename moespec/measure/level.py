@@ -2,16 +2,20 @@
 
 Physics. On a shared host the streaming bandwidth this process gets is not one number. It sits at one of a few
 levels for seconds to minutes, as other tenants' memory traffic comes and goes. On this project's 2-core machine
-the 64 MiB reference read reads ~33 GB/s or ~55-63 GB/s, and a memory-bound verify pass follows it: 14 ms or 10 ms
-at n = 1 (`make demo`, 2026-12-01). A plan is calibrated by times measured at one level. When it is scored against
-times measured at the other, it misses by their ratio, 1.4-1.8x. That says nothing about the plan.
+the 64 MiB reference read reads ~26, ~33 or ~55-63 GB/s; two buffers, one of them in huge pages, move together,
+so it is the host, not this process's pages. A memory-bound verify pass follows it: 14 ms or 10 ms at n = 1
+(`make demo`, 2026-12-01). A plan calibrated by times of one level and scored against times of another misses by
+their ratio, 1.4-1.8x; a calibration whose small n ran at one level and large n at another has a kink that moves
+k_hat. Neither says anything about the plan.
 
 So every timed round carries reference reads, and one `Level` pins the measurements of a chain (the bench, the
 verify-only run that calibrates the plan, the run scored against the plan) to one level:
 - a round whose reference reads have a median outside LEVEL_BAND of the pinned level is dropped and repeated;
 - before a round, `settle` polls the reference read until the host is back at the level;
-- the waiting has a budget (wait_s per measurement). When it is spent, the measurement goes on at the level it
-  finds, and its record says so (`exhausted`, and how many kept rounds were off the level).
+- the waiting has a budget (wait_s per pin). When it is spent, the host has moved for longer than a burst: a run's
+  verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured again, at most
+  MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput prompts, bench
+  rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
 The first kept round pins the level when none is given. A wait of 0 turns pinning off: rounds are dropped only
 as disturbed (moespec.measure.run.DISTURBED).
 """
@@ -32,10 +36,12 @@ REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cac
 # The levels seen here are 1.6-1.9x apart, and one level's reads spread by +-5-10% (IQR 3.7 of 34 GB/s in a quiet
 # window): +-15% takes every read of one level and none of the other.
 LEVEL_BAND = 0.15
-WAIT_S = 45.0  # the waiting budget of one measurement: three of them (bench, two runs) stay inside `make demo`'s 8 min
+WAIT_S = 30.0  # the waiting budget of one pin: bench, and two runs with one move each, stay inside `make demo`'s 8 min
 POLL_S = 0.2  # between reference reads while waiting: a level lasts seconds at least; a read takes ~2 ms
 LEVEL_UNIT = "level"  # the checkpoint unit that carries a measurement's level (a resumed one keeps its pin)
 ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a reference read after it is off
+MAX_REPINS = 1  # a measurement follows the host to another level at most this often (each re-measures its rounds)
+KEEP, DROP, REPIN = "keep", "drop", "repin"  # Level.judge's verdicts on a round
 
 T = TypeVar("T")
 
@@ -50,7 +56,7 @@ def check_level(pinned: float | None, wait_s: float | None) -> None:
 
 class Level:
     """The pinned bandwidth level of one measurement (module docstring): `pinned` GB/s, or None to pin the first
-    kept round's; `wait_s` seconds of waiting for it at most (None: WAIT_S; 0: no pinning). `read()` is the
+    kept round's; `wait_s` seconds of waiting for it at most per pin (None: WAIT_S; 0: no pinning). `read()` is the
     reference read (GB/s; a REFERENCE_BYTES streaming read unless given), which also evicts the caches."""
 
     def __init__(self, pinned: float | None = None, wait_s: float | None = None,
@@ -58,7 +64,8 @@ class Level:
         check_level(pinned, wait_s)
         self.pinned, self.wait_s = pinned, float(WAIT_S if wait_s is None else wait_s)
         self._read = read
-        self.waited_s, self.dropped, self.kept_off, self.exhausted = 0.0, 0, 0, False
+        self.waited_s, self.dropped, self.kept_off, self.repins = 0.0, 0, 0, 0
+        self.exhausted, self._pin_waited = False, 0.0
 
     def read(self) -> float:
         """One reference read, GB/s (its buffer made on the first call)."""
@@ -75,42 +82,50 @@ class Level:
         return not self.active or self.pinned is None or abs(math.log(gbps / self.pinned)) <= math.log1p(LEVEL_BAND)
 
     def settle(self) -> None:
-        """Poll the reference read until the host is at the pinned level, within what is left of the waiting
-        budget."""
+        """Poll the reference read until the host is at the pinned level, within what is left of this pin's
+        waiting budget."""
         if not self.active or self.pinned is None or self.exhausted:
             return
         start = time.perf_counter()
         while not self.within(self.read()):
-            if self.waited_s + time.perf_counter() - start >= self.wait_s:
+            if self._pin_waited + time.perf_counter() - start >= self.wait_s:
                 self.exhausted = True
                 break
             time.sleep(POLL_S)
+        self._pin_waited += time.perf_counter() - start
         self.waited_s += time.perf_counter() - start
 
-    def keep(self, reads: Sequence[float]) -> bool:
-        """Whether a round whose reference reads were `reads` counts: its median at the pinned level (pinning it
-        when none is), or the waiting budget spent (then counted in kept_off). A round it refuses is counted in
-        `dropped`; the caller repeats it."""
+    def judge(self, reads: Sequence[float], repin: bool = True) -> str:
+        """What to do with a round whose reference reads were `reads`: KEEP it (its median at the pinned level,
+        pinning it when none is), DROP it (off the level; the caller repeats it after settle), or, once this pin's
+        waiting budget is spent, REPIN: the host stays elsewhere, so the level moves to this round's and the caller
+        discards what it kept at the old one (at most MAX_REPINS times, and only where `repin`; after that the
+        round is kept and counted in kept_off)."""
         level = float(np.median(reads))
         if not self.active:
-            return True
+            return KEEP
         if self.pinned is None:
             self.pinned = level
         if self.within(level):
-            return True
-        if self.exhausted:
-            self.kept_off += 1
-            return True
-        self.dropped += 1
-        return False
+            return KEEP
+        if not self.exhausted:
+            self.dropped += 1
+            return DROP
+        if repin and self.repins < MAX_REPINS:
+            self.pinned, self.exhausted, self._pin_waited = level, False, 0.0
+            self.repins += 1
+            return REPIN
+        self.kept_off += 1
+        return KEEP
 
     def measured(self, unit: Callable[[], T]) -> T:
         """`unit()` (a longer measurement, e.g. one prompt of a throughput cell) run at the pinned level: settled
-        before, a reference read after, and run again (ATTEMPTS at most, the last kept) where that read is off."""
+        before, a reference read after, and run again (ATTEMPTS at most, the last kept) where that read is off.
+        Units of a grid interleave, so a level that stays elsewhere is kept (kept_off), not re-pinned."""
         for _ in range(ATTEMPTS - 1):
             self.settle()
             result = unit()
-            if self.keep([self.read()]):
+            if self.judge([self.read()], repin=False) == KEEP:
                 return result
         self.settle()
         result = unit()
@@ -121,14 +136,15 @@ class Level:
     def record(self) -> dict[str, Any]:
         """What runs.json and bench.json say of it (`level`)."""
         return {"pinned_gbps": self.pinned, "band": LEVEL_BAND, "wait_s": self.wait_s, "waited_s": self.waited_s,
-                "dropped": self.dropped, "kept_off": self.kept_off, "exhausted": self.exhausted}
+                "dropped": self.dropped, "kept_off": self.kept_off, "repins": self.repins,
+                "exhausted": self.exhausted, "pin_waited_s": self._pin_waited}
 
     def restore(self, saved: dict[str, Any] | None) -> None:
-        """Continue a checkpointed measurement's level: its pin and what it had waited and dropped."""
+        """Continue a checkpointed measurement's level: its pin and what it had waited, dropped and re-pinned."""
         if saved and self.active:
-            self.pinned = self.pinned if self.pinned is not None else saved["pinned_gbps"]
-            self.waited_s, self.dropped = saved["waited_s"], saved["dropped"]
-            self.kept_off, self.exhausted = saved["kept_off"], saved["exhausted"]
+            self.pinned = saved["pinned_gbps"] if saved["pinned_gbps"] is not None else self.pinned
+            self.waited_s, self.dropped, self.kept_off = saved["waited_s"], saved["dropped"], saved["kept_off"]
+            self.repins, self.exhausted, self._pin_waited = saved["repins"], saved["exhausted"], saved["pin_waited_s"]
 
 
 def describe(record: dict[str, Any] | None) -> str | None:
@@ -137,5 +153,7 @@ def describe(record: dict[str, Any] | None) -> str | None:
         return None
     return (f"level: rounds kept at {record['pinned_gbps']:.1f} GB/s +-{record['band']:.0%} of the reference read; "
             f"{record['dropped']} dropped off it, {record['waited_s']:.1f} s waited for it"
-            + (f"; [bold red]the wait budget ran out[/]: {record['kept_off']} kept off the level"
-               if record["exhausted"] else ""))
+            + (f"; [bold yellow]re-pinned {record['repins']} time(s)[/]: the host stayed at another level past the "
+               f"wait" if record.get("repins") else "")
+            + (f"; [bold red]kept {record['kept_off']} off the level[/] (the wait ran out)" if record["kept_off"]
+               else ""))

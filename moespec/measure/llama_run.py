@@ -37,8 +37,16 @@ from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_input, holds_outputs, provenance, write_json
 from moespec.formats.runsfile import Runs
 from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prompts, throughput_cells
-from moespec.measure.level import LEVEL_UNIT, Level
-from moespec.measure.run import RunConfig, load_plan_kernels, run_level, summarize, timed_rounds
+from moespec.measure.level import Level
+from moespec.measure.run import (
+    VERIFY_UNIT,
+    RunConfig,
+    load_plan_kernels,
+    run_level,
+    summarize,
+    timed_rounds,
+    verify_done,
+)
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
 from moespec.model.gguf import read_gguf
@@ -77,23 +85,17 @@ def timed_pass(context: LlamaContext, tokens: list[int]) -> float:
 
 def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], checkpoint: Checkpoint,
                    advance: Any, level: Level) -> dict[int, dict[str, Any]]:
-    """Verify-time samples of POLICY per n at depth d (module docstring, 1), at the run's bandwidth level, one
-    checkpoint unit per n."""
-    for n in ns:
-        key = f"verify n {n}"
-        if key in checkpoint.units:
-            continue
+    """Verify-time samples of POLICY per n at depth d (module docstring, 1), in the main engine's rounds over
+    every pass size at the run's bandwidth level (moespec.measure.run.timed_rounds)."""
+    tokens = {n: unit_rng(config.seed, f"verify n {n}").integers(3, context.vocab_size,
+                                                                  size=(config.max_reps, n)).tolist() for n in ns}
+    if not verify_done(checkpoint):
         if context.length == 0:
             context.forward(prompts(1, config.depth, context.vocab_size, config.seed)[0], last_only=True)
-        rng = unit_rng(config.seed, key)
-        tokens = rng.integers(3, context.vocab_size, size=(config.max_reps, n)).tolist()
-        timed_pass(context, tokens[0])  # untimed: the first pass of a size allocates its buffers
-        samples, noise = timed_rounds(lambda policy, rep: timed_pass(context, tokens[rep]), [POLICY], config, rng,
-                                      advance, level)
-        checkpoint.save(key, {"samples": samples, "noise": noise})
-        if level.active:
-            checkpoint.save(LEVEL_UNIT, level.record())
-    return {n: checkpoint.units[f"verify n {n}"] for n in ns}
+        for n in ns:
+            timed_pass(context, tokens[n][0])  # untimed: the first pass of a size allocates its buffers
+    return timed_rounds(lambda n, policy, rep: timed_pass(context, tokens[n][rep % config.max_reps]), ns, [POLICY],
+                        config, unit_rng(config.seed, VERIFY_UNIT), advance, level, checkpoint)
 
 
 class _Recording:

@@ -8,13 +8,14 @@ V(k) = tau(k + 1) + h(k) per step (h: draft and host time) and yields G_a(k) = (
 at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures both halves:
 
 1. verify time: the context of d tokens is prefilled once; each sample crops the KV cache back to d and times
-   one forward of n new tokens, for n = 1..9 and each kernel policy (interleaved, their order rotated per
-   repetition, so drift hits all alike). With --replay, every MoE layer of each pass selects the experts of a
+   one forward of n new tokens, for n = 1..9 and each kernel policy, in rounds over all of them (the sizes
+   ascending and descending in turn, the policies rotated), so drift and the host's changes of bandwidth level
+   hit every n and policy alike (timed_rounds; moespec.measure.level). With --replay, every MoE layer of each pass selects the experts of a
    window of the trace (moespec.model.policies), so a random-weight model verifies passes with realistic reuse.
    Medians with 95% bootstrap intervals; the saving S(n) = tau_slot(n) - tau_dedup(n) with its interval.
 2. throughput: speculative decoding with the oracle draft for every policy, k and acceptance of the grid, the
    cells interleaved one prompt per round (moespec.measure.decoding).
-Every finished unit (one n's verify samples, one prompt of one throughput cell) is checkpointed to OUT.partial: a
+Every finished unit (the verify rounds so far, one prompt of one throughput cell) is checkpointed to OUT.partial: a
 rerun re-measures nothing already done, and each unit draws its random tokens from the seed and its key, so the
 remaining units of a resumed run measure what a clean run's would.
 
@@ -60,7 +61,7 @@ from moespec.measure.decoding import (
     prompts,
     throughput_cells,
 )
-from moespec.measure.level import LEVEL_BAND, LEVEL_UNIT, Level, check_level
+from moespec.measure.level import DROP, LEVEL_BAND, LEVEL_UNIT, REPIN, Level, check_level
 from moespec.measure.timing import measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense, verify_pass
@@ -139,79 +140,111 @@ def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) 
     return max(med - lo, hi - med) <= target * med
 
 
-def timed_rounds(time_pass: Callable[[str, int], float], policies: list[str], config: RunConfig,
-                 rng: np.random.Generator, advance: Any, level: Level) -> tuple[dict[str, list[float]],
-                                                                              dict[str, Any]]:
-    """Rounds of one pass size: each round times every policy once (`time_pass(policy, round)`: seconds of one
-    pass, its inputs set up outside the clock), in an order rotated per round; before each timed pass the level's
-    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth at
-    that moment. A round is dropped and repeated when its slowest reference read falls below DISTURBED x the
-    median so far (another job took the memory bus or a core) or when its reads are off the pinned level (the host
-    in another state; the level waits for it before the next round). Rounds go on, past config.reps, until every
-    policy's median has a 95% interval within +-config.target of it, or config.max_reps rounds are kept, or the
-    round budget config.budget_s is spent. Returns the samples per policy and the noise record (rounds, repeated,
-    off_level, met, seconds, reference_gbps, stopped_by)."""
-    samples: dict[str, list[float]] = {p: [] for p in policies}
-    kept_reference: list[float] = []
-    repeated, dropped, started = 0, level.dropped, time.perf_counter()
-    while True:
-        rep = len(kept_reference)
-        order = policies[rep % len(policies):] + policies[:rep % len(policies)]
+VERIFY_UNIT = "verify rounds"  # the checkpoint unit of the verify rounds so far (all pass sizes share each round)
+
+
+def verify_done(checkpoint: Checkpoint) -> bool:
+    """The checkpoint holds finished verify rounds (a resumed run times no pass, warm-up included)."""
+    return bool((checkpoint.units.get(VERIFY_UNIT) or {}).get("stopped_by"))
+
+
+def _round_order(ns: list[int], policies: list[str], rep: int) -> list[tuple[int, str]]:
+    """Round rep's passes: the pass sizes ascending on even rounds and descending on odd ones, each size's
+    policies rotated by the round."""
+    sizes = ns if rep % 2 == 0 else ns[::-1]
+    return [(n, p) for n in sizes for p in policies[rep % len(policies):] + policies[:rep % len(policies)]]
+
+
+def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], policies: list[str],
+                 config: RunConfig, rng: np.random.Generator, advance: Any, level: Level,
+                 checkpoint: Checkpoint) -> dict[int, dict[str, Any]]:
+    """Rounds over every pass size: each round times every (n, policy) once (`time_pass(n, policy, round)`:
+    seconds of one pass, its inputs set up outside the clock) in _round_order, so drift and the host's changes of
+    level hit every n and policy alike instead of the sizes measured last; before each timed pass the level's
+    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth.
+
+    A round is dropped and repeated when its slowest reference read falls below DISTURBED x the median of the
+    kept rounds' (another job took the memory bus or a core) or when its reads are off the pinned level (the host
+    in another state; the level waits for it before the next round). When the level's wait runs out, the level
+    moves to the host's (REPIN) and the rounds kept so far are discarded and measured again: a run's verify times
+    are all of one state of the machine. Rounds go on, past config.reps, until every (n, policy) median has a 95%
+    interval within +-config.target of it, or config.max_reps rounds are kept, or config.budget_s per pass size is
+    spent. The rounds so far are checkpointed after each round (VERIFY_UNIT): a resumed run continues them.
+    Returns, per n, the samples per policy and the noise record (rounds, repeated, off_level, discarded, met,
+    seconds, reference_gbps, stopped_by)."""
+    state = checkpoint.units.get(VERIFY_UNIT) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
+                                                    "seconds": 0.0, "stopped_by": None}
+    rounds, budget = state["rounds"], config.budget_s * len(ns)
+    started = time.perf_counter() - state["seconds"]
+
+    def samples(n: int, policy: str) -> list[float]:
+        return [r["times"][f"{n} {policy}"] for r in rounds]
+
+    def met(n: int) -> bool:
+        return len(rounds) >= config.reps and all(_interval_ok(samples(n, p), rng, config.target) for p in policies)
+
+    while state["stopped_by"] is None:
+        rep = len(rounds)
         times, reads = {}, []
         level.settle()
-        for policy in order:
+        for n, policy in _round_order(ns, policies, rep):
             reads.append(level.read())
-            times[policy] = time_pass(policy, rep)
-        if (kept_reference and min(reads) < DISTURBED * float(np.median(kept_reference))) or not level.keep(reads):
-            repeated += 1
+            times[f"{n} {policy}"] = time_pass(n, policy, rep)
+        mins = [r["reference_gbps"] for r in rounds]
+        verdict = DROP if mins and min(reads) < DISTURBED * float(np.median(mins)) else level.judge(reads)
+        if verdict == DROP:
+            state["repeated"] += 1
+            state["off_level"] += not level.within(float(np.median(reads)))
         else:
-            kept_reference.append(min(reads))
-            for policy, t in times.items():
-                samples[policy].append(t)
-            advance(len(policies))
-        kept, spent = len(kept_reference), time.perf_counter() - started
-        met = kept >= config.reps and all(_interval_ok(samples[p], rng, config.target) for p in policies)
-        if met or kept >= config.max_reps or (kept >= config.reps and spent > config.budget_s) \
-                or repeated > config.max_reps:
-            break
-    return samples, {"rounds": kept, "repeated": repeated, "off_level": level.dropped - dropped, "met": met,
-                     "seconds": spent, "reference_gbps": float(np.median(kept_reference)),
-                     "stopped_by": "target" if met else "max_reps" if kept >= config.max_reps else
-                     "disturbed" if repeated > config.max_reps else "budget"}
+            if verdict == REPIN:
+                state["discarded"] += len(rounds)
+                rounds.clear()
+            rounds.append({"times": times, "reference_gbps": min(reads)})
+            advance(len(times))
+        state["seconds"] = time.perf_counter() - started
+        kept = len(rounds)
+        if all(met(n) for n in ns):
+            state["stopped_by"] = "target"
+        elif kept >= config.max_reps:
+            state["stopped_by"] = "max_reps"
+        elif kept >= config.reps and state["seconds"] > budget:
+            state["stopped_by"] = "budget"
+        elif state["repeated"] > config.max_reps:
+            state["stopped_by"] = "disturbed"
+        checkpoint.save(VERIFY_UNIT, state)
+        if level.active:
+            checkpoint.save(LEVEL_UNIT, level.record())
+    reference = float(np.median([r["reference_gbps"] for r in rounds])) if rounds else None
+    noise = {k: state[k] for k in ("repeated", "off_level", "discarded", "seconds", "stopped_by")}
+    return {n: {"samples": {p: samples(n, p) for p in policies},
+                "noise": noise | {"rounds": len(rounds), "met": met(n), "reference_gbps": reference}} for n in ns}
 
 
 def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
                    kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
                    advance: Any, level: Level) -> dict[int, dict[str, Any]]:
     """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass),
-    in the rounds of `timed_rounds` at the level `level`; one checkpoint unit per n (the level's record saved
-    with it)."""
+    in the rounds of `timed_rounds` at the level `level`."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
-    state = None
-    for n in ns:
-        key = f"verify n {n}"
-        if key in checkpoint.units:
-            continue
-        rng = unit_rng(config.seed, key)
-        if state is None:
-            set_policy(lm.model, PREFILL_POLICY)
-            state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
-        windows = replay_windows(trace, config.replay, lm.spec, n, config.max_reps, config.seed)
-        tokens = rng.integers(3, lm.model.config.vocab_size, size=(config.max_reps, n))
+    if not verify_done(checkpoint):
+        set_policy(lm.model, PREFILL_POLICY)
+        state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
+    windows = {n: replay_windows(trace, config.replay, lm.spec, n, config.max_reps, config.seed) for n in ns}
+    tokens = {n: unit_rng(config.seed, f"verify n {n}").integers(3, lm.model.config.vocab_size,
+                                                                  size=(config.max_reps, n)) for n in ns}
 
-        def time_pass(policy: str, rep: int) -> float:
-            set_policy(lm.model, policy, kernel_by_n)
-            set_replay(lm.model, None if windows is None else windows[rep])
-            return speculative.timed_forward(lm.model, tokens[rep].tolist(), state)
+    def time_pass(n: int, policy: str, rep: int) -> float:
+        set_policy(lm.model, policy, kernel_by_n)
+        set_replay(lm.model, None if windows[n] is None else windows[n][rep % config.max_reps])
+        return speculative.timed_forward(lm.model, tokens[n][rep % config.max_reps].tolist(), state)
 
-        for policy in policies:  # untimed: first-call costs (weight layout, allocations) stay out of the samples
-            time_pass(policy, 0)
-        samples, noise = timed_rounds(time_pass, policies, config, rng, advance, level)
-        set_replay(lm.model, None)
-        checkpoint.save(key, {"samples": samples, "noise": noise})
-        if level.active:
-            checkpoint.save(LEVEL_UNIT, level.record())
-    return {n: checkpoint.units[f"verify n {n}"] for n in ns}
+    for n in ns if not verify_done(checkpoint) else []:  # untimed: first-call costs stay out of the samples
+        for policy in policies:
+            time_pass(n, policy, 0)
+    units = timed_rounds(time_pass, ns, policies, config, unit_rng(config.seed, VERIFY_UNIT), advance, level,
+                         checkpoint)
+    set_replay(lm.model, None)
+    return units
 
 
 # ---- results ----------------------------------------------------------------------------------------------
@@ -264,7 +297,7 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
         "greedy_match": all(c["greedy_match"] for c in cells),
         "greedy_exact": all(c["greedy_exact"] for c in cells),
         "noise": {"target": config.target, "met": all(u["noise"]["met"] for u in units.values()),
-                  "repeated": sum(u["noise"]["repeated"] for u in units.values()),
+                  **{k: units[ns[0]]["noise"][k] for k in ("rounds", "repeated", "off_level", "discarded")},
                   "per_n": {str(n): u["noise"] for n, u in units.items()}},
         "ceiling_gbps": {when: median_iqr(v)[0] for when, v in ceilings.items()},
         "level": level.record(),
