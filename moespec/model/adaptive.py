@@ -14,15 +14,19 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   exponential forgetting factor (DECAY per step) so the estimate follows a text whose difficulty changes;
 - so a position no step has tested (k was always shorter) takes the previous position's estimate, and the policy
   can grow k when the draft proves good (an untested position is not assumed perfect or useless);
-- each step draws a profile from the posterior and drafts k = best_draft_length_for(V, drawn profile) (Thompson
-  sampling): exact theory on a plausible profile, no rule of thumb. While a position's acceptance is uncertain
-  the draws sometimes favour drafting it, so evidence keeps arriving (a policy that drafted the posterior mean's
-  k* could stop at k = 0 for good, and k = 0 tests nothing); as the counts grow the draws concentrate and k
-  settles on k*(profile);
+- each step drafts k = best_draft_length_for(V, posterior mean profile) of the current state: exact theory on
+  the profile the evidence supports, no rule of thumb. Exploration comes from forgetting, not from noise: a
+  policy that settled on k = 0 tests nothing, but DECAY shrinks its evidence back to the prior, whose k is
+  drafted again after ~70 steps, and a position rarely tested leans on the one before it. (Drawing the profile
+  from the posterior each step, Thompson sampling, explored more and paid for it: on the trained pair's
+  agreement sequences replayed exactly with measured V(k), benchmarks/draft_policy_replay.py, it reached
+  0.94-1.03 of the best constant k, the posterior mean 1.00-1.03);
 - acceptance comes in runs (text the draft knows, then text it does not), so the counts are kept apart by the
   state the step started in: after a step whose drafts were all accepted (HIT) or after one that rejected one
   (MISSED). The profile that decides is the current state's: a Markov-modulated profile, of which the i.i.d. one is
-  the case where both states agree; transformers' +2/-1 rule reacts to the same signal by a fixed step;
+  the case where both states agree; transformers' +2/-1 rule reacts to the same signal by a fixed step. A step
+  that drafted nothing says nothing of the run it is in, so after it the state is UNKNOWN, whose profile pools
+  every step's counts (else a state whose estimate fell below drafting would keep k = 0 and never leave);
 - the step times too are the machine's now: each k's observed mean step time (decayed like the counts) replaces
   the given V(k) once a few steps were timed, and the untimed k follow the observed ones' ratio (a shared machine's
   bandwidth moves by tens of percent within minutes).
@@ -43,7 +47,8 @@ from moespec import theory
 # Prior of the online policy: PRIOR pseudo-steps at acceptance PRIOR_RATE per position, worth about one prompt's
 # first steps; DECAY forgets half the evidence in ~70 steps (0.99^69 = 0.5), a few paragraphs of text.
 PRIOR, PRIOR_RATE, DECAY = 2.0, 0.5, 0.99
-MISSED, HIT = 0, 1  # the online policy's state: the last drafting step rejected a draft, or accepted them all
+# The online policy's state: the last step rejected a draft, accepted them all, or drafted nothing
+MISSED, HIT, UNKNOWN = 0, 1, 2
 TIMED = 3.0  # observed steps (decayed) of a draft length before its own mean time replaces the given V(k)
 HEURISTIC_START = 20  # transformers' GenerationConfig.num_assistant_tokens default (capped at kmax here)
 
@@ -81,10 +86,10 @@ class Heuristic:
 
 
 class Online:
-    """The online policy (module docstring) for step times V(0..kmax); `seed` makes its draws reproducible."""
+    """The online policy (module docstring) for step times V(0..kmax)."""
 
     def __init__(self, V: Sequence[float], prior: float = PRIOR, prior_rate: float = PRIOR_RATE,
-                 decay: float = DECAY, seed: int = 0, prior_profile: Sequence[float] | None = None) -> None:
+                 decay: float = DECAY, prior_profile: Sequence[float] | None = None) -> None:
         self.V = [float(v) for v in theory.check_step_times(V, min_len=2)]
         self.V_array = np.array(self.V)
         if not (prior > 0 and 0 < prior_rate < 1 and 0 < decay <= 1):
@@ -98,28 +103,29 @@ class Online:
                                  f"{prior_profile}")
         self.prior_profile = prior_profile
         self.prior, self.prior_rate, self.decay = prior, prior_rate, decay
-        self.tested, self.passed = np.zeros((2, self.kmax)), np.zeros((2, self.kmax))  # [state, position]
+        self.tested, self.passed = np.zeros((3, self.kmax)), np.zeros((3, self.kmax))  # [state, position]
         self.state = MISSED
         self.timed = np.zeros(self.kmax + 1)  # decayed count and sum of observed step times per k
         self.seconds = np.zeros(self.kmax + 1)
-        self.rng = np.random.default_rng(seed)
 
     def _posterior(self, state: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Beta(alpha_j, beta_j) per position after a step of `state` (default the current one), each prior
-        centred on the previous position's posterior mean."""
+        """Beta(alpha_j, beta_j) per position after a step of `state` (default the current one; UNKNOWN pools the
+        counts of every state), each prior centred on the previous position's posterior mean."""
         state = self.state if state is None else state
+        tested, passed = (self.tested.sum(0), self.passed.sum(0)) if state == UNKNOWN else \
+            (self.tested[state], self.passed[state])
         alpha, beta, last = np.empty(self.kmax), np.empty(self.kmax), self.prior_rate
         for j in range(self.kmax):
-            t, p = self.tested[state, j], self.passed[state, j]
+            t, p = tested[j], passed[j]
             centre = last if self.prior_profile is None else self.prior_profile[j]
             alpha[j], beta[j] = p + self.prior * centre, (t - p) + self.prior * (1 - centre)
             last = alpha[j] / (alpha[j] + beta[j])
         return alpha, beta
 
     def profile(self, state: int | None = None) -> list[float]:
-        """The posterior mean of a_1..a_kmax after a step of `state` (MISSED or HIT; default the current one): a
-        position tested rarely, or never, leans on the one before it instead of on a fixed guess, so a flat
-        profile is not pulled down where k has seldom reached."""
+        """The posterior mean of a_1..a_kmax after a step of `state` (MISSED, HIT or UNKNOWN; default the current
+        one): a position tested rarely, or never, leans on the one before it instead of on a fixed guess, so a
+        flat profile is not pulled down where k has seldom reached."""
         alpha, beta = self._posterior(state)
         return (alpha / (alpha + beta)).tolist()
 
@@ -140,13 +146,11 @@ class Online:
         return out
 
     def next_k(self) -> int:
-        """k* of a profile drawn from the posterior (Thompson sampling): a position whose acceptance is still
-        uncertain is drafted as often as it might be worth drafting, and once the evidence is in, k settles on
-        the best draft length of the posterior. In floats, vectorized (the choice runs every step, inside its
-        time): G(k) = 1 + cumsum(cumprod(a)), k = the first maximizer of G(k)/V(k) (theory.best_draft_length_for
-        on floats)."""
-        drawn = self.rng.beta(*self._posterior())
-        G = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(drawn))])
+        """k* of the current state's posterior mean profile and the step times now. In floats, vectorized (the
+        choice runs every step, inside its time): G(k) = 1 + cumsum(cumprod(a)), k = the first maximizer of
+        G(k)/V(k) (theory.best_draft_length_for on floats)."""
+        alpha, beta = self._posterior()
+        G = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alpha / (alpha + beta)))])
         return int(np.argmax(G / self._times()))
 
     def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
@@ -160,5 +164,4 @@ class Online:
         top = min(drafted, self.kmax, accepted + 1)  # positions 1..accepted + 1 were tested (up to the draft's end)
         self.tested[self.state, :top] += 1
         self.passed[self.state, :min(accepted, self.kmax)] += 1
-        if drafted:  # a step that drafted nothing says nothing of the draft's run
-            self.state = HIT if accepted == drafted else MISSED
+        self.state = UNKNOWN if not drafted else HIT if accepted == drafted else MISSED
