@@ -1,7 +1,9 @@
 """The draft length chosen four ways on the trained pair (moespec/data/pair: an OLMoE-class target at N = 64, m = 8
 and a dense Llama-class draft sharing its tokenizer; issue 16), side by side in one run: every constant k,
 transformers' heuristic schedule (in moespec's loop), the online policy, and transformers' own
-generate(assistant_model=...). The method is moespec.measure.drafting's (physics in its docstring).
+generate(assistant_model=...), measured, and beside each the same cell replayed exactly on the prompts' agreement
+sequences with the calibration's step times (the policy's quality without the machine's noise). The method is
+moespec.measure.drafting's (physics in its docstring).
 
 Prompts: Spec-Bench questions (../shared/data/spec_bench/question.jsonl, first turn) and WikiText-2 test passages,
 tokenized by the pair's tokenizer, CONTEXT_TOKENS each; --prompts scored ones of each kind after
@@ -75,14 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         for cell, row in found["cells"].items():
             mean_k = "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}"
             med, lo, hi = row["vs_best_constant_paired"]
+            replayed = f"x{found['replay'][cell]:.3f}" if cell in found["replay"] else "  -   "
             print(f"  {cell:>22}: {row['tokens_per_s']:7.1f} tok/s  x{row['vs_best_constant']:.3f} of best "
-                  f"constant (per prompt {med:.3f} [{lo:.3f}, {hi:.3f}])  mean k {mean_k}  "
+                  f"constant (per prompt {med:.3f} [{lo:.3f}, {hi:.3f}]; replayed {replayed})  mean k {mean_k}  "
                   f"greedy {'=' if row['greedy_exact'] else '!='} plain")
     if args.out:
         write_json(args.out, result)
     print(json.dumps({kind: {"best_constant_k": v["best_constant_k"], "k_hat_plan": v["k_hat_plan"],
                              **{c: round(v["cells"][c]["vs_best_constant"], 3) for c in
-                                ("online", "heuristic", HF_ASSISTED)}}
+                                ("online", "heuristic", HF_ASSISTED)},
+                             "replayed": {c: round(v["replay"][c], 3) for c in ("online", "heuristic")}}
                       for kind, v in result["kinds"].items()}))
     return 0
 

@@ -130,3 +130,18 @@ def test_a_prior_profile_starts_at_the_plans_k_and_the_text_moves_it():
         Online(V, prior_profile=[0.5] * 3)
     with pytest.raises(ValueError, match="prior_profile"):
         Online(V, prior_profile=[1.0] * 8)
+
+
+def test_replay_of_a_known_agreement_sequence():
+    """By hand: k = 2 on 1 1 0 1 1 1 0 0 1 accepts 2, 2, 0 and emits 1 + 3 + 3 + 1 = 8 tokens in 3 V(2); a
+    decoding of 6 tokens stops after the second step and counts 6;
+    every cell of `replay` is over the best constant k, which reads 1."""
+    from moespec.measure.drafting import replay, replayed
+
+    agree = [1, 1, 0, 1, 1, 1, 0, 0, 1]
+    assert replayed(agree, [1.0, 2.0, 3.0], 2, 8) == (8, 9.0)
+    assert replayed(agree, [1.0, 2.0, 3.0], 2, 6) == (6, 6.0)
+    assert replayed(agree, [1.0, 2.0, 3.0], 0, 4) == (4, 3.0)  # plain decoding: one token per V(0)
+    cells = replay([agree * 5, agree[::-1] * 5], V, [0.6] * 8, 30)
+    assert set(cells) == {f"k={k}" for k in range(9)} | {"heuristic", "online"}
+    assert max(cells[f"k={k}"] for k in range(9)) == 1.0 and all(v > 0 for v in cells.values())

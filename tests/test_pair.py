@@ -105,6 +105,32 @@ def test_the_demos_drafting_step_on_the_pair(tmp_path, capsys):
     for row in found["cells"].values():
         med, lo, hi = row["vs_best_constant_paired"]
         assert lo <= med <= hi
+    assert set(found["replay"]) == set(found["cells"]) and max(found["replay"][f"k={k}"] for k in range(4)) == 1.0
     assert "drafting on the trained pair" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 0
     assert "Drafting on the trained pair" in (tmp_path / "report.html").read_text()
+
+
+def test_replay_accepts_what_greedy_speculative_decoding_accepts(pair):
+    """With greedy drafts a step's acceptance is a function of the text: the replay on the agreement sequence
+    accepts, step by step, what real speculative decoding with the pair accepted."""
+    from moespec.measure.drafting import agreement, decode, replayed
+
+    lm, draft = pair
+    prompt = lm.tokenizer(TEXT)["input_ids"][:48]
+    plain = decode(lm.model, draft, prompt, 0, 40)["tokens"]
+    agree = agreement(draft, prompt, plain)
+    assert len(agree) == len(plain) - 1 and 0 < sum(agree) < len(agree)
+    for k in (1, 3, 6):
+        real = [accepted for _, accepted, _ in decode(lm.model, draft, prompt, k, 40)["steps"]]
+        seen = []
+
+        class Recording:
+            def next_k(self):
+                return k
+
+            def update(self, drafted, accepted, seconds=None):
+                seen.append(accepted)
+
+        assert replayed(agree, [1.0] * 9, Recording(), 40) == (40, len(real))
+        assert seen[:-1] == real[:-1] and len(seen) == len(real), k  # the last step may reach past the sequence

@@ -188,10 +188,12 @@ class Printed:
     def drafting(self, found: dict[str, Any]) -> None:
         t = Table(title=f"drafting on the trained pair ({found['prompts']} prompts sampled from the target, "
                         f"{found['tokens']} tokens each): tokens/s and the share of the best constant k")
-        for col in ("cell", "tokens/s", "/ best constant", "mean k", "greedy = plain"):
+        for col in ("cell", "tokens/s", "/ best constant", "replayed / best", "mean k", "greedy = plain"):
             t.add_column(col, justify="right")
+        replay = found.get("replay", {})
         for cell, row in found["cells"].items():
             t.add_row(cell, f"{row['tokens_per_s']:.1f}", f"{row['vs_best_constant']:.3f}",
+                      f"{replay[cell]:.3f}" if cell in replay else "-",
                       "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}", "yes" if row["greedy_exact"] else "NO")
         self.out.print(t)
         profile = ", ".join(f"{a:.2f}" for a in found["profile_calibration"])

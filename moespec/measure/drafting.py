@@ -18,6 +18,15 @@ plain decoding's tokens. tokens/s: tokens generated over decoding time (the pref
 ratio to the best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval,
 and the streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes to megabytes
 of a small model, so it is reported, not divided by).
+
+Replay. A measured cell carries the machine's noise: the host moves by tens of percent within minutes, and a cell
+is one decoding of each prompt. The policies' own quality is measured apart from it, exactly: with greedy drafts,
+step acceptance is a function of the text alone. While drafts match, the draft's context is the true prefix, so
+a step from position p drafting k tokens accepts the run of ones in agree[p:p + k], where agree[j] says whether
+the draft's greedy token given the target's first j tokens is the target's token j (one teacher-forced draft
+forward over plain decoding's tokens). `replay` decodes every prompt again on those sequences with the
+calibration's V(k) as each step's time: tokens / sum V(k) per cell, deterministic, for every constant k and
+every policy, beside the measured cells.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import torch
 from moespec import MoespecError, theory
 from moespec.measure.run import bootstrap_median
 from moespec.measure.timing import measure_stream_read
-from moespec.model.adaptive import Heuristic, Online
+from moespec.model.adaptive import DraftLength, Heuristic, Online
 from moespec.model.cache import new_cache
 from moespec.model.speculative import ModelDraft, forward_logits, prefill, speculative_decode
 
@@ -63,6 +72,47 @@ def hf_assisted(target: Any, draft: Any, prompt: list[int], tokens: int) -> dict
                               do_sample=False)
         seconds = time.perf_counter() - start
     return {"tokens": out[0, len(prompt):].tolist(), "seconds": seconds, "steps": []}
+
+
+def agreement(draft: Any, prompt: list[int], plain: list[int]) -> list[int]:
+    """agree[j - 1] for j = 1..len(plain) - 1: 1 where the draft's greedy token after prompt + plain[:j] is plain[j]
+    (plain: the target's greedy tokens, its first one the prefill's); one teacher-forced forward of the draft."""
+    with torch.inference_mode():
+        logits = forward_logits(draft, prompt + plain, new_cache(draft), keep=len(plain))
+    predicted = logits.argmax(-1).tolist()  # predicted[i]: the draft's token after prompt + plain[:i + 1]
+    return [int(predicted[j - 1] == plain[j]) for j in range(1, len(plain))]
+
+
+def replayed(agree: list[int], V: list[float], k: int | DraftLength, tokens: int) -> tuple[int, float]:
+    """(tokens, seconds) of one decoding replayed on an agreement sequence (module docstring): the prefill's
+    token, then steps until `tokens` are out, each V(k) long; a policy is told each step's outcome and time. As in
+    the measured cells, `tokens` are counted (the last step's overshoot is not), so a sequence of plain decoding's
+    `tokens` tokens decides every step: only the last one may reach past it, and it ends the decoding either way."""
+    emitted, position, seconds = 1, 0, 0.0
+    while emitted < tokens:
+        drafted = k if isinstance(k, int) else k.next_k()
+        accepted = 0
+        while accepted < drafted and position + accepted < len(agree) and agree[position + accepted]:
+            accepted += 1
+        emitted, position, seconds = emitted + accepted + 1, position + accepted + 1, seconds + V[drafted]
+        if not isinstance(k, int):
+            k.update(drafted, accepted, V[drafted])
+    return min(emitted, tokens), seconds
+
+
+def replay(agree: list[list[int]], V: list[float], profile: list[float], tokens: int) -> dict[str, float]:
+    """Every constant k, the heuristic and the online policy (one object per kind, carried across prompts, as in
+    the measured cells) replayed on the scored prompts' agreement sequences: each cell's tokens/s over the best
+    constant k's."""
+    kmax = len(V) - 1
+    policies: dict[str, int | Heuristic | Online] = {f"k={k}": k for k in range(kmax + 1)}
+    policies |= {"heuristic": Heuristic(kmax), "online": Online(V, prior_profile=profile)}
+    rate = {}
+    for cell, k in policies.items():
+        done = [replayed(a, V, k, tokens) for a in agree]
+        rate[cell] = sum(t for t, _ in done) / sum(s for _, s in done)
+    best = max(rate[f"k={k}"] for k in range(kmax + 1))
+    return {cell: r / best for cell, r in rate.items()}
 
 
 def summarize(units: list[dict], kmax: int) -> dict:
@@ -101,6 +151,7 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
                 units[cell].append(decode(target, draft, prompt, policies.get(cell) or int(cell[2:]), tokens))
     ceilings["after"] = float(np.median(measure_stream_read()))
     plain = [u["tokens"] for u in units["k=0"]]
+    agree = [agreement(draft, prompt, tokens_out) for prompt, tokens_out in zip(prompts[CALIBRATION:], plain)]
     rows = {c: summarize(u, kmax) | {"greedy_exact": [x["tokens"] for x in u] == plain} for c, u in units.items()}
     best = max(fixed, key=lambda k: rows[f"k={k}"]["tokens_per_s"])
     rng = np.random.default_rng(0)
@@ -110,7 +161,8 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
         ratios = [b["seconds"] / u["seconds"] for u, b in zip(units[cell], units[f"k={best}"])]
         row["vs_best_constant_paired"] = list(bootstrap_median(ratios, rng))
     return {"V_s": V, "profile_calibration": profile, "k_hat_plan": k_hat, "best_constant_k": best,
-            "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "ceiling_gbps": ceilings, "cells": rows}
+            "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "ceiling_gbps": ceilings, "cells": rows,
+            "replay": replay(agree, V, profile, tokens)}
 
 
 def sampled_prompts(target: Any, count: int, length: int, seed: int) -> list[list[int]]:

@@ -10,8 +10,9 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
 1. verify time: the context of d tokens is prefilled once; each sample crops the KV cache back to d and times
    one forward of n new tokens, for n = 1..9 and each kernel policy, in rounds over all of them (the sizes
    ascending and descending in turn, the policies rotated), so drift and the host's changes of bandwidth level
-   hit every n and policy alike (timed_rounds; moespec.measure.level). With --replay, every MoE layer of each pass selects the experts of a
-   window of the trace (moespec.model.policies), so a random-weight model verifies passes with realistic reuse.
+   hit every n and policy alike (timed_rounds; moespec.measure.level). With --replay, every MoE layer of each
+   pass selects the experts of a window of the trace (moespec.model.policies), so a random-weight model verifies
+   passes with realistic reuse.
    Medians with 95% bootstrap intervals; the saving S(n) = tau_slot(n) - tau_dedup(n) with its interval.
 2. throughput: speculative decoding with the oracle draft for every policy, k and acceptance of the grid, the
    cells interleaved one prompt per round (moespec.measure.decoding).

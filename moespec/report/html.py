@@ -426,14 +426,19 @@ def drafting_section(f: Folder) -> str:
     every constant k, transformers' heuristic and the online policy."""
     d = f.docs[DRAFTING_FILE]
     profile = ", ".join(f"{a:.2f}" for a in d["profile_calibration"])
+    replay = d.get("replay", {})
     rows = [[cell, f"{row['tokens_per_s']:.1f}", f"{row['vs_best_constant']:.3f}",
+             f"{replay[cell]:.3f}" if cell in replay else "-",
              "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}", "yes" if row["greedy_exact"] else "no"]
             for cell, row in d["cells"].items()]
     return (f"<p>{_e(d.get('prompts_source', ''))}; {d['prompts']} prompts, {d['tokens']} tokens each. Acceptance "
             f"profile a_1..a_{len(d['profile_calibration'])} on the calibration prompts: {_e(profile)} (not "
             f"geometric: G(k) = 1 + a_1 + a_1 a_2 + ...). The plan's k_hat from it and the measured step times: "
-            f"{d['k_hat_plan']}; the best constant k measured: {d['best_constant_k']}.</p>"
-            + _table(["cell", "tokens/s", "/ best constant", "mean k", "tokens = plain decoding's"], rows))
+            f"{d['k_hat_plan']}; the best constant k measured: {d['best_constant_k']}. Replayed: each cell decoded "
+            f"again on the prompts' agreement sequences with the calibration's step times, without the machine's "
+            f"noise (moespec.measure.drafting.replay).</p>"
+            + _table(["cell", "tokens/s", "/ best constant", "replayed / best", "mean k", "tokens = plain decoding's"],
+                     rows))
 
 
 # ---- the page ------------------------------------------------------------------------------------------------
