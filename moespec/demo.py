@@ -55,6 +55,7 @@ from moespec.formats.files import check_output, holds_outputs, provenance, write
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
+from moespec.measure import level
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model.spec import ModelSpec
@@ -78,6 +79,10 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # step time (moespec.measure.run.cell_record), so a cell's ~40-200 drafted tokens add no acceptance noise: ~4 min.
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 4, 24
+# The engine runs wait up to 3x a measurement's default (90 s) for the bench's bandwidth level before following the
+# host elsewhere: the host changes level every 1-2 minutes here, and a chain kept at one level is what the scored
+# comparison needs (moespec.measure.level); the two waits fit in the 8 minutes `make demo` may take.
+ENGINE_LEVEL_WAIT = 3
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
 OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",
            "report.html", STEPS_FILE, "demo.json")  # every file the demo writes in its folder
@@ -303,7 +308,8 @@ def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig
     out_dir = Path(config.out)
     trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
     engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
-                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace)
+                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace,
+                  level_wait_s=ENGINE_LEVEL_WAIT * level.WAIT_S)
     verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)
     planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
     # the scored run needs no outside time: the plan read it from the verify-only run
