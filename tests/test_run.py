@@ -222,15 +222,25 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
 
 def test_auto_ratio_pairs_the_passes_of_a_round():
     """Drift that moves a whole round cancels: AUTO always 1% above dedup in its round gives 1.01, however the
-    rounds' levels differ; the better fixed kernel is the one with the smaller median."""
+    rounds' levels differ; the better fixed kernel is the one the paired ratio tells apart."""
     levels = [1.0, 2.0, 1.0, 3.0, 1.5]  # the machine's state per round
     samples = {"slot": {4: [1.3 * x for x in levels]}, "dedup": {4: list(levels)},
                "auto": {4: [1.01 * x for x in levels]}}
     rng = np.random.default_rng(0)
-    stats = {p: {4: R.bootstrap_median(v[4], rng)} for p, v in samples.items()}
-    assert R.paired_ratio(samples, stats, 4) == pytest.approx(1.01)
+    assert R.auto_reference(samples, {4: "slot"}, 4, rng) == "dedup"  # 1.3x in every round: told apart
+    assert R.paired_ratio(samples, "dedup", 4) == pytest.approx(1.01)
     samples["auto"][4][3] *= 3  # one of AUTO's passes disturbed: the median of the round ratios does not move
-    assert R.paired_ratio(samples, stats, 4) == pytest.approx(1.01)
+    assert R.paired_ratio(samples, "dedup", 4) == pytest.approx(1.01)
+
+
+def test_auto_is_compared_with_its_own_kernel_where_the_fixed_ones_tie():
+    """At n = 1 slot and dedup read the same experts: their paired ratio scatters around 1, the smaller median is
+    noise, and AUTO (running slot there) is compared with slot."""
+    rng = np.random.default_rng(3)
+    noise = lambda: list(np.exp(rng.normal(0, 0.05, 25)))  # noqa: E731
+    samples = {"slot": {1: noise()}, "dedup": {1: noise()}, "auto": {1: noise()}}
+    assert R.auto_reference(samples, {1: "slot"}, 1, np.random.default_rng(0)) == "slot"
+    assert R.auto_reference(samples, {1: "dedup"}, 1, np.random.default_rng(0)) == "dedup"
 
 
 def test_a_verify_round_covers_every_size_and_policy_in_turn():

@@ -12,8 +12,11 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   verify_samples_s    {policy: {n: [s, ...]}}
   saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
   crossover           smallest n >= 2 from which the median saving stays positive (null if none)
-  auto_ratio          {n: AUTO's time over the better fixed kernel's (smaller median), the median of the ratios of
-                      passes in the same round} when a plan gave the AUTO policy (older files: ratio of medians)
+  auto_ratio          {n: AUTO's time over the better fixed kernel's, the median of the ratios of passes in the
+                      same round} when a plan gave the AUTO policy (older files: ratio of medians)
+  auto_reference      {n: "slot" | "dedup"}: the kernel auto_ratio divides by, the better one where the paired
+                      slot / dedup interval excludes 1, else the one AUTO runs at n (moespec.measure.run.auto_reference;
+                      older files: the smaller median)
   throughput          [{policy, k, a, tokens_per_s, realized_tokens_per_s, tokens, realized_acceptance,
                         tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share, greedy_exact,
                         greedy_match, mismatches}]

@@ -12,10 +12,10 @@ So every timed round carries reference reads, and one `Level` pins the measureme
 verify-only run that calibrates the plan, the run scored against the plan) to one level:
 - a round whose reference reads have a median outside LEVEL_BAND of the pinned level is dropped and repeated;
 - before a round, `settle` polls the reference read until the host is back at the level;
-- the waiting has a budget (wait_s per pin). When it is spent, the host has moved for longer than a burst: a run's
-  verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured again, at most
-  MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput prompts, bench
-  rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
+- the waiting has a budget (wait_s per measurement). When it is spent, the host has moved for longer than a
+  burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
+  again, at most MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput
+  prompts, bench rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
 The first kept round pins the level when none is given. A wait of 0 turns pinning off: rounds are dropped only
 as disturbed (moespec.measure.run.DISTURBED).
 """
@@ -36,7 +36,7 @@ REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cac
 # The levels seen here are 1.6-1.9x apart, and one level's reads spread by +-5-10% (IQR 3.7 of 34 GB/s in a quiet
 # window): +-15% takes every read of one level and none of the other.
 LEVEL_BAND = 0.15
-WAIT_S = 30.0  # the waiting budget of one pin: bench, and two runs with one move each, stay inside `make demo`'s 8 min
+WAIT_S = 30.0  # the waiting budget of one measurement (a bench, a run), re-pins included
 POLL_S = 0.2  # between reference reads while waiting: a level lasts seconds at least; a read takes ~2 ms
 LEVEL_UNIT = "level"  # the checkpoint unit that carries a measurement's level (a resumed one keeps its pin)
 ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a reference read after it is off
@@ -64,8 +64,7 @@ class Level:
         check_level(pinned, wait_s)
         self.pinned, self.wait_s = pinned, float(WAIT_S if wait_s is None else wait_s)
         self._read = read
-        self.waited_s, self.dropped, self.kept_off, self.repins = 0.0, 0, 0, 0
-        self.exhausted, self._pin_waited = False, 0.0
+        self.waited_s, self.dropped, self.kept_off, self.repins, self.exhausted = 0.0, 0, 0, 0, False
 
     def read(self) -> float:
         """One reference read, GB/s (its buffer made on the first call)."""
@@ -82,25 +81,25 @@ class Level:
         return not self.active or self.pinned is None or abs(math.log(gbps / self.pinned)) <= math.log1p(LEVEL_BAND)
 
     def settle(self) -> None:
-        """Poll the reference read until the host is at the pinned level, within what is left of this pin's
-        waiting budget."""
+        """Poll the reference read until the host is at the pinned level, within what is left of the waiting
+        budget."""
         if not self.active or self.pinned is None or self.exhausted:
             return
         start = time.perf_counter()
         while not self.within(self.read()):
-            if self._pin_waited + time.perf_counter() - start >= self.wait_s:
+            if self.waited_s + time.perf_counter() - start >= self.wait_s:
                 self.exhausted = True
                 break
             time.sleep(POLL_S)
-        self._pin_waited += time.perf_counter() - start
         self.waited_s += time.perf_counter() - start
 
     def judge(self, reads: Sequence[float], repin: bool = True) -> str:
         """What to do with a round whose reference reads were `reads`: KEEP it (its median at the pinned level,
-        pinning it when none is), DROP it (off the level; the caller repeats it after settle), or, once this pin's
-        waiting budget is spent, REPIN: the host stays elsewhere, so the level moves to this round's and the caller
-        discards what it kept at the old one (at most MAX_REPINS times, and only where `repin`; after that the
-        round is kept and counted in kept_off)."""
+        pinning it when none is), DROP it (off the level; the caller repeats it after settle), or, once the waiting
+        budget is spent, REPIN: the host stays elsewhere, so the level moves to this round's and the caller
+        discards what it kept at the old one (at most MAX_REPINS times, and only where `repin`; after that, or
+        without `repin`, the round is kept and counted in kept_off). A re-pin does not renew the budget: the
+        measurement waits wait_s at most in all."""
         level = float(np.median(reads))
         if not self.active:
             return KEEP
@@ -112,7 +111,7 @@ class Level:
             self.dropped += 1
             return DROP
         if repin and self.repins < MAX_REPINS:
-            self.pinned, self.exhausted, self._pin_waited = level, False, 0.0
+            self.pinned = level
             self.repins += 1
             return REPIN
         self.kept_off += 1
@@ -137,14 +136,14 @@ class Level:
         """What runs.json and bench.json say of it (`level`)."""
         return {"pinned_gbps": self.pinned, "band": LEVEL_BAND, "wait_s": self.wait_s, "waited_s": self.waited_s,
                 "dropped": self.dropped, "kept_off": self.kept_off, "repins": self.repins,
-                "exhausted": self.exhausted, "pin_waited_s": self._pin_waited}
+                "exhausted": self.exhausted}
 
     def restore(self, saved: dict[str, Any] | None) -> None:
         """Continue a checkpointed measurement's level: its pin and what it had waited, dropped and re-pinned."""
         if saved and self.active:
             self.pinned = saved["pinned_gbps"] if saved["pinned_gbps"] is not None else self.pinned
             self.waited_s, self.dropped, self.kept_off = saved["waited_s"], saved["dropped"], saved["kept_off"]
-            self.repins, self.exhausted, self._pin_waited = saved["repins"], saved["exhausted"], saved["pin_waited_s"]
+            self.repins, self.exhausted = saved["repins"], saved["exhausted"]
 
 
 def describe(record: dict[str, Any] | None) -> str | None:

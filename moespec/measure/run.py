@@ -249,12 +249,24 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
 
 
 # ---- results ----------------------------------------------------------------------------------------------
-def paired_ratio(samples: dict[str, dict[int, list[float]]], stats: dict[str, dict[int, tuple]], n: int) -> float:
-    """AUTO's verify time over the better fixed kernel's (the smaller median) at pass size n: the median of the
-    per-round ratios. The three policies of a round run back to back (their order rotated), so each ratio compares
-    passes made in the same state of the machine, and drift between rounds, which moves all three alike, cancels."""
-    best = min(KERNELS, key=lambda p: stats[p][n][0])
-    return float(np.median(np.asarray(samples["auto"][n]) / np.asarray(samples[best][n])))
+def auto_reference(samples: dict[str, dict[int, list[float]]], kernel_by_n: dict[int, str], n: int,
+                   rng: np.random.Generator) -> str:
+    """The fixed kernel AUTO is compared with at pass size n: the better one (the smaller median of the per-round
+    ratios slot / dedup) where the 95% interval of that paired ratio excludes 1; where it does not, the two are not
+    told apart at n (at n = 1 they read the same experts), so neither is "the better", and AUTO is compared with
+    the kernel it runs there: its own cost. Picking the smaller of two equal medians instead would charge AUTO the
+    winner's curse of their noise (here 2% at n = 1 with 25 rounds)."""
+    med, lo, hi = bootstrap_median(list(np.asarray(samples["slot"][n]) / np.asarray(samples["dedup"][n])), rng)
+    if lo <= 1.0 <= hi:
+        return kernel_by_n[n]
+    return "slot" if med < 1.0 else "dedup"
+
+
+def paired_ratio(samples: dict[str, dict[int, list[float]]], reference: str, n: int) -> float:
+    """AUTO's verify time over the fixed kernel `reference`'s at pass size n (auto_reference): the median of the
+    per-round ratios. The policies of a round run back to back (their order rotated), so each ratio compares passes
+    made in the same state of the machine, and drift between rounds, which moves all alike, cancels."""
+    return float(np.median(np.asarray(samples["auto"][n]) / np.asarray(samples[reference][n])))
 
 
 def identity(lm: LoadedModel, config: RunConfig) -> dict[str, Any]:
@@ -275,6 +287,7 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
     ns = sorted(units)
     both = all(p in policies for p in KERNELS)
     saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns} if both else {}
+    reference = {n: auto_reference(samples, kernel_by_n, n, rng) for n in ns} if "auto" in policies else {}
     draft = config.draft_model or config.draft_gguf  # a draft model drafted the cells instead of the oracle
     rows = [] if draft else expand_k0(cells, acceptances)
     per_k: dict[int, list[float]] = {}
@@ -290,7 +303,8 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
         "verify_samples_s": {p: {str(n): samples[p][n] for n in ns} for p in policies},
         "saving_s": {str(n): v for n, v in saving.items()},
         "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}) if both else None,
-        "auto_ratio": None if "auto" not in policies else {str(n): paired_ratio(samples, stats, n) for n in ns},
+        "auto_ratio": None if "auto" not in policies else {str(n): paired_ratio(samples, reference[n], n) for n in ns},
+        "auto_reference": None if "auto" not in policies else {str(n): reference[n] for n in ns},
         "throughput": rows, "draft_model": draft,
         "throughput_draft_model": cells if draft else [],
         "draft_time_s": {str(k): float(np.median(v)) for k, v in sorted(per_k.items())},
