@@ -74,11 +74,13 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # kernel, whose per-round spread is 4-6% here, then has a 95% spread of about +-1.5%: 50 rounds at n = 1 and 5,
 # 2026-12-01), at most 40 rounds or 8 s per pass size (a round times every pass size and policy once: 27 passes of
 # 13-65 ms, ~1 s), and a reduced throughput grid: every k = 0..8 (the score needs the
-# plan's k_hat* measured) at 4 acceptances, four prompts of 24 tokens per cell, run as four interleaved rounds
-# (one prompt of every cell each) so drift hits every k alike; the oracle's tokens/s is G_a(k) over the measured
-# step time (moespec.measure.run.cell_record), so a cell's ~40-200 drafted tokens add no acceptance noise: ~4 min.
+# plan's k_hat* measured) at 4 acceptances, eight prompts of 12 tokens per cell, run as eight interleaved rounds
+# (one prompt of every cell each, ~15 s a round) so drift and a change of the host's level, which lasts seconds to
+# minutes, hit every k alike (four rounds of 24 tokens let one burst reach a quarter of some cells and none of
+# others: dedup and AUTO, one kernel from n = 2, then disagreed on k* at a = 0.9); the oracle's tokens/s is G_a(k)
+# over the measured step time (moespec.measure.run.cell_record), so the drafted tokens add no acceptance noise.
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
-ENGINE_PROMPTS, ENGINE_TOKENS = 4, 24
+ENGINE_PROMPTS, ENGINE_TOKENS = 8, 12
 # The engine runs wait up to 2.5x a measurement's default (75 s each) for the bench's bandwidth level before
 # following the host elsewhere: the host changes level every 1-2 minutes here, and a chain kept at one level is what
 # the scored comparison needs (moespec.measure.level). The demo takes ~4.5 min without waiting; with the bench's 30 s
