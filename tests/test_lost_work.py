@@ -19,8 +19,7 @@ import pytest
 from moespec import MoespecError, cli
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.lock import lock_file
-from moespec.measure import bench
-from moespec.measure import run as R
+from moespec.measure import bench, rounds
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model import speculative
 
@@ -81,7 +80,7 @@ def test_a_resumed_run_draws_what_a_clean_run_draws(tiny_checkpoints, tmp_path, 
     """Interrupted in its second verify round and resumed with its lists in another order: the first round is
     kept, not measured again, and the second times the same random tokens as a clean run with the seed."""
     model = ["--model", str(tiny_checkpoints["olmoe"])]
-    monkeypatch.setattr(R, "DISTURBED", 0.0)  # no round repeated: the run times exactly --max-reps rounds
+    monkeypatch.setattr(rounds, "DISTURBED", 0.0)  # no round repeated: the run times exactly --max-reps rounds
     timed = speculative.timed_forward
     seen: list[tuple] = []
 

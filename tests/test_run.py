@@ -15,6 +15,7 @@ import pytest
 from moespec import cli, theory
 from moespec.formats.trace import Trace
 from moespec.measure import decoding as D
+from moespec.measure import rounds
 from moespec.measure import run as R
 from moespec.measure.level import Level
 
@@ -36,7 +37,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 def tiny_run(tiny_checkpoints, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "runs.json"
     with pytest.MonkeyPatch.context() as patch:  # no round dropped as disturbed, however busy the machine
-        patch.setattr(R, "DISTURBED", 0.0)
+        patch.setattr(rounds, "DISTURBED", 0.0)
         code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), *SMALL, "--out", str(out)])
     assert code == 0
     return out, json.loads(out.read_text()), stdout
@@ -123,9 +124,9 @@ def test_replay_in_verify_passes_and_decoding(tiny_checkpoints, tmp_path):
 
 def test_statistics_helpers():
     rng = np.random.default_rng(0)
-    med, lo, hi = R.bootstrap_median([1.0, 2.0, 3.0, 4.0, 100.0], rng)
+    med, lo, hi = rounds.bootstrap_median([1.0, 2.0, 3.0, 4.0, 100.0], rng)
     assert med == 3.0 and 1.0 <= lo <= med <= hi <= 100.0
-    s = R.bootstrap_saving([2.0] * 5, [1.0] * 5, rng)
+    s = rounds.bootstrap_saving([2.0] * 5, [1.0] * 5, rng)
     assert s == {"median": 1.0, "lo": 1.0, "hi": 1.0}
     assert theory.crossover({1: -1.0, 2: -0.5, 3: 0.2, 4: 0.1}) == 3
     assert theory.crossover({2: 0.5, 3: -0.1}) is None
@@ -245,6 +246,6 @@ def test_auto_is_compared_with_its_own_kernel_where_the_fixed_ones_tie():
 
 def test_a_verify_round_covers_every_size_and_policy_in_turn():
     """Even rounds go up the pass sizes, odd ones down; each size's policies rotate by the round."""
-    assert R._round_order([1, 2], ["slot", "dedup"], 0) == [(1, "slot"), (1, "dedup"), (2, "slot"), (2, "dedup")]
-    assert R._round_order([1, 2], ["slot", "dedup"], 1) == [(2, "dedup"), (2, "slot"), (1, "dedup"), (1, "slot")]
-    assert len(R._round_order(list(range(1, 10)), ["slot", "dedup", "auto"], 5)) == 27
+    assert rounds._round_order([1, 2], ["slot", "dedup"], 0) == [(1, "slot"), (1, "dedup"), (2, "slot"), (2, "dedup")]
+    assert rounds._round_order([1, 2], ["slot", "dedup"], 1) == [(2, "dedup"), (2, "slot"), (1, "dedup"), (1, "slot")]
+    assert len(rounds._round_order(list(range(1, 10)), ["slot", "dedup", "auto"], 5)) == 27

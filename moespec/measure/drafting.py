@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from moespec import MoespecError, theory
-from moespec.measure.run import bootstrap_median
+from moespec.measure.rounds import bootstrap_median
 from moespec.measure.timing import measure_stream_read
 from moespec.model.adaptive import DraftLength, Heuristic, Online
 from moespec.model.cache import new_cache

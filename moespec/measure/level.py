@@ -17,7 +17,7 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   again, at most MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput
   prompts, bench rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
 The first kept round pins the level when none is given. A wait of 0 turns pinning off: rounds are dropped only
-as disturbed (moespec.measure.run.DISTURBED).
+as disturbed (moespec.measure.rounds.DISTURBED).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ input, V(k) = tau(k + 1) + h(k), at llama.cpp's own step times, and the throughp
    one llama_decode with every logit requested (a verify pass checks each drafted token), timed to
    llama_synchronize, the positions removed again (llama_memory_seq_rm, the rollback of a rejected draft). The
    rounds, their reference reads (which evict the last-level cache before every pass), the disturbed-round
-   repeats and the +-target stopping rule are the main engine's (moespec.measure.run.timed_rounds).
+   repeats and the +-target stopping rule are the main engine's (moespec.measure.rounds.timed_rounds).
 2. throughput: per prompt a context of its own, prefilled once (the KV cache is rolled back to the prompt after
    each decoding); plain greedy decoding first gives the oracle's continuation, then speculative decoding
    (moespec.model.speculative.decode_steps) with the oracle draft at every (k, a) of the grid, or with a draft
@@ -38,15 +38,8 @@ from moespec.formats.files import check_input, holds_outputs, provenance, write_
 from moespec.formats.runsfile import Runs
 from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prompts, throughput_cells
 from moespec.measure.level import Level
-from moespec.measure.run import (
-    VERIFY_UNIT,
-    RunConfig,
-    load_plan_kernels,
-    run_level,
-    summarize,
-    timed_rounds,
-    verify_done,
-)
+from moespec.measure.rounds import VERIFY_UNIT, timed_rounds, verify_done
+from moespec.measure.run import RunConfig, load_plan_kernels, run_level, summarize
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
 from moespec.model.gguf import read_gguf
@@ -86,7 +79,7 @@ def timed_pass(context: LlamaContext, tokens: list[int]) -> float:
 def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], checkpoint: Checkpoint,
                    advance: Any, level: Level) -> dict[int, dict[str, Any]]:
     """Verify-time samples of POLICY per n at depth d (module docstring, 1), in the main engine's rounds over
-    every pass size at the run's bandwidth level (moespec.measure.run.timed_rounds)."""
+    every pass size at the run's bandwidth level (moespec.measure.rounds.timed_rounds)."""
     tokens = {n: unit_rng(config.seed, f"verify n {n}").integers(3, context.vocab_size,
                                                                   size=(config.max_reps, n)).tolist() for n in ns}
     if not verify_done(checkpoint):

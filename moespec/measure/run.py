@@ -10,7 +10,7 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
 1. verify time: the context of d tokens is prefilled once; each sample crops the KV cache back to d and times
    one forward of n new tokens, for n = 1..9 and each kernel policy, in rounds over all of them (the sizes
    ascending and descending in turn, the policies rotated), so drift and the host's changes of bandwidth level
-   hit every n and policy alike (timed_rounds; moespec.measure.level). With --replay, every MoE layer of each
+   hit every n and policy alike (moespec.measure.rounds; moespec.measure.level). With --replay, every MoE layer of each
    pass selects the experts of a window of the trace (moespec.model.policies), so a random-weight model verifies
    passes with realistic reuse.
    Medians with 95% bootstrap intervals; the saving S(n) = tau_slot(n) - tau_dedup(n) with its interval.
@@ -26,7 +26,6 @@ runs.json: its keys are documented in moespec.formats.runsfile, which owns the f
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,7 +61,8 @@ from moespec.measure.decoding import (
     prompts,
     throughput_cells,
 )
-from moespec.measure.level import DROP, LEVEL_BAND, LEVEL_UNIT, REPIN, Level, check_level
+from moespec.measure.level import LEVEL_BAND, LEVEL_UNIT, Level, check_level
+from moespec.measure.rounds import VERIFY_UNIT, bootstrap_median, bootstrap_saving, timed_rounds, verify_done
 from moespec.measure.timing import measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense, verify_pass
@@ -77,28 +77,6 @@ DEFAULT_REPS = 7  # verify-time samples per (policy, n) at least: a median and a
 TARGET = 0.05
 MAX_REPS = 60
 BUDGET_S = 60.0
-DISTURBED = 0.7  # a reference read below 70% of the median bandwidth so far: the round was disturbed
-BOOTSTRAP = 2000  # resamples for the 95% intervals: their ends move by < 1% of the interval between seeds
-CONFIDENCE = 0.95
-
-
-def bootstrap_median(samples: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
-    """(median, lo, hi): the 95% percentile-bootstrap interval of the median."""
-    x = np.asarray(samples, dtype=float)
-    meds = np.median(rng.choice(x, size=(BOOTSTRAP, x.size)), axis=1)
-    lo, hi = np.quantile(meds, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return float(np.median(x)), float(lo), float(hi)
-
-
-def bootstrap_saving(slot: list[float], dedup: list[float], rng: np.random.Generator) -> dict[str, float]:
-    """S = median(slot) - median(dedup) with the 95% bootstrap interval (both sample sets resampled)."""
-    a, b = np.asarray(slot, dtype=float), np.asarray(dedup, dtype=float)
-    diffs = (np.median(rng.choice(a, size=(BOOTSTRAP, a.size)), axis=1)
-             - np.median(rng.choice(b, size=(BOOTSTRAP, b.size)), axis=1))
-    lo, hi = np.quantile(diffs, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return {"median": float(np.median(a) - np.median(b)), "lo": float(lo), "hi": float(hi)}
-
-
 # ---- the model, the prompts and the replayed routing ------------------------------------------------------
 def load_plan_kernels(path: str | None, dtype: str, device_kind: str) -> tuple[dict[str, Any] | None,
                                                                               dict[int, str] | None]:
@@ -135,92 +113,6 @@ def model_name(lm: LoadedModel, config: RunConfig) -> str:
 
 
 # ---- 1. verify time ---------------------------------------------------------------------------------------
-def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) -> bool:
-    """The 95% bootstrap interval of the median lies within +-target of it."""
-    med, lo, hi = bootstrap_median(samples, rng)
-    return max(med - lo, hi - med) <= target * med
-
-
-VERIFY_UNIT = "verify rounds"  # the checkpoint unit of the verify rounds so far (all pass sizes share each round)
-
-
-def verify_done(checkpoint: Checkpoint) -> bool:
-    """The checkpoint holds finished verify rounds (a resumed run times no pass, warm-up included)."""
-    return bool((checkpoint.units.get(VERIFY_UNIT) or {}).get("stopped_by"))
-
-
-def _round_order(ns: list[int], policies: list[str], rep: int) -> list[tuple[int, str]]:
-    """Round rep's passes: the pass sizes ascending on even rounds and descending on odd ones, each size's
-    policies rotated by the round."""
-    sizes = ns if rep % 2 == 0 else ns[::-1]
-    return [(n, p) for n in sizes for p in policies[rep % len(policies):] + policies[:rep % len(policies)]]
-
-
-def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], policies: list[str],
-                 config: RunConfig, rng: np.random.Generator, advance: Any, level: Level,
-                 checkpoint: Checkpoint) -> dict[int, dict[str, Any]]:
-    """Rounds over every pass size: each round times every (n, policy) once (`time_pass(n, policy, round)`:
-    seconds of one pass, its inputs set up outside the clock) in _round_order, so drift and the host's changes of
-    level hit every n and policy alike instead of the sizes measured last; before each timed pass the level's
-    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth.
-
-    A round is dropped and repeated when its slowest reference read falls below DISTURBED x the median of the
-    kept rounds' (another job took the memory bus or a core) or when its reads are off the pinned level (the host
-    in another state; the level waits for it before the next round). When the level's wait runs out, the level
-    moves to the host's (REPIN) and the rounds kept so far are discarded and measured again: a run's verify times
-    are all of one state of the machine. Rounds go on, past config.reps, until every (n, policy) median has a 95%
-    interval within +-config.target of it, or config.max_reps rounds are kept, or config.budget_s per pass size is
-    spent. The rounds so far are checkpointed after each round (VERIFY_UNIT): a resumed run continues them.
-    Returns, per n, the samples per policy and the noise record (rounds, repeated, off_level, discarded, met,
-    seconds, reference_gbps, stopped_by)."""
-    state = checkpoint.units.get(VERIFY_UNIT) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
-                                                    "seconds": 0.0, "stopped_by": None}
-    rounds, budget = state["rounds"], config.budget_s * len(ns)
-    started = time.perf_counter() - state["seconds"]
-
-    def samples(n: int, policy: str) -> list[float]:
-        return [r["times"][f"{n} {policy}"] for r in rounds]
-
-    def met(n: int) -> bool:
-        return len(rounds) >= config.reps and all(_interval_ok(samples(n, p), rng, config.target) for p in policies)
-
-    while state["stopped_by"] is None:
-        rep = len(rounds)
-        times, reads = {}, []
-        level.settle()
-        for n, policy in _round_order(ns, policies, rep):
-            reads.append(level.read())
-            times[f"{n} {policy}"] = time_pass(n, policy, rep)
-        mins = [r["reference_gbps"] for r in rounds]
-        verdict = DROP if mins and min(reads) < DISTURBED * float(np.median(mins)) else level.judge(reads)
-        if verdict == DROP:
-            state["repeated"] += 1
-            state["off_level"] += not level.within(float(np.median(reads)))
-        else:
-            if verdict == REPIN:
-                state["discarded"] += len(rounds)
-                rounds.clear()
-            rounds.append({"times": times, "reference_gbps": min(reads)})
-            advance(len(times))
-        state["seconds"] = time.perf_counter() - started
-        kept = len(rounds)
-        if all(met(n) for n in ns):
-            state["stopped_by"] = "target"
-        elif kept >= config.max_reps:
-            state["stopped_by"] = "max_reps"
-        elif kept >= config.reps and state["seconds"] > budget:
-            state["stopped_by"] = "budget"
-        elif state["repeated"] > config.max_reps:
-            state["stopped_by"] = "disturbed"
-        checkpoint.save(VERIFY_UNIT, state)
-        if level.active:
-            checkpoint.save(LEVEL_UNIT, level.record())
-    reference = float(np.median([r["reference_gbps"] for r in rounds])) if rounds else None
-    noise = {k: state[k] for k in ("repeated", "off_level", "discarded", "seconds", "stopped_by")}
-    return {n: {"samples": {p: samples(n, p) for p in policies},
-                "noise": noise | {"rounds": len(rounds), "met": met(n), "reference_gbps": reference}} for n in ns}
-
-
 def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
                    kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
                    advance: Any, level: Level) -> dict[int, dict[str, Any]]:

@@ -1,0 +1,142 @@
+"""Timed rounds: how moespec's engines time verify passes on a noisy machine, and the statistics of what they
+measure (moespec.measure.run and moespec.measure.llama_run time through it; drafting uses its bootstrap).
+
+Physics. A verify pass is a few to a few hundred milliseconds of streaming reads. On a shared host the same pass
+reads 2-10x slower now and then (another job took the memory bus or a core), and the host's bandwidth sits at
+one of a few levels for seconds to minutes (moespec.measure.level). So a pass is timed many times, in rounds that
+time every pass size and policy once each, and:
+- the rounds' order varies (the sizes ascending and descending in turn, each size's policies rotated), so that
+  drift and a change of level hit every n and policy alike;
+- a reference read before every pass evicts the last-level cache and measures the machine; a round whose slowest
+  read falls below DISTURBED x the kept rounds' median was disturbed, and one off the level is dropped;
+- the rounds go on until every median's 95% bootstrap interval is within +-target of it (or a round limit or a
+  time budget), and the medians are reported with those intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from moespec.formats.checkpoint import Checkpoint
+from moespec.measure.level import DROP, LEVEL_UNIT, REPIN, Level
+
+
+class RoundLimits(Protocol):
+    """What stops the rounds (moespec.measure.run.RunConfig has these): at least `reps` rounds, at most
+    `max_reps`, each median's 95% interval within +-`target`, `budget_s` seconds per pass size."""
+
+    reps: int
+    max_reps: int
+    target: float
+    budget_s: float
+
+
+DISTURBED = 0.7  # a reference read below 70% of the median bandwidth so far: the round was disturbed
+BOOTSTRAP = 2000  # resamples for the 95% intervals: their ends move by < 1% of the interval between seeds
+CONFIDENCE = 0.95
+
+
+def bootstrap_median(samples: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
+    """(median, lo, hi): the 95% percentile-bootstrap interval of the median."""
+    x = np.asarray(samples, dtype=float)
+    meds = np.median(rng.choice(x, size=(BOOTSTRAP, x.size)), axis=1)
+    lo, hi = np.quantile(meds, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return float(np.median(x)), float(lo), float(hi)
+
+
+def bootstrap_saving(slot: list[float], dedup: list[float], rng: np.random.Generator) -> dict[str, float]:
+    """S = median(slot) - median(dedup) with the 95% bootstrap interval (both sample sets resampled)."""
+    a, b = np.asarray(slot, dtype=float), np.asarray(dedup, dtype=float)
+    diffs = (np.median(rng.choice(a, size=(BOOTSTRAP, a.size)), axis=1)
+             - np.median(rng.choice(b, size=(BOOTSTRAP, b.size)), axis=1))
+    lo, hi = np.quantile(diffs, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return {"median": float(np.median(a) - np.median(b)), "lo": float(lo), "hi": float(hi)}
+
+
+def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) -> bool:
+    """The 95% bootstrap interval of the median lies within +-target of it."""
+    med, lo, hi = bootstrap_median(samples, rng)
+    return max(med - lo, hi - med) <= target * med
+
+
+VERIFY_UNIT = "verify rounds"  # the checkpoint unit of the verify rounds so far (all pass sizes share each round)
+
+
+def verify_done(checkpoint: Checkpoint) -> bool:
+    """The checkpoint holds finished verify rounds (a resumed run times no pass, warm-up included)."""
+    return bool((checkpoint.units.get(VERIFY_UNIT) or {}).get("stopped_by"))
+
+
+def _round_order(ns: list[int], policies: list[str], rep: int) -> list[tuple[int, str]]:
+    """Round rep's passes: the pass sizes ascending on even rounds and descending on odd ones, each size's
+    policies rotated by the round."""
+    sizes = ns if rep % 2 == 0 else ns[::-1]
+    return [(n, p) for n in sizes for p in policies[rep % len(policies):] + policies[:rep % len(policies)]]
+
+
+def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], policies: list[str],
+                 config: RoundLimits, rng: np.random.Generator, advance: Any, level: Level,
+                 checkpoint: Checkpoint) -> dict[int, dict[str, Any]]:
+    """Rounds over every pass size: each round times every (n, policy) once (`time_pass(n, policy, round)`:
+    seconds of one pass, its inputs set up outside the clock) in _round_order, so drift and the host's changes of
+    level hit every n and policy alike instead of the sizes measured last; before each timed pass the level's
+    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth.
+
+    A round is dropped and repeated when its slowest reference read falls below DISTURBED x the median of the
+    kept rounds' (another job took the memory bus or a core) or when its reads are off the pinned level (the host
+    in another state; the level waits for it before the next round). When the level's wait runs out, the level
+    moves to the host's (REPIN) and the rounds kept so far are discarded and measured again: a run's verify times
+    are all of one state of the machine. Rounds go on, past config.reps, until every (n, policy) median has a 95%
+    interval within +-config.target of it, or config.max_reps rounds are kept, or config.budget_s per pass size is
+    spent. The rounds so far are checkpointed after each round (VERIFY_UNIT): a resumed run continues them.
+    Returns, per n, the samples per policy and the noise record (rounds, repeated, off_level, discarded, met,
+    seconds, reference_gbps, stopped_by)."""
+    state = checkpoint.units.get(VERIFY_UNIT) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
+                                                    "seconds": 0.0, "stopped_by": None}
+    rounds, budget = state["rounds"], config.budget_s * len(ns)
+    started = time.perf_counter() - state["seconds"]
+
+    def samples(n: int, policy: str) -> list[float]:
+        return [r["times"][f"{n} {policy}"] for r in rounds]
+
+    def met(n: int) -> bool:
+        return len(rounds) >= config.reps and all(_interval_ok(samples(n, p), rng, config.target) for p in policies)
+
+    while state["stopped_by"] is None:
+        rep = len(rounds)
+        times, reads = {}, []
+        level.settle()
+        for n, policy in _round_order(ns, policies, rep):
+            reads.append(level.read())
+            times[f"{n} {policy}"] = time_pass(n, policy, rep)
+        mins = [r["reference_gbps"] for r in rounds]
+        verdict = DROP if mins and min(reads) < DISTURBED * float(np.median(mins)) else level.judge(reads)
+        if verdict == DROP:
+            state["repeated"] += 1
+            state["off_level"] += not level.within(float(np.median(reads)))
+        else:
+            if verdict == REPIN:
+                state["discarded"] += len(rounds)
+                rounds.clear()
+            rounds.append({"times": times, "reference_gbps": min(reads)})
+            advance(len(times))
+        state["seconds"] = time.perf_counter() - started
+        kept = len(rounds)
+        if all(met(n) for n in ns):
+            state["stopped_by"] = "target"
+        elif kept >= config.max_reps:
+            state["stopped_by"] = "max_reps"
+        elif kept >= config.reps and state["seconds"] > budget:
+            state["stopped_by"] = "budget"
+        elif state["repeated"] > config.max_reps:
+            state["stopped_by"] = "disturbed"
+        checkpoint.save(VERIFY_UNIT, state)
+        if level.active:
+            checkpoint.save(LEVEL_UNIT, level.record())
+    reference = float(np.median([r["reference_gbps"] for r in rounds])) if rounds else None
+    noise = {k: state[k] for k in ("repeated", "off_level", "discarded", "seconds", "stopped_by")}
+    return {n: {"samples": {p: samples(n, p) for p in policies},
+                "noise": noise | {"rounds": len(rounds), "met": met(n), "reference_gbps": reference}} for n in ns}
