@@ -91,7 +91,8 @@ def test_measured_reruns_a_unit_whose_after_read_is_off():
 def test_restore_continues_a_checkpointed_pin():
     saved = L.Level(40.0, wait_s=10, read=reads_of([])).record() | {"dropped": 3, "waited_s": 1.5, "repins": 1}
     level = L.Level(35.0, wait_s=10, read=reads_of([]))
-    level.restore(saved)  # the saved pin wins: a re-pinned run goes on at its new level
+    level.restore(SimpleNamespace(units={L.LEVEL_UNIT: saved}))  # the saved pin wins: a re-pinned run goes on
+    # at its new level
     assert level.pinned == 40.0 and level.dropped == 3 and level.waited_s == 1.5 and level.repins == 1
 
 
@@ -109,19 +110,25 @@ def test_cli_bad_level_is_one_line(flag, value, tiny_checkpoints, tmp_path):
     assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
 
 
-def test_run_drops_rounds_off_the_pinned_level(tiny_checkpoints, tmp_path, monkeypatch):
-    """With --level 20, a round whose reference reads sit at 35 GB/s is dropped and counted off_level; settle's
-    polls wait until the reads return; the file records the level and what it cost."""
-    # per round: one settle poll, then one read per policy (slot, dedup, outside: 3)
-    at, off = [20.0] * 4, [20.0] + [35.0] * 3
-    monkeypatch.setattr(L, "StreamRead", lambda nbytes: reads_of(at + off + at * 100))
+def run_at_level(tiny_checkpoints, tmp_path, monkeypatch, read, wait: str) -> tuple[int, str, dict]:
+    """`run --level 20 --level-wait WAIT` of three rounds at n = 2 on the tiny OLMoE, the reference read being
+    `read` and the passes 10-12 ms: (exit code, stdout, runs.json)."""
+    monkeypatch.setattr(L, "StreamRead", lambda nbytes: read)
     passes = itertools.cycle([0.010, 0.011, 0.012])
     monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
     out = tmp_path / "runs.json"
     code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps",
                                "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--level", "20",
-                               "--level-wait", "30", "--out", str(out)])
-    doc = json.loads(out.read_text())
+                               "--level-wait", wait, "--out", str(out)])
+    return code, stdout, json.loads(out.read_text())
+
+
+def test_run_drops_rounds_off_the_pinned_level(tiny_checkpoints, tmp_path, monkeypatch):
+    """With --level 20, a round whose reference reads sit at 35 GB/s is dropped and counted off_level; settle's
+    polls wait until the reads return; the file records the level and what it cost."""
+    # per round: one settle poll, then one read per policy (slot, dedup, outside: 3)
+    at, off = [20.0] * 4, [20.0] + [35.0] * 3
+    code, stdout, doc = run_at_level(tiny_checkpoints, tmp_path, monkeypatch, reads_of(at + off + at * 100), "30")
     unit = doc["noise"]["per_n"]["2"]
     assert code == 0 and unit["rounds"] == 3 and unit["repeated"] == 1 and unit["off_level"] == 1
     assert doc["level"]["pinned_gbps"] == 20.0 and doc["level"]["dropped"] == 1 and not doc["level"]["exhausted"]
@@ -138,14 +145,7 @@ def test_a_run_follows_a_level_that_stays_away_and_measures_its_rounds_again(tin
         count.append(1)
         return 20.0 if len(count) <= 8 else 35.0  # per round: a settle poll and three passes' reads
 
-    monkeypatch.setattr(L, "StreamRead", lambda nbytes: read)
-    passes = itertools.cycle([0.010, 0.011, 0.012])
-    monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
-    out = tmp_path / "runs.json"
-    code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps",
-                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--level", "20",
-                               "--level-wait", "0.01", "--out", str(out)])
-    doc = json.loads(out.read_text())
+    code, stdout, doc = run_at_level(tiny_checkpoints, tmp_path, monkeypatch, read, "0.01")
     assert code == 0 and doc["noise"]["discarded"] == 2 and doc["noise"]["rounds"] == 3
     assert doc["level"]["repins"] == 1 and doc["level"]["pinned_gbps"] == 35.0
     assert doc["noise"]["per_n"]["2"]["reference_gbps"] == 35.0 and "re-pinned 1 time" in stdout

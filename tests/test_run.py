@@ -242,6 +242,8 @@ def test_auto_is_compared_with_its_own_kernel_where_the_fixed_ones_tie():
     samples = {"slot": {1: noise()}, "dedup": {1: noise()}, "auto": {1: noise()}}
     assert R.auto_reference(samples, {1: "slot"}, 1, np.random.default_rng(0)) == "slot"
     assert R.auto_reference(samples, {1: "dedup"}, 1, np.random.default_rng(0)) == "dedup"
+    samples = {p: {9: v[1]} for p, v in samples.items()}  # past the plan's sizes: the largest size's kernel
+    assert R.auto_reference(samples, {1: "slot", 2: "dedup"}, 9, np.random.default_rng(0)) == "dedup"
 
 
 def test_a_verify_round_covers_every_size_and_policy_in_turn():

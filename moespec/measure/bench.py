@@ -69,7 +69,7 @@ from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
-from moespec.measure.level import LEVEL_UNIT, Level, check_level
+from moespec.measure.level import Level, check_level
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
@@ -385,8 +385,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                 samples, ceilings = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance, level)
                 checkpoint.save(unit_key(layer, n, kernels),
                                 unit_record(layer, n, kernels, plan[layer, n], samples, ceilings))
-                if level.active:
-                    checkpoint.save(LEVEL_UNIT, level.record())
+                level.save(checkpoint)
             weights = None  # frees the layer (and the peers' modules cached on its tensors)
 
 
@@ -482,7 +481,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     first, first_iqr = median_iqr(before)
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
     level = Level(config.level_gbps, config.level_wait_s if timer.kind == "cpu" else 0)  # the host's level: CPU
-    level.restore(checkpoint.units.get(LEVEL_UNIT))
+    level.restore(checkpoint)
     with checkpoint:
         _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level)
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from moespec import MoespecError
+from moespec.formats.checkpoint import Checkpoint
 from moespec.measure.timing import StreamRead
 
 REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cache, measures the host's bandwidth
@@ -138,12 +139,19 @@ class Level:
                 "dropped": self.dropped, "kept_off": self.kept_off, "repins": self.repins,
                 "exhausted": self.exhausted}
 
-    def restore(self, saved: dict[str, Any] | None) -> None:
-        """Continue a checkpointed measurement's level: its pin and what it had waited, dropped and re-pinned."""
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Continue a checkpointed measurement's level (its LEVEL_UNIT): its pin and what it had waited, dropped and
+        re-pinned."""
+        saved = checkpoint.units.get(LEVEL_UNIT)
         if saved and self.active:
             self.pinned = saved["pinned_gbps"] if saved["pinned_gbps"] is not None else self.pinned
             self.waited_s, self.dropped, self.kept_off = saved["waited_s"], saved["dropped"], saved["kept_off"]
             self.repins, self.exhausted = saved["repins"], saved["exhausted"]
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Keep the level's record in the checkpoint (LEVEL_UNIT), where it pins anything."""
+        if self.active:
+            checkpoint.save(LEVEL_UNIT, self.record())
 
 
 def describe(record: dict[str, Any] | None) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from moespec.formats.checkpoint import Checkpoint
-from moespec.measure.level import DROP, LEVEL_UNIT, REPIN, Level
+from moespec.measure.level import DROP, REPIN, Level
 
 
 class RoundLimits(Protocol):
@@ -134,8 +134,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
         elif state["repeated"] > config.max_reps:
             state["stopped_by"] = "disturbed"
         checkpoint.save(VERIFY_UNIT, state)
-        if level.active:
-            checkpoint.save(LEVEL_UNIT, level.record())
+        level.save(checkpoint)
     reference = float(np.median([r["reference_gbps"] for r in rounds])) if rounds else None
     noise = {k: state[k] for k in ("repeated", "off_level", "discarded", "seconds", "stopped_by")}
     return {n: {"samples": {p: samples(n, p) for p in policies},

@@ -61,13 +61,13 @@ from moespec.measure.decoding import (
     prompts,
     throughput_cells,
 )
-from moespec.measure.level import LEVEL_BAND, LEVEL_UNIT, Level, check_level
+from moespec.measure.level import LEVEL_BAND, Level, check_level
 from moespec.measure.rounds import VERIFY_UNIT, bootstrap_median, bootstrap_saving, timed_rounds, verify_done
 from moespec.measure.timing import measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense, verify_pass
 from moespec.model.load import LoadedModel, load_draft, load_model, resolve_device
-from moespec.model.policies import set_policy, set_replay
+from moespec.model.policies import auto_kernel, set_policy, set_replay
 from moespec.model.spec import ModelSpec
 
 DEFAULT_LAYERS = 4  # OLMoE's real layer shapes, 4 of its 16 layers: ~1.7 GB of bf16 weights, fits 24 GiB easily
@@ -150,7 +150,7 @@ def auto_reference(samples: dict[str, dict[int, list[float]]], kernel_by_n: dict
     winner's curse of their noise (here 2% at n = 1 with 25 rounds)."""
     med, lo, hi = bootstrap_median(list(np.asarray(samples["slot"][n]) / np.asarray(samples["dedup"][n])), rng)
     if lo <= 1.0 <= hi:
-        return kernel_by_n[n]
+        return auto_kernel(kernel_by_n, n)
     return "slot" if med < 1.0 else "dedup"
 
 
@@ -299,7 +299,7 @@ def run_level(config: RunConfig, plan_info: dict[str, Any] | None, checkpoint: C
     measured at), else the first kept round's; a resumed run continues its checkpointed one."""
     pinned = config.level_gbps if config.level_gbps is not None else (plan_info or {}).get("level_gbps")
     level = Level(pinned, config.level_wait_s)
-    level.restore(checkpoint.units.get(LEVEL_UNIT))
+    level.restore(checkpoint)
     if level.active:
         say(f"level: rounds kept at {'the first round' if level.pinned is None else f'{level.pinned:.1f} GB/s'} "
             f"+-{LEVEL_BAND:.0%} of the reference read, waiting {level.wait_s:.0f} s at most for it")

@@ -107,8 +107,18 @@ def _kernel_for(module: torch.nn.Module, n: int) -> str:
     if table is None:
         raise MoespecError("moespec-auto needs a kernel per pass size: "
                            "use engine.set_policy(model, 'auto', kernel_by_n)")
+    return _table_kernel(table, n)
+
+
+def _table_kernel(table: tuple[list[int], list[str]], n: int) -> str:
     sizes, kernels = table
     return kernels[max(bisect.bisect_right(sizes, n) - 1, 0)]
+
+
+def auto_kernel(kernel_by_n: dict[int, str], n: int) -> str:
+    """The kernel the auto policy runs for a pass of n tokens under kernel_by_n (set_policy's rule: the largest
+    planned size <= n, the smallest below all of them)."""
+    return _table_kernel(_kernel_table(kernel_by_n), n)
 
 
 def _implementation(kernel: str | None):
