@@ -22,12 +22,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moespec.console import console
 from moespec.defaults import PAIR_DIR
 from moespec.formats.files import provenance, write_json
 from moespec.measure.drafting import CALIBRATION, HF_ASSISTED, compare
+from moespec.measure.level import Level, check_level, describe
 from moespec.model.load import load_draft
 
 KMAX = 8
+LEVEL_WAIT_S = 120.0  # a kind's cells take ~5 minutes at 24 prompts; the host holds a level for seconds to minutes
 CONTEXT_TOKENS = 96  # prompt tokens kept (the pair was trained on 128-token sequences)
 
 
@@ -56,8 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=12, help="scored prompts per kind (default 12)")
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--level-wait", type=float, default=LEVEL_WAIT_S,
+                   help=f"seconds per kind of prompt to wait for the host's bandwidth level (default {LEVEL_WAIT_S:g}; "
+                        "0: no pinning)")
     p.add_argument("--out", help="write the result JSON here")
     args = p.parse_args(argv)
+    check_level(None, args.level_wait)
     from transformers import AutoTokenizer
 
     torch.set_num_threads(2)
@@ -67,25 +74,30 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"provenance": provenance("cpu", args.dtype) | {"command": shlex.join([sys.executable, *sys.argv])},
                     "pair": str(pair), "tokens": args.tokens, "kinds": {}}
     for kind, ps in prompts(tokenizer, Path(args.data), args.prompts).items():
-        found = result["kinds"][kind] = compare(target, draft, ps, args.tokens, KMAX, with_hf=True)
+        found = result["kinds"][kind] = compare(target, draft, ps, args.tokens, KMAX, with_hf=True,
+                                                level=Level(wait_s=args.level_wait))
         print(f"{kind}: V(k) ms {[round(v * 1e3, 2) for v in found['V_s']]}; profile "
               f"{[round(a, 3) for a in found['profile_calibration']]}; plan k_hat {found['k_hat_plan']}, best "
-              f"constant k {found['best_constant_k']}")
+              f"constant k {found['best_constant_k']} (held out: k = {found['best_held_out_k']})")
         ceiling = found["ceiling_gbps"]
         print(f"  ceiling (streaming read): {ceiling['before']:.1f} GB/s before the cells, {ceiling['after']:.1f} "
               "after")
+        console().print(f"  {describe(found['level']) or 'level: none pinned'}")
         for cell, row in found["cells"].items():
             mean_k = "-" if row["mean_k"] is None else f"{row['mean_k']:.2f}"
             med, lo, hi = row["vs_best_constant_paired"]
             replayed = f"x{found['replay'][cell]:.3f}" if cell in found["replay"] else "  -   "
             print(f"  {cell:>22}: {row['tokens_per_s']:7.1f} tok/s  x{row['vs_best_constant']:.3f} of best "
-                  f"constant (per prompt {med:.3f} [{lo:.3f}, {hi:.3f}]; replayed {replayed})  mean k {mean_k}  "
+                  f"constant, x{row['vs_best_held_out']:.3f} of the held-out best (per prompt {med:.3f} "
+                  f"[{lo:.3f}, {hi:.3f}]; replayed {replayed})  mean k {mean_k}  "
                   f"greedy {'=' if row['greedy_exact'] else '!='} plain")
     if args.out:
         write_json(args.out, result)
     print(json.dumps({kind: {"best_constant_k": v["best_constant_k"], "k_hat_plan": v["k_hat_plan"],
                              **{c: round(v["cells"][c]["vs_best_constant"], 3) for c in
                                 ("online", "heuristic", HF_ASSISTED)},
+                             "held_out": {c: round(v["cells"][c]["vs_best_held_out"], 3) for c in
+                                          ("online", "heuristic")},
                              "replayed": {c: round(v["replay"][c], 3) for c in ("online", "heuristic")}}
                       for kind, v in result["kinds"].items()}))
     return 0

@@ -134,3 +134,31 @@ def test_replay_accepts_what_greedy_speculative_decoding_accepts(pair):
 
         assert replayed(agree, [1.0] * 9, Recording(), 40) == (40, len(real))
         assert seen[:-1] == real[:-1] and len(seen) == len(real), k  # the last step may reach past the sequence
+
+
+def test_drafting_repeats_a_decoding_off_the_level_from_the_policys_own_state(pair):
+    """compare keeps every decoding at the host's level: one whose reference read after it is off is decoded again,
+    and a policy's repeat starts from the state it had before the prompt (its decodings run on a copy); each cell
+    still holds one decoding per scored prompt, every one plain decoding's tokens."""
+    from moespec.measure.drafting import CALIBRATION, _decode_cell, compare
+    from moespec.measure.level import Level
+    from moespec.model.adaptive import Online
+
+    lm, draft = pair
+    ids = lm.tokenizer(TEXT)["input_ids"]
+    prompt = ids[:32]
+    policies = {"online": Online([1.0, 1.5, 2.0])}
+    before = policies["online"].timed.copy()
+    out = _decode_cell(lm.model, draft, prompt, "online", policies, 12)
+    assert (policies["online"].timed == before).all() and out["policy"] is not policies["online"]
+    assert out["policy"].timed.sum() > 0 and len(out["tokens"]) == 12
+
+    reads = iter(([30.0] * 3 + [60.0]) * 1000)  # every other decoding is followed by a read of another level
+    level = Level(pinned=30.0, wait_s=60.0, read=lambda: next(reads))
+    prompts = [ids[i:i + 16] for i in range(0, 16 * (CALIBRATION + 2), 16)]
+    found = compare(lm.model, draft, prompts, 10, 2, level=level)
+    assert found["level"]["dropped"] > 0 and found["level"]["pinned_gbps"] == 30.0
+    assert all(row["greedy_exact"] for row in found["cells"].values())
+    assert all(row["steps"] >= 9 * 2 // 3 for row in found["cells"].values())  # two prompts' decodings, none twice
+    assert found["cells"]["k=0"]["steps"] == 2 * 9
+    assert found["best_held_out_k"] is not None and all(0 <= k <= 2 for k in found["best_held_out_k"])

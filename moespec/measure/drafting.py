@@ -8,16 +8,20 @@ plus host time) and yields G(k) = 1 + a_1 + a_1 a_2 + ... tokens (moespec.theory
 maximizes G(k)/V(k) on the text at hand; the plan's k_hat is that k for the profile and step times measured on
 calibration prompts; the policies choose k step by step.
 
-How. Per kind of prompt: CALIBRATION prompts are decoded at every constant k first (not scored): their mean step
-time per k is V(k), and their longest-draft steps give the profile (estimate_profile with a Beta(1, 1) prior). Then
-every cell decodes every other prompt, interleaved prompt by prompt (the order reversed every other round); the
+How. Per kind of prompt: CALIBRATION prompts are decoded at every constant k first (not scored; interleaved, the
+order reversed on the second): their mean step time per k is V(k), and their longest-draft steps give the profile
+(estimate_profile with a Beta(1, 1) prior). Then every cell decodes every other prompt, interleaved prompt by
+prompt (the order reversed every other round). Every decoding is kept at one bandwidth level of the host
+(moespec.measure.level.Level.measured: one whose reference read after it is off the level is decoded again; a
+policy's repeat starts from the state it had before the prompt); the
 heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps its
 assistant's draft length across generate calls); the online policy starts from the plan, V(k) and the calibration
 profile as its prior, where the heuristic starts from transformers' default. Greedy throughout: every cell must give
 plain decoding's tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's
 ratio to the best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval,
-and the streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes to megabytes
-of a small model, so it is reported, not divided by).
+its ratio to the best constant chosen on held-out prompts (held_out_best: free of the winner's curse of a maximum
+over noisy cells), and the streaming-read ceiling before and after the cells (the machine's state; a step moves
+kilobytes to megabytes of a small model, so it is reported, not divided by).
 
 Replay. A measured cell carries the machine's noise: the host moves by tens of percent within minutes, and a cell
 is one decoding of each prompt. The policies' own quality is measured apart from it, exactly: with greedy drafts,
@@ -31,6 +35,7 @@ every policy, beside the measured cells.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -38,6 +43,7 @@ import numpy as np
 import torch
 
 from moespec import MoespecError, theory
+from moespec.measure.level import Level
 from moespec.measure.rounds import bootstrap_median
 from moespec.measure.timing import measure_stream_read
 from moespec.model.adaptive import DraftLength, Heuristic, Online
@@ -127,15 +133,32 @@ def summarize(units: list[dict], kmax: int) -> dict:
             "profile": theory.estimate_profile([(d, a) for d, a, _ in steps], kmax)}
 
 
+def _decode_cell(target: Any, draft: Any, prompt: list[int], cell: str, policies: dict[str, DraftLength],
+                 tokens: int) -> dict:
+    """One prompt of one cell. A policy decodes as a copy of its state, returned under "policy": a decoding run
+    again off the level (Level.measured) starts from the state the policy had, not from one that saw the prompt."""
+    if cell == HF_ASSISTED:
+        return hf_assisted(target, draft, prompt, tokens)
+    if cell not in policies:
+        return decode(target, draft, prompt, int(cell[2:]), tokens)
+    policy = copy.deepcopy(policies[cell])
+    return decode(target, draft, prompt, policy, tokens) | {"policy": policy}
+
+
 def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax: int,
-            with_hf: bool = False) -> dict[str, Any]:
-    """The comparison of the module docstring on one kind of prompt (CALIBRATION + at least one)."""
+            with_hf: bool = False, level: Level | None = None) -> dict[str, Any]:
+    """The comparison of the module docstring on one kind of prompt (CALIBRATION + at least one); every decoding
+    kept at `level` (moespec.measure.level.Level.measured; default none pinned)."""
     if len(prompts) <= CALIBRATION or tokens < 2 or kmax < 1:
         raise MoespecError(f"drafting: need more than {CALIBRATION} prompts, tokens >= 2 and kmax >= 1, got "
                            f"{len(prompts)}, {tokens} and {kmax}")
     fixed = list(range(kmax + 1))
+    level = level or Level(wait_s=0)
     ceilings = {"before": float(np.median(measure_stream_read()))}  # the machine's state around the cells
-    calibration = {k: [decode(target, draft, p, k, tokens) for p in prompts[:CALIBRATION]] for k in fixed}
+    calibration: dict[int, list[dict]] = {k: [] for k in fixed}
+    for i, prompt in enumerate(prompts[:CALIBRATION]):  # interleaved: a level change reaches every k alike
+        for k in fixed if i % 2 == 0 else fixed[::-1]:
+            calibration[k].append(level.measured(lambda: decode(target, draft, prompt, k, tokens)))
     V = [float(np.mean([s[2] for u in calibration[k] for s in u["steps"]])) for k in fixed]
     profile = theory.estimate_profile([(d, a) for u in calibration[kmax] for d, a, _ in u["steps"]], kmax,
                                       prior=(1, 1))
@@ -145,10 +168,10 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
     policies = {"heuristic": Heuristic(kmax), "online": Online(V, prior_profile=profile)}
     for i, prompt in enumerate(prompts[CALIBRATION:]):
         for cell in cells if i % 2 == 0 else cells[::-1]:
-            if cell == HF_ASSISTED:
-                units[cell].append(hf_assisted(target, draft, prompt, tokens))
-            else:
-                units[cell].append(decode(target, draft, prompt, policies.get(cell) or int(cell[2:]), tokens))
+            unit = level.measured(lambda: _decode_cell(target, draft, prompt, cell, policies, tokens))
+            if cell in policies:  # carried to the next prompt: the state the kept decoding left
+                policies[cell] = unit.pop("policy")
+            units[cell].append(unit)
     ceilings["after"] = float(np.median(measure_stream_read()))
     plain = [u["tokens"] for u in units["k=0"]]
     agree = [agreement(draft, prompt, tokens_out) for prompt, tokens_out in zip(prompts[CALIBRATION:], plain)]
@@ -160,9 +183,34 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
         # paired by prompt (both decoded in the same round): the median ratio with its 95% bootstrap interval
         ratios = [b["seconds"] / u["seconds"] for u, b in zip(units[cell], units[f"k={best}"])]
         row["vs_best_constant_paired"] = list(bootstrap_median(ratios, rng))
+    held_out = held_out_best(units, fixed)
+    for row in rows.values():
+        row["vs_best_held_out"] = None if held_out is None else row["tokens_per_s"] / held_out[0]
     return {"V_s": V, "profile_calibration": profile, "k_hat_plan": k_hat, "best_constant_k": best,
+            "best_held_out_k": None if held_out is None else held_out[1],
             "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "ceiling_gbps": ceilings, "cells": rows,
-            "replay": replay(agree, V, profile, tokens)}
+            "replay": replay(agree, V, profile, tokens), "level": level.record()}
+
+
+def held_out_best(units: dict[str, list[dict]], fixed: list[int]) -> tuple[float, list[int]] | None:
+    """tokens/s of the best constant k chosen out of sample, with the two k chosen: the k best on the odd-numbered
+    prompts decodes the even ones, and the other way round. The largest of kmax + 1 measured constants reads high by
+    their noise (the winner's curse: on a curve flat to a few percent it picks whichever cell ran luckiest); a k
+    chosen on other prompts does not. None with fewer than two scored prompts."""
+    if len(units[f"k={fixed[0]}"]) < 2:
+        return None
+
+    def totals(k: int, half: int) -> tuple[int, float]:
+        kept = units[f"k={k}"][half::2]
+        return sum(len(u["tokens"]) for u in kept), sum(u["seconds"] for u in kept)
+
+    def rate(k: int, half: int) -> float:
+        tokens, seconds = totals(k, half)
+        return tokens / seconds
+
+    chosen = [max(fixed, key=lambda k: rate(k, 1 - half)) for half in (0, 1)]
+    tokens, seconds = map(sum, zip(*(totals(k, half) for half, k in enumerate(chosen))))
+    return tokens / seconds, chosen
 
 
 def sampled_prompts(target: Any, count: int, length: int, seed: int) -> list[list[int]]:
