@@ -7,7 +7,7 @@ moespec.measure.drafting's (physics in its docstring).
 
 Prompts: Spec-Bench questions (../shared/data/spec_bench/question.jsonl, first turn) and WikiText-2 test passages,
 tokenized by the pair's tokenizer, CONTEXT_TOKENS each; --prompts scored ones of each kind after
-drafting.CALIBRATION calibration prompts; --tokens generated per prompt (greedy). Ends with one JSON line; --out
+--calibration calibration prompts; --tokens generated per prompt (greedy). Ends with one JSON line; --out
 writes the result file (device, dtype, versions, timestamp, command).
 """
 
@@ -25,27 +25,33 @@ import torch
 from moespec.console import console
 from moespec.defaults import PAIR_DIR
 from moespec.formats.files import provenance, write_json
-from moespec.measure.drafting import CALIBRATION, HF_ASSISTED, compare
+from moespec.measure.drafting import HF_ASSISTED, compare
 from moespec.measure.level import Level, check_level, describe
 from moespec.model.load import load_draft
 
 KMAX = 8
+# Calibration prompts per kind: V(k) and the profile the plan and the online policy start from. Two let the profile
+# of one passage decide (WikiText, 2026-12-01: k_hat 4 against a measured best of 0); six cost ~40 s per kind.
+CALIBRATION_PROMPTS = 6
+# Decodings of each prompt per cell, the median kept: one decoding is ~0.7 s, and the host slows whole seconds of
+# them by 10-40% (2026-12-01: the largest of nine constants read 10% above the same k chosen on held-out prompts).
+REPEATS = 3
 LEVEL_WAIT_S = 120.0  # a kind's cells take ~5 minutes at 24 prompts; the host holds a level for seconds to minutes
 CONTEXT_TOKENS = 96  # prompt tokens kept (the pair was trained on 128-token sequences)
 
 
 def prompts(tokenizer, data: Path, count: int) -> dict[str, list[list[int]]]:
-    """Token ids of CALIBRATION + `count` prompts per kind (the first CALIBRATION calibrate)."""
+    """Token ids of `count` prompts per kind (the first --calibration of them calibrate)."""
     out: dict[str, list[list[int]]] = {}
     bench = data / "spec_bench" / "question.jsonl"
     if bench.is_file():
         rows = [json.loads(line) for line in bench.read_text().splitlines() if line.strip()]
         texts = [r["turns"][0] for r in rows if r.get("turns")]
-        out["spec-bench"] = [tokenizer(t)["input_ids"][-CONTEXT_TOKENS:] for t in texts[:count + CALIBRATION]]
+        out["spec-bench"] = [tokenizer(t)["input_ids"][-CONTEXT_TOKENS:] for t in texts[:count]]
     wiki = data / "wikitext-2" / "wiki.test.raw"
     if wiki.is_file():
         ids = tokenizer(wiki.read_text(encoding="utf-8"))["input_ids"]
-        starts = np.random.default_rng(0).integers(0, len(ids) - CONTEXT_TOKENS, size=count + CALIBRATION)
+        starts = np.random.default_rng(0).integers(0, len(ids) - CONTEXT_TOKENS, size=count)
         out["wikitext"] = [ids[s:s + CONTEXT_TOKENS] for s in starts.tolist()]
     if not out:
         raise SystemExit(f"no prompts: neither {bench} nor {wiki} is here")
@@ -57,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", default=str(PAIR_DIR))
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--prompts", type=int, default=12, help="scored prompts per kind (default 12)")
+    p.add_argument("--calibration", type=int, default=CALIBRATION_PROMPTS,
+                   help=f"calibration prompts per kind, before the scored ones (default {CALIBRATION_PROMPTS})")
+    p.add_argument("--repeats", type=int, default=REPEATS,
+                   help=f"decodings of each prompt per cell, the median kept (default {REPEATS})")
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--level-wait", type=float, default=LEVEL_WAIT_S,
@@ -73,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = load_draft(str(pair / "target"), args.dtype), load_draft(str(pair / "draft"), args.dtype)
     result: dict = {"provenance": provenance("cpu", args.dtype) | {"command": shlex.join([sys.executable, *sys.argv])},
                     "pair": str(pair), "tokens": args.tokens, "kinds": {}}
-    for kind, ps in prompts(tokenizer, Path(args.data), args.prompts).items():
+    for kind, ps in prompts(tokenizer, Path(args.data), args.calibration + args.prompts).items():
         found = result["kinds"][kind] = compare(target, draft, ps, args.tokens, KMAX, with_hf=True,
-                                                level=Level(wait_s=args.level_wait))
+                                                level=Level(wait_s=args.level_wait), calibration=args.calibration,
+                                                repeats=args.repeats)
         print(f"{kind}: V(k) ms {[round(v * 1e3, 2) for v in found['V_s']]}; profile "
               f"{[round(a, 3) for a in found['profile_calibration']]}; plan k_hat {found['k_hat_plan']}, best "
               f"constant k {found['best_constant_k']} (held out: k = {found['best_held_out_k']})")

@@ -244,6 +244,28 @@ def test_speculative_oracle_gives_plain_tokens(model_type, models):
             assert all(math.isclose(r.step_s, r.verify_s + r.draft_s + r.host_s, abs_tol=1e-9) for r in records)
 
 
+def test_oracle_decides_each_position_once_for_every_k_and_a():
+    """Common random numbers: at one seed a position is proposed right or wrong whatever k asks for it and
+    whichever step reaches it, and a position right at a is right at every larger a; a wrong proposal is never the
+    true token, and about a of the positions are right."""
+    truth = list(range(5, 2005))
+
+    def right(a, k):
+        draft, seen = OracleDraft(truth, a, seed=7, vocab_size=97, prompt_len=3), {}
+        for start in range(0, len(truth) - k, max(1, k - 1)):  # overlapping steps: positions asked again
+            for p, token in enumerate(draft.propose([0] * (3 + start), k), start):
+                assert seen.setdefault(p, token == truth[p]) == (token == truth[p]), (a, k, p)
+        return seen
+
+    low, high = right(0.4, 3), right(0.8, 5)
+    common = low.keys() & high.keys()
+    assert all(high[p] for p in common if low[p])  # monotone in a
+    assert right(0.4, 1) == {p: low[p] for p in right(0.4, 1)}  # the same sequence at every k
+    assert abs(np.mean(list(low.values())) - 0.4) < 0.05 and abs(np.mean(list(high.values())) - 0.8) < 0.05
+    past = OracleDraft([1, 2], 1.0, seed=0, vocab_size=9, prompt_len=1).propose([0, 1], 4)
+    assert past[:1] == [2] and all(0 <= t < 9 for t in past)  # past the continuation: random tokens
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_realized_acceptance_follows_a(k, models):
     """Acceptance is geometric at rate a: E[accepted] = a (1 - a^k) / (1 - a) of k drafted (= a at k = 1).

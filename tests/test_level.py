@@ -190,3 +190,53 @@ def test_bench_repeats_a_round_off_the_level():
     assert level.pinned == 30.0 and level.dropped == 1
     assert [len(v) for v in samples[0].values()] == [2, 2] and len(ceilings) == 2
     assert len(calls) == 2 + 3 * 2  # the warm-up, two kept rounds and the dropped one
+
+
+# ---- the demo's chain: calibrated again where the host moved before the scored run ---------------------------
+
+def test_the_chain_has_moved_where_the_verify_run_followed_the_host_or_the_host_stays_away(monkeypatch):
+    from moespec import demo
+
+    pinned = {"level": {"pinned_gbps": 34.0, "wait_s": 20.0, "repins": 0}}
+    moved = {"level": {"pinned_gbps": 58.0, "wait_s": 20.0, "repins": 1}}
+    plan = {"level_gbps": 34.0}
+    assert "from the bench's 34.0 to 58.0 GB/s" in demo.chain_moved(pinned, moved, plan, 5.0)
+    monkeypatch.setattr(L.Level, "read", lambda self: 35.0)  # back at the plan's level
+    assert demo.chain_moved(pinned, pinned, plan, 5.0) is None
+    monkeypatch.setattr(L.Level, "read", lambda self: 58.0)  # elsewhere for the whole wait
+    assert demo.chain_moved(pinned, pinned, plan, 0.05) == "0 s without the plan's 34.0 GB/s"
+    assert demo.chain_moved(pinned, pinned, plan, 0.0) is None  # no pinning: no move to see
+    assert demo.chain_moved(pinned, pinned, {"level_gbps": None}, 5.0) is None
+
+
+@pytest.mark.parametrize("moves, calibrations", [([], 1), (["away"], 2), (["away", "away again"], 2)])
+def test_the_demo_calibrates_again_once_where_the_host_moved(moves, calibrations, monkeypatch, tmp_path):
+    """calibrate runs the bench, the verify-only run and the plan again where chain_moved finds the host elsewhere,
+    CALIBRATIONS times at most, and says what moved; the scored run (not here) then reads the last plan."""
+    from moespec import demo
+    from moespec.formats.demofile import Steps
+
+    ran = []
+
+    def step(name):
+        def run(*args, **kwargs):
+            ran.append(name)
+            (tmp_path / {"bench": "bench.json", "run": "runs-verify.json", "plan": "plan.json"}[name]).write_text("{}")
+            return {}
+        return run
+
+    found = iter(moves + [None])
+    monkeypatch.setattr(demo, "_bench_step", step("bench"))
+    monkeypatch.setattr(demo, "run_engine", step("run"))
+    monkeypatch.setattr(demo, "make_plan", step("plan"))
+    monkeypatch.setattr(demo, "load_bench", lambda path: {})
+    monkeypatch.setattr(demo, "load_runs", lambda path: {})
+    monkeypatch.setattr(demo, "load_plan", lambda path: {})
+    monkeypatch.setattr(demo, "chain_moved", lambda *args: next(found))
+    config = demo.DemoConfig(out=str(tmp_path))
+    said = []
+    view = SimpleNamespace(say=said.append, runs=lambda r: None, plan=lambda p: None, bench=lambda b: None)
+    got = demo.calibrate(config, tmp_path, Steps(tmp_path, {"x": 1}, said.append), view, {})
+    assert got == moves[:demo.CALIBRATIONS]
+    assert ran == ["run", "plan"] + ["bench", "run", "plan"] * (calibrations - 1)
+    assert sum("the host moved" in line for line in said) == min(len(moves), demo.CALIBRATIONS - 1)

@@ -162,3 +162,24 @@ def test_drafting_repeats_a_decoding_off_the_level_from_the_policys_own_state(pa
     assert all(row["steps"] >= 9 * 2 // 3 for row in found["cells"].values())  # two prompts' decodings, none twice
     assert found["cells"]["k=0"]["steps"] == 2 * 9
     assert found["best_held_out_k"] is not None and all(0 <= k <= 2 for k in found["best_held_out_k"])
+
+
+def test_each_prompt_of_each_cell_keeps_its_median_decoding(pair):
+    """_median_of decodes every cell `repeats` times in interleaved rounds (reversed every other round) and keeps
+    the decoding of median time; compare records its repeats and calibration prompts."""
+    from moespec.measure.drafting import _median_of, compare
+    from moespec.measure.level import Level
+
+    order, times = [], iter([3.0, 1.0, 9.0, 2.0, 5.0, 4.0])
+    decode_one = lambda cell: order.append(cell) or {"seconds": next(times), "cell": cell}  # noqa: E731
+    got = _median_of(3, ["a", "b"], decode_one, Level(wait_s=0), flip=False)
+    assert order == ["a", "b", "b", "a", "a", "b"]  # a: 3, 2, 5 -> 3; b: 1, 9, 4 -> 4
+    assert got["a"]["seconds"] == 3.0 and got["b"]["seconds"] == 4.0
+
+    lm, draft = pair
+    ids = lm.tokenizer(TEXT)["input_ids"]
+    found = compare(lm.model, draft, [ids[:16], ids[16:32], ids[32:48]], 8, 2, calibration=1, repeats=2)
+    assert found["repeats"] == 2 and found["calibration_prompts"] == 1 and found["prompts"] == 2
+    assert all(row["greedy_exact"] for row in found["cells"].values())
+    with pytest.raises(Exception, match="repeats >= 1"):
+        compare(lm.model, draft, [ids[:16], ids[16:32]], 8, 2, repeats=0)

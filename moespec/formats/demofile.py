@@ -60,11 +60,13 @@ class Steps:
             for partial in out_dir.glob("*.partial"):
                 shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
 
-    def run(self, artifact: Path, step: Callable[[], Any]) -> None:
-        """step() unless it already wrote `artifact` with these settings."""
-        if artifact.name in self.done and artifact.exists():
+    def run(self, artifact: Path, step: Callable[[], Any], again: bool = False) -> None:
+        """step() unless it already wrote `artifact` with these settings (`again`: run it anyway, e.g. a
+        calibration measured again)."""
+        if artifact.name in self.done and artifact.exists() and not again:
             self.say(f"reusing {artifact} (same settings; delete it to measure again)")
             return
         step()
-        self.done.append(artifact.name)
+        if artifact.name not in self.done:
+            self.done.append(artifact.name)
         write_json(self.path, {"settings": self.settings, "done": self.done})

@@ -8,20 +8,21 @@ plus host time) and yields G(k) = 1 + a_1 + a_1 a_2 + ... tokens (moespec.theory
 maximizes G(k)/V(k) on the text at hand; the plan's k_hat is that k for the profile and step times measured on
 calibration prompts; the policies choose k step by step.
 
-How. Per kind of prompt: CALIBRATION prompts are decoded at every constant k first (not scored; interleaved, the
-order reversed on the second): their mean step time per k is V(k), and their longest-draft steps give the profile
-(estimate_profile with a Beta(1, 1) prior). Then every cell decodes every other prompt, interleaved prompt by
-prompt (the order reversed every other round). Every decoding is kept at one bandwidth level of the host
-(moespec.measure.level.Level.measured: one whose reference read after it is off the level is decoded again; a
-policy's repeat starts from the state it had before the prompt); the
-heuristic and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps its
-assistant's draft length across generate calls); the online policy starts from the plan, V(k) and the calibration
-profile as its prior, where the heuristic starts from transformers' default. Greedy throughout: every cell must give
-plain decoding's tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's
-ratio to the best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval,
-its ratio to the best constant chosen on held-out prompts (held_out_best: free of the winner's curse of a maximum
-over noisy cells), and the streaming-read ceiling before and after the cells (the machine's state; a step moves
-kilobytes to megabytes of a small model, so it is reported, not divided by).
+How. Per kind of prompt: the first `calibration` prompts (CALIBRATION by default) are decoded at every constant k
+first (not scored; interleaved, the order reversed every other prompt): their mean step time per k is V(k), and
+their longest-draft steps give the profile (estimate_profile with a Beta(1, 1) prior). Then every cell decodes every
+other prompt, interleaved prompt by prompt (the order reversed every other round). Every decoding is kept at one
+bandwidth level of the host (moespec.measure.level.Level.measured: one whose reference read after it is off the
+level is decoded again; a policy's repeat starts from the state it had before the prompt), and each prompt of each
+cell can be decoded `repeats` times in interleaved rounds, the one of median time kept (_median_of); the heuristic
+and the online policy are one object per kind, carried from prompt to prompt (as transformers keeps its assistant's
+draft length across generate calls); the online policy starts from the plan, V(k) and the calibration profile as its
+prior, where the heuristic starts from transformers' default. Greedy throughout: every cell must give plain
+decoding's tokens. tokens/s: tokens generated over decoding time (the prefill left out); beside it each cell's ratio
+to the best constant k paired prompt by prompt (both decoded in one round) with its 95% bootstrap interval, its
+ratio to the best constant chosen on held-out prompts (held_out_best: free of the winner's curse of a maximum over
+noisy cells), and the streaming-read ceiling before and after the cells (the machine's state; a step moves kilobytes
+to megabytes of a small model, so it is reported, not divided by).
 
 Replay. A measured cell carries the machine's noise: the host moves by tens of percent within minutes, and a cell
 is one decoding of each prompt. The policies' own quality is measured apart from it, exactly: with greedy drafts,
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,7 +52,7 @@ from moespec.model.adaptive import DraftLength, Heuristic, Online
 from moespec.model.cache import new_cache
 from moespec.model.speculative import ModelDraft, forward_logits, prefill, speculative_decode
 
-CALIBRATION = 2  # prompts per kind decoded at every constant k first: V(k) and the profile the plan uses
+CALIBRATION = 2  # prompts per kind decoded at every constant k first by default: V(k) and the profile the plan uses
 HF_ASSISTED = "transformers-assisted"
 
 
@@ -145,36 +147,52 @@ def _decode_cell(target: Any, draft: Any, prompt: list[int], cell: str, policies
     return decode(target, draft, prompt, policy, tokens) | {"policy": policy}
 
 
+def _median_of(repeats: int, cells: list, decode_one: Callable[[Any], dict], level: Level, flip: bool
+               ) -> dict[Any, dict]:
+    """Every cell's decoding of one prompt, `repeats` times in interleaved rounds (the order reversed every other
+    round, starting reversed where `flip`), each kept at the level: per cell the decoding of median time (the lower
+    one of an even count). A burst of the host that slows one round reaches one decoding of each cell, not the cell."""
+    tries: dict[Any, list[dict]] = {cell: [] for cell in cells}
+    for r in range(repeats):
+        for cell in cells if (r + flip) % 2 == 0 else cells[::-1]:
+            tries[cell].append(level.measured(lambda: decode_one(cell)))
+    return {cell: sorted(got, key=lambda u: u["seconds"])[(len(got) - 1) // 2] for cell, got in tries.items()}
+
+
 def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax: int,
-            with_hf: bool = False, level: Level | None = None) -> dict[str, Any]:
-    """The comparison of the module docstring on one kind of prompt (CALIBRATION + at least one); every decoding
-    kept at `level` (moespec.measure.level.Level.measured; default none pinned)."""
-    if len(prompts) <= CALIBRATION or tokens < 2 or kmax < 1:
-        raise MoespecError(f"drafting: need more than {CALIBRATION} prompts, tokens >= 2 and kmax >= 1, got "
-                           f"{len(prompts)}, {tokens} and {kmax}")
+            with_hf: bool = False, level: Level | None = None, calibration: int = CALIBRATION,
+            repeats: int = 1) -> dict[str, Any]:
+    """The comparison of the module docstring on one kind of prompt (`calibration` + at least one); every decoding
+    kept at `level` (moespec.measure.level.Level.measured; default none pinned), each prompt of each cell decoded
+    `repeats` times and the median one kept (_median_of)."""
+    if calibration < 1 or len(prompts) <= calibration or tokens < 2 or kmax < 1 or repeats < 1:
+        raise MoespecError(f"drafting: need calibration >= 1, more prompts than it, tokens >= 2, kmax >= 1 and "
+                           f"repeats >= 1, got {calibration}, {len(prompts)}, {tokens}, {kmax} and {repeats}")
     fixed = list(range(kmax + 1))
     level = level or Level(wait_s=0)
     ceilings = {"before": float(np.median(measure_stream_read()))}  # the machine's state around the cells
-    calibration: dict[int, list[dict]] = {k: [] for k in fixed}
-    for i, prompt in enumerate(prompts[:CALIBRATION]):  # interleaved: a level change reaches every k alike
-        for k in fixed if i % 2 == 0 else fixed[::-1]:
-            calibration[k].append(level.measured(lambda: decode(target, draft, prompt, k, tokens)))
-    V = [float(np.mean([s[2] for u in calibration[k] for s in u["steps"]])) for k in fixed]
-    profile = theory.estimate_profile([(d, a) for u in calibration[kmax] for d, a, _ in u["steps"]], kmax,
+    calibrated: dict[int, list[dict]] = {k: [] for k in fixed}
+    for i, prompt in enumerate(prompts[:calibration]):  # interleaved: a level change reaches every k alike
+        got = _median_of(repeats, fixed, lambda k: decode(target, draft, prompt, k, tokens), level, i % 2 == 1)
+        for k in fixed:
+            calibrated[k].append(got[k])
+    V = [float(np.mean([s[2] for u in calibrated[k] for s in u["steps"]])) for k in fixed]
+    profile = theory.estimate_profile([(d, a) for u in calibrated[kmax] for d, a, _ in u["steps"]], kmax,
                                       prior=(1, 1))
     k_hat = int(theory.best_draft_length_for(V, profile))
     cells = [*(f"k={k}" for k in fixed), "heuristic", "online", *([HF_ASSISTED] if with_hf else [])]
     units: dict[str, list[dict]] = {c: [] for c in cells}
-    policies = {"heuristic": Heuristic(kmax), "online": Online(V, prior_profile=profile)}
-    for i, prompt in enumerate(prompts[CALIBRATION:]):
-        for cell in cells if i % 2 == 0 else cells[::-1]:
-            unit = level.measured(lambda: _decode_cell(target, draft, prompt, cell, policies, tokens))
+    policies: dict[str, DraftLength] = {"heuristic": Heuristic(kmax), "online": Online(V, prior_profile=profile)}
+    for i, prompt in enumerate(prompts[calibration:]):
+        got = _median_of(repeats, cells, lambda cell: _decode_cell(target, draft, prompt, cell, policies, tokens),
+                         level, i % 2 == 1)
+        for cell in cells:
             if cell in policies:  # carried to the next prompt: the state the kept decoding left
-                policies[cell] = unit.pop("policy")
-            units[cell].append(unit)
+                policies[cell] = got[cell].pop("policy")
+            units[cell].append(got[cell])
     ceilings["after"] = float(np.median(measure_stream_read()))
     plain = [u["tokens"] for u in units["k=0"]]
-    agree = [agreement(draft, prompt, tokens_out) for prompt, tokens_out in zip(prompts[CALIBRATION:], plain)]
+    agree = [agreement(draft, prompt, tokens_out) for prompt, tokens_out in zip(prompts[calibration:], plain)]
     rows = {c: summarize(u, kmax) | {"greedy_exact": [x["tokens"] for x in u] == plain} for c, u in units.items()}
     best = max(fixed, key=lambda k: rows[f"k={k}"]["tokens_per_s"])
     rng = np.random.default_rng(0)
@@ -188,7 +206,9 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
         row["vs_best_held_out"] = None if held_out is None else row["tokens_per_s"] / held_out[0]
     return {"V_s": V, "profile_calibration": profile, "k_hat_plan": k_hat, "best_constant_k": best,
             "best_held_out_k": None if held_out is None else held_out[1],
-            "prompts": len(prompts) - CALIBRATION, "tokens": tokens, "ceiling_gbps": ceilings, "cells": rows,
+            "prompts": len(prompts) - calibration, "calibration_prompts": calibration, "repeats": repeats,
+            "tokens": tokens,
+            "ceiling_gbps": ceilings, "cells": rows,
             "replay": replay(agree, V, profile, tokens), "level": level.record()}
 
 

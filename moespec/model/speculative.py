@@ -263,7 +263,13 @@ class OracleDraft:
     """Proposes the target's greedy continuation of the prompt (`continuation`: plain_decode's tokens, which
     must cover max_new + k - 1 positions; past its end tokens are random), each token independently replaced
     with probability 1-a by a different token drawn uniformly from the vocabulary. `prompt_len` places the
-    proposals: position p of the continuation follows prompt_len + p tokens."""
+    proposals: position p of the continuation follows prompt_len + p tokens.
+
+    Whether position p is proposed right is decided once per position (a seeded uniform u_p < a), not per
+    proposal, as a real greedy draft's agreement is a function of the text (moespec.measure.drafting). A step
+    from p accepts the run of right positions from p, so acceptance is geometric at a; and every draft length k,
+    and every a (u_p < a is monotone in a), decodes one prompt on the same sequence: cells compared at one seed
+    differ by their k, not by their luck (common random numbers)."""
 
     continuation: list[int]
     a: float
@@ -277,17 +283,21 @@ class OracleDraft:
             raise MoespecError(f"OracleDraft needs 0 <= a <= 1, vocab_size >= 2, prompt_len >= 1; "
                                f"got a={self.a}, vocab_size={self.vocab_size}, prompt_len={self.prompt_len}")
         self.rng = np.random.default_rng(self.seed)
+        positions = len(self.continuation)
+        self.right = self.rng.random(positions) < self.a  # [positions] whether p is proposed right
+        self.other = self.rng.integers(self.vocab_size - 1, size=positions)  # [positions] a wrong one's rank
 
     def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
         start = len(tokens_so_far) - self.prompt_len
         out = []
         for p in range(start, start + k):
-            true = self.continuation[p] if p < len(self.continuation) else -1
-            if true >= 0 and self.rng.random() < self.a:
-                out.append(true)
+            if p >= len(self.continuation):  # past the continuation: random tokens
+                out.append(int(self.rng.integers(self.vocab_size)))
+            elif self.right[p]:
+                out.append(self.continuation[p])
             else:  # uniform over the vocabulary less the true token
-                other = int(self.rng.integers(self.vocab_size - (true >= 0)))
-                out.append(other + (0 <= true <= other))
+                other = int(self.other[p])
+                out.append(other + (self.continuation[p] <= other))
         return out
 
 
