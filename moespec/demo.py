@@ -90,10 +90,10 @@ ENGINE_PROMPTS, ENGINE_TOKENS = 8, 12
 # for the plan's level for as long before the scored run; where it is not there (or the verify-only run had to
 # follow it away from the bench's), the calibration is measured again, once, at the level the host holds now, and
 # the plan made again, before the scored run: pre-registered still, the plan written before the run it is scored
-# against. The scored run then waits SCORED_WAIT x (45 s) before following the host. The demo takes ~5 min without
-# waiting, a calibration ~1.5 min; with every wait spent and one calibration again it stays under the 8 minutes
-# `make demo` may take.
-CHAIN_WAIT, SCORED_WAIT, CALIBRATIONS = 2 / 3, 1.5, 2
+# against. The scored run then waits SCORED_WAIT x (30 s) before following the host. The demo takes ~5 min without
+# waiting, a calibration again ~1.5 min; with every wait spent (the bench's 30 s twice, these 20 + 20 + 20 and 30 s)
+# and one calibration again it stays under the 8 minutes `make demo` may take.
+CHAIN_WAIT, SCORED_WAIT, CALIBRATIONS = 2 / 3, 1.0, 2
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
 OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",
            "report.html", STEPS_FILE, "demo.json")  # every file the demo writes in its folder
