@@ -5,10 +5,10 @@ generate(assistant_model=...), measured, and beside each the same cell replayed 
 sequences with the calibration's step times (the policy's quality without the machine's noise). The method is
 moespec.measure.drafting's (physics in its docstring).
 
-Prompts: Spec-Bench questions (../shared/data/spec_bench/question.jsonl, first turn) and WikiText-2 test passages,
-tokenized by the pair's tokenizer, CONTEXT_TOKENS each; --prompts scored ones of each kind after
---calibration calibration prompts; --tokens generated per prompt (greedy). Ends with one JSON line; --out
-writes the result file (device, dtype, versions, timestamp, command).
+Prompts: Spec-Bench questions (../shared/data/spec_bench/question.jsonl, first turn, a seeded sample over its 13
+categories) and WikiText-2 test passages (seeded starts), tokenized by the pair's tokenizer, CONTEXT_TOKENS each;
+--prompts scored ones of each kind after --calibration calibration prompts; --tokens generated per prompt (greedy).
+Ends with one JSON line; --out writes the result file (device, dtype, versions, timestamp, command).
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ def prompts(tokenizer, data: Path, count: int) -> dict[str, list[list[int]]]:
     if bench.is_file():
         rows = [json.loads(line) for line in bench.read_text().splitlines() if line.strip()]
         texts = [r["turns"][0] for r in rows if r.get("turns")]
-        out["spec-bench"] = [tokenizer(t)["input_ids"][-CONTEXT_TOKENS:] for t in texts[:count]]
+        # a seeded sample over the whole file: it is ordered by category (10 writing questions first, ...), so its
+        # first prompts would calibrate on one category and score on others
+        picks = np.random.default_rng(0).permutation(len(texts))[:count]
+        out["spec-bench"] = [tokenizer(texts[i])["input_ids"][-CONTEXT_TOKENS:] for i in picks.tolist()]
     wiki = data / "wikitext-2" / "wiki.test.raw"
     if wiki.is_file():
         ids = tokenizer(wiki.read_text(encoding="utf-8"))["input_ids"]
