@@ -90,15 +90,6 @@ def test_decode_steps_with_a_policy_gives_plain_tokens():
     assert policy.tested.sum() > 0
 
 
-def test_online_step_times_follow_the_machine():
-    policy = Online(V)
-    assert policy.step_times() == V
-    for _ in range(10):  # the machine got twice as slow: every timed k = 2 step takes 2 V(2)
-        policy.update(2, 1, 2 * V[2])
-    times = policy.step_times()
-    assert times[2] == pytest.approx(2 * V[2]) and times[5] == pytest.approx(2 * V[5])  # the rest scaled alike
-
-
 def test_online_policy_keeps_runs_of_acceptance_apart():
     """Acceptance in runs: after a fully accepted step the next is easy (0.95), after a rejection hard (0.2). The
     policy drafts long after hits and short after misses."""

@@ -129,7 +129,7 @@ def test_replay_accepts_what_greedy_speculative_decoding_accepts(pair):
             def next_k(self):
                 return k
 
-            def update(self, drafted, accepted, seconds=None):
+            def update(self, drafted, accepted):
                 seen.append(accepted)
 
         assert replayed(agree, [1.0] * 9, Recording(), 40) == (40, len(real))
@@ -147,11 +147,11 @@ def test_drafting_repeats_a_decoding_off_the_level_from_the_policys_own_state(pa
     lm, draft = pair
     ids = lm.tokenizer(TEXT)["input_ids"]
     prompt = ids[:32]
-    policies = {"online": Online([1.0, 1.5, 2.0])}
-    before = policies["online"].timed.copy()
+    policies = {"online": Online([1.0, 1.05, 1.1])}  # drafting pays: the policy drafts and learns
+    before = policies["online"].tested.copy()
     out = _decode_cell(lm.model, draft, prompt, "online", policies, 12)
-    assert (policies["online"].timed == before).all() and out["policy"] is not policies["online"]
-    assert out["policy"].timed.sum() > 0 and len(out["tokens"]) == 12
+    assert (policies["online"].tested == before).all() and out["policy"] is not policies["online"]
+    assert out["policy"].tested.sum() > 0 and len(out["tokens"]) == 12
 
     reads = iter(([30.0] * 3 + [60.0]) * 1000)  # every other decoding is followed by a read of another level
     level = Level(pinned=30.0, wait_s=60.0, read=lambda: next(reads))

@@ -93,7 +93,7 @@ def agreement(draft: Any, prompt: list[int], plain: list[int]) -> list[int]:
 
 def replayed(agree: list[int], V: list[float], k: int | DraftLength, tokens: int) -> tuple[int, float]:
     """(tokens, seconds) of one decoding replayed on an agreement sequence (module docstring): the prefill's
-    token, then steps until `tokens` are out, each V(k) long; a policy is told each step's outcome and time. As in
+    token, then steps until `tokens` are out, each V(k) long; a policy is told each step's outcome. As in
     the measured cells, `tokens` are counted (the last step's overshoot is not), so a sequence of plain decoding's
     `tokens` tokens decides every step: only the last one may reach past it, and it ends the decoding either way."""
     emitted, position, seconds = 1, 0, 0.0
@@ -104,7 +104,7 @@ def replayed(agree: list[int], V: list[float], k: int | DraftLength, tokens: int
             accepted += 1
         emitted, position, seconds = emitted + accepted + 1, position + accepted + 1, seconds + V[drafted]
         if not isinstance(k, int):
-            k.update(drafted, accepted, V[drafted])
+            k.update(drafted, accepted)
     return min(emitted, tokens), seconds
 
 

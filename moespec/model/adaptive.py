@@ -27,9 +27,12 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   the case where both states agree; transformers' +2/-1 rule reacts to the same signal by a fixed step. A step
   that drafted nothing says nothing of the run it is in, so after it the state is UNKNOWN, whose profile pools
   every step's counts (else a state whose estimate fell below drafting would keep k = 0 and never leave);
-- the step times too are the machine's now: each k's observed mean step time (decayed like the counts) replaces
-  the given V(k) once a few steps were timed, and the untimed k follow the observed ones' ratio (a shared machine's
-  bandwidth moves by tens of percent within minutes).
+- the step times are the plan's V(k), fixed. A machine that turns slower or faster moves every V(k) alike and
+  leaves k* where it is; what the policy could learn from its own steps is each k's time apart, from the few
+  steps it takes at that k, on a host whose bursts slow single steps by 10-40%. It did so once (each k's observed
+  mean replacing V(k) after three steps), and chased that noise: on the trained pair (2026-12-01, 12 prompts per
+  kind, interleaved) it ran at 0.88 of k = 3 on WikiText (half of its steps at k = 0) and 0.88-0.94 on
+  Spec-Bench, against 0.96 and 0.91-0.96 with the plan's V(k).
 
 Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step.
 """
@@ -49,14 +52,13 @@ from moespec import theory
 PRIOR, PRIOR_RATE, DECAY = 2.0, 0.5, 0.99
 # The online policy's state: the last step rejected a draft, accepted them all, or drafted nothing
 MISSED, HIT, UNKNOWN = 0, 1, 2
-TIMED = 3.0  # observed steps (decayed) of a draft length before its own mean time replaces the given V(k)
 HEURISTIC_START = 20  # transformers' GenerationConfig.num_assistant_tokens default (capped at kmax here)
 
 
 class DraftLength(Protocol):
     def next_k(self) -> int: ...
 
-    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None: ...
+    def update(self, drafted: int, accepted: int) -> None: ...
 
 
 def _check_step(drafted: int, accepted: int) -> None:
@@ -80,7 +82,7 @@ class Heuristic:
     def next_k(self) -> int:
         return self.k
 
-    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+    def update(self, drafted: int, accepted: int) -> None:
         _check_step(drafted, accepted)
         self.k = min(self.kmax, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
@@ -105,8 +107,6 @@ class Online:
         self.prior, self.prior_rate, self.decay = prior, prior_rate, decay
         self.tested, self.passed = np.zeros((3, self.kmax)), np.zeros((3, self.kmax))  # [state, position]
         self.state = MISSED
-        self.timed = np.zeros(self.kmax + 1)  # decayed count and sum of observed step times per k
-        self.seconds = np.zeros(self.kmax + 1)
 
     def _posterior(self, state: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Beta(alpha_j, beta_j) per position after a step of `state` (default the current one; UNKNOWN pools the
@@ -129,38 +129,19 @@ class Online:
         alpha, beta = self._posterior(state)
         return (alpha / (alpha + beta)).tolist()
 
-    def step_times(self) -> list[float]:
-        """V(0..kmax): the given step times, each k's replaced by the mean of its observed steps once it has
-        TIMED of them (decayed like the counts), and every other k scaled by the observed over given ratio of
-        the observed ones: the machine's state now, not the calibration's."""
-        return self._times().tolist()
-
-    def _times(self) -> np.ndarray:
-        seen = self.timed >= TIMED
-        if not seen.any():
-            return self.V_array
-        observed = self.seconds[seen] / self.timed[seen]
-        scale = float(np.median(observed / self.V_array[seen]))
-        out = self.V_array * scale
-        out[seen] = observed
-        return out
-
     def next_k(self) -> int:
-        """k* of the current state's posterior mean profile and the step times now. In floats, vectorized (the
+        """k* of the current state's posterior mean profile and the plan's step times. In floats, vectorized (the
         choice runs every step, inside its time): G(k) = 1 + cumsum(cumprod(a)), k = the first maximizer of
         G(k)/V(k) (theory.best_draft_length_for on floats)."""
         alpha, beta = self._posterior()
         G = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alpha / (alpha + beta)))])
-        return int(np.argmax(G / self._times()))
+        return int(np.argmax(G / self.V_array))
 
-    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
-        """One step's outcome: its acceptance counts and, when given, its time (the step-time estimate)."""
+    def update(self, drafted: int, accepted: int) -> None:
+        """One step's outcome: its acceptance counts."""
         _check_step(drafted, accepted)
-        for counts in (self.timed, self.seconds, self.tested, self.passed):
+        for counts in (self.tested, self.passed):
             counts *= self.decay
-        if seconds is not None and drafted <= self.kmax:
-            self.timed[drafted] += 1
-            self.seconds[drafted] += seconds
         top = min(drafted, self.kmax, accepted + 1)  # positions 1..accepted + 1 were tested (up to the draft's end)
         self.tested[self.state, :top] += 1
         self.passed[self.state, :min(accepted, self.kmax)] += 1

@@ -236,7 +236,7 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
         history += new
         end = time.perf_counter()
         if policy is not None:
-            policy.update(k, accepted, end - start)
+            policy.update(k, accepted)
         records.append(StepRecord(k, accepted, verified - drafted, end - start, drafted - start, end - verified))
     return tokens[:max_new], records
 
