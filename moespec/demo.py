@@ -25,9 +25,7 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    so pre-registered.
 7. Report: moespec.report.html writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
 Steps 3-6 keep every timed round at one bandwidth level of the host (moespec.measure.level): the bench pins it,
-the verify-only run keeps it, the plan records it and the scored run reads it from the plan. Where the host has
-left that level before the scored run, steps 3-5 are measured again at the level it holds (once), the plan still
-written before the run it is scored against.
+the verify-only run keeps it, the plan records it and the scored run reads it from the plan.
 """
 
 from __future__ import annotations
@@ -83,17 +81,11 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # over the measured step time (moespec.measure.run.cell_record), so the drafted tokens add no acceptance noise.
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 8, 12
-# The chain's level (moespec.measure.level). The calibration (bench, verify-only run, plan) and the scored run must
-# be of one state of the host, which here changes level every 1-2 minutes and sometimes holds one for several:
-# waiting 75 s for a level that had gone still left the scored run at another in 3 runs of 6 (2026-12-01). So the
-# verify-only run waits CHAIN_WAIT x a measurement's default (20 s) for the bench's level, and the host is asked
-# for the plan's level for as long before the scored run; where it is not there (or the verify-only run had to
-# follow it away from the bench's), the calibration is measured again, once, at the level the host holds now, and
-# the plan made again, before the scored run: pre-registered still, the plan written before the run it is scored
-# against. The scored run then waits SCORED_WAIT x (30 s) before following the host. The demo takes ~5 min without
-# waiting, a calibration again ~1.5 min; with every wait spent (the bench's 30 s twice, these 20 + 20 + 20 and 30 s)
-# and one calibration again it stays under the 8 minutes `make demo` may take.
-CHAIN_WAIT, SCORED_WAIT, CALIBRATIONS = 2 / 3, 1.0, 2
+# The engine runs wait up to 2.5x a measurement's default (75 s each) for the bench's bandwidth level before
+# following the host elsewhere: the host changes level every 1-2 minutes here, and a chain kept at one level is what
+# the scored comparison needs (moespec.measure.level). The demo takes ~4.5 min without waiting; with the bench's 30 s
+# and these two it stays under the 8 minutes `make demo` may take.
+ENGINE_LEVEL_WAIT = 2.5
 ENGINE_A = (0.4, 0.6, 0.8, 0.9)
 OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",
            "report.html", STEPS_FILE, "demo.json")  # every file the demo writes in its folder
@@ -319,51 +311,40 @@ def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig
     out_dir = Path(config.out)
     trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
     engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
-                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace)
-    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, level_wait_s=CHAIN_WAIT * level.WAIT_S,
-                       **engine)
+                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace,
+                  level_wait_s=ENGINE_LEVEL_WAIT * level.WAIT_S)
+    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)
     planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
     # the scored run needs no outside time: the plan read it from the verify-only run
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
-                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False,
-                       level_wait_s=SCORED_WAIT * level.WAIT_S, **engine)
+                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)
     return verify, planned, scored
 
 
 def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> Bench:
     """Step 3: the short bench of one middle MoE layer; its figure is drawn by the report."""
-    steps.run(out_dir / "bench.json", lambda: _bench_step(config, out_dir, view))
+    def step() -> None:
+        bench = run_bench(bench_config(config), view.say)
+        save_figure(bandwidth_figure(bench), str(out_dir / "fig2.png"))
+        view.bench(bench)
+
+    steps.run(out_dir / "bench.json", step)
     return load_bench(out_dir / "bench.json")
-
-
-def _bench_step(config: DemoConfig, out_dir: Path, view: DemoView) -> None:
-    bench = run_bench(bench_config(config), view.say)
-    save_figure(bandwidth_figure(bench), str(out_dir / "fig2.png"))
-    view.bench(bench)
-
-
-def chain_moved(bench: Bench, verify: Runs, plan: Plan, wait_s: float) -> str | None:
-    """Why the calibration is not of the state the host is in now (None where it is): the verify-only run had to
-    follow the host away from the bench's level (re-pinned), or the host is not back at the plan's level within
-    wait_s seconds (moespec.measure.level.Level.settle)."""
-    record = verify.get("level") or {}
-    if record.get("repins"):
-        start = (bench.get("level") or {}).get("pinned_gbps")
-        return f"the verify-only run followed it from the bench's {start:.1f} to {record['pinned_gbps']:.1f} GB/s"
-    pinned = plan.get("level_gbps")
-    if pinned is None or wait_s <= 0:
-        return None
-    probe = level.Level(pinned, wait_s)
-    probe.settle()
-    return f"{wait_s:.0f} s without the plan's {pinned:.1f} GB/s" if probe.exhausted else None
 
 
 def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, bench: Bench) -> dict[str, Any]:
     """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score,
     the report. The engine replays the trace's routing (random weights route like uniform iid); the plan is
-    written before the run it is scored against, so the score is pre-registered."""
-    _, planned, scored = engine_configs(config)
-    moves = calibrate(config, out_dir, steps, view, bench)
+    written before the run it is scored against, so the score is pre-registered. Every timed round of the chain
+    is kept at the bench's bandwidth level (moespec.measure.level): the verify-only run pins it, the plan records
+    it, the scored run reads it from the plan."""
+    verify, planned, scored = engine_configs(config)
+    verify = replace(verify, level_gbps=inputs_level(bench, None))
+    view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
+             f"full shape, random weights, the trace's routing replayed")
+    steps.run(out_dir / "runs-verify.json", lambda: view.runs(run_engine(verify, view.say)))
+    view.say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
+    steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
     view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
     steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
     planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(planned.out)]
@@ -371,35 +352,7 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, ben
         view.score(score_files(planned.out, scored.out, version))
     view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
     view.say(f"report -> {write_report(out_dir)}")
-    return engine_summary(out_dir) | {"host_moved": moves}
-
-
-def calibrate(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, bench: Bench) -> list[str]:
-    """Steps 4-5, the verify-only run and the plan, every timed round kept at the bench's bandwidth level
-    (moespec.measure.level: the verify-only run pins it, the plan records it, the scored run reads it from the
-    plan). Where the host has left it before the scored run (chain_moved), the bench, the verify-only run and the
-    plan are measured again at the level it holds, CALIBRATIONS times in all. Returns each move found."""
-    verify, planned, _ = engine_configs(config)
-    moves: list[str] = []
-    for calibration in range(CALIBRATIONS):
-        again = calibration > 0
-        if again:
-            steps.run(out_dir / "bench.json", lambda: _bench_step(config, out_dir, view), again=True)
-            bench = load_bench(out_dir / "bench.json")
-        pinned = replace(verify, level_gbps=inputs_level(bench, None))
-        view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers "
-                 f"at full shape, random weights, the trace's routing replayed")
-        steps.run(out_dir / "runs-verify.json", lambda: view.runs(run_engine(pinned, view.say)), again=again)
-        view.say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
-        steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)), again=again)
-        moved = chain_moved(bench, load_runs(verify.out), load_plan(planned.out), CHAIN_WAIT * level.WAIT_S)
-        if moved is None:
-            break
-        moves.append(moved)
-        if calibration < CALIBRATIONS - 1:
-            view.say(f"[bold yellow]the host moved[/] ({moved}): the calibration measured again at the level it "
-                     f"holds now, before the scored run")
-    return moves
+    return engine_summary(out_dir)
 
 
 def engine_summary(out_dir: Path) -> dict[str, Any]:

@@ -155,8 +155,6 @@ def print_engine_summary(engine: dict[str, Any], bench: dict[str, Any]) -> None:
     for version, names in engine["rules_hold"].items():
         c.print(f"scoring rules holding, {version}: {len(names)} of 6 ({', '.join(names) or 'none'})")
     c.print(f"pre-registered: {'yes' if engine['pre_registered'] else 'no'}; report: {engine['report']}")
-    for moved in engine.get("host_moved", []):
-        c.print(f"the host moved before the scored run: {moved}")
 
 
 class Printed:

@@ -60,13 +60,11 @@ class Steps:
             for partial in out_dir.glob("*.partial"):
                 shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
 
-    def run(self, artifact: Path, step: Callable[[], Any], again: bool = False) -> None:
-        """step() unless it already wrote `artifact` with these settings (`again`: run it anyway, e.g. a
-        calibration measured again)."""
-        if artifact.name in self.done and artifact.exists() and not again:
+    def run(self, artifact: Path, step: Callable[[], Any]) -> None:
+        """step() unless it already wrote `artifact` with these settings."""
+        if artifact.name in self.done and artifact.exists():
             self.say(f"reusing {artifact} (same settings; delete it to measure again)")
             return
         step()
-        if artifact.name not in self.done:
-            self.done.append(artifact.name)
+        self.done.append(artifact.name)
         write_json(self.path, {"settings": self.settings, "done": self.done})
