@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moespec import MoespecError
 from moespec.console import console
 from moespec.defaults import PAIR_DIR
 from moespec.formats.files import provenance, write_json
@@ -77,7 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                         "0: no pinning)")
     p.add_argument("--out", help="write the result JSON here")
     args = p.parse_args(argv)
-    check_level(None, args.level_wait)
+    try:  # every argument checked before the models load: one line and exit 2
+        check_level(None, args.level_wait)
+    except MoespecError as e:
+        p.error(str(e))
+    for flag, value in (("--prompts", args.prompts), ("--calibration", args.calibration), ("--repeats", args.repeats),
+                        ("--tokens", args.tokens - 1)):
+        if value < 1:
+            p.error(f"{flag} must be >= {2 if flag == '--tokens' else 1}")
     from transformers import AutoTokenizer
 
     torch.set_num_threads(2)

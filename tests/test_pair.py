@@ -183,3 +183,15 @@ def test_each_prompt_of_each_cell_keeps_its_median_decoding(pair):
     assert all(row["greedy_exact"] for row in found["cells"].values())
     with pytest.raises(Exception, match="repeats >= 1"):
         compare(lm.model, draft, [ids[:16], ids[16:32]], 8, 2, repeats=0)
+
+
+@pytest.mark.parametrize("args, needle", [(["--repeats", "0"], "--repeats must be >= 1"),
+                                          (["--calibration", "0"], "--calibration must be >= 1"),
+                                          (["--level-wait", "-1"], "--level-wait must be >= 0")])
+def test_the_drafting_benchmark_refuses_bad_arguments_in_one_line(args, needle):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "adaptive_draft.py"
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
