@@ -136,3 +136,88 @@ def test_replay_of_a_known_agreement_sequence():
     cells = replay([agree * 5, agree[::-1] * 5], V, [0.6] * 8, 30)
     assert set(cells) == {f"k={k}" for k in range(9)} | {"heuristic", "online"}
     assert max(cells[f"k={k}"] for k in range(9)) == 1.0 and all(v > 0 for v in cells.values())
+
+
+def test_online_policy_drafts_on_while_the_draft_is_sure():
+    """more(): a step goes on while some horizon still pays at the best constant length's rate. A token the
+    calibration found always right (c >= 0.99) keeps the step going to kmax; one found usually wrong stops it;
+    a step at kmax stops."""
+    policy = Online(V, prior_profile=[0.7] * 8)
+    for _ in range(100):  # calibrate: the sure tokens agree, the unsure ones do not
+        policy.next_k()
+        policy.update(8, 8, [0.995] * 8)
+        policy.next_k()
+        policy.update(2, 1, [0.995, 0.05])  # a miss: the profile after a miss is the all-accepted steps'
+    assert policy.confidence_rate(0.999) > 0.95 and policy.confidence_rate(0.05) < 0.1
+    assert policy.next_k() >= 1
+    assert all(policy.more([0.999] * j) for j in range(1, 8))
+    assert not policy.more([0.999] * 8)  # kmax drafted
+    assert not policy.more([0.05])  # S ~ 0.05: nothing after it pays
+    assert not policy.more([0.999, 0.999, 0.05])
+
+
+def test_online_policy_checks_confidences():
+    policy = Online(V)
+    with pytest.raises(ValueError, match="confidence"):
+        policy.confidence_rate(1.5)
+    with pytest.raises(ValueError, match="confidences"):
+        policy.more([])
+    with pytest.raises(ValueError, match="confidences"):
+        policy.more([0.5] * 9)
+    with pytest.raises(ValueError, match="confidences"):
+        policy.update(3, 1, [0.5, 0.5])  # one per drafted token
+    with pytest.raises(ValueError, match="confidence"):
+        policy.update(2, 1, [0.5, -0.1])
+    tested = policy.conf_tested.copy()
+    policy.update(3, 1, [0.5, 0.15, 0.95])  # the accepted token and the rejected one are tested, not the third
+    assert np.isclose((policy.conf_tested - tested * 0.995).sum(), 2.0)
+
+
+class Sure:
+    """A draft of the Counting target that proposes right while the position is below `right_until` (at
+    confidence 0.999) and wrong after it (at 0.01); a GreedyDraft-like propose_while."""
+
+    def __init__(self, right_until: int):
+        self.right_until = right_until
+
+    def propose(self, tokens_so_far, k):
+        return self.propose_while(tokens_so_far, k, lambda c: True)[0]
+
+    def propose_while(self, tokens_so_far, kmax, more):
+        out, confidences, last = [], [], tokens_so_far[-1]
+        while len(out) < kmax and (not out or more(confidences)):
+            right = len(tokens_so_far) + len(out) < self.right_until
+            last = (last + 1) % 50 if right else (last + 7) % 50
+            out.append(last)
+            confidences.append(0.999 if right else 0.01)
+        return out, confidences
+
+
+def test_decode_steps_stops_a_step_where_the_draft_is_unsure():
+    """With a draft that reports confidences, the online policy drafts token by token (decode_steps): plain
+    decoding's tokens, and once the unsure tokens are known to be wrong the steps stop at them."""
+    prompt = [3, 4, 5]
+    target = Counting()
+    target.forward(prompt)
+    policy = Online(V, prior_profile=[0.8] * 8)
+    out, records = decode_steps(target, prompt, 6, Sure(right_until=30), policy, 60)
+    assert out == [(6 + i) % 50 for i in range(60)] and target.length == len(prompt) + 59
+    assert max(r.drafted for r in records) == 8  # the sure stretch ran to kmax
+    late = [r for r in records if r.drafted][-5:]
+    assert all(r.accepted == 0 and r.drafted == 1 for r in late)  # past 30: one unsure token, then stop
+    assert policy.conf_tested.sum() > policy.prior * len(policy.conf_tested)
+
+
+def test_replay_reads_the_confidences():
+    """Where the draft's confidence tells which tokens agree, the online policy replayed with the confidences beats
+    itself without them, and every constant k."""
+    from moespec.measure.drafting import replay
+
+    rng = np.random.default_rng(3)
+    agree = [rng.random(120) < 0.6 for _ in range(6)]
+    confidence = [[0.999 if x else 0.05 for x in a] for a in agree]
+    agree = [[int(x) for x in a] for a in agree]
+    blind = replay(agree, V, [0.6] * 8, 100)
+    seeing = replay(agree, V, [0.6] * 8, 100, confidence)
+    assert {c: v for c, v in seeing.items() if c != "online"} == {c: v for c, v in blind.items() if c != "online"}
+    assert seeing["online"] > max(1.0, blind["online"])

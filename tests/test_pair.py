@@ -119,8 +119,9 @@ def test_replay_accepts_what_greedy_speculative_decoding_accepts(pair):
     lm, draft = pair
     prompt = lm.tokenizer(TEXT)["input_ids"][:48]
     plain = decode(lm.model, draft, prompt, 0, 40)["tokens"]
-    agree = agreement(draft, prompt, plain)
-    assert len(agree) == len(plain) - 1 and 0 < sum(agree) < len(agree)
+    agree, confidence = agreement(draft, prompt, plain)
+    assert len(agree) == len(confidence) == len(plain) - 1 and 0 < sum(agree) < len(agree)
+    assert all(0 < c <= 1 for c in confidence)
     for k in (1, 3, 6):
         real = [accepted for _, accepted, _ in decode(lm.model, draft, prompt, k, 40)["steps"]]
         seen = []
@@ -195,3 +196,43 @@ def test_the_drafting_benchmark_refuses_bad_arguments_in_one_line(args, needle):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "adaptive_draft.py"
     done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_draft_proposes_token_by_token_with_its_confidences(pair):
+    """propose_while drafts the tokens propose drafts, one at a time while `more` says so, each with its probability
+    under the draft, and the online policy decoding through it gives plain decoding's tokens; a greedy engine that
+    reports no probabilities is refused by name."""
+    from moespec import MoespecError
+    from moespec.measure.drafting import decode
+    from moespec.model.adaptive import Online
+    from moespec.model.speculative import GreedyDraft, ModelDraft
+
+    lm, draft = pair
+    prompt = lm.tokenizer(TEXT)["input_ids"][:48]
+    want = ModelDraft(draft)
+    want.prefill(prompt)
+    tokens = want.propose(prompt, 5)
+    got = ModelDraft(draft)
+    got.prefill(prompt)
+    asked = []
+    out, confidences = got.propose_while(prompt, 5, lambda c: asked.append(list(c)) or len(c) < 3)
+    assert out == tokens[:3] and len(confidences) == 3 and all(0 < c <= 1 for c in confidences)
+    assert [len(c) for c in asked] == [1, 2, 3]
+    assert got.propose_while(prompt, 0, lambda c: True) == ([], [])
+    again, _ = got.propose_while(prompt + out[:1], 4, lambda c: True)  # the cache rolled back to the shared prefix
+    assert again == tokens[1:5]
+
+    class Plain:
+        def forward(self, tokens, last_only=False):
+            return [0]
+
+        def rollback(self, tokens):
+            pass
+
+    with pytest.raises(MoespecError, match="Plain reports no confidences"):
+        GreedyDraft(Plain()).propose_while([1, 2], 2, lambda c: True)
+    plain = decode(lm.model, draft, prompt, 0, 40)
+    policy = Online([0.01 + 0.002 * k for k in range(9)], prior_profile=[0.7] * 8)
+    online = decode(lm.model, draft, prompt, policy, 40)
+    assert online["tokens"] == plain["tokens"]
+    assert policy.conf_tested.sum() > policy.prior * len(policy.conf_tested)  # the confidences reached it

@@ -29,9 +29,10 @@ is one decoding of each prompt. The policies' own quality is measured apart from
 step acceptance is a function of the text alone. While drafts match, the draft's context is the true prefix, so
 a step from position p drafting k tokens accepts the run of ones in agree[p:p + k], where agree[j] says whether
 the draft's greedy token given the target's first j tokens is the target's token j (one teacher-forced draft
-forward over plain decoding's tokens). `replay` decodes every prompt again on those sequences with the
-calibration's V(k) as each step's time: tokens / sum V(k) per cell, deterministic, for every constant k and
-every policy, beside the measured cells.
+forward over plain decoding's tokens), and that forward's softmax gives the draft's confidence in each of its
+tokens, which the online policy reads to stop a step (moespec.model.adaptive.Online.more). `replay` decodes every
+prompt again on those sequences with the calibration's V(k) as each step's time: tokens / sum V(k) per cell,
+deterministic, for every constant k and every policy, beside the measured cells.
 """
 
 from __future__ import annotations
@@ -82,42 +83,68 @@ def hf_assisted(target: Any, draft: Any, prompt: list[int], tokens: int) -> dict
     return {"tokens": out[0, len(prompt):].tolist(), "seconds": seconds, "steps": []}
 
 
-def agreement(draft: Any, prompt: list[int], plain: list[int]) -> list[int]:
+def agreement(draft: Any, prompt: list[int], plain: list[int]) -> tuple[list[int], list[float]]:
     """agree[j - 1] for j = 1..len(plain) - 1: 1 where the draft's greedy token after prompt + plain[:j] is plain[j]
-    (plain: the target's greedy tokens, its first one the prefill's); one teacher-forced forward of the draft."""
+    (plain: the target's greedy tokens, its first one the prefill's), and beside it that token's probability under
+    the draft (its confidence); one teacher-forced forward of the draft."""
     with torch.inference_mode():
-        logits = forward_logits(draft, prompt + plain, new_cache(draft), keep=len(plain))
-    predicted = logits.argmax(-1).tolist()  # predicted[i]: the draft's token after prompt + plain[:i + 1]
-    return [int(predicted[j - 1] == plain[j]) for j in range(1, len(plain))]
+        logits = forward_logits(draft, prompt + plain, new_cache(draft), keep=len(plain)).float()
+    top, predicted = torch.softmax(logits, -1).max(-1)  # [i]: the draft's token after prompt + plain[:i + 1]
+    predicted, top = predicted.tolist(), top.tolist()
+    return [int(predicted[j - 1] == plain[j]) for j in range(1, len(plain))], top[:len(plain) - 1]
 
 
-def replayed(agree: list[int], V: list[float], k: int | DraftLength, tokens: int) -> tuple[int, float]:
-    """(tokens, seconds) of one decoding replayed on an agreement sequence (module docstring): the prefill's
-    token, then steps until `tokens` are out, each V(k) long; a policy is told each step's outcome. As in
-    the measured cells, `tokens` are counted (the last step's overshoot is not), so a sequence of plain decoding's
-    `tokens` tokens decides every step: only the last one may reach past it, and it ends the decoding either way."""
+def _replayed_step(agree: list[int], confidence: list[float] | None, position: int, k: int | DraftLength
+                   ) -> tuple[int, int]:
+    """(drafted, accepted) of one replayed step from `position`; a policy with `more`, given the confidences, drafts
+    token by token as with a model draft. Past the first disagreement the confidences are the teacher-forced ones
+    (the true text's), not those of the draft's wrong continuation; the step is lost there either way."""
+    reads = not isinstance(k, int) and confidence is not None and hasattr(k, "more")
+    if isinstance(k, int):
+        drafted = k
+    elif not reads:
+        drafted = k.next_k()
+    else:
+        drafted = max(0, min(k.next_k(), 1, len(confidence) - position))
+        while 0 < drafted < k.kmax and position + drafted < len(confidence) and \
+                k.more(confidence[position:position + drafted]):
+            drafted += 1
+    accepted = 0
+    while accepted < drafted and position + accepted < len(agree) and agree[position + accepted]:
+        accepted += 1
+    if reads:
+        k.update(drafted, accepted, confidence[position:position + drafted])
+    elif not isinstance(k, int):
+        k.update(drafted, accepted)
+    return drafted, accepted
+
+
+def replayed(agree: list[int], V: list[float], k: int | DraftLength, tokens: int,
+             confidence: list[float] | None = None) -> tuple[int, float]:
+    """(tokens, seconds) of one decoding replayed on an agreement sequence (module docstring), with the draft's
+    confidences where a policy reads them: the prefill's token, then steps until `tokens` are out, each V(k) long; a
+    policy is told each step's outcome. As in the measured cells, `tokens` are counted (the last step's overshoot is
+    not), so a sequence of plain decoding's `tokens` tokens decides every step: only the last one may reach past it,
+    and it ends the decoding either way."""
     emitted, position, seconds = 1, 0, 0.0
     while emitted < tokens:
-        drafted = k if isinstance(k, int) else k.next_k()
-        accepted = 0
-        while accepted < drafted and position + accepted < len(agree) and agree[position + accepted]:
-            accepted += 1
+        drafted, accepted = _replayed_step(agree, confidence, position, k)
         emitted, position, seconds = emitted + accepted + 1, position + accepted + 1, seconds + V[drafted]
-        if not isinstance(k, int):
-            k.update(drafted, accepted)
     return min(emitted, tokens), seconds
 
 
-def replay(agree: list[list[int]], V: list[float], profile: list[float], tokens: int) -> dict[str, float]:
+def replay(agree: list[list[int]], V: list[float], profile: list[float], tokens: int,
+           confidence: list[list[float]] | None = None) -> dict[str, float]:
     """Every constant k, the heuristic and the online policy (one object per kind, carried across prompts, as in
-    the measured cells) replayed on the scored prompts' agreement sequences: each cell's tokens/s over the best
-    constant k's."""
+    the measured cells) replayed on the scored prompts' agreement sequences (and the draft's confidences, which the
+    online policy reads): each cell's tokens/s over the best constant k's."""
     kmax = len(V) - 1
     policies: dict[str, int | Heuristic | Online] = {f"k={k}": k for k in range(kmax + 1)}
     policies |= {"heuristic": Heuristic(kmax), "online": Online(V, prior_profile=profile)}
+    confidence = confidence or [None] * len(agree)
     rate = {}
     for cell, k in policies.items():
-        done = [replayed(a, V, k, tokens) for a in agree]
+        done = [replayed(a, V, k, tokens, c) for a, c in zip(agree, confidence)]
         rate[cell] = sum(t for t, _ in done) / sum(s for _, s in done)
     best = max(rate[f"k={k}"] for k in range(kmax + 1))
     return {cell: r / best for cell, r in rate.items()}
@@ -192,7 +219,8 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
             units[cell].append(got[cell])
     ceilings["after"] = float(np.median(measure_stream_read()))
     plain = [u["tokens"] for u in units["k=0"]]
-    agree = [agreement(draft, prompt, tokens_out) for prompt, tokens_out in zip(prompts[calibration:], plain)]
+    agree, confidence = zip(*(agreement(draft, prompt, tokens_out)
+                              for prompt, tokens_out in zip(prompts[calibration:], plain)))
     rows = {c: summarize(u, kmax) | {"greedy_exact": [x["tokens"] for x in u] == plain} for c, u in units.items()}
     best = max(fixed, key=lambda k: rows[f"k={k}"]["tokens_per_s"])
     rng = np.random.default_rng(0)
@@ -209,7 +237,7 @@ def compare(target: Any, draft: Any, prompts: list[list[int]], tokens: int, kmax
             "prompts": len(prompts) - calibration, "calibration_prompts": calibration, "repeats": repeats,
             "tokens": tokens,
             "ceiling_gbps": ceilings, "cells": rows,
-            "replay": replay(agree, V, profile, tokens), "level": level.record()}
+            "replay": replay(list(agree), V, profile, tokens, list(confidence)), "level": level.record()}
 
 
 def held_out_best(units: dict[str, list[dict]], fixed: list[int]) -> tuple[float, list[int]] | None:

@@ -34,11 +34,29 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   kind, interleaved) it ran at 0.88 of k = 3 on WikiText (half of its steps at k = 0) and 0.88-0.94 on
   Spec-Bench, against 0.96 and 0.91-0.96 with the plan's V(k).
 
-Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step.
+- the draft's own confidence decides where a step stops. A greedy draft's top-1 probability c of the token it
+  proposes says more about that token than any count over positions: on the trained pair (2026-12-01, 40 prompts
+  per kind, teacher-forced) a token drafted at c < 0.2 agreed with the target 37-40% of the time, at 0.2-0.4
+  71-75%, at 0.4-0.6 91-92%, and at c >= 0.99 (text the pair has memorized, or a loop) always. So the policy
+  calibrates c online (a Beta posterior of agreement per confidence bin, CONFIDENCE_EDGES, each prior centred on
+  its bin's middle, forgetting at CONFIDENCE_DECAY) and, with a draft that reports c (`more`), drafts token by
+  token: the first token if k* >= 1, then another while some horizon h still pays, S * (a_{j+1} + a_{j+1} a_{j+2}
+  + ... to h terms) > r (V(j + h) - V(j)), where S is the probability that the j tokens drafted so far are all
+  accepted (the product of their calibrated confidences), a the current state's profile for the positions not
+  yet drafted, and r = max_k G(k)/V(k) the rate its best constant length reaches. That is the step's expected
+  tokens less r times its time, maximized (Dinkelbach's form of maximizing G/V; at j = 0 it is exactly k* >= 1),
+  so a step stops early where the draft is unsure and runs to kmax where it is sure (llama.cpp stops its draft
+  at a fixed probability, --draft-p-min; here the threshold follows from the calibration and V). Replayed on the trained
+  pair's agreement and confidence sequences with measured V(k), it reached 1.00-1.09 of the best constant k
+  where the profile alone reached 0.97-1.04 and the heuristic 0.95-1.04 (results/adaptive-draft/README.md).
+
+Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step; the online policy also
+has more(confidences) -> bool, and its update takes the drafted tokens' confidences.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -53,6 +71,10 @@ PRIOR, PRIOR_RATE, DECAY = 2.0, 0.5, 0.99
 # The online policy's state: the last step rejected a draft, accepted them all, or drafted nothing
 MISSED, HIT, UNKNOWN = 0, 1, 2
 HEURISTIC_START = 20  # transformers' GenerationConfig.num_assistant_tokens default (capped at kmax here)
+# Bins of the draft's top-1 probability: finest where the pair's agreement moves with it (37% below 0.2, 91% at
+# 0.4-0.6, 100% at 0.99 and up); CONFIDENCE_DECAY forgets half in ~140 steps, each step testing ~2 tokens.
+CONFIDENCE_EDGES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95, 0.99)
+CONFIDENCE_DECAY = 0.995
 
 
 class DraftLength(Protocol):
@@ -64,6 +86,12 @@ class DraftLength(Protocol):
 def _check_step(drafted: int, accepted: int) -> None:
     if not 0 <= accepted <= drafted:
         raise ValueError(f"accepted: {accepted} outside 0..drafted {drafted}")
+
+
+def _confidence_bin(confidence: float) -> int:
+    if not 0.0 <= confidence <= 1.0:
+        raise ValueError(f"confidence: a probability in [0, 1], got {confidence}")
+    return int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right")) - 1
 
 
 @dataclass
@@ -98,6 +126,7 @@ class Online:
             raise ValueError(f"prior, prior_rate, decay: need prior > 0, 0 < prior_rate < 1, 0 < decay <= 1, got "
                              f"{prior}, {prior_rate}, {decay}")
         self.kmax = len(self.V) - 1
+        self._dV = [self.V_array[j + 1:] - self.V_array[j] for j in range(self.kmax)]  # [j][h - 1]: V(j + h) - V(j)
         if prior_profile is not None:
             prior_profile = [float(a) for a in theory.check_profile(prior_profile)]
             if len(prior_profile) != self.kmax or not all(0 < a < 1 for a in prior_profile):
@@ -107,6 +136,11 @@ class Online:
         self.prior, self.prior_rate, self.decay = prior, prior_rate, decay
         self.tested, self.passed = np.zeros((3, self.kmax)), np.zeros((3, self.kmax))  # [state, position]
         self.state = MISSED
+        edges = np.array([*CONFIDENCE_EDGES, 1.0])
+        self.conf_tested = np.full(len(CONFIDENCE_EDGES), prior)  # [bin] the prior: `prior` tokens at its middle
+        self.conf_passed = prior * (edges[:-1] + edges[1:]) / 2
+        self._survival: np.ndarray | None = None  # next_k()'s 1, a_1, a_1 a_2, ... and best rate, for more()
+        self._rate = 0.0
 
     def _posterior(self, state: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Beta(alpha_j, beta_j) per position after a step of `state` (default the current one; UNKNOWN pools the
@@ -134,15 +168,49 @@ class Online:
         choice runs every step, inside its time): G(k) = 1 + cumsum(cumprod(a)), k = the first maximizer of
         G(k)/V(k) (theory.best_draft_length_for on floats)."""
         alpha, beta = self._posterior()
-        G = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alpha / (alpha + beta)))])
-        return int(np.argmax(G / self.V_array))
+        self._survival = np.concatenate([[1.0], np.cumprod(alpha / (alpha + beta))])  # this step's, for more()
+        G = np.cumsum(self._survival)
+        rates = G / self.V_array
+        self._rate = float(rates.max())
+        return int(np.argmax(rates))
 
-    def update(self, drafted: int, accepted: int) -> None:
-        """One step's outcome: its acceptance counts."""
+    def confidence_rate(self, confidence: float) -> float:
+        """The posterior mean agreement of a token the draft proposed at top-1 probability `confidence`."""
+        b = _confidence_bin(confidence)
+        return float(self.conf_passed[b] / self.conf_tested[b])
+
+    def more(self, confidences: Sequence[float]) -> bool:
+        """After drafting len(confidences) >= 1 tokens this step (their top-1 probabilities): whether to draft
+        another (module docstring: some horizon h still pays at the rate r of the best constant length)."""
+        j = len(confidences)
+        if not 1 <= j <= self.kmax:
+            raise ValueError(f"confidences: 1..kmax = {self.kmax} of them, got {j}")
+        if j == self.kmax:
+            return False
+        if self._survival is None:  # more() before any next_k(): this state's
+            self.next_k()
+        survive = math.prod(self.confidence_rate(c) for c in confidences)
+        runs = np.cumsum(self._survival[j + 1:]) / self._survival[j]  # [h - 1]: a_{j+1} + a_{j+1} a_{j+2} + ...
+        gain = survive * runs - self._rate * self._dV[j]
+        return bool(gain.max() > 0)
+
+    def update(self, drafted: int, accepted: int, confidences: Sequence[float] = ()) -> None:
+        """One step's outcome: its acceptance counts, and with the drafted tokens' confidences (one per drafted
+        token, or none) their calibration: the accepted ones agreed, the one after them did not."""
         _check_step(drafted, accepted)
+        if len(confidences) not in (0, drafted):
+            raise ValueError(f"confidences: one per drafted token ({drafted}) or none, got {len(confidences)}")
+        if len(confidences):
+            self.conf_tested *= CONFIDENCE_DECAY
+            self.conf_passed *= CONFIDENCE_DECAY
+            for i, c in enumerate(confidences[:accepted + 1]):
+                b = _confidence_bin(c)
+                self.conf_tested[b] += 1
+                self.conf_passed[b] += i < accepted
         for counts in (self.tested, self.passed):
             counts *= self.decay
         top = min(drafted, self.kmax, accepted + 1)  # positions 1..accepted + 1 were tested (up to the draft's end)
         self.tested[self.state, :top] += 1
         self.passed[self.state, :min(accepted, self.kmax)] += 1
         self.state = UNKNOWN if not drafted else HIT if accepted == drafted else MISSED
+        self._survival = None

@@ -13,7 +13,9 @@ Drafts implement `propose(tokens_so_far, k) -> k tokens`, tokens_so_far being th
 decoded so far:
 - `OracleDraft`: the target's own greedy continuation, each token replaced with probability 1-a by another
   one at random: acceptance is geometric at rate a exactly, with no draft model to pay for;
-- `ModelDraft`: a small causal LM sharing the tokenizer, greedy, with its own KV cache kept in step.
+- `ModelDraft`: a small causal LM sharing the tokenizer, greedy, with its own KV cache kept in step. It also
+  drafts token by token with each token's probability (`propose_while`), for a policy that stops a step where the
+  draft is unsure (moespec.model.adaptive.Online.more).
 
 Timing (StepRecord, seconds, perf_counter with CUDA synchronized around the verify forward): draft_s the
 proposal, verify_s the target's forward, host_s the rest of the step (argmax, acceptance, cache crop).
@@ -108,6 +110,14 @@ class TorchGreedy:
         out = forward_logits(self.model, tokens, self.cache, keep=1 if last_only else 0).argmax(-1).tolist()
         _sync(self.model.device)
         return out
+
+    def forward_top(self, tokens: list[int]) -> tuple[int, float]:
+        """As forward(tokens, last_only=True), with the greedy token's probability (softmax in fp32): the draft's
+        confidence, which a confidence-aware draft-length policy reads (moespec.model.adaptive.Online.more)."""
+        probability, token = torch.softmax(forward_logits(self.model, tokens, self.cache, keep=1)[-1].float(),
+                                           -1).max(-1)
+        _sync(self.model.device)
+        return int(token), float(probability)
 
     def rollback(self, tokens: int) -> None:
         _rollback(self.cache, tokens)
@@ -215,18 +225,28 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
     records, tokens = [], [first]
     history = history + tokens  # the last token is decoded but not yet in the cache
     policy = None if isinstance(k, int) else k
+    # a policy that reads the draft's confidence drafts token by token (Online.more), where the draft reports it
+    confident = policy is not None and hasattr(policy, "more") and hasattr(draft, "propose_while")
     while len(tokens) < max_new:
         choosing = time.perf_counter()
         if policy is not None:
             k = policy.next_k()
         chosen = time.perf_counter()
-        if route is not None:  # outside the step's time
+        if route is not None and not confident:  # outside the step's time
             route(len(tokens) - 1, k + 1)
         start = time.perf_counter() - (chosen - choosing)  # the policy's choice is part of the step
-        proposal = list(draft.propose(history, k))
+        if confident:
+            proposal, confidences = draft.propose_while(history, policy.kmax if k else 0, policy.more)
+            k = len(proposal)
+        else:
+            proposal = list(draft.propose(history, k))
         if len(proposal) != k:
             raise MoespecError(f"the draft proposed {len(proposal)} tokens when asked for {k}")
         drafted = time.perf_counter()
+        if route is not None and confident:  # the length is known now; still outside the step's time
+            route(len(tokens) - 1, k + 1)
+            start += time.perf_counter() - drafted
+            drafted = time.perf_counter()
         greedy = target.forward([history[-1], *proposal])  # greedy[i]: the target's token after proposal[:i]
         verified = time.perf_counter()
         accepted = next((i for i, (d, t) in enumerate(zip(proposal, greedy)) if d != t), k)
@@ -235,7 +255,9 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
         tokens += new
         history += new
         end = time.perf_counter()
-        if policy is not None:
+        if confident:
+            policy.update(k, accepted, confidences)
+        elif policy is not None:
             policy.update(k, accepted)
         records.append(StepRecord(k, accepted, verified - drafted, end - start, drafted - start, end - verified))
     return tokens[:max_new], records
@@ -328,20 +350,42 @@ class GreedyDraft:
             self.greedy.forward(prompt[:-1], last_only=True)
             self.cached = list(prompt[:-1])
 
-    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
-        if k == 0:
-            return []
+    def _catch_up(self, tokens_so_far: list[int]) -> list[int]:
+        """Roll the cache back to the prefix it shares with tokens_so_far; the tokens to feed next."""
         shared = next((i for i, (a, b) in enumerate(zip(self.cached, tokens_so_far)) if a != b),
                       min(len(self.cached), len(tokens_so_far)))
         keep = min(shared, len(tokens_so_far) - 1)  # feed at least one token to get logits
         self.greedy.rollback(len(self.cached) - keep)
-        self.cached, feed, out = list(tokens_so_far[:keep]), list(tokens_so_far[keep:]), []
+        self.cached = list(tokens_so_far[:keep])
+        return list(tokens_so_far[keep:])
+
+    def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
+        if k == 0:
+            return []
+        feed, out = self._catch_up(tokens_so_far), []
         for _ in range(k):
             next_token = self.greedy.forward(feed, last_only=True)[-1]
             self.cached += feed
             feed = [next_token]
             out.append(next_token)
         return out
+
+    def propose_while(self, tokens_so_far: list[int], kmax: int, more: Callable[[list[float]], bool]
+                      ) -> tuple[list[int], list[float]]:
+        """Up to kmax draft tokens, one at a time while more(confidences so far) says to go on, with each token's
+        probability under the draft (its greedy engine's forward_top; kmax = 0 drafts nothing)."""
+        if kmax == 0:
+            return [], []
+        if not hasattr(self.greedy, "forward_top"):
+            raise MoespecError(f"{type(self.greedy).__name__} reports no confidences (forward_top)")
+        feed, out, confidences = self._catch_up(tokens_so_far), [], []
+        while len(out) < kmax and (not out or more(confidences)):
+            next_token, confidence = self.greedy.forward_top(feed)
+            self.cached += feed
+            feed = [next_token]
+            out.append(next_token)
+            confidences.append(confidence)
+        return out, confidences
 
 
 class ModelDraft(GreedyDraft):
@@ -354,6 +398,11 @@ class ModelDraft(GreedyDraft):
     def propose(self, tokens_so_far: list[int], k: int) -> list[int]:
         with torch.inference_mode():
             return super().propose(tokens_so_far, k)
+
+    def propose_while(self, tokens_so_far: list[int], kmax: int, more: Callable[[list[float]], bool]
+                      ) -> tuple[list[int], list[float]]:
+        with torch.inference_mode():
+            return super().propose_while(tokens_so_far, kmax, more)
 
     def prefill(self, prompt: list[int]) -> None:
         with torch.inference_mode():
