@@ -190,3 +190,16 @@ def test_bench_repeats_a_round_off_the_level():
     assert level.pinned == 30.0 and level.dropped == 1
     assert [len(v) for v in samples[0].values()] == [2, 2] and len(ceilings) == 2
     assert len(calls) == 2 + 3 * 2  # the warm-up, two kept rounds and the dropped one
+
+
+def test_a_run_whose_rounds_all_fall_off_the_level_follows_the_host(tiny_checkpoints, tmp_path, monkeypatch):
+    """The host comes back to the pinned 20 GB/s only between rounds (settle's poll) and is at 35 during every
+    round: each round is dropped. Once more rounds are dropped than --max-reps before any is kept, the level stops
+    waiting and follows the host, so the run keeps rounds and writes finite verify times (it once wrote NaN)."""
+    code, stdout, doc = run_at_level(tiny_checkpoints, tmp_path, monkeypatch,
+                                     reads_of([20.0, 35.0, 35.0, 35.0] * 20 + [35.0] * 200), "30")
+    assert code == 0, stdout
+    assert doc["noise"]["per_n"]["2"]["repeated"] == 4 and doc["level"]["exhausted"]
+    assert doc["level"]["repins"] == 1 and doc["level"]["pinned_gbps"] == 35.0
+    times = [t for per_n in doc["verify_time_s"].values() for t in per_n.values()]
+    assert times and all(np.isfinite(times)) and doc["noise"]["per_n"]["2"]["rounds"] >= 1

@@ -94,6 +94,11 @@ class Level:
             time.sleep(POLL_S)
         self.waited_s += time.perf_counter() - start
 
+    def follow(self) -> None:
+        """Stop waiting for the pinned level, the budget left or not: from now on a round off it re-pins
+        (judge's REPIN) or is kept off it."""
+        self.exhausted = True
+
     def judge(self, reads: Sequence[float], repin: bool = True) -> str:
         """What to do with a round whose reference reads were `reads`: KEEP it (its median at the pinned level,
         pinning it when none is), DROP it (off the level; the caller repeats it after settle), or, once the waiting
