@@ -177,6 +177,8 @@ class Sure:
     """A draft of the Counting target that proposes right while the position is below `right_until` (at
     confidence 0.999) and wrong after it (at 0.01); a GreedyDraft-like propose_while."""
 
+    confident = True
+
     def __init__(self, right_until: int):
         self.right_until = right_until
 

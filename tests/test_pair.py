@@ -229,6 +229,7 @@ def test_the_draft_proposes_token_by_token_with_its_confidences(pair):
         def rollback(self, tokens):
             pass
 
+    assert got.confident and not GreedyDraft(Plain()).confident  # decode_steps then drafts next_k() tokens
     with pytest.raises(MoespecError, match="Plain reports no confidences"):
         GreedyDraft(Plain()).propose_while([1, 2], 2, lambda c: True)
     plain = decode(lm.model, draft, prompt, 0, 40)

@@ -93,7 +93,8 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
     are all of one state of the machine. Rounds go on, past config.reps, until every (n, policy) median has a 95%
     interval within +-config.target of it, or config.max_reps rounds are kept, or config.budget_s per pass size is
     spent, or more than config.max_reps rounds were dropped (once reps are kept; before that the level stops
-    waiting and follows the host, Level.follow). The rounds so far are checkpointed after each round (VERIFY_UNIT): a resumed run continues them.
+    waiting and follows the host, Level.follow). The rounds so far are checkpointed after each round
+    (VERIFY_UNIT): a resumed run continues them.
     Returns, per n, the samples per policy and the noise record (rounds, repeated, off_level, discarded, met,
     seconds, reference_gbps, stopped_by)."""
     state = checkpoint.units.get(VERIFY_UNIT) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
@@ -133,12 +134,11 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
             state["stopped_by"] = "max_reps"
         elif kept >= config.reps and state["seconds"] > budget:
             state["stopped_by"] = "budget"
-        elif state["repeated"] > config.max_reps and (kept >= config.reps or state["repeated"] > 2 * config.max_reps):
-            state["stopped_by"] = "disturbed"
         elif state["repeated"] > config.max_reps:
-            # max_reps rounds dropped before reps were kept: the host has left the level for good (2026-12-02:
-            # pinned at 7.8 GB/s, the host at 16-21, 41 rounds dropped and none kept), so follow it
-            level.follow()
+            if kept >= config.reps or state["repeated"] > 2 * config.max_reps:
+                state["stopped_by"] = "disturbed"
+            else:  # dropped before reps were kept: the host has left the level for good (2026-12-02: pinned at
+                level.follow()  # 7.8 GB/s, the host at 16-21, 41 rounds dropped and none kept), so follow it
         checkpoint.save(VERIFY_UNIT, state)
         level.save(checkpoint)
     if not rounds:

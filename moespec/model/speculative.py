@@ -226,7 +226,7 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
     history = history + tokens  # the last token is decoded but not yet in the cache
     policy = None if isinstance(k, int) else k
     # a policy that reads the draft's confidence drafts token by token (Online.more), where the draft reports it
-    confident = policy is not None and hasattr(policy, "more") and hasattr(draft, "propose_while")
+    confident = policy is not None and hasattr(policy, "more") and getattr(draft, "confident", False)
     while len(tokens) < max_new:
         choosing = time.perf_counter()
         if policy is not None:
@@ -370,13 +370,18 @@ class GreedyDraft:
             out.append(next_token)
         return out
 
+    @property
+    def confident(self) -> bool:
+        """Whether it can draft with confidences (propose_while): its greedy engine reports them (forward_top)."""
+        return hasattr(self.greedy, "forward_top")
+
     def propose_while(self, tokens_so_far: list[int], kmax: int, more: Callable[[list[float]], bool]
                       ) -> tuple[list[int], list[float]]:
         """Up to kmax draft tokens, one at a time while more(confidences so far) says to go on, with each token's
         probability under the draft (its greedy engine's forward_top; kmax = 0 drafts nothing)."""
         if kmax == 0:
             return [], []
-        if not hasattr(self.greedy, "forward_top"):
+        if not self.confident:
             raise MoespecError(f"{type(self.greedy).__name__} reports no confidences (forward_top)")
         feed, out, confidences = self._catch_up(tokens_so_far), [], []
         while len(out) < kmax and (not out or more(confidences)):
