@@ -58,12 +58,19 @@ def test_run_writes_the_documented_keys(tiny_run):
     assert len(rows) == 2 * 3 * 2
     assert {(r["policy"], r["k"], r["a"]) for r in rows} == {(p, k, a) for p in ("slot", "dedup") for k in (0, 1, 2)
                                                               for a in (0.5, 0.9)}
+    # one prompt per cell: at k >= 1 it ran at one of the two acceptances (the grid in turn), the other row has
+    # T_a(k) over the cell's V(k) and nothing realized
+    assert all(sum(r["prompts"] for r in rows if (r["policy"], r["k"]) == (p, k)) == 1
+               for p in ("slot", "dedup") for k in (1, 2))
     for r in rows:
-        assert r["tokens_per_s"] > 0 and r["steps"] >= 1 and 0 <= r["overhead_share"] < 1
+        assert r["tokens_per_s"] > 0 and 0 <= r["overhead_share"] < 1
         # the oracle's rate: G_a(k) at the nominal a over the measured step time; realized: what the steps emitted
         assert r["tokens_per_s"] == pytest.approx(r["G_a"] / r["step_time_s"]) and r["draft"] == "oracle"
-        assert r["realized_tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["step_time_s"])
         assert r["G_a"] == pytest.approx(float(theory.geometric_sum(r["a"], r["k"])) if r["k"] else 1.0)
+        if not r["prompts"]:
+            assert r["k"] and r["steps"] == 0 and r["tokens"] == 0 and r["realized_tokens_per_s"] is None
+            continue
+        assert r["steps"] >= 1 and r["realized_tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["step_time_s"])
         assert (r["realized_acceptance"] is None) == (r["k"] == 0)
         # steady state: each step emits its accepted drafts plus one, the last one in full (it may overshoot the 5)
         assert r["tokens_per_step"] * r["steps"] >= 5 - 1 and (r["k"] or r["tokens_per_step"] == 1.0)
@@ -103,7 +110,7 @@ def test_interrupted_run_resumes_without_remeasuring(tiny_checkpoints, tmp_path,
     timed = speculative.timed_forward
     monkeypatch.setattr(speculative, "timed_forward", lambda *a, **k: passes.append(1) or timed(*a, **k))
     code, _, _ = run_cli([*argv, "--resume"])
-    assert code == 0 and passes == [] and len(cells) == 2 * (1 + 2 * 2) - 2
+    assert code == 0 and passes == [] and len(cells) == 2 * 3 - 2  # (policy, k) cells, one prompt each
     assert len(json.loads(out.read_text())["throughput"]) == 12
     code, _, err = run_cli([*argv[:-2], "--tokens", "6", "--out", str(out), "--resume"])
     assert code == 0  # no checkpoint left: a fresh run
@@ -134,8 +141,11 @@ def test_statistics_helpers():
     cells = [{"k": 0, "a": None, "x": 1}, {"k": 1, "a": 0.5, "x": 2}]
     assert D.expand_k0(cells, [0.5, 0.9]) == [{"k": 0, "a": 0.5, "x": 1}, {"k": 0, "a": 0.9, "x": 1},
                                               {"k": 1, "a": 0.5, "x": 2}]
-    assert D.throughput_cells(["slot"], [0, 2], [0.5, 0.9]) == [("slot", 0, 0.5), ("slot", 2, 0.5),
-                                                                 ("slot", 2, 0.9)]
+    assert D.throughput_cells(["slot", "dedup"], [0, 2]) == [("slot", 0), ("slot", 2), ("dedup", 0), ("dedup", 2)]
+    grid = [0.4, 0.6, 0.8]
+    assert [D.prompt_acceptance(2, i, grid) for i in range(4)] == [0.8, 0.4, 0.6, 0.8]
+    # across the draft lengths every prompt meets every acceptance
+    assert {D.prompt_acceptance(k, 0, grid) for k in (1, 2, 3)} == set(grid)
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -196,13 +206,15 @@ def test_an_unknown_dense_path_is_one_line(capsys):
 
 
 def test_throughput_cells_interleave_by_prompt(monkeypatch):
-    """Round i decodes prompt i of every cell, in order on even rounds and reversed on odd ones; a cell's row
-    pools its prompts."""
+    """Round i decodes prompt i of every cell, in order on even rounds and reversed on odd ones, the oracle at the
+    grid's acceptances in turn; every a's row divides its G_a(k) by the cell's one V(k) over all its prompts, and
+    reports what its own prompts realized."""
     calls = []
 
     def decode(lm, policy, k, a, kernel_by_n, ps, i, drafter=None):
         calls.append((policy, k, i))
-        return {"steps": [[k, k // 2, 0.01, 0.02, 0.0, 0.005]], "tokens": k // 2 + 1, "mismatch": None}
+        step = 0.02 if a == 0.5 else 0.04  # V(k) is the mean over every prompt of the cell, whatever its a
+        return {"a": a, "steps": [[k, k // 2, 0.01, step, 0.0, 0.005]], "tokens": k // 2 + 1, "mismatch": None}
 
     class Units:
         units: dict = {}
@@ -211,14 +223,36 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
             self.units[key] = value
 
     monkeypatch.setattr(D, "decode_prompt", decode)
-    cells = [("slot", 0, 0.5), ("slot", 2, 0.5), ("dedup", 2, 0.5)]
-    rows = D.measure_throughput(None, cells, None, SimpleNamespace(count=3), Units(), None, lambda n: None,
-                                Level(wait_s=0))
-    order = [(p, k) for p, k, _ in cells]
-    assert calls == [c + (0,) for c in order] + [c + (1,) for c in order[::-1]] + [c + (2,) for c in order]
-    assert [r["steps"] for r in rows] == [3, 3, 3] and rows[1]["tokens"] == 6
-    assert rows[1]["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(0.5, 2)) / 0.02)
-    assert rows[1]["realized_tokens_per_s"] == pytest.approx(2 / 0.02)
+    cells = [("slot", 0), ("slot", 2), ("dedup", 2)]
+    rows = D.measure_throughput(None, cells, None, SimpleNamespace(count=3), [0.5, 0.9], Units(), None,
+                                lambda n: None, Level(wait_s=0))
+    assert calls == [c + (0,) for c in cells] + [c + (1,) for c in cells[::-1]] + [c + (2,) for c in cells]
+    assert [(r["policy"], r["k"], r["a"]) for r in rows] == [("slot", 0, None), ("slot", 2, 0.5), ("slot", 2, 0.9),
+                                                             ("dedup", 2, 0.5), ("dedup", 2, 0.9)]
+    by = {(r["policy"], r["k"], r["a"]): r for r in rows}
+    # k = 2: prompts 0 and 2 at a = 0.5 (step 0.02 s), prompt 1 at 0.9 (0.04 s): V = 0.08 / 3 for both rows
+    V = (0.02 + 0.04 + 0.02) / 3
+    for a, prompts in ((0.5, 2), (0.9, 1)):
+        row = by["slot", 2, a]
+        assert row["step_time_s"] == pytest.approx(V) and row["prompts"] == prompts and row["steps"] == prompts
+        assert row["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(a, 2)) / V)
+        assert row["realized_tokens_per_s"] == pytest.approx(2 / (0.02 if a == 0.5 else 0.04))
+    assert by["slot", 0, None]["step_time_s"] == pytest.approx(V) and by["slot", 0, None]["prompts"] == 3
+
+
+def test_an_acceptance_no_prompt_met_keeps_its_row():
+    """More acceptances than prompts: the row of an a no prompt ran at has T_a(k) over the cell's V(k) and no
+    realized numbers."""
+    unit = {"a": 0.6, "steps": [[3, 1, 0.01, 0.03, 0.0, 0.001]], "tokens": 2, "mismatch": None}
+    rows = D.cell_rows("dedup", 3, [unit], [0.6, 0.9])
+    assert [r["prompts"] for r in rows] == [1, 0]
+    empty = rows[1]
+    assert empty["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(0.9, 3)) / 0.03)
+    assert empty["realized_tokens_per_s"] is None and empty["tokens_per_step"] is None
+    assert empty["realized_acceptance"] is None and empty["steps"] == 0 and empty["greedy_exact"]
+    model = D.cell_rows("dedup", 3, [unit | {"a": None}], None)
+    assert len(model) == 1 and model[0]["a"] is None and model[0]["draft"] == "model"
+    assert model[0]["tokens_per_s"] == pytest.approx(2 / 0.03)  # a draft model's: what it emitted
 
 
 def test_auto_ratio_pairs_the_passes_of_a_round():

@@ -128,7 +128,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--a", help="acceptances of the throughput grid, each in [0, 1) (default the paper's 11, "
                                "0.2..0.98)")
     p.add_argument("--prompts", type=bounded(1, SAMPLES_LIMIT), default=RunConfig.prompts,
-                   help=f"prompts per throughput cell (default {RunConfig.prompts}, at most {SAMPLES_LIMIT:,})")
+                   help=f"prompts per throughput cell (policy, k), the oracle's taking the acceptances in turn "
+                        f"(default {RunConfig.prompts}, at most {SAMPLES_LIMIT:,})")
     p.add_argument("--tokens", type=bounded(1, GENERATED_LIMIT), default=RunConfig.tokens,
                    help=f"tokens generated per prompt (default {RunConfig.tokens}, at most {GENERATED_LIMIT:,})")
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")

@@ -17,13 +17,19 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   auto_reference      {n: "slot" | "dedup"}: the kernel auto_ratio divides by, the better one where the paired
                       slot / dedup interval excludes 1, else the one AUTO runs at n (moespec.measure.run.auto_reference;
                       older files: the smaller median)
-  throughput          [{policy, k, a, tokens_per_s, realized_tokens_per_s, tokens, realized_acceptance,
+  throughput          [{policy, k, a, tokens_per_s, realized_tokens_per_s, tokens, prompts, realized_acceptance,
                         tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share, greedy_exact,
                         greedy_match, mismatches}]
-                      tokens_per_s: the steady state T_a(k) = G_a(k) / V(k) (B.1), V the measured mean step time;
-                      and G_a(k) for the oracle draft (geometric at rate a by construction) at the nominal a; for a
-                      draft model, the realized rate below (files without realized_tokens_per_s: the realized
-                      rate for both)
+                      tokens_per_s: the steady state T_a(k) = G_a(k) / V(k) (B.1), V = step_time_s the measured mean
+                      step time; and G_a(k) for the oracle draft (geometric at rate a by construction) at the
+                      nominal a; for a draft model, the realized rate below (files without realized_tokens_per_s:
+                      the realized rate for both)
+                      oracle rows: the cell (policy, k) decodes each prompt once, its prompts taking the grid's
+                      acceptances in turn (moespec.measure.decoding.prompt_acceptance); step_time_s,
+                      verify_time_s, draft_host_s and overhead_share are the cell's over all its prompts (a step's
+                      time does not depend on a), the other keys the `prompts` prompts decoded at a (0 of them, with
+                      realized_tokens_per_s, tokens_per_step and realized_acceptance null, where the grid has more
+                      acceptances than the run prompts; files without `prompts`: every prompt at every a)
                       acceptance_profile: [a_1..a_k] the per-position acceptance the steps measured
                       (moespec.theory.profile.estimate_profile; null where no step tested a position; absent in
                       older files)

@@ -2,17 +2,21 @@
 
 Physics. Speculative decoding with draft length k spends V(k) = tau(k + 1) + h(k) per step and yields G_a(k) =
 (1 - a^(k+1)) / (1 - a) tokens at acceptance a, so throughput is T_a(k) = G_a(k) / V(k). Per prompt, the target's
-greedy continuation comes from plain decoding first; then speculative decoding with the ORACLE draft (that
-continuation, each token corrupted with probability 1 - a, so acceptance is geometric at rate a) for every cell
-(policy, k, a); k = 0 drafts nothing, so it runs once per policy and serves every a. The cells run interleaved, one
-prompt of every cell per round (measure_throughput), so the machine's drift hits every cell alike. Each cell
-reports tokens/s, the realized acceptance, tokens per step beside G_a(k), the engine's overhead (time outside the
-model forwards) and whether the tokens equal plain decoding's (keys: moespec.formats.runsfile).
+greedy continuation comes from plain decoding first; then speculative decoding for every cell (policy, k) with the
+ORACLE draft (that continuation, each token corrupted with probability 1 - a, so acceptance is geometric at rate a).
+A step's time does not depend on what the draft got right (a pass of k + 1 tokens, then a cache cut), so a cell is
+one measurement of V(k) for every a: its prompts take the grid's acceptances in turn (prompt_acceptance), V(k) is the
+mean step time over all of them, and each a gets the row T_a(k) = G_a(k) / V(k) beside what its own prompts realized
+(cell_rows). The k* of every a then reads one V curve, and the grid costs one decoding per prompt and cell instead of
+one per acceptance. k = 0 drafts nothing and serves every a. The cells run interleaved, one prompt of every cell per
+round (measure_throughput), so the machine's drift hits every cell alike. Each row reports tokens/s, the realized
+acceptance, tokens per step beside G_a(k), the engine's overhead (time outside the model forwards) and whether the
+tokens equal plain decoding's (keys: moespec.formats.runsfile).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -49,9 +53,18 @@ def replay_documents(trace: Trace, path: str, spec: ModelSpec, count: int, lengt
     return [trace.experts[docs[i][0]:docs[i][0] + length, :spec.L].astype(np.int64) for i in picks.tolist()]
 
 
-def throughput_cells(policies: list[str], ks: list[int], acceptances: list[float]) -> list[tuple[str, int, float]]:
-    """(policy, k, a) to run: k = 0 once per policy (it drafts nothing, so a does not enter)."""
-    return [(p, k, a) for p in policies for k in ks for a in (acceptances if k else [acceptances[0]])]
+Cell = tuple[str, int]  # (policy, k): one throughput cell
+
+
+def throughput_cells(policies: list[str], ks: list[int]) -> list[Cell]:
+    """The (policy, k) cells to run, each decoding every prompt once."""
+    return [(p, k) for p in policies for k in ks]
+
+
+def prompt_acceptance(k: int, i: int, acceptances: Sequence[float]) -> float:
+    """The oracle's acceptance for prompt i of a cell at draft length k: the grid's acceptances in turn, started at
+    k, so that across the draft lengths every prompt meets every a (at k = 0 it does not enter)."""
+    return acceptances[(i + k) % len(acceptances)]
 
 
 class Prompts:
@@ -114,64 +127,78 @@ def decode_prompt(lm: LoadedModel, policy: str, k: int, a: float | None, kernel_
     out, recs = speculative.speculative_decode(lm.model, ps.ids(context), draft, k, ps.tokens, prefilled=state,
                                                route=ps.route(i))
     set_replay(lm.model, None)
-    return prompt_unit(out, recs, cont, ps.margins[policy][i], i)
+    return prompt_unit(out, recs, cont, ps.margins[policy][i], i, a)
 
 
 def prompt_unit(out: list[int], records: list[speculative.StepRecord], plain: list[int], margins: list[float],
-                i: int) -> dict:
-    """One (cell, prompt) checkpoint unit of either engine: the steps (drafted, accepted and the four times of
-    each), the tokens generated and where they first differ from plain decoding's `plain` with plain decoding's
-    top-2 logit gap there (`margins[j]`: the gap behind plain token j + 1), if they do."""
+                i: int, a: float | None) -> dict:
+    """One (cell, prompt) checkpoint unit of either engine: the oracle's acceptance a (None: a draft model), the
+    steps (drafted, accepted and the four times of each), the tokens generated and where they first differ from
+    plain decoding's `plain` with plain decoding's top-2 logit gap there (`margins[j]`: the gap behind plain
+    token j + 1), if they do."""
     p = next((j for j, (x, y) in enumerate(zip(out, plain)) if x != y), None)
-    return {"steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in records],
+    return {"a": a, "steps": [[r.drafted, r.accepted, r.verify_s, r.step_s, r.draft_s, r.host_s] for r in records],
             "tokens": len(out),
             "mismatch": None if p is None else {"prompt": i, "position": p,
                                                 "plain_top2_gap": margins[p - 1] if p else None}}
 
 
-def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracle: bool) -> dict:
-    """One throughput cell (the row documented in moespec.formats.runsfile) from its prompts' decode_prompt."""
-    records = [speculative.StepRecord(int(d), int(acc), v, s, dr, h) for unit in prompts
-               for d, acc, v, s, dr, h in unit["steps"]]
+def _records(units: list[dict]) -> list[speculative.StepRecord]:
+    return [speculative.StepRecord(int(d), int(acc), v, s, dr, h) for unit in units
+            for d, acc, v, s, dr, h in unit["steps"]]
+
+
+def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracle: bool,
+                timed: list[dict] | None = None) -> dict:
+    """One throughput row (documented in moespec.formats.runsfile) from the decode_prompt units `prompts`; its
+    step times (V(k) and its parts) from the units `timed` (default: the same prompts)."""
+    records = _records(prompts)
+    clock = records if timed is None else _records(timed)
     mismatches = [unit["mismatch"] for unit in prompts if unit["mismatch"] is not None]
     steps = len(records)
     # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1). The realized rate counts every step's accepted drafts
     # plus one token, in full even where the last step overshoots the generated length (a finite run's truncation,
-    # which would count against long drafts), the prompt's first token (no step emits it) left out. For the oracle
+    # which would count against long drafts), the prompt's first token left out (no step emits it). For the oracle
     # draft, whose acceptance is geometric at rate a by construction, tokens_per_s takes G_a(k) exactly instead of
     # the realized tokens per step (a Rao-Blackwellized estimate: the same expectation, without the spread of a few
     # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
     emitted = sum(r.accepted + 1 for r in records)
     wall = sum(r.step_s for r in records)
-    verify = sum(r.verify_s for r in records)
-    host = sum(r.host_s + r.draft_s for r in records)
-    rate = speculative.acceptance_rate(records)
+    V = sum(r.step_s for r in clock) / len(clock)
+    rate = speculative.acceptance_rate(records) if records else float("nan")
     rate = None if np.isnan(rate) else rate
     profile = theory.estimate_profile([(r.drafted, r.accepted) for r in records], k) if k else []
     g = float(theory.geometric_sum(rate if a is None else a, k)) if k and (a is not None or rate is not None) else 1.0
+    host = sum(r.host_s + r.draft_s for r in clock)
     return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if oracle else "model",
-            "tokens_per_s": (g * steps if oracle else emitted) / wall,
-            "realized_tokens_per_s": emitted / wall, "tokens": sum(unit["tokens"] for unit in prompts),
-            "realized_acceptance": rate, "acceptance_profile": profile,
-            "accepted_per_drafted": None if not k else speculative.realized_acceptance(records),
-            "tokens_per_step": emitted / steps, "G_a": g, "steps": steps, "step_time_s": wall / steps,
-            "verify_time_s": verify / steps, "draft_host_s": host / steps, "overhead_share": host / wall,
+            "tokens_per_s": g / V if oracle else emitted / wall,
+            "realized_tokens_per_s": emitted / wall if steps else None, "tokens": sum(u["tokens"] for u in prompts),
+            "prompts": len(prompts), "realized_acceptance": rate, "acceptance_profile": profile,
+            "accepted_per_drafted": speculative.realized_acceptance(records) if k and steps else None,
+            "tokens_per_step": emitted / steps if steps else None, "G_a": g, "steps": steps, "step_time_s": V,
+            "verify_time_s": sum(r.verify_s for r in clock) / len(clock), "draft_host_s": host / len(clock),
+            "overhead_share": host / sum(r.step_s for r in clock),
             "greedy_exact": not mismatches, "greedy_match": all(m["plain_top2_gap"] == 0 for m in mismatches),
             "mismatches": mismatches}
 
 
-Cell = tuple[str, int, float | None]  # (policy, k, a): a None for a draft model
+def cell_rows(policy: str, k: int, units: list[dict], acceptances: Sequence[float] | None) -> list[dict]:
+    """A cell's rows: a draft model's one (a None, acceptances None); the oracle's one per acceptance of the grid
+    (k = 0: one, which expand_k0 lists at every a), each T_a(k) = G_a(k) / V(k) over the cell's V(k) from all its
+    prompts, with what the prompts at that a realized (none where the grid has more acceptances than prompts)."""
+    if acceptances is None or not k:
+        return [cell_record(policy, k, None, units, acceptances is not None)]
+    return [cell_record(policy, k, a, [u for u in units if u["a"] == a], True, timed=units) for a in acceptances]
 
 
 def interleaved(cells: list[Cell], count: int, checkpoint: Checkpoint, unit: Callable[[Cell, int], dict],
                 advance: Any) -> list[tuple[Cell, list[dict]]]:
     """Every cell over `count` prompts, interleaved: round i runs `unit(cell, i)` (prompt i of the cell) for every
     cell, in order on even rounds and in reverse on odd ones (A B C, C B A), so the machine's drift over the
-    grid's minutes hits every (policy, k, a) alike instead of the cells run last. Each (cell, prompt) is a
+    grid's minutes hits every (policy, k) alike instead of the cells run last. Each (cell, prompt) is a
     checkpoint unit. Returns each cell with its prompts' units."""
     def key(cell: Cell, i: int) -> str:
-        policy, k, a = cell
-        return f"cell {policy} k {k} a {a if k else '-'} prompt {i}"
+        return f"cell {cell[0]} k {cell[1]} prompt {i}"
 
     for i in range(count):
         for cell in cells if i % 2 == 0 else cells[::-1]:
@@ -181,14 +208,18 @@ def interleaved(cells: list[Cell], count: int, checkpoint: Checkpoint, unit: Cal
     return [(cell, [checkpoint.units[key(cell, i)] for i in range(count)]) for cell in cells]
 
 
-def measure_throughput(lm: LoadedModel, cells: list[Cell], kernel_by_n: dict[int, str] | None,
-                       ps: Prompts, checkpoint: Checkpoint, drafter: Any, advance: Any, level: Level) -> list[dict]:
+def measure_throughput(lm: LoadedModel, cells: list[Cell], kernel_by_n: dict[int, str] | None, ps: Prompts,
+                       acceptances: Sequence[float] | None, checkpoint: Checkpoint, drafter: Any, advance: Any,
+                       level: Level) -> list[dict]:
     """Every throughput cell on the engine, interleaved over the prompts (interleaved), each prompt decoded at the
-    run's bandwidth level (Level.measured), as runs.json rows."""
-    done = interleaved(cells, ps.count, checkpoint,
-                       lambda cell, i: level.measured(lambda: decode_prompt(lm, *cell, kernel_by_n, ps, i, drafter)),
-                       advance)
-    return [cell_record(*cell, units, drafter is None) for cell, units in done]
+    run's bandwidth level (Level.measured): with the draft model `drafter`, or (acceptances given) the oracle at
+    prompt_acceptance. Returns the runs.json rows (cell_rows)."""
+    def unit(cell: Cell, i: int) -> dict:
+        a = None if acceptances is None else prompt_acceptance(cell[1], i, acceptances)
+        return level.measured(lambda: decode_prompt(lm, *cell, a, kernel_by_n, ps, i, drafter))
+
+    done = interleaved(cells, ps.count, checkpoint, unit, advance)
+    return [row for cell, units in done for row in cell_rows(*cell, units, acceptances)]
 
 
 def expand_k0(cells: list[dict], acceptances: list[float]) -> list[dict]:

@@ -15,7 +15,8 @@ input, V(k) = tau(k + 1) + h(k), at llama.cpp's own step times, and the throughp
    repeats and the +-target stopping rule are the main engine's (moespec.measure.rounds.timed_rounds).
 2. throughput: per prompt a context of its own, prefilled once (the KV cache is rolled back to the prompt after
    each decoding); plain greedy decoding first gives the oracle's continuation, then speculative decoding
-   (moespec.model.speculative.decode_steps) with the oracle draft at every (k, a) of the grid, or with a draft
+   (moespec.model.speculative.decode_steps) with the oracle draft at every k, each prompt at one acceptance of
+   the grid in turn (T_a(k) over the cell's one V(k): moespec.measure.decoding), or with a draft
    GGUF (--draft-gguf: a smaller model sharing the vocabulary, greedy, its own context per prompt rolled back to
    the tokens it shares with the target's), the cells interleaved one prompt per round. This is the greedy
    draft-verify loop of llama.cpp's speculative decoding (its draft proposes greedily, the target verifies the
@@ -36,7 +37,8 @@ from moespec.console import progress
 from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_input, holds_outputs, provenance, write_json
 from moespec.formats.runsfile import Runs
-from moespec.measure.decoding import cell_record, interleaved, prompt_unit, prompts, throughput_cells
+from moespec.measure.decoding import (Cell, cell_rows, interleaved, prompt_acceptance, prompt_unit, prompts,
+                                      throughput_cells)
 from moespec.measure.level import Level
 from moespec.measure.rounds import VERIFY_UNIT, timed_rounds, verify_done
 from moespec.measure.run import RunConfig, load_plan_kernels, run_level, summarize
@@ -135,7 +137,7 @@ def decode_cell(prompt: Prompt, i: int, k: int, a: float | None, seed: int, toke
         draft = speculative.GreedyDraft(prompt.draft)
         draft.prefill(prompt.ids)
     out, records = prompt.decode(draft, k, tokens)
-    return prompt_unit(out, records, prompt.continuation, prompt.margins, i)
+    return prompt_unit(out, records, prompt.continuation, prompt.margins, i, a)
 
 
 def check(config: RunConfig) -> None:
@@ -181,8 +183,8 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
             if drafts.first.vocab_size != vocab:
                 raise MoespecError(f"{config.draft_gguf}: vocabulary of {drafts.first.vocab_size} tokens, the "
                                    f"target's has {vocab}: a draft must share the tokenizer")
-        cells = [] if not config.throughput else [(POLICY, k, None) for k in ks] if drafts else \
-            throughput_cells([POLICY], ks, acceptances)
+        cells = throughput_cells([POLICY], ks) if config.throughput else []
+        oracle = None if drafts else acceptances
         key = {"engine": "llama.cpp", "gguf": started["llama_cpp"]["gguf"], "draft_gguf": config.draft_gguf,
                "threads": config.threads, "depth": config.depth, "n": ns, "reps": config.reps,
                "max_reps": config.max_reps, "target": config.target, "budget_s": config.budget_s, "k": ks,
@@ -202,11 +204,12 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
             ps = [Prompt(ids, contexts.new(), drafts.new() if drafts else None, config.tokens + max(ks))
                   for ids in prompts(config.prompts, config.depth, vocab, config.seed)] if cells else []
 
-            def unit(cell: tuple[str, int, float | None], i: int) -> dict:
-                return level.measured(lambda: decode_cell(ps[i], i, cell[1], cell[2], config.seed + i, config.tokens))
+            def unit(cell: Cell, i: int) -> dict:
+                a = None if oracle is None else prompt_acceptance(cell[1], i, oracle)
+                return level.measured(lambda: decode_cell(ps[i], i, cell[1], a, config.seed + i, config.tokens))
 
-            measured = [cell_record(*cell, prompts_done, drafts is None)
-                        for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)]
+            measured = [row for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)
+                        for row in cell_rows(*cell, prompts_done, oracle)]
         ceilings["after"] = measure_stream_read()
     finally:
         contexts.close()

@@ -14,8 +14,9 @@ at acceptance a (B.1), so throughput is T_a(k) = G_a(k) / V(k). The run measures
    pass selects the experts of a window of the trace (moespec.model.policies), so a random-weight model verifies
    passes with realistic reuse.
    Medians with 95% bootstrap intervals; the saving S(n) = tau_slot(n) - tau_dedup(n) with its interval.
-2. throughput: speculative decoding with the oracle draft for every policy, k and acceptance of the grid, the
-   cells interleaved one prompt per round (moespec.measure.decoding).
+2. throughput: speculative decoding with the oracle draft for every policy and k, each prompt at one acceptance
+   of the grid in turn, T_a(k) from the cell's one V(k), the cells interleaved one prompt per round
+   (moespec.measure.decoding).
 Every finished unit (the verify rounds so far, one prompt of one throughput cell) is checkpointed to OUT.partial: a
 rerun re-measures nothing already done, and each unit draws its random tokens from the seed and its key, so the
 remaining units of a resumed run measure what a clean run's would.
@@ -341,8 +342,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         if drafter.config.vocab_size != lm.model.config.vocab_size:
             raise MoespecError(f"{config.draft_model}: vocabulary of {drafter.config.vocab_size} tokens, the "
                                f"target's has {lm.model.config.vocab_size}: a draft must share the tokenizer")
-    cells = [] if not config.throughput else [(p, k, None) for p in policies for k in ks] if drafter else \
-        throughput_cells(policies, ks, acceptances)
+    cells = throughput_cells(policies, ks) if config.throughput else []
     key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
            "n": ns, "reps": config.reps, "max_reps": config.max_reps, "target": config.target,
            "budget_s": config.budget_s, "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s,
@@ -363,7 +363,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance, level)
         ceilings["between"] = measure_stream_read()
         ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
-        measured = measure_throughput(lm, cells, kernel_by_n, ps, checkpoint, drafter, advance, level)
+        measured = measure_throughput(lm, cells, kernel_by_n, ps, None if drafter else acceptances, checkpoint,
+                                      drafter, advance, level)
     ceilings["after"] = measure_stream_read()
     doc = summarize(identity(lm, config), config, units, verify, measured, acceptances, plan_info, kernel_by_n,
                     started, ceilings, level)
