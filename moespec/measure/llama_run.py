@@ -37,8 +37,15 @@ from moespec.console import progress
 from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_input, holds_outputs, provenance, write_json
 from moespec.formats.runsfile import Runs
-from moespec.measure.decoding import (Cell, cell_rows, interleaved, prompt_acceptance, prompt_unit, prompts,
-                                      throughput_cells)
+from moespec.measure.decoding import (
+    Cell,
+    cell_rows,
+    interleaved,
+    prompt_acceptance,
+    prompt_unit,
+    prompts,
+    throughput_cells,
+)
 from moespec.measure.level import Level
 from moespec.measure.rounds import VERIFY_UNIT, timed_rounds, verify_done
 from moespec.measure.run import RunConfig, load_plan_kernels, run_level, summarize
