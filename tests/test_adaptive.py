@@ -223,3 +223,34 @@ def test_replay_reads_the_confidences():
     seeing = replay(agree, V, [0.6] * 8, 100, confidence)
     assert {c: v for c, v in seeing.items() if c != "online"} == {c: v for c, v in blind.items() if c != "online"}
     assert seeing["online"] > max(1.0, blind["online"])
+
+
+STEEP = [10.0 + 5.0 * k for k in range(9)]  # a draft at a = 0.3 does not pay here: k* = 0
+
+
+def test_online_policy_drafts_a_first_token_on_thin_evidence():
+    """first(): where the posterior mean says k* = 0 on thin evidence (a plan's prior of two pseudo-steps), a step
+    drafting token by token still drafts its first token (the profile one sd up pays); once the draft is shown
+    wrong there, it does not; next_k() reads the mean alone throughout."""
+    policy = Online(STEEP, prior_profile=[0.3] * 8)
+    assert policy.next_k() == 0 and policy.first() == 1
+    for _ in range(60):
+        policy.update(1, 0, [0.5])  # the first token always rejected
+    assert policy.next_k() == 0 and policy.first() == 0
+    sure = Online(STEEP, prior_profile=[0.9] * 8)
+    assert sure.next_k() >= 1 and sure.first() == 1
+
+
+def test_decode_steps_leaves_a_start_at_k_0():
+    """A policy whose mean profile says k = 0 at the start (the prior's a = 0.5 does not pay on these step times)
+    and a draft that is in fact sure and right: the mean alone would decode plainly throughout (a step that drafts
+    nothing tests nothing); drafting the first token on thin evidence finds the draft good and runs long steps,
+    with plain decoding's tokens."""
+    prompt = [3, 4, 5]
+    target = Counting()
+    target.forward(prompt)
+    policy = Online(STEEP)
+    assert policy.next_k() == 0
+    out, records = decode_steps(target, prompt, 6, Sure(right_until=1000), policy, 60)
+    assert out == [(6 + i) % 50 for i in range(60)]
+    assert max(r.drafted for r in records) == 8 and len(records) < 20

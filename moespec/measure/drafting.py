@@ -105,7 +105,7 @@ def _replayed_step(agree: list[int], confidence: list[float] | None, position: i
     elif not reads:
         drafted = k.next_k()
     else:
-        drafted = max(0, min(k.next_k(), 1, len(confidence) - position))
+        drafted = min(k.first(), len(confidence) - position)
         while 0 < drafted < k.kmax and position + drafted < len(confidence) and \
                 k.more(confidence[position:position + drafted]):
             drafted += 1

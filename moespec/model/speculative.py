@@ -225,12 +225,13 @@ def decode_steps(target: Greedy, history: list[int], first: int, draft: Draft, k
     records, tokens = [], [first]
     history = history + tokens  # the last token is decoded but not yet in the cache
     policy = None if isinstance(k, int) else k
-    # a policy that reads the draft's confidence drafts token by token (Online.more), where the draft reports it
+    # a policy that reads the draft's confidence drafts token by token (Online.first, Online.more), where the draft
+    # reports it
     confident = policy is not None and hasattr(policy, "more") and getattr(draft, "confident", False)
     while len(tokens) < max_new:
         choosing = time.perf_counter()
         if policy is not None:
-            k = policy.next_k()
+            k = policy.first() if confident else policy.next_k()
         chosen = time.perf_counter()
         if route is not None and not confident:  # outside the step's time
             route(len(tokens) - 1, k + 1)
