@@ -20,9 +20,8 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   drafted again after ~70 steps (a prior whose own k is 0 would hold it there for good; with a draft that reports
   its confidence, OPTIMISM drafts a first token instead), and a position rarely tested leans on the one before
   it. (Drawing the profile from the posterior each step, Thompson sampling, explored more and paid for it:
-  replayed exactly on the
-  trained pair's agreement sequences with measured V(k) (moespec.measure.drafting.replay), it reached 0.94-1.03
-  of the best constant k, the posterior mean 1.00-1.03; results/adaptive-draft/README.md);
+  replayed exactly on the trained pair's agreement sequences with measured V(k) (moespec.measure.drafting.replay),
+  it reached 0.94-1.03 of the best constant k, the posterior mean 1.00-1.03; results/adaptive-draft/README.md);
 - acceptance comes in runs (text the draft knows, then text it does not), so the counts are kept apart by the
   state the step started in: after a step whose drafts were all accepted (HIT) or after one that rejected one
   (MISSED). The profile that decides is the current state's: a Markov-modulated profile, of which the i.i.d. one is
