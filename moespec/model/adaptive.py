@@ -51,8 +51,10 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   draft at a fixed probability, --draft-p-min; here the threshold follows from the calibration and V.) Replayed
   on the trained pair's agreement and confidence sequences (16 prompts per kind, V(k) from two runs'
   calibrations and cells), it reached 0.99-1.09 of the best constant k, above the heuristic in 7 of 8, where
-  the profile alone reached 0.99-1.04 and the heuristic 0.95-1.04; measured once (2026-12-01, a slow host), 1.008
-  and 1.037 against the heuristic's 0.997 and 0.994 (results/adaptive-draft/README.md).
+  the profile alone reached 0.99-1.04 and the heuristic 0.95-1.04; measured (2026-12-01, a slow host), 1.008
+  and 1.037 against the heuristic's 0.997 and 0.994, and with OPTIMISM (2026-12-02) 0.974 and 0.973 against 0.976
+  and 0.954: its steps then cost 6-8% more than the constant cells' V(k) at the same mix of k, which the replay
+  does not charge (results/adaptive-draft/README.md).
 
 Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step; the online policy also
 has first() -> 0 or 1 and more(confidences) -> bool for a draft that reports confidences, and its update takes
