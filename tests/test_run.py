@@ -146,6 +146,7 @@ def test_statistics_helpers():
     assert [D.prompt_acceptance(2, i, grid) for i in range(4)] == [0.8, 0.4, 0.6, 0.8]
     # across the draft lengths every prompt meets every acceptance
     assert {D.prompt_acceptance(k, 0, grid) for k in (1, 2, 3)} == set(grid)
+    assert D.prompt_acceptance(2, 1, None) is None  # a draft model: no oracle acceptance
 
 
 @pytest.mark.parametrize("argv, needle", [

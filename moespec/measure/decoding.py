@@ -61,10 +61,11 @@ def throughput_cells(policies: list[str], ks: list[int]) -> list[Cell]:
     return [(p, k) for p in policies for k in ks]
 
 
-def prompt_acceptance(k: int, i: int, acceptances: Sequence[float]) -> float:
+def prompt_acceptance(k: int, i: int, acceptances: Sequence[float] | None) -> float | None:
     """The oracle's acceptance for prompt i of a cell at draft length k: the grid's acceptances in turn, started at
-    k, so that across the draft lengths every prompt meets every a (at k = 0 it does not enter)."""
-    return acceptances[(i + k) % len(acceptances)]
+    k, so that across the draft lengths every prompt meets every a (at k = 0 it does not enter); None for a draft
+    model (acceptances None)."""
+    return None if acceptances is None else acceptances[(i + k) % len(acceptances)]
 
 
 class Prompts:
@@ -164,7 +165,8 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
     emitted = sum(r.accepted + 1 for r in records)
     wall = sum(r.step_s for r in records)
-    V = sum(r.step_s for r in clock) / len(clock)
+    clock_wall = sum(r.step_s for r in clock)
+    V = clock_wall / len(clock)
     rate = speculative.acceptance_rate(records) if records else float("nan")
     rate = None if np.isnan(rate) else rate
     profile = theory.estimate_profile([(r.drafted, r.accepted) for r in records], k) if k else []
@@ -177,7 +179,7 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
             "accepted_per_drafted": speculative.realized_acceptance(records) if k and steps else None,
             "tokens_per_step": emitted / steps if steps else None, "G_a": g, "steps": steps, "step_time_s": V,
             "verify_time_s": sum(r.verify_s for r in clock) / len(clock), "draft_host_s": host / len(clock),
-            "overhead_share": host / sum(r.step_s for r in clock),
+            "overhead_share": host / clock_wall,
             "greedy_exact": not mismatches, "greedy_match": all(m["plain_top2_gap"] == 0 for m in mismatches),
             "mismatches": mismatches}
 
@@ -215,7 +217,7 @@ def measure_throughput(lm: LoadedModel, cells: list[Cell], kernel_by_n: dict[int
     run's bandwidth level (Level.measured): with the draft model `drafter`, or (acceptances given) the oracle at
     prompt_acceptance. Returns the runs.json rows (cell_rows)."""
     def unit(cell: Cell, i: int) -> dict:
-        a = None if acceptances is None else prompt_acceptance(cell[1], i, acceptances)
+        a = prompt_acceptance(cell[1], i, acceptances)
         return level.measured(lambda: decode_prompt(lm, *cell, a, kernel_by_n, ps, i, drafter))
 
     done = interleaved(cells, ps.count, checkpoint, unit, advance)

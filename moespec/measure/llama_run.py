@@ -212,7 +212,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
                   for ids in prompts(config.prompts, config.depth, vocab, config.seed)] if cells else []
 
             def unit(cell: Cell, i: int) -> dict:
-                a = None if oracle is None else prompt_acceptance(cell[1], i, oracle)
+                a = prompt_acceptance(cell[1], i, oracle)
                 return level.measured(lambda: decode_cell(ps[i], i, cell[1], a, config.seed + i, config.tokens))
 
             measured = [row for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)

@@ -39,22 +39,21 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   proposes says more about that token than any count over positions: on the trained pair (2026-12-01, 40 prompts
   per kind, teacher-forced) a token drafted at c < 0.2 agreed with the target 37-40% of the time, at 0.2-0.4
   71-75%, at 0.4-0.6 91-92%, and at c >= 0.99 (text the pair has memorized, or a loop) always. So the policy
-  calibrates c online (a Beta posterior of agreement per confidence bin, CONFIDENCE_EDGES, each prior centred on
-  its bin's middle, forgetting at CONFIDENCE_DECAY) and, with a draft that reports c (`more`), drafts token by
-  token: the first token if k* >= 1 (or if k* = 0 on thin evidence: OPTIMISM), then another while some horizon h
-  still pays, S * (a_{j+1} + a_{j+1} a_{j+2}
-  + ... to h terms) > r (V(j + h) - V(j)), where S is the probability that the j tokens drafted so far are all
-  accepted (the product of their calibrated confidences), a the current state's profile for the positions not
-  yet drafted, and r = max_k G(k)/V(k) the rate its best constant length reaches. That is the step's expected
-  tokens less r times its time, maximized (Dinkelbach's form of maximizing G/V; at j = 0 it is exactly k* >= 1),
-  so a step stops early where the draft is unsure and runs to kmax where it is sure. (llama.cpp stops its
-  draft at a fixed probability, --draft-p-min; here the threshold follows from the calibration and V.) Replayed
-  on the trained pair's agreement and confidence sequences (16 prompts per kind, V(k) from two runs'
-  calibrations and cells), it reached 0.99-1.09 of the best constant k, above the heuristic in 7 of 8, where
-  the profile alone reached 0.99-1.04 and the heuristic 0.95-1.04; measured (2026-12-01, a slow host), 1.008
-  and 1.037 against the heuristic's 0.997 and 0.994, and with OPTIMISM (2026-12-02) 0.974 and 0.973 against 0.976
-  and 0.954: its steps then cost 6-8% more than the constant cells' V(k) at the same mix of k, which the replay
-  does not charge (results/adaptive-draft/README.md).
+  calibrates c online (a Beta posterior of agreement per confidence bin, CONFIDENCE_EDGES, each prior centred on its
+  bin's middle, forgetting at CONFIDENCE_DECAY) and, with a draft that reports c (`more`), drafts token by token: the
+  first token if k* >= 1 (or if k* = 0 on thin evidence: OPTIMISM), then another while some horizon h still pays, S *
+  (a_{j+1} + a_{j+1} a_{j+2} + ... to h terms) > r (V(j + h) - V(j)), where S is the probability that the j tokens
+  drafted so far are all accepted (the product of their calibrated confidences), a the current state's profile for
+  the positions not yet drafted, and r = max_k G(k)/V(k) the rate its best constant length reaches. That is the
+  step's expected tokens less r times its time, maximized (Dinkelbach's form of maximizing G/V; at j = 0 it is
+  exactly k* >= 1), so a step stops early where the draft is unsure and runs to kmax where it is sure. (llama.cpp
+  stops its draft at a fixed probability, --draft-p-min; here the threshold follows from the calibration and V.)
+  Replayed on the trained pair's agreement and confidence sequences (16 prompts per kind, V(k) from two runs'
+  calibrations and cells), it reached 0.99-1.09 of the best constant k, above the heuristic in 7 of 8, where the
+  profile alone reached 0.99-1.04 and the heuristic 0.95-1.04; measured (2026-12-01, a slow host), 1.008 and 1.037
+  against the heuristic's 0.997 and 0.994, and with OPTIMISM (2026-12-02) 0.974 and 0.973 against 0.976 and 0.954:
+  its steps then cost 6-8% more than the constant cells' V(k) at the same mix of k, which the replay does not charge
+  (results/adaptive-draft/README.md).
 
 Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step; the online policy also
 has first() -> 0 or 1 and more(confidences) -> bool for a draft that reports confidences, and its update takes
@@ -154,6 +153,7 @@ class Online:
         self.conf_tested = np.full(len(CONFIDENCE_EDGES), prior)  # [bin] the prior: `prior` tokens at its middle
         self.conf_passed = prior * (edges[:-1] + edges[1:]) / 2
         self._survival: np.ndarray | None = None  # next_k()'s 1, a_1, a_1 a_2, ... and best rate, for more()
+        self._beta: tuple[np.ndarray, np.ndarray] | None = None  # next_k()'s posterior, for first()
         self._rate = 0.0
 
     def _posterior(self, state: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -181,12 +181,15 @@ class Online:
         """k* of the current state's posterior mean profile and the plan's step times. In floats, vectorized (the
         choice runs every step, inside its time): G(k) = 1 + cumsum(cumprod(a)), k = the first maximizer of
         G(k)/V(k) (theory.best_draft_length_for on floats)."""
-        alpha, beta = self._posterior()
-        self._survival = np.concatenate([[1.0], np.cumprod(alpha / (alpha + beta))])  # this step's, for more()
-        G = np.cumsum(self._survival)
-        rates = G / self.V_array
+        alpha, beta = self._beta = self._posterior()  # this step's, for first()
+        self._survival, rates = self._rates(alpha / (alpha + beta))  # and for more()
         self._rate = float(rates.max())
         return int(np.argmax(rates))
+
+    def _rates(self, profile: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The survival 1, a_1, a_1 a_2, ... of a profile and its G(k)/V(k), k = 0..kmax."""
+        survival = np.concatenate([[1.0], np.cumprod(profile)])
+        return survival, np.cumsum(survival) / self.V_array
 
     def first(self) -> int:
         """Whether a step that drafts token by token (more) drafts its first token: 1 where next_k() >= 1, or
@@ -195,11 +198,10 @@ class Online:
         it then drafts could move the mean.)"""
         if self.next_k():
             return 1
-        alpha, beta = self._posterior()
+        alpha, beta = self._beta
         total = alpha + beta
         upper = np.minimum(alpha / total + OPTIMISM * np.sqrt(alpha * beta / (total * total * (total + 1))), 1.0)
-        G = np.cumsum(np.concatenate([[1.0], np.cumprod(upper)]))
-        return int(np.argmax(G / self.V_array) >= 1)
+        return int(np.argmax(self._rates(upper)[1]) >= 1)
 
     def confidence_rate(self, confidence: float) -> float:
         """The posterior mean agreement of a token the draft proposed at top-1 probability `confidence`."""
