@@ -32,8 +32,11 @@ from moespec.model.load import load_draft
 
 KMAX = 8
 # Calibration prompts per kind: V(k) and the profile the plan and the online policy start from. Two let the profile
-# of one passage decide (WikiText, 2026-12-01: k_hat 4 against a measured best of 0); six cost ~40 s per kind.
-CALIBRATION_PROMPTS = 6
+# of one passage decide (WikiText, 2026-12-01: k_hat 4 against a measured best of 0). Replayed on the pair's
+# agreement sequences (2026-12-02, 100 draws, the pooled profile), k_hat came within one of 24 scored prompts' best
+# constant in 86-94% of draws on Spec-Bench and 51-60% on WikiText with six, 99% and 60-74% with twelve; each costs
+# ~20 s per kind (every k, REPEATS times).
+CALIBRATION_PROMPTS = 12
 # Decodings of each prompt per cell, the median kept: one decoding is ~0.7 s, and the host slows whole seconds of
 # them by 10-40% (2026-12-01: the largest of nine constants read 10% above the same k chosen on held-out prompts).
 REPEATS = 3

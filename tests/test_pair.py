@@ -186,6 +186,19 @@ def test_each_prompt_of_each_cell_keeps_its_median_decoding(pair):
         compare(lm.model, draft, [ids[:16], ids[16:32]], 8, 2, repeats=0)
 
 
+def test_the_calibration_profile_pools_every_draft_length():
+    """Position 1 is tested by the steps of every k >= 1, position 2 by those of k >= 2 that passed 1; k = 0 tests
+    nothing. Ten k = 1 steps that passed and ten k = 2 steps that failed at once: a_1 = (10 + 1) / (20 + 2), a_2 only
+    the prior's (nothing reached it)."""
+    from moespec.measure.drafting import calibration_profile
+
+    unit = lambda steps: {"steps": [[d, a, 0.01] for d, a in steps]}  # noqa: E731
+    calibrated = {0: [unit([(0, 0)] * 30)], 1: [unit([(1, 1)] * 10)], 2: [unit([(2, 0)] * 6), unit([(2, 0)] * 4)]}
+    assert calibration_profile(calibrated, 2) == [11 / 22, 0.5]
+    calibrated[2].append(unit([(2, 2), (2, 1)]))  # both reach position 2; one passes it
+    assert calibration_profile(calibrated, 2) == [13 / 24, 2 / 4]
+
+
 @pytest.mark.parametrize("args, needle", [(["--repeats", "0"], "--repeats must be >= 1"),
                                           (["--calibration", "0"], "--calibration must be >= 1"),
                                           (["--level-wait", "-1"], "--level-wait must be >= 0")])
