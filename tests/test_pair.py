@@ -197,6 +197,8 @@ def test_the_calibration_profile_pools_every_draft_length():
     assert calibration_profile(calibrated, 2) == [11 / 22, 0.5]
     calibrated[2].append(unit([(2, 2), (2, 1)]))  # both reach position 2; one passes it
     assert calibration_profile(calibrated, 2) == [13 / 24, 2 / 4]
+    with pytest.raises(ValueError, match="calibrated: no decodings at k = \\[3\\]"):
+        calibration_profile(calibrated, 3)
 
 
 @pytest.mark.parametrize("args, needle", [(["--repeats", "0"], "--repeats must be >= 1"),

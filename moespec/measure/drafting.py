@@ -246,6 +246,9 @@ def calibration_profile(calibrated: dict[int, list[dict]], kmax: int) -> list[fl
     alone: replayed exactly on the pair's agreement sequences (2026-12-02, 100 draws of 6 calibration and 24 scored
     prompts, the V(k) of two runs), the plan's k_hat came within one of the scored prompts' best constant in 86-94%
     of draws on Spec-Bench and 51-60% on WikiText, against 81-90% and 45-55% from the longest draft's steps."""
+    missing = [k for k in range(1, kmax + 1) if k not in calibrated]
+    if missing:
+        raise ValueError(f"calibrated: no decodings at k = {missing} (needs every k = 1..kmax = {kmax})")
     steps = [(d, a) for k in range(1, kmax + 1) for u in calibrated[k] for d, a, _ in u["steps"]]
     return theory.estimate_profile(steps, kmax, prior=(1, 1))
 

@@ -51,10 +51,9 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   Replayed on the trained pair's agreement and confidence sequences (16 prompts per kind, V(k) from two runs'
   calibrations and cells), it reached 0.99-1.09 of the best constant k, above the heuristic in 7 of 8, where the
   profile alone reached 0.99-1.04 and the heuristic 0.95-1.04; measured (2026-12-01, a slow host), 1.008 and 1.037
-  against the heuristic's 0.997 and 0.994, with OPTIMISM (2026-12-02) 0.974 and 0.973 against 0.976 and 0.954, and
-  with the policy's own arithmetic out of numpy (Online) 1.047 and 0.961 against 0.964 and 0.932, and with the plan's
-  profile pooled over every k of twelve calibration prompts 1.063 / 1.069 and 1.089 / 1.035 in two runs against the
-  heuristic's 1.060 / 1.000 and 1.059 / 0.978 (results/adaptive-draft/README.md).
+  against the heuristic's 0.997 and 0.994. With OPTIMISM, the arithmetic in plain floats (Online) and the plan's
+  profile pooled over twelve calibration prompts (2026-12-02, two runs): 1.063 / 1.069 and 1.089 / 1.035 against the
+  heuristic's 1.060 / 1.000 and 1.059 / 0.978 (Spec-Bench / WikiText; results/adaptive-draft/README.md).
 
 Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step; the online policy also
 has first() -> 0 or 1 and more(confidences) -> bool for a draft that reports confidences, and its update takes
