@@ -25,11 +25,6 @@ def reads_of(values):
     return lambda: next(it)
 
 
-@pytest.fixture(autouse=True)
-def no_sleep(monkeypatch):
-    monkeypatch.setattr(L, "POLL_S", 0.0)
-
-
 def test_band_is_symmetric_and_pins_the_first_round():
     level = L.Level(wait_s=10, read=reads_of([]))
     assert level.judge([33.0, 34.0, 35.0]) == L.KEEP and level.pinned == 34.0  # the first round pins its median
@@ -60,6 +55,31 @@ def test_settle_waits_for_the_level_then_the_level_follows_the_host():
     assert record["repins"] == 1 and record["kept_off"] == 1 and record["pinned_gbps"] == 57.0
 
 
+def test_settle_polls_back_to_back(monkeypatch):
+    """A read after the cores idled reads low whatever the host does: settle never sleeps between its polls."""
+    monkeypatch.setattr(L.time, "sleep", lambda s: pytest.fail("settle slept between polls"))
+    level = L.Level(34.0, wait_s=10, read=reads_of([57.0, 57.0, 34.0]))
+    level.settle()
+    assert not level.exhausted
+
+
+def test_after_a_dropped_round_settle_waits_for_a_window_at_the_level():
+    """One read in the band is noise on a busy host: after a drop, settle ends on the median of the last
+    SETTLE_READS reads; with no drop since, on one read at the level."""
+    polls = []
+
+    def read():
+        polls.append(1)
+        return ([34.0] + [57.0] * (L.SETTLE_READS - 1) + [34.0] * 100)[len(polls) - 1]
+
+    level = L.Level(34.0, wait_s=10, read=read)
+    assert level.judge([57.0]) == L.DROP
+    level.settle()  # 34, then four 57s: a lucky read does not end it; the window's median is 34 once three more
+    assert len(polls) == L.SETTLE_READS + (L.SETTLE_READS + 1) // 2 and not level.exhausted
+    level.settle()
+    assert len(polls) == L.SETTLE_READS + (L.SETTLE_READS + 1) // 2 + 1
+
+
 def test_repins_are_bounded():
     level = L.Level(30.0, wait_s=1e-6, read=lambda: 90.0)
     verdicts = []
@@ -79,8 +99,9 @@ def test_no_wait_keeps_every_round_and_pins_nothing():
 
 def test_measured_reruns_a_unit_whose_after_read_is_off():
     runs = []
-    # settle reads 34 (at the level); the first run's after-read is 57 (off): run again; the second's is 34
-    level = L.Level(34.0, wait_s=10, read=reads_of([34.0, 57.0, 34.0, 34.0]))
+    # settle reads 34 (at the level); the first run's after-read is 57 (off): settle reads its window, then run
+    # again; the second's is 34
+    level = L.Level(34.0, wait_s=10, read=reads_of([34.0, 57.0] + [34.0] * L.SETTLE_READS + [34.0]))
     assert level.measured(lambda: runs.append(1) or len(runs)) == 2 and level.dropped == 1
     always_off = L.Level(34.0, wait_s=0.0001, read=lambda: 57.0)
     count = []
@@ -183,9 +204,9 @@ def test_bench_repeats_a_round_off_the_level():
                             run=lambda kernel, *inp: calls.append(kernel))
     timer = SimpleNamespace(flush=lambda: None, time=lambda fn: fn() or 0.001, ceiling=lambda repeats: [30.0])
     passes = [SimpleNamespace(ids=np.zeros((2, 2), dtype=np.int64))]
-    # round 1: nothing pinned to settle at, after 30 (pins); round 2: settle 30, after 50 (off: again), settle 30,
-    # after 30
-    level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0, 30.0, 30.0]))
+    # round 1: nothing pinned to settle at, after 30 (pins); round 2: settle 30, after 50 (off: again), settle's
+    # window at 30, after 30
+    level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
     samples, ceilings = bench._time_unit(passes, ["slot", "dedup"], layer, 2, timer, lambda n: None, level)
     assert level.pinned == 30.0 and level.dropped == 1
     assert [len(v) for v in samples[0].values()] == [2, 2] and len(ceilings) == 2
@@ -193,11 +214,12 @@ def test_bench_repeats_a_round_off_the_level():
 
 
 def test_a_run_whose_rounds_all_fall_off_the_level_follows_the_host(tiny_checkpoints, tmp_path, monkeypatch):
-    """The host comes back to the pinned 20 GB/s only between rounds (settle's poll) and is at 35 during every
+    """The host comes back to the pinned 20 GB/s only between rounds (settle's polls) and is at 35 during every
     round: each round is dropped. Once more rounds are dropped than --max-reps before any is kept, the level stops
     waiting and follows the host, so the run keeps rounds and writes finite verify times (it once wrote NaN)."""
+    between = [20.0] * L.SETTLE_READS + [35.0] * 3  # settle's window after a dropped round, then a round's reads
     code, stdout, doc = run_at_level(tiny_checkpoints, tmp_path, monkeypatch,
-                                     reads_of([20.0, 35.0, 35.0, 35.0] * 20 + [35.0] * 200), "30")
+                                     reads_of([20.0, 35.0, 35.0, 35.0] + between * 3 + [35.0] * 200), "30")
     assert code == 0, stdout
     assert doc["noise"]["per_n"]["2"]["repeated"] == 4 and doc["level"]["exhausted"]
     assert doc["level"]["repins"] == 1 and doc["level"]["pinned_gbps"] == 35.0

@@ -6,7 +6,7 @@ greedy continuation comes from plain decoding first; then speculative decoding f
 ORACLE draft (that continuation, each token corrupted with probability 1 - a, so acceptance is geometric at rate a).
 A step's time does not depend on what the draft got right (a pass of k + 1 tokens, then a cache cut), so a cell is
 one measurement of V(k) for every a: its prompts take the grid's acceptances in turn (prompt_acceptance), V(k) is the
-mean step time over all of them, and each a gets the row T_a(k) = G_a(k) / V(k) beside what its own prompts realized
+median step time over all of them, and each a gets the row T_a(k) = G_a(k) / V(k) beside what its own prompts realized
 (cell_rows). The k* of every a then reads one V curve, and the grid costs one decoding per prompt and cell instead of
 one per acceptance. k = 0 drafts nothing and serves every a. The cells run interleaved, one prompt of every cell per
 round (measure_throughput), so the machine's drift hits every cell alike. Each row reports tokens/s, the realized
@@ -163,10 +163,14 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     # draft, whose acceptance is geometric at rate a by construction, tokens_per_s takes G_a(k) exactly instead of
     # the realized tokens per step (a Rao-Blackwellized estimate: the same expectation, without the spread of a few
     # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
+    # V(k) is the MEDIAN step time, the statistic of every verify time here: the steps of a cell are one pass size
+    # each, so they sample one time, and a step the host disturbed (2-10x slower while another job holds the memory
+    # bus) moves a mean V, and with it k*, by a few percent at a few dozen steps a cell (2026-12-02: per-pass spread
+    # 10%), where it moves the median by one rank.
     emitted = sum(r.accepted + 1 for r in records)
     wall = sum(r.step_s for r in records)
     clock_wall = sum(r.step_s for r in clock)
-    V = clock_wall / len(clock)
+    V = float(np.median([r.step_s for r in clock]))
     rate = speculative.acceptance_rate(records) if records else float("nan")
     rate = None if np.isnan(rate) else rate
     profile = theory.estimate_profile([(r.drafted, r.accepted) for r in records], k) if k else []

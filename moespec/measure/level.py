@@ -11,7 +11,11 @@ k_hat. Neither says anything about the plan.
 So every timed round carries reference reads, and one `Level` pins the measurements of a chain (the bench, the
 verify-only run that calibrates the plan, the run scored against the plan) to one level:
 - a round whose reference reads have a median outside LEVEL_BAND of the pinned level is dropped and repeated;
-- before a round, `settle` polls the reference read until the host is back at the level;
+- before a round, `settle` polls the reference read until the host is back at the level. The polls run back to
+  back: a read after the cores idled reads low whatever the host does (after a 0.2 s sleep 8-10 GB/s where reads
+  back to back read 35-55, 2026-12-02: the vCPUs wake slowly), so a poll that slept between reads waited out its
+  whole budget for a read that could not come, and the measurement then re-pinned to a level it never left.
+  After a dropped round the host counts as back on the median of a few reads (SETTLE_READS), not on one;
 - the waiting has a budget (wait_s per measurement). When it is spent, the host has moved for longer than a
   burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
   again, at most MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput
@@ -38,9 +42,12 @@ REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cac
 # window): +-15% takes every read of one level and none of the other.
 LEVEL_BAND = 0.15
 WAIT_S = 30.0  # the waiting budget of one measurement (a bench, a run), re-pins included
-POLL_S = 0.2  # between reference reads while waiting: a level lasts seconds at least; a read takes ~2 ms
 LEVEL_UNIT = "level"  # the checkpoint unit that carries a measurement's level (a resumed one keeps its pin)
 ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a reference read after it is off
+# After a round dropped off the level, the host counts as back when the median of this many back-to-back reads is
+# at it: on a busy host one read spreads +-20%, and a single read in the band started rounds that were then dropped
+# (38 in a row, 3 s of waiting, then a re-pin: `make demo`, 2026-12-02).
+SETTLE_READS = 5
 MAX_REPINS = 1  # a measurement follows the host to another level at most this often (each re-measures its rounds)
 KEEP, DROP, REPIN = "keep", "drop", "repin"  # Level.judge's verdicts on a round
 
@@ -66,6 +73,7 @@ class Level:
         self.pinned, self.wait_s = pinned, float(WAIT_S if wait_s is None else wait_s)
         self._read = read
         self.waited_s, self.dropped, self.kept_off, self.repins, self.exhausted = 0.0, 0, 0, 0, False
+        self._off = False  # the last round judged was dropped: the next settle reads a window
 
     def read(self) -> float:
         """One reference read, GB/s (its buffer made on the first call)."""
@@ -82,17 +90,21 @@ class Level:
         return not self.active or self.pinned is None or abs(math.log(gbps / self.pinned)) <= math.log1p(LEVEL_BAND)
 
     def settle(self) -> None:
-        """Poll the reference read until the host is at the pinned level, within what is left of the waiting
-        budget."""
+        """Poll the reference read, back to back (module docstring), until the host is at the pinned level, within
+        what is left of the waiting budget: one read in the band, or after a dropped round the median of the last
+        SETTLE_READS."""
         if not self.active or self.pinned is None or self.exhausted:
             return
         start = time.perf_counter()
-        while not self.within(self.read()):
+        window = SETTLE_READS if self._off else 1
+        reads = [self.read() for _ in range(window)]
+        while not self.within(float(np.median(reads[-window:]))):
             if self.waited_s + time.perf_counter() - start >= self.wait_s:
                 self.exhausted = True
                 break
-            time.sleep(POLL_S)
+            reads.append(self.read())
         self.waited_s += time.perf_counter() - start
+        self._off = False
 
     def follow(self) -> None:
         """Stop waiting for the pinned level, the budget left or not: from now on a round off it re-pins
@@ -115,6 +127,7 @@ class Level:
             return KEEP
         if not self.exhausted:
             self.dropped += 1
+            self._off = True
             return DROP
         if repin and self.repins < MAX_REPINS:
             self.pinned = level
