@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -97,8 +98,8 @@ class Level:
             return
         start = time.perf_counter()
         window = SETTLE_READS if self._off else 1
-        reads = [self.read() for _ in range(window)]
-        while not self.within(float(np.median(reads[-window:]))):
+        reads = deque((self.read() for _ in range(window)), maxlen=window)  # the last `window` reads
+        while not self.within(float(np.median(reads))):
             if self.waited_s + time.perf_counter() - start >= self.wait_s:
                 self.exhausted = True
                 break
