@@ -44,7 +44,7 @@ from moespec import MoespecError  # noqa: E402
 from moespec import kernels as K  # noqa: E402
 from moespec.cli.args import parse_ints  # noqa: E402
 from moespec.formats.files import provenance, write_json  # noqa: E402
-from moespec.measure import bench, timing  # noqa: E402
+from moespec.measure import bench, passes, timing  # noqa: E402
 from moespec.model.spec import resolve  # noqa: E402
 from moespec.report.figures import bandwidth_figure, save_figure  # noqa: E402
 
@@ -92,7 +92,7 @@ def check_kernels(model: str, kernels: list[str], timer: timing.Timer) -> dict:
     errors: dict[str, dict[str, float | str]] = {k: {} for k in kernels}
     for n in CHECK_NS:
         lo, hi = spec.m, min(n * spec.m, spec.N)
-        ids = torch.from_numpy(bench.chosen_ids(n, spec.m, spec.N, (lo + hi) // 2, rng))
+        ids = torch.from_numpy(passes.chosen_ids(n, spec.m, spec.N, (lo + hi) // 2, rng))
         x = torch.randn(n, spec.hidden, generator=gen).to(torch.bfloat16)
         w = torch.softmax(torch.randn(n, spec.m, generator=gen), dim=-1).to(torch.bfloat16)
         ref = K.reference_float64(x, ids, w, layer.gate_up, layer.down, layer.gate_up_bias, layer.down_bias,

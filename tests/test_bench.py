@@ -8,9 +8,11 @@ import dataclasses
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from cli_cases import refused
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -21,13 +23,14 @@ from moespec.formats.benchfile import load_bench
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import write_json
 from moespec.formats.trace import Trace
-from moespec.measure import bench
+from moespec.measure import bench, passes
 from moespec.measure.fits import analyze, engine_of, fit_time
+from moespec.measure.level import Level
 from moespec.model.spec import ModelSpec, resolve
 from moespec.routing.synth import synthesize
 from moespec.theory import crossover, requested_bytes
 
-SMOKE_UNITS = 6  # conftest's bench_argv: 2 layers x 3 pass sizes
+SMOKE_ROUNDS = 2  # conftest's bench_argv: 2 layers x 1 round (each over 3 pass sizes)
 
 
 # ---- chosen ids ------------------------------------------------------------------------------------------
@@ -36,7 +39,7 @@ def union_cases(draw: st.DrawFn) -> tuple[int, int, int, int]:
     N = draw(st.integers(2, 70))  # noqa: N806
     m = draw(st.integers(1, N - 1))
     n = draw(st.integers(1, 12))
-    return n, m, N, draw(st.sampled_from(bench.union_range(n, m, N)))
+    return n, m, N, draw(st.sampled_from(passes.union_range(n, m, N)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -48,7 +51,7 @@ def union_cases(draw: st.DrawFn) -> tuple[int, int, int, int]:
 @example((9, 8, 64, 64), 4)  # OLMoE's largest pass naming all experts
 def test_chosen_ids_name_exactly_u_experts_with_valid_tokens(case: tuple[int, int, int, int], seed: int) -> None:
     n, m, N, U = case  # noqa: N806
-    ids = bench.chosen_ids(n, m, N, U, np.random.default_rng(seed))
+    ids = passes.chosen_ids(n, m, N, U, np.random.default_rng(seed))
     assert ids.shape == (n, m) and ids.dtype == np.int64
     assert ids.min() >= 0 and ids.max() < N
     assert all(len(set(row)) == m for row in ids.tolist())  # every token names m distinct experts
@@ -61,12 +64,12 @@ def test_chosen_ids_reject_unreachable_u(case: tuple[int, int, int, int]) -> Non
     n, m, N, _ = case  # noqa: N806
     for U in (m - 1, min(n * m, N) + 1, 0):  # noqa: N806
         with pytest.raises(MoespecError, match="unreachable"):
-            bench.chosen_ids(n, m, N, U, np.random.default_rng(0))
+            passes.chosen_ids(n, m, N, U, np.random.default_rng(0))
 
 
 def test_chosen_ids_randomize_which_experts() -> None:
     rng = np.random.default_rng(0)
-    sets = {frozenset(bench.chosen_ids(3, 8, 64, 12, rng).ravel().tolist()) for _ in range(20)}
+    sets = {frozenset(passes.chosen_ids(3, 8, 64, 12, rng).ravel().tolist()) for _ in range(20)}
     assert len(sets) > 10
 
 
@@ -78,7 +81,7 @@ def test_chosen_ids_randomize_which_experts() -> None:
 ])
 def test_union_grid_spreads_evenly_with_both_ends(n: int, m: int, N: int, size: int,  # noqa: N803
                                                    expected: list[int]) -> None:
-    assert bench.union_grid(n, m, N, size) == expected
+    assert passes.union_grid(n, m, N, size) == expected
 
 
 # ---- fits on synthetic timings ----------------------------------------------------------------------------
@@ -88,7 +91,7 @@ DEDUP_TRUE = (3e-4, 1 / 20e9, 5e-5)  # t_op, c_g, c_t: union bytes at 20 GB/s, 5
 
 
 def _chosen_passes(ns: range) -> tuple[np.ndarray, np.ndarray]:
-    pairs = [(n, U) for n in ns for U in bench.union_grid(n, M, N_EXPERTS, 8)]  # noqa: N806
+    pairs = [(n, U) for n in ns for U in passes.union_grid(n, M, N_EXPERTS, 8)]  # noqa: N806
     return np.array([p[0] for p in pairs], float), np.array([p[1] for p in pairs], float)
 
 
@@ -137,16 +140,16 @@ def _synthetic_units(layers: list[int], ns: list[int], slow_dedup: float) -> dic
     units = {}
     for layer in layers:
         for n in ns:
-            rows = [("chosen", U) for U in bench.union_grid(n, M, N_EXPERTS, 8)]  # noqa: N806
+            rows = [("chosen", U) for U in passes.union_grid(n, M, N_EXPERTS, 8)]  # noqa: N806
             rows += [("window", int(U)) for U in rng.integers(M, min(n * M, N_EXPERTS) + 1, size=4)]  # noqa: N806
-            passes = []
+            timed = []
             for source, U in rows:  # noqa: N806
                 t = {k: float(_true_time(k, np.array(n), np.array(U))) for k in ("slot", "dedup")}
                 if source == "window":
                     t["dedup"] *= slow_dedup
-                passes.append({"source": source, "U": U, "median_s": t, "iqr_s": {k: 0.0 for k in t}}
+                timed.append({"source": source, "U": U, "median_s": t, "iqr_s": {k: 0.0 for k in t}}
                               | ({"start": 0} if source == "window" else {}))
-            units[layer, n] = {"passes": passes}
+            units[layer, n] = {"passes": timed}
     return units
 
 
@@ -267,9 +270,9 @@ def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str
     for kernel in ("slot", "dedup"):  # FLOPs per token-slot: 2 x 3 d f (d = 64, f = 32 here)
         flops = doc["kernels"][kernel]["gflops"]
         assert set(flops) == {"1", "2", "3"} and min(flops.values()) > 0
-    assert [row["U"] for row in doc["chosen"]["0"]["3"]] == bench.union_grid(3, 2, 8, 3)
+    assert [row["U"] for row in doc["chosen"]["0"]["3"]] == passes.union_grid(3, 2, 8, 3)
     windows = doc["windows"]["1"]["2"]
-    assert len(windows) == 2 and all(row["U"] in bench.union_range(2, 2, 8) for row in windows)
+    assert len(windows) == 2 and all(row["U"] in passes.union_range(2, 2, 8) for row in windows)
     assert doc["trace"]["path"] == str(tiny["trace"]) and doc["provenance"]["dtype"] == "bf16"
     assert not Path(f"{smoke['out']}.partial").exists()
     assert Path(smoke["plot"]).stat().st_size > 0
@@ -331,27 +334,52 @@ def test_load_bench_rejects_non_json(tmp_path: Path) -> None:
 def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_argv, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "bench.json"
-    timed: list[tuple[int, int]] = []  # (layer, n) of every unit timed to the end
-    record, time_unit = bench.unit_record, bench._time_unit
-    monkeypatch.setattr(bench, "unit_record", lambda layer, n, *rest: timed.append((layer, n)) or
-                        record(layer, n, *rest))
+    timed: list[str] = []  # the key of every round timed to the end
+    save, time_round = Checkpoint.save, bench._time_round
+    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
+                        or save(self, key, unit))
 
-    def interrupt_after_two_units(*args, **kwargs):
+    def interrupt_after_two_rounds(*args, **kwargs):
         if len(timed) == 2:
             raise KeyboardInterrupt
-        return time_unit(*args, **kwargs)
+        return time_round(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "_time_unit", interrupt_after_two_units)
-    assert cli.main(bench_argv(out)) == 130
-    units = [p for p in Path(f"{out}.partial").glob("*.json") if p.name != "state.json"]
+    monkeypatch.setattr(bench, "_time_round", interrupt_after_two_rounds)
+    assert cli.main(bench_argv(out, "--reps", "2")) == 130
+    units = [p for p in Path(f"{out}.partial").glob("layer*.json")]
     assert len(units) == 2 and not out.exists()
 
     first, timed[:] = list(timed), []
-    monkeypatch.setattr(bench, "_time_unit", time_unit)
-    assert cli.main(bench_argv(out, "--resume")) == 0
-    assert len(timed) == SMOKE_UNITS - 2 and not set(first) & set(timed)  # finished units are not re-timed
+    monkeypatch.setattr(bench, "_time_round", time_round)
+    assert cli.main(bench_argv(out, "--reps", "2", "--resume")) == 0
+    assert len(timed) == SMOKE_ROUNDS * 2 - 2 and not set(first) & set(timed)  # finished rounds are not re-timed
     doc = load_bench(out)
     assert len(doc["windows"]["0"]) == 3 and not Path(f"{out}.partial").exists()
+
+
+def test_a_burst_within_one_round_leaves_every_pass_size_at_the_quiet_time() -> None:
+    """Rounds over every n: a burst of the host that lasts one round slows one of each n's three samples, so every
+    median is the quiet time. Timed one n after another (the bench before the rounds), the same burst took every
+    sample of the pass sizes it fell on, and their medians read 2x."""
+    ns, kernels, reps = [1, 2, 3, 4], ["slot", "dedup"], 3
+    plan = {(0, n): [passes.Pass("chosen", np.zeros((n, 2), dtype=np.int64), 2)] * 2 for n in ns}
+    size, calls = [0], [0]
+    per_round = sum(len(p) for p in plan.values()) * len(kernels)
+
+    def timed(fn) -> float:
+        fn()
+        calls[0] += 1
+        return size[0] * 1e-3 * (2.0 if per_round < calls[0] <= 2 * per_round else 1.0)  # the burst: round 1
+
+    layer = SimpleNamespace(shape=(4, 8), run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
+    timer = SimpleNamespace(flush=lambda: None, time=timed, ceiling=lambda repeats: [30.0])
+    inputs = [bench._inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
+    rounds = [bench._time_round(inputs, kernels, layer, rep, timer, lambda count: None, Level(wait_s=0))
+              for rep in range(reps)]
+    units = bench.unit_records(0, ns, kernels, plan, rounds)
+    for n in ns:
+        assert [row["median_s"] for row in units[0, n]["passes"]] == [{"slot": n * 1e-3, "dedup": n * 1e-3}] * 2
+        assert len(units[0, n]["ceiling_gbps"]) == reps
 
 
 def test_resume_refuses_other_settings(tiny: dict[str, Path], bench_argv, tmp_path: Path, capsys) -> None:

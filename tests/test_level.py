@@ -14,7 +14,7 @@ from test_run import run_cli
 
 from moespec import MoespecError
 from moespec.formats.files import check_level_record
-from moespec.measure import bench
+from moespec.measure import bench, passes
 from moespec.measure import level as L
 from moespec.measure import run as R
 from moespec.predict.plan import inputs_level
@@ -203,13 +203,18 @@ def test_bench_repeats_a_round_off_the_level():
     layer = SimpleNamespace(shape=(4, 8), x_dtype=torch.float32, gate_up=torch.zeros(1),
                             run=lambda kernel, *inp: calls.append(kernel))
     timer = SimpleNamespace(flush=lambda: None, time=lambda fn: fn() or 0.001, ceiling=lambda repeats: [30.0])
-    passes = [SimpleNamespace(ids=np.zeros((2, 2), dtype=np.int64))]
+    two = [passes.Pass("chosen", np.zeros((2, 2), dtype=np.int64), 2)]
     # round 1: nothing pinned to settle at, after 30 (pins); round 2: settle 30, after 50 (off: again), settle's
     # window at 30, after 30
     level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
-    samples, ceilings = bench._time_unit(passes, ["slot", "dedup"], layer, 2, timer, lambda n: None, level)
+    inputs = [bench._inputs(two, 8, torch.float32, "cpu")]
+    bench._warm_up(inputs, ["slot", "dedup"], layer)
+    rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, timer, lambda n: None, level)
+              for rep in range(2)]
+    unit = bench.unit_records(0, [2], ["slot", "dedup"], {(0, 2): two}, rounds)[0, 2]
     assert level.pinned == 30.0 and level.dropped == 1
-    assert [len(v) for v in samples[0].values()] == [2, 2] and len(ceilings) == 2
+    assert len(unit["passes"]) == 1 and len(unit["ceiling_gbps"]) == 2
+    assert [row[0] for r in rounds for row in r[0]["times"]] == [0.001, 0.001]
     assert len(calls) == 2 + 3 * 2  # the warm-up, two kept rounds and the dropped one
 
 

@@ -58,22 +58,23 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 # ---- resuming --------------------------------------------------------------------------------------------
 def test_an_interrupted_bench_says_how_to_resume_and_a_plain_rerun_resumes(bench_argv, tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
-    record, time_unit, timed = bench.unit_record, bench._time_unit, []
-    monkeypatch.setattr(bench, "unit_record", lambda *a: timed.append(1) or record(*a))
+    save, time_round, timed = Checkpoint.save, bench._time_round, []
+    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
+                        or save(self, key, unit))
 
-    def interrupt_second_unit(*args, **kwargs):
+    def interrupt_second_round(*args, **kwargs):
         if timed:
             raise KeyboardInterrupt
-        return time_unit(*args, **kwargs)
+        return time_round(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "_time_unit", interrupt_second_unit)
+    monkeypatch.setattr(bench, "_time_round", interrupt_second_round)
     code, err = main(bench_argv(out))
     assert code == 130 and not out.exists() and len(timed) == 1
     one_line(err, "interrupted", f"{out}.partial", "rerun the same command to resume")
-    monkeypatch.setattr(bench, "_time_unit", time_unit)
+    monkeypatch.setattr(bench, "_time_round", time_round)
     timed.clear()
-    assert main(bench_argv(out))[0] == 0  # no flag: the finished unit is kept
-    assert len(timed) == 6 - 1 and not Path(f"{out}.partial").exists() and not lock_file(out).exists()
+    assert main(bench_argv(out))[0] == 0  # no flag: the finished round is kept
+    assert len(timed) == 2 - 1 and not Path(f"{out}.partial").exists() and not lock_file(out).exists()
 
 
 def test_a_resumed_run_draws_what_a_clean_run_draws(tiny_checkpoints, tmp_path, monkeypatch):

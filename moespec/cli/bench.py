@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-{N_MAX}; n <= {N_LIMIT})")
     p.add_argument("--out", default="bench.json", help="results file (default bench.json)")
     p.add_argument("--reps", type=bounded(1, REPS_LIMIT), default=DEFAULT_REPS,
-                   help=f"timed repetitions per pass (default {DEFAULT_REPS}, at most {REPS_LIMIT:,})")
+                   help=f"timed rounds, each over every pass size and kernel once (default {DEFAULT_REPS}, at most "
+                        f"{REPS_LIMIT:,})")
     p.add_argument("--windows", type=bounded(1, SAMPLES_LIMIT), default=DEFAULT_WINDOWS,
                    help=f"recorded windows per layer and n (default {DEFAULT_WINDOWS}, at most {SAMPLES_LIMIT:,})")
     p.add_argument("--u-values", type=bounded(2, SAMPLES_LIMIT), default=DEFAULT_U_VALUES,

@@ -17,16 +17,20 @@ cache, then a clean read) so every first read of an expert comes from DRAM:
 - windows of recorded routing: n consecutive tokens of one document at one layer of a trace, the routing the
   model really produces. The fits never see them, so their median relative error on the windows is an honest
   bandwidth error eps (Section 3.5, 4); beta_p(n) is the median over these windows, pooled over the layers.
-Kernels are interleaved per pass (and their order rotated per repetition) so drift on a shared machine hits all
-of them alike; each figure is a median over repetitions with its interquartile range. The device's ceiling
-(moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is printed beside every
-bandwidth.
+A layer is timed in rounds, each over every pass size (n ascending on even rounds, descending on odd ones) and
+within each pass every kernel (their order rotated per round), so drift on a shared machine and a change of the
+host's bandwidth level (moespec.measure.level) hit every n and kernel alike. Timed one n after another, a level
+that changed mid-bench landed on the largest n only and tilted both fits: t_op read -2.6 ms where the one-token
+pass measured 2.5 ms, and the whole-pass plan missed n = 1 by 35% (`make demo`, 2026-12-03: the ceiling read
+44-48 GB/s at n <= 6 and 35-36 at n = 7, 9). Each figure is a median over the rounds with its interquartile range.
+The device's ceiling (moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is
+printed beside every bandwidth.
 
 `--device cuda` runs the kernels on a GPU (slot and dedup as our Triton kernels) and times them with CUDA
 events; weights and inputs are drawn on the CPU and then copied, so every device times the same values.
 
-Work is split into units, one (layer, n, kernel set) each; each finished unit is saved atomically to
-`OUT.partial`, so rerunning after an interruption re-times nothing already done.
+Work is split into units, one round of one layer each; each finished round is saved atomically to `OUT.partial`,
+so rerunning after an interruption re-times nothing already done.
 
 bench.json: its keys are documented in moespec.formats.benchfile, which reads, validates and reports it.
 """
@@ -70,6 +74,7 @@ from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.level import Level, check_level
+from moespec.measure.passes import Pass, chosen_ids, plan_unit
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
@@ -85,66 +90,6 @@ DEFAULT_WINDOWS = 16  # recorded windows per layer and n: enough for a median an
 DEFAULT_U_VALUES = 8  # chosen U per n (all when fewer reach): ~60 passes at n = 2..9 for each 3-coefficient fit
 WEIGHT_STD = 0.02  # random weights ~ a trained expert's entries: keeps activations finite; time is value-blind
 NOISY_SHARE = 0.1  # a run with more than 10% noisy timings (IQR > fits.NOISY_IQR x median) gets a warning
-
-
-# ---- chosen ids ------------------------------------------------------------------------------------------
-def union_range(n: int, m: int, N: int) -> range:  # noqa: N803
-    """Reachable U for n tokens of m distinct experts among N: m (all tokens alike) .. min(n m, N) (none repeat)."""
-    return range(m, min(n * m, N) + 1)
-
-
-def union_grid(n: int, m: int, N: int, size: int) -> list[int]:  # noqa: N803
-    """`size` reachable U values evenly spread over the range, both ends included (all when fewer)."""
-    lo, hi = m, min(n * m, N)
-    if hi - lo + 1 <= size:
-        return list(range(lo, hi + 1))
-    return np.rint(np.linspace(lo, hi, size)).astype(int).tolist()  # step > 1: rounding keeps them distinct
-
-
-def chosen_ids(n: int, m: int, N: int, U: int, rng: np.random.Generator) -> np.ndarray:  # noqa: N803
-    """ids [n, m] (int64) whose n m slots name exactly U distinct experts, each token m distinct ones.
-
-    A random set of U experts is laid out cyclically over the first ceil(U/m) tokens (m consecutive positions
-    mod U are distinct because m <= U, and they cover all U because n m >= U); the other tokens draw random
-    m-subsets of the same U; tokens and slots are then shuffled."""
-    if not (1 <= m < N and n >= 1):
-        raise MoespecError(f"chosen ids need n >= 1 and 1 <= m < N, got n={n}, m={m}, N={N}")
-    if U not in union_range(n, m, N):
-        raise MoespecError(f"U = {U} distinct experts is unreachable for n={n} tokens of m={m} among N={N}: "
-                           f"need {m} <= U <= {min(n * m, N)}")
-    experts = rng.permutation(N)[:U]
-    cover = -(-U // m)
-    first = experts[(np.arange(cover * m) % U).reshape(cover, m)]
-    rest = experts[np.argsort(rng.random((n - cover, U)), axis=1)[:, :m]]
-    ids = np.concatenate([first, rest])[rng.permutation(n)]
-    return rng.permuted(ids, axis=1).astype(np.int64)
-
-
-# ---- the plan: which passes each (layer, n) unit times ----------------------------------------------------
-@dataclass(frozen=True)
-class Pass:
-    """One pass to time: ids [n, m] with U distinct experts; `start` is a recorded window's first token."""
-
-    source: str  # "chosen" or "window"
-    ids: np.ndarray
-    U: int  # noqa: N815
-    start: int | None = None
-
-
-def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u_values: int,
-              seed: int) -> list[Pass]:
-    """Chosen passes over the U grid, then up to `windows` recorded windows sampled without replacement."""
-    rng = np.random.default_rng([seed, layer, n])
-    passes = [Pass("chosen", chosen_ids(n, spec.m, spec.N, U, rng), U)
-              for U in union_grid(n, spec.m, spec.N, u_values)]
-    starts = trace.window_starts(n)
-    if starts.size == 0:
-        raise MoespecError(f"the trace has no window of {n} tokens inside one document (longest document: "
-                           f"{int(trace.document_lengths.max())} tokens); lower --n")
-    for start in np.sort(rng.choice(starts, size=min(windows, starts.size), replace=False)).tolist():
-        ids = trace.experts[start:start + n, layer].astype(np.int64)
-        passes.append(Pass("window", ids, int(np.unique(ids).size), start))
-    return passes
 
 
 def bench_layers(layers: tuple[int, ...] | None, spec: ModelSpec) -> list[int]:
@@ -272,11 +217,14 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: st
 
 
 # ---- timing ------------------------------------------------------------------------------------------------
-Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each repetition
+Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each round
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # one pass's (x [n, d], ids [n, m], router weights [n, m])
+# The checkpoint's units: one round of one layer over every pass size (a bench of units per (layer, n), from before
+# the rounds, is refused by this key rather than resumed).
+LAYOUT = "rounds over n"
 
 
-def _inputs(passes: list[Pass], d: int, dtype: torch.dtype,
-            device: str | torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _inputs(passes: list[Pass], d: int, dtype: torch.dtype, device: str | torch.device) -> list[Inputs]:
     """(x, ids, router weights) per pass on `device`; values are seeded on the CPU (the same on every device)
     and do not change a memory-bound time."""
     gen = torch.Generator().manual_seed(0)
@@ -289,42 +237,49 @@ def _inputs(passes: list[Pass], d: int, dtype: torch.dtype,
     return out
 
 
-def _time_unit(passes: list[Pass], kernels: list[str], layer: LayerWeights, reps: int, timer: Timer,
-               advance: Callable[[int], None], level: Level) -> tuple[Timings, list[float]]:
-    """Warm up each kernel once, then `reps` rounds over the passes; in each pass every kernel runs after a cache
-    flush, in an order rotated per round, so drift and order effects hit all kernels alike. After each round one
-    ceiling sample (GB/s): a kernel's share of the ceiling is then taken against the machine of its own rounds.
-    Each round starts at the bench's bandwidth level and is repeated where the reference read after it is off
-    the level (moespec.measure.level; on a CPU)."""
-    inputs = _inputs(passes, layer.shape[1], layer.x_dtype, layer.gate_up.device)
-    for kernel in kernels:
-        layer.run(kernel, *inputs[0])
-    samples: Timings = [{kernel: [] for kernel in kernels} for _ in passes]
-    ceilings = []
-    for rep in range(reps):
-        order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
+def _warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights) -> None:
+    """Each kernel once on the first pass of every group: the timed calls find its code and buffers ready."""
+    for group in inputs:
+        for kernel in kernels:
+            layer.run(kernel, *group[0])
 
-        def one_round(order: list[str] = order) -> list[list[float]]:
+
+def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, timer: Timer,
+                advance: Callable[[int], None], level: Level) -> list[dict[str, Any]]:
+    """Round `rep` over groups of passes (one group per pass size): the groups in order on even rounds and
+    reversed on odd ones; in each pass every kernel runs after a cache flush, in an order rotated per round, so
+    drift and order effects hit every n and kernel alike. Each group starts at the bench's bandwidth level and is
+    timed again where the reference read after it is off the level (moespec.measure.level; on a CPU); one ceiling
+    sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against the machine of its own
+    rounds. Returns per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps"}."""
+    order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
+    out: list[dict[str, Any]] = [{} for _ in inputs]
+    for i in (range(len(inputs)) if rep % 2 == 0 else reversed(range(len(inputs)))):
+        def one_group(group: list[Inputs] = inputs[i]) -> list[list[float]]:
             times = []
-            for inp in inputs:
+            for inp in group:
                 times.append([])
                 for kernel in order:
                     timer.flush()
                     times[-1].append(timer.time(partial(layer.run, kernel, *inp)))
             return times
 
-        for times, got in zip(samples, level.measured(one_round)):
-            for kernel, t in zip(order, got):
-                times[kernel].append(t)
-        advance(len(passes))
-        ceilings += timer.ceiling(repeats=1)
-    return samples, ceilings
+        got = level.measured(one_group)
+        out[i] = {"times": [[row[order.index(k)] for k in kernels] for row in got],
+                  "ceiling_gbps": timer.ceiling(repeats=1)}
+        advance(len(inputs[i]))
+    return out
+
+
+def round_key(layer: int, rep: int, kernels: list[str]) -> str:
+    """A finished round's key in the checkpoint."""
+    return f"layer {layer} round {rep} kernels {','.join(kernels)}"
 
 
 def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
                 ceilings: list[float]) -> dict[str, Any]:
-    """A finished unit as saved in the checkpoint: per pass its source, U, a window's start, median/IQR per kernel;
-    the ceiling samples taken between its rounds."""
+    """One (layer, n) as `analyze` reads it: per pass its source, U, a window's start, median/IQR per kernel over
+    the rounds; the ceiling samples taken after it in each round."""
     rows = []
     for p, times in zip(passes, samples):
         stats = {kernel: median_iqr(t) for kernel, t in times.items()}
@@ -333,9 +288,16 @@ def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samp
     return {"layer": layer, "n": n, "kernels": kernels, "passes": rows, "ceiling_gbps": ceilings}
 
 
-def unit_key(layer: int, n: int, kernels: list[str]) -> str:
-    """A unit's key in the checkpoint."""
-    return f"layer {layer} n {n} kernels {','.join(kernels)}"
+def unit_records(layer: int, ns: list[int], kernels: list[str], plan: dict[tuple[int, int], list[Pass]],
+                 rounds: list[list[dict[str, Any]]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """A layer's rounds (from _time_round, groups in `ns` order) gathered per (layer, n) (unit_record)."""
+    out = {}
+    for i, n in enumerate(ns):
+        samples: Timings = [{k: [r[i]["times"][j][c] for r in rounds] for c, k in enumerate(kernels)}
+                            for j in range(len(plan[layer, n]))]
+        out[layer, n] = unit_record(layer, n, kernels, plan[layer, n], samples,
+                                    [c for r in rounds for c in r[i]["ceiling_gbps"]])
+    return out
 
 
 def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float, reps: int,
@@ -344,9 +306,11 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
     pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
     total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
-    probe, _ = _time_unit([small, large], list(kinds), layer, 1, timer, lambda count: None, Level(wait_s=0))
-    for kernel, kind in kinds.items():
-        (t_lo,), (t_hi,) = probe[0][kernel], probe[1][kernel]
+    inputs = [_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
+    _warm_up(inputs, list(kinds), layer)
+    probe = _time_round(inputs, list(kinds), layer, 0, timer, lambda count: None, Level(wait_s=0))
+    for c, (kernel, kind) in enumerate(kinds.items()):
+        t_lo, t_hi = (group["times"][0][c] for group in probe)
         lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
         per_byte = (t_hi - t_lo) / (hi - lo) if hi > lo else 0.0
         per_byte = per_byte if per_byte > 0 else t_hi / hi  # a noisy probe: no fixed time
@@ -357,36 +321,48 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
 
 
 def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: dict[tuple[int, int], list[Pass]],
-             checkpoint: Checkpoint, ceiling: float, timer: Timer, say: Callable[[str], None], level: Level) -> None:
-    """Time every unit the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
-    printing the estimated time; every round at the bench's bandwidth level (saved with each unit)."""
+             checkpoint: Checkpoint, ceiling: float, timer: Timer, say: Callable[[str], None],
+             level: Level) -> dict[tuple[int, int], dict[str, Any]]:
+    """Time every round the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
+    printing the estimated time; every group of a round at the bench's bandwidth level (saved with each round).
+    Returns the rounds gathered per (layer, n) (unit_records)."""
     kernels = list(kinds)
-    pending = [key for key in plan if unit_key(*key, kernels) not in checkpoint.units]
-    say(f"plan: {len(plan)} units (layer, n), {len(plan) - len(pending)} done; each up to {config.u_values} "
-              f"chosen U values and {config.windows} recorded windows, {config.reps} reps, every timed call after a "
-              f"{timer.flush_bytes >> 20} MiB cache flush, timed by {timer.timer_name}")
-    if not pending:
-        return
-    layers = sorted({layer for layer, _ in pending})
-    start = time.perf_counter()
-    weights: LayerWeights | None = layer_weights(spec, layers[0], config.dtype, config.seed, timer.device)
-    generate = time.perf_counter() - start
-    seconds, speeds = _estimate(kinds, weights, [p for key in pending for p in plan[key]], spec.m,
-                                spec.expert_bytes(layers[0], config.dtype), config.reps, timer)
-    seconds += generate * (len(layers) - 1)
-    estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
-    say(f"estimated time: {estimate} (probe on requested bytes: "
-              f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in speeds.items())}; ceiling {ceiling:.1f} GB/s)")
-    with progress("bench", sum(len(plan[key]) for key in pending) * config.reps,
-                  enabled=sys.stderr.isatty()) as advance:
-        for layer in layers:
-            weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
-            for n in [n for lay, n in pending if lay == layer]:
-                samples, ceilings = _time_unit(plan[layer, n], kernels, weights, config.reps, timer, advance, level)
-                checkpoint.save(unit_key(layer, n, kernels),
-                                unit_record(layer, n, kernels, plan[layer, n], samples, ceilings))
-                level.save(checkpoint)
-            weights = None  # frees the layer (and the peers' modules cached on its tensors)
+    layers, ns = sorted({layer for layer, _ in plan}), sorted({n for _, n in plan})
+    pending = [(layer, rep) for layer in layers for rep in range(config.reps)
+               if round_key(layer, rep, kernels) not in checkpoint.units]
+    say(f"plan: {len(layers)} layer(s) x {config.reps} rounds, each over n = {ns[0]}..{ns[-1]} (ascending and "
+        f"descending in turn), {len(layers) * config.reps - len(pending)} done; each n up to {config.u_values} chosen "
+        f"U values and {config.windows} recorded windows, every timed call after a {timer.flush_bytes >> 20} MiB "
+        f"cache flush, timed by {timer.timer_name}")
+    per_round = {layer: [p for n in ns for p in plan[layer, n]] for layer in layers}
+    if pending:
+        todo = sorted({layer for layer, _ in pending})
+        start = time.perf_counter()
+        weights: LayerWeights | None = layer_weights(spec, todo[0], config.dtype, config.seed, timer.device)
+        generate = time.perf_counter() - start
+        seconds, speeds = _estimate(kinds, weights, [p for layer, _ in pending for p in per_round[layer]], spec.m,
+                                    spec.expert_bytes(todo[0], config.dtype), 1, timer)
+        seconds += generate * (len(todo) - 1)
+        estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+        say(f"estimated time: {estimate} (probe on requested bytes: "
+            f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in speeds.items())}; ceiling {ceiling:.1f} GB/s)")
+        with progress("bench", sum(len(per_round[layer]) for layer, _ in pending),
+                      enabled=sys.stderr.isatty()) as advance:
+            for layer in todo:
+                weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
+                inputs = [_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
+                          for n in ns]
+                _warm_up(inputs, kernels, weights)
+                for _, rep in [key for key in pending if key[0] == layer]:
+                    checkpoint.save(round_key(layer, rep, kernels),
+                                    _time_round(inputs, kernels, weights, rep, timer, advance, level))
+                    level.save(checkpoint)
+                weights = None  # frees the layer (and the peers' modules cached on its tensors)
+    units = {}
+    for layer in layers:
+        rounds = [checkpoint.units[round_key(layer, rep, kernels)] for rep in range(config.reps)]
+        units |= unit_records(layer, ns, kernels, plan, rounds)
+    return units
 
 
 @dataclass(frozen=True)
@@ -462,6 +438,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
             for layer in layers for n in ns}
     timer = timer_for(device)
     key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
+           "layout": LAYOUT,
            "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s,
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"]}
@@ -483,11 +460,10 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     level = Level(config.level_gbps, config.level_wait_s if timer.kind == "cpu" else 0)  # the host's level: CPU
     level.restore(checkpoint)
     with checkpoint:
-        _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level)
+        units = _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level)
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 
-    units = {key: checkpoint.units[unit_key(*key, list(kinds))] for key in plan}
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
            "device": timer.name, "device_kind": timer.kind, "dtype": config.dtype, "ceiling_kind": timer.ceiling_kind,
