@@ -74,16 +74,17 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # kernel, whose per-round spread is 4-6% here, then has a 95% spread of about +-1.5%: 50 rounds at n = 1 and 5,
 # 2026-12-01), at most 40 rounds or 8 s per pass size (a round times every pass size and policy once: 27 passes of
 # 13-65 ms, ~1 s), and a reduced throughput grid: every k = 0..8 (the score needs the plan's k_hat* measured) at 4
-# acceptances, twelve prompts of 12 tokens per (policy, k) cell, each prompt at one acceptance in turn (three per
-# a; eight left V(k), a median over ~25-100 steps of a per-pass spread of 10%, 2-3% noisy, and k* at a flat a moved
-# by two: 2026-12-02), run as interleaved rounds (one prompt of every cell each, ~5 s a round) so drift and a
-# change of the host's level, which lasts seconds to minutes, hit every k alike (four rounds of 24 tokens let one
-# burst reach a quarter of some cells and none of others: dedup and AUTO, one kernel from n = 2, then disagreed on
-# k* at a = 0.9). The oracle's tokens/s is G_a(k) over the cell's median step time from all its prompts
-# (moespec.measure.decoding.cell_rows): the drafted tokens add no acceptance noise, and every a reads one V(k) (one
-# decoding per a took 2.5 min of the demo's 8; 2026-12-02).
+# acceptances, 24 prompts of 6 tokens per (policy, k) cell, each prompt at one acceptance in turn (six per a), run
+# as interleaved rounds (one prompt of every cell each) so drift and a change of the host's level, which lasts
+# seconds to minutes, hit every k alike. A prompt is one draw of the host: its steps spread by 6% about their own
+# median, the prompts' medians by 10-14% (36 prompts of k = 0, 3, 8 on this machine, 2026-12-03), so a cell's V(k)
+# is known to ~1.25 x 12% / sqrt(prompts): 4% with twelve prompts of 12 tokens, where dedup and AUTO (one kernel
+# from n = 2) read V(k) up to 11% apart and k* at a flat a moved by two; 2.5% with 24 of 6 (no first or last step
+# of a prompt reads apart from the others: 0.97-1.04 of the median). The oracle's tokens/s is G_a(k) over the
+# cell's median step time from all its prompts (moespec.measure.decoding.cell_rows): the drafted tokens add no
+# acceptance noise, and every a reads one V(k) (one decoding per a took 2.5 min of the demo's 8; 2026-12-02).
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
-ENGINE_PROMPTS, ENGINE_TOKENS = 12, 12
+ENGINE_PROMPTS, ENGINE_TOKENS = 24, 6
 # The engine runs wait up to 2.5x a measurement's default (75 s each) for the bench's bandwidth level before
 # following the host elsewhere: the host changes level every 1-2 minutes here, and a chain kept at one level is what
 # the scored comparison needs (moespec.measure.level). The demo takes ~4.5 min without waiting; with the bench's 30 s
