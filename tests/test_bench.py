@@ -357,11 +357,13 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_a
     assert len(doc["windows"]["0"]) == 3 and not Path(f"{out}.partial").exists()
 
 
-def test_a_burst_within_one_round_leaves_every_pass_size_at_the_quiet_time() -> None:
-    """Rounds over every n: a burst of the host that lasts one round slows one of each n's three samples, so every
-    median is the quiet time. Timed one n after another (the bench before the rounds), the same burst took every
-    sample of the pass sizes it fell on, and their medians read 2x."""
-    ns, kernels, reps = [1, 2, 3, 4], ["slot", "dedup"], 3
+@pytest.mark.parametrize("burst", [(1.0, 2.0), (8 / 9, 10 / 9)], ids=["round 1", "two rounds' ends"])
+def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
+    """Rounds over every n: a burst of the host as long as one round (or across the end of round 0 and the start of
+    round 1) slows at most one of each n's three samples, so every median is the quiet time. Timed one n after
+    another (the bench before the rounds), the whole round's burst took every sample of the pass sizes it fell
+    on; in rounds run ascending and descending in turn, the second burst took two of n = 8's and 9's samples."""
+    ns, kernels, reps = list(range(1, 10)), ["slot", "dedup"], 3
     plan = {(0, n): [passes.Pass("chosen", np.zeros((n, 2), dtype=np.int64), 2)] * 2 for n in ns}
     size, calls = [0], [0]
     per_round = sum(len(p) for p in plan.values()) * len(kernels)
@@ -369,12 +371,12 @@ def test_a_burst_within_one_round_leaves_every_pass_size_at_the_quiet_time() -> 
     def timed(fn) -> float:
         fn()
         calls[0] += 1
-        return size[0] * 1e-3 * (2.0 if per_round < calls[0] <= 2 * per_round else 1.0)  # the burst: round 1
+        return size[0] * 1e-3 * (2.0 if burst[0] * per_round < calls[0] <= burst[1] * per_round else 1.0)
 
     layer = SimpleNamespace(shape=(4, 8), run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
     timer = SimpleNamespace(flush=lambda: None, time=timed, ceiling=lambda repeats: [30.0])
     inputs = [bench._inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
-    rounds = [bench._time_round(inputs, kernels, layer, rep, timer, lambda count: None, Level(wait_s=0))
+    rounds = [bench._time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0))
               for rep in range(reps)]
     units = bench.unit_records(0, ns, kernels, plan, rounds)
     for n in ns:

@@ -109,6 +109,20 @@ def test_measured_reruns_a_unit_whose_after_read_is_off():
     assert len(count) <= L.ATTEMPTS and always_off.kept_off >= 1 and always_off.repins == 0  # never re-pinned
 
 
+def test_a_unit_thrown_away_counts_against_the_waiting_budget(monkeypatch):
+    """A unit run off the level and thrown away is time spent waiting: one that outlasts the budget spends it, so
+    the next run of the unit is kept (off the level) instead of run a third time."""
+    clock = iter(range(0, 1000, 10))  # every perf_counter call 10 s later
+    monkeypatch.setattr(L.time, "perf_counter", lambda: float(next(clock)))
+    runs = []
+    # settle's read at the level (10 s), the first run (10 s) and its after-read off (57): 20 s of the 15 spent, so
+    # no settle, and the second run's after-read, off again, is kept off
+    level = L.Level(34.0, wait_s=15, read=reads_of([34.0, 57.0, 57.0]))
+    level.measured(lambda: runs.append(1))
+    assert len(runs) == 2 and level.dropped == 1 and level.kept_off == 1
+    assert level.exhausted and level.waited_s >= 15
+
+
 def test_restore_continues_a_checkpointed_pin():
     saved = L.Level(40.0, wait_s=10, read=reads_of([])).record() | {"dropped": 3, "waited_s": 1.5, "repins": 1}
     level = L.Level(35.0, wait_s=10, read=reads_of([]))
@@ -209,7 +223,7 @@ def test_bench_repeats_a_round_off_the_level():
     level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
     inputs = [bench._inputs(two, 8, torch.float32, "cpu")]
     bench._warm_up(inputs, ["slot", "dedup"], layer)
-    rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, timer, lambda n: None, level)
+    rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level)
               for rep in range(2)]
     unit = bench.unit_records(0, [2], ["slot", "dedup"], {(0, 2): two}, rounds)[0, 2]
     assert level.pinned == 30.0 and level.dropped == 1

@@ -17,12 +17,16 @@ cache, then a clean read) so every first read of an expert comes from DRAM:
 - windows of recorded routing: n consecutive tokens of one document at one layer of a trace, the routing the
   model really produces. The fits never see them, so their median relative error on the windows is an honest
   bandwidth error eps (Section 3.5, 4); beta_p(n) is the median over these windows, pooled over the layers.
-A layer is timed in rounds, each over every pass size (n ascending on even rounds, descending on odd ones) and
-within each pass every kernel (their order rotated per round), so drift on a shared machine and a change of the
-host's bandwidth level (moespec.measure.level) hit every n and kernel alike. Timed one n after another, a level
-that changed mid-bench landed on the largest n only and tilted both fits: t_op read -2.6 ms where the one-token
-pass measured 2.5 ms, and the whole-pass plan missed n = 1 by 35% (`make demo`, 2026-12-03: the ceiling read
-44-48 GB/s at n <= 6 and 35-36 at n = 7, 9). Each figure is a median over the rounds with its interquartile range.
+A layer is timed in rounds, each over every pass size and within each pass every kernel (their order rotated per
+round), so drift on a shared machine and a change of the host's bandwidth level (moespec.measure.level) hit every
+n and kernel alike. Timed one n after another, a level that changed mid-bench landed on the largest n only and
+tilted both fits: t_op read -2.6 ms where the one-token pass measured 2.5 ms, and the whole-pass plan missed n = 1
+by 35% (`make demo`, 2026-12-03: the ceiling read 44-48 GB/s at n <= 6 and 35-36 at n = 7, 9). Round r starts
+r/reps of the way through the pass sizes (1..9, 4..9 1..3, 7..9 1..6 for three rounds), so each n sits once in
+each part of a round (drift balanced) and a burst across two rounds meets different n: rounds that ran ascending
+and descending in turn put n = 7-9 at both ends of the first boundary, where one burst took two of their three
+samples (the fit read 4.8 ms at n = 1 against 2.9 measured, `make demo`, 2026-12-03: the ceiling read 52-61
+GB/s at n = 7-9 and 37-43 below). Each figure is a median over the rounds with its interquartile range.
 The device's ceiling (moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is
 printed beside every bandwidth.
 
@@ -244,17 +248,18 @@ def _warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights
             layer.run(kernel, *group[0])
 
 
-def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, timer: Timer,
-                advance: Callable[[int], None], level: Level) -> list[dict[str, Any]]:
-    """Round `rep` over groups of passes (one group per pass size): the groups in order on even rounds and
-    reversed on odd ones; in each pass every kernel runs after a cache flush, in an order rotated per round, so
-    drift and order effects hit every n and kernel alike. Each group starts at the bench's bandwidth level and is
-    timed again where the reference read after it is off the level (moespec.measure.level; on a CPU); one ceiling
-    sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against the machine of its own
-    rounds. Returns per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps"}."""
+def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, reps: int,
+                timer: Timer, advance: Callable[[int], None], level: Level) -> list[dict[str, Any]]:
+    """Round `rep` of `reps` over groups of passes (one group per pass size), started rep/reps of the way through
+    the groups (module docstring); in each pass every kernel runs after a cache flush, in an order rotated per
+    round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the bench's
+    bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
+    on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
+    the machine of its own rounds. Returns per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps"}."""
     order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
     out: list[dict[str, Any]] = [{} for _ in inputs]
-    for i in (range(len(inputs)) if rep % 2 == 0 else reversed(range(len(inputs)))):
+    start = rep * len(inputs) // reps
+    for i in [(start + j) % len(inputs) for j in range(len(inputs))]:
         def one_group(group: list[Inputs] = inputs[i]) -> list[list[float]]:
             times = []
             for inp in group:
@@ -308,7 +313,7 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
     total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
     inputs = [_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
     _warm_up(inputs, list(kinds), layer)
-    probe = _time_round(inputs, list(kinds), layer, 0, timer, lambda count: None, Level(wait_s=0))
+    probe = _time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0))
     for c, (kernel, kind) in enumerate(kinds.items()):
         t_lo, t_hi = (group["times"][0][c] for group in probe)
         lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
@@ -330,8 +335,8 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
     layers, ns = sorted({layer for layer, _ in plan}), sorted({n for _, n in plan})
     pending = [(layer, rep) for layer in layers for rep in range(config.reps)
                if round_key(layer, rep, kernels) not in checkpoint.units]
-    say(f"plan: {len(layers)} layer(s) x {config.reps} rounds, each over n = {ns[0]}..{ns[-1]} (ascending and "
-        f"descending in turn), {len(layers) * config.reps - len(pending)} done; each n up to {config.u_values} chosen "
+    say(f"plan: {len(layers)} layer(s) x {config.reps} rounds, each over n = {ns[0]}..{ns[-1]} (each started "
+        f"further along), {len(layers) * config.reps - len(pending)} done; each n up to {config.u_values} chosen "
         f"U values and {config.windows} recorded windows, every timed call after a {timer.flush_bytes >> 20} MiB "
         f"cache flush, timed by {timer.timer_name}")
     per_round = {layer: [p for n in ns for p in plan[layer, n]] for layer in layers}
@@ -355,7 +360,8 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                 _warm_up(inputs, kernels, weights)
                 for _, rep in [key for key in pending if key[0] == layer]:
                     checkpoint.save(round_key(layer, rep, kernels),
-                                    _time_round(inputs, kernels, weights, rep, timer, advance, level))
+                                    _time_round(inputs, kernels, weights, rep, config.reps, timer, advance,
+                                                level))
                     level.save(checkpoint)
                 weights = None  # frees the layer (and the peers' modules cached on its tensors)
     units = {}
