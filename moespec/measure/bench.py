@@ -255,7 +255,8 @@ def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeig
     round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the bench's
     bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
     on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
-    the machine of its own rounds. Returns per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps"}."""
+    the machine of its own rounds. Returns per group {"times": [[seconds per kernel, in `kernels` order] per
+    pass], "ceiling_gbps"}."""
     order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
     out: list[dict[str, Any]] = [{} for _ in inputs]
     start = rep * len(inputs) // reps
