@@ -293,21 +293,27 @@ OUTSIDE = {n: 0.08 + 0.01 * (n - 1) for n in NS}  # seconds: a pass with the exp
 
 
 def test_whole_pass_version_adds_the_measured_outside_time(trace: Trace) -> None:
-    """Runs that timed the pass with the expert operation taken out give the whole-pass version: tau_p(n) =
-    tau_out(n) + M_p(n), bound delta M_p(n) (only the expert term is predicted); the calibrated version stays."""
+    """Runs that timed the pass with the expert operation taken out give the whole-pass version, (22) plus the
+    measured outside growth: tau_p(n) = tau(1) + tau_out(n) - tau_out(1) + M_p(n) - M_slot(1), bound (22)'s
+    delta (M_p(n) + M_slot(1)), 0 at n = 1; the calibrated version stays."""
     runs = make_runs()
     runs["verify_time_s"]["outside"] = {str(n): t for n, t in OUTSIDE.items()}
     plan = build_plan(make_bench(), trace, runs=runs, draft_time=list(RUNS_DRAFT.values()))
+    tau1 = runs["verify_time_s"]["slot"]["1"]
     for n in NS:
         for p in ("slot", "dedup"):
-            assert plan["tau_whole_pass"][p][str(n)] == pytest.approx(OUTSIDE[n] + M_HAT[p][n], rel=1e-12)
+            assert plan["tau_whole_pass"][p][str(n)] == pytest.approx(
+                tau1 + OUTSIDE[n] - OUTSIDE[1] + M_HAT[p][n] - M_HAT["slot"][1], rel=1e-12)
+            assert plan["tau_whole_pass"][p][str(n)] - plan["tau_hat"][p][str(n)] == pytest.approx(
+                OUTSIDE[n] - OUTSIDE[1], rel=1e-9, abs=1e-15)  # (22) plus the outside growth
         if n > 1:
             assert plan["saving"][str(n)]["whole_pass_s"] == pytest.approx(plan["saving"][str(n)]["predicted_s"])
     assert plan["crossover_whole_pass"] == plan["crossover"] == 4 and "tau_calibrated" in plan
     for p in ("slot", "dedup"):
         V = plan["step_times_whole_pass"][p]
         assert V == pytest.approx([plan["tau_whole_pass"][p][str(n)] + RUNS_DRAFT[n - 1] for n in NS], rel=1e-15)
-        assert plan["delta_steps"]["whole-pass"][p] == pytest.approx(_delta(V, [DELTA * M_HAT[p][n] for n in NS]))
+        bound = [0.0 if n == 1 else DELTA * (M_HAT[p][n] + M_HAT["slot"][1]) for n in NS]
+        assert plan["delta_steps"]["whole-pass"][p] == pytest.approx(_delta(V, bound))
     assert {row["version"] for row in plan["table_whole_pass"]} == {"whole-pass"}
     without = build_plan(make_bench(), trace, runs=make_runs(), draft_time=list(RUNS_DRAFT.values()))
     assert "tau_whole_pass" not in without and "table_whole_pass" not in without  # older runs: no outside time

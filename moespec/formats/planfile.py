@@ -34,8 +34,9 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
                list of its own, so that a reader that keys `table` by (policy, a) keeps reading the prediction
   tau_whole_pass, saving.{n}.whole_pass_s, crossover_whole_pass, step_times_whole_pass, staircase_whole_pass,
   table_whole_pass (version "whole-pass")   the whole-pass version, when the runs of --runs measured the verify
-               time with the expert operation taken out (verify_time_s.outside): the time outside the expert
-               operation measured at each n plus the predicted expert time (moespec.predict.verify.whole_pass)
+               time with the expert operation taken out (verify_time_s.outside): the prediction (22) plus the
+               growth with n of the time outside the expert operation measured at each n
+               (moespec.predict.verify.whole_pass)
   llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
                dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
                (moespec.predict.plan.llama_cpp_flags; absent in older plans)

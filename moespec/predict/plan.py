@@ -253,7 +253,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
             cal.bound[measured] = np.maximum(half, 0.0)
         versions["calibrated"] = with_auto(cal, policy)
     if tau_outside is not None:
-        versions["whole-pass"] = with_auto(whole_pass(tau_outside, M, delta), policy)
+        versions["whole-pass"] = with_auto(whole_pass(tau1, tau_outside, M, delta), policy)
     step = {v: steps(t, h, v) for v, t in versions.items()}
     stats = reuse_stats(trace, n_max=ns[-1], bootstrap=0)
     reuse = derive(stats.rho[:L], stats.union[:L], w, trace.m)  # byte quantities of the L covered layers
