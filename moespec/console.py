@@ -4,17 +4,29 @@ transient progress bar long measurements show on stderr."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
-def console() -> Console:
-    """A rich console at least 120 columns wide when output is not a terminal (logs, CI), so tables don't wrap."""
+NARROW = 100  # columns of the commands that answer (plan, score): their verdict and tables fit a narrow log
+
+
+def console(width: int | None = None) -> Console:
+    """A rich console; when output is not a terminal (logs, CI), `width` columns wide, by default at least 120 so
+    wide tables don't wrap (plan and score print at NARROW)."""
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 40):
+        raise ValueError(f"width must be an integer of at least 40 columns, got {width!r}")
     c = Console()
-    return c if c.is_terminal else Console(width=max(c.width, 120))
+    return c if c.is_terminal else Console(width=width or max(c.width, 120))
+
+
+def print_plain(con: Console, lines: Iterable[str]) -> None:
+    """Plain text lines as they are: no markup, no highlighting (a verdict's brackets are intervals, not styles)."""
+    for line in lines:
+        con.print(line, markup=False, highlight=False)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,10 @@ PROFILE = "paper-wikitext"
 # and a dense draft, and the target's routing traced on WikiText-2's test split (real text, real documents).
 PAIR_DIR = Path(__file__).resolve().parent / "data" / "pair"
 PAIR_TRACE = PAIR_DIR / "trace-wikitext-test.npz"
+# The text `moespec trace` records routing on when given none: six short documents of plain English prose written
+# for moespec (MIT, as the code; WikiText-style " = Title = " headings split them), 6.5 kB, 1,250 words (1,944
+# tokens of the trained pair's tokenizer): enough windows of n <= 9 tokens per document for reuse and the bench.
+SAMPLE_TEXT = Path(__file__).resolve().parent / "data" / "text" / "sample.txt"
 ROUTINGS = ("synthetic", "trained")  # the demo's routing: the calibrated process, or the trained target's trace
 TRACE_TOKENS, TRACE_DOCS = 50_000, 50
 

@@ -290,6 +290,9 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
         if config.engine_layers:
             result["engine"] = _engine(config, out_dir, steps, view, bench)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=config.format)})
+    if "engine" in result:  # after demo.json, which the report reads too
+        view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
+        view.say(f"report -> {write_report(out_dir)}")
     return Demo(result, out_dir / "demo.json")
 
 
@@ -343,11 +346,11 @@ def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> B
 
 
 def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, bench: Bench) -> dict[str, Any]:
-    """Steps 4-7: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score,
-    the report. The engine replays the trace's routing (random weights route like uniform iid); the plan is
-    written before the run it is scored against, so the score is pre-registered. Every timed round of the chain
-    is kept at the bench's bandwidth level (moespec.measure.level): the verify-only run pins it, the plan records
-    it, the scored run reads it from the plan."""
+    """Steps 4-6: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score
+    (the report, step 7, follows demo.json). The engine replays the trace's routing (random weights route like
+    uniform iid); the plan is written before the run it is scored against, so the score is pre-registered. Every
+    timed round of the chain is kept at the bench's bandwidth level (moespec.measure.level): the verify-only run
+    pins it, the plan records it, the scored run reads it from the plan."""
     verify, planned, scored = engine_configs(config)
     verify = replace(verify, level_gbps=inputs_level(bench, None))
     view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
@@ -360,8 +363,6 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, ben
     planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(planned.out)]
     for version in planned_versions:
         view.score(score_files(planned.out, scored.out, version))
-    view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
-    view.say(f"report -> {write_report(out_dir)}")
     return engine_summary(out_dir)
 
 

@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 
 from moespec import MoespecError, cli
 from moespec.cli.args import parse_ints
-from moespec.formats.benchfile import load_bench
+from moespec.formats.benchfile import load_bench, too_small
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import write_json
 from moespec.formats.trace import Trace
 from moespec.measure import bench, passes
+from moespec.measure.contention import Cores
 from moespec.measure.fits import analyze, engine_of, fit_time
 from moespec.measure.level import Level
 from moespec.model.spec import ModelSpec, resolve
@@ -253,7 +254,8 @@ def smoke(tiny: dict[str, Path], bench_argv) -> dict[str, object]:
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         rc = cli.main(bench_argv(out, "--plot", str(plot)))
-    return {"rc": rc, "out": out, "plot": plot, "last": stdout.getvalue().strip().splitlines()[-1]}
+    return {"rc": rc, "out": out, "plot": plot, "last": stdout.getvalue().strip().splitlines()[-1],
+            "stdout": stdout.getvalue()}
 
 
 def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str, Path]) -> None:
@@ -278,6 +280,20 @@ def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str
     assert Path(smoke["plot"]).stat().st_size > 0
     summary = json.loads(smoke["last"])  # the command ends with one JSON line
     assert summary["out"] == str(smoke["out"]) and set(summary["beta_gbps"]) == {"slot", "dedup"}
+
+
+def test_the_too_small_flag_is_written_and_warned(smoke: dict[str, object]) -> None:
+    """bench.json's too_small is too_small() of its own numbers (so a reader and a plan agree on it), the run says
+    so in a warning line naming the settings to change, and no round was resumed."""
+    doc = load_bench(smoke["out"])
+    assert doc["too_small"] == too_small(doc) and doc["resumed_rounds"] == 0
+    summary = json.loads(smoke["last"])
+    assert summary["too_small"] == doc["too_small"]["flag"]
+    printed = " ".join(str(smoke["stdout"]).split())  # the console wraps long lines
+    warned = "the expert operation of this model is too small to time on this machine" in printed
+    assert warned == doc["too_small"]["flag"]
+    if warned:
+        assert "--fresh" in printed.split("too small to time", 1)[1]
 
 
 def test_bench_json_round_trips(smoke: dict[str, object], tmp_path: Path) -> None:
@@ -355,6 +371,7 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_a
     assert len(timed) == SMOKE_ROUNDS * 2 - 2 and not set(first) & set(timed)  # finished rounds are not re-timed
     doc = load_bench(out)
     assert len(doc["windows"]["0"]) == 3 and not Path(f"{out}.partial").exists()
+    assert doc["resumed_rounds"] == 2  # bench.json says its result holds rounds of the interrupted run
 
 
 @pytest.mark.parametrize("burst", [(1.0, 2.0), (8 / 9, 10 / 9)], ids=["round 1", "two rounds' ends"])
@@ -376,7 +393,8 @@ def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
     layer = SimpleNamespace(shape=(4, 8), run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
     timer = SimpleNamespace(flush=lambda: None, time=timed, ceiling=lambda repeats: [30.0])
     inputs = [bench._inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
-    rounds = [bench._time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0))
+    rounds = [bench._time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0),
+                                Cores())
               for rep in range(reps)]
     units = bench.unit_records(0, ns, kernels, plan, rounds)
     for n in ns:

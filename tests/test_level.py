@@ -18,6 +18,7 @@ from moespec.measure import bench, passes
 from moespec.measure import level as L
 from moespec.measure import run as R
 from moespec.predict.plan import inputs_level
+from moespec.measure.contention import Cores
 
 
 def reads_of(values):
@@ -223,7 +224,7 @@ def test_bench_repeats_a_round_off_the_level():
     level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
     inputs = [bench._inputs(two, 8, torch.float32, "cpu")]
     bench._warm_up(inputs, ["slot", "dedup"], layer)
-    rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level)
+    rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level, Cores())
               for rep in range(2)]
     unit = bench.unit_records(0, [2], ["slot", "dedup"], {(0, 2): two}, rounds)[0, 2]
     assert level.pinned == 30.0 and level.dropped == 1

@@ -81,3 +81,19 @@ def test_atomic_writes_keep_the_umask_and_never_replace_a_non_regular_file(targe
             atomic_write(target, lambda tmp: tmp.write_text("x"))
     assert targets["symlink"].is_symlink() and stat.S_ISFIFO(targets["not a regular file"].stat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file left
+
+
+def test_provenance_names_the_source_commit():
+    """Every result file's provenance carries the git commit of the code that made it and whether the tree was
+    dirty (None outside a checkout)."""
+    import subprocess
+
+    from moespec.formats.files import provenance, source_commit
+
+    git = provenance()["git"]
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        assert git is None
+        return
+    assert git == source_commit() and git["commit"] == head.stdout.strip() and isinstance(git["dirty"], bool)

@@ -503,3 +503,42 @@ def test_runs_of_dedup_alone_calibrate_from_dedup(trace: Trace) -> None:
         assert row["k_hat"] == theory.best_draft_length(V, row["a"])
         assert row["flags"] == (f"--spec-draft-n-max {row['k_hat']} --spec-draft-n-min 0 --spec-draft-p-min 0"
                                 if row["k_hat"] else "no draft model (plain decoding)")
+
+
+def test_cli_prints_the_verdict_first_within_100_columns(trace: Trace, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The verdict block comes first and is stored in plan.json; every table of a non-terminal's output, the
+    llama.cpp flags included, fits 100 columns with no cell cut ("…")."""
+    runs = write_json(tmp_path / "runs.json", make_runs())
+    out = tmp_path / "plan.json"
+    args = _cli(tmp_path, trace, make_bench(), "--runs", str(runs), "--draft-time", str(runs), "--out", str(out),
+                "--for", "llama.cpp")
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    verdict = load_plan(out)["verdict"]
+    assert lines[:len(verdict["lines"])] == verdict["lines"] and lines[0] == "VERDICT for olmoe-1b-7b bf16 on cpu"
+    assert max(map(len, lines)) <= 100 and not any("…" in line for line in lines)
+    for cell in ("cal. dedup", "S_hat ± (18)", "decided", "rho_bar_k", "--spec-draft-n-max 8"):
+        assert any(cell in line for line in lines), cell
+    assert [row["choice"] for row in verdict["kernel_by_n"]][:3] == \
+        ["per-slot", "no measurable difference (interval includes 0)", "dedup"]
+    assert verdict["version"] == "calibrated" and verdict["warnings"] == []
+
+
+def test_a_plan_on_contended_measurements_says_so(trace: Trace, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """A bench and runs timed while another process wanted a core reach the plan's verdict by name, with what to
+    do; a quiet pair adds nothing."""
+    busy = {"cores": 2, "threads": 2, "fitted": True, "calls": 40, "contended": 30, "fewer_threads": 30,
+            "others_max": 1, "wait_share_max": 0.2}
+    quiet = busy | {"contended": 0, "fewer_threads": 0, "others_max": 0, "wait_share_max": 0.0}
+    for record, expected in ((busy, True), (quiet, False)):
+        runs = write_json(tmp_path / "runs.json", make_runs(contention={"verify": record, "throughput": None}))
+        out = tmp_path / "plan.json"
+        args = _cli(tmp_path, trace, make_bench() | {"contention": record}, "--runs", str(runs), "--out", str(out))
+        assert cli.main(args) == 0
+        text = capsys.readouterr().out
+        warnings = load_plan(out)["verdict"]["warnings"]
+        named = [w for w in warnings if "contention: 30 of 40" in w]
+        assert (len(named) == 2) == expected and ("quiet" in text) == expected
+        assert all("--fresh" in w for w in named)

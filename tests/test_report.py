@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import struct
 from html.parser import HTMLParser
@@ -15,11 +16,16 @@ from typing import Any
 import pytest
 from plan_cases import MODEL, RUNS_DRAFT, make_bench, make_runs
 
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
 from moespec import cli, theory
 from moespec.defaults import POLICIES
 from moespec.formats.files import provenance, write_json
 from moespec.formats.trace import Trace
 from moespec.predict.plan import build_plan
+from moespec.report import html
+from moespec.report.figures import FIG_DPI
 from moespec.routing.synth import synthesize
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -27,6 +33,8 @@ MIN_PIXELS = 200  # every figure is at least 5.5 inches wide and 3.8 high at 110
 SECTIONS = ["reuse", "bandwidth", "staircase", "saving", "acceptance", "score", "engine", "drafting"]
 FIGURES = 5  # Figure 1, Figure 2, the staircase, Figure 4, Figure 5
 MISMATCH_GAP = 0.0123  # plain decoding's top-2 logit gap at the one mismatch of the fixture runs
+MIN_TEXT_PX = 10  # the smallest text a figure may show on the page, in CSS pixels
+IMG_BORDER_PX = 1  # the page's border around each figure image
 
 
 class Page(HTMLParser):
@@ -165,8 +173,8 @@ def test_full_report(job: Path, capsys: pytest.CaptureFixture) -> None:
     assert facts["trace"].startswith("synthetic: calibrated process, calibrated to paper-wikitext")
     artifacts = {row[0]: row for row in table_with(page, "artifact")}
     made = json.loads((job / "plan.json").read_text())["provenance"]
-    assert artifacts["plan.json"][2:5] == ["read", made["timestamp"], made["command"]]
-    assert "missing" in artifacts["demo.json"][2]
+    assert artifacts["plan.json"][2] == "read" and artifacts["plan.json"][5:7] == [made["timestamp"], made["command"]]
+    assert artifacts["demo.json"][2] == "missing"
     rules = table_with(page, "verdict")
     assert len(rules) == 6 and {row[3] for row in rules} <= {"holds", "fails"}
     per_n = table_with(page, "verify error slot")
@@ -211,3 +219,36 @@ def test_no_artifact_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("moespec report: error:") and problem in err
     assert not (folder / "report.html").exists()
+
+
+def page_width_px(page_text: str) -> float:
+    """The page's content width in CSS pixels: its body's max-width (the style sheet's first rule)."""
+    match = re.search(r"body\s*\{[^}]*max-width:\s*(\d+)px", page_text)
+    assert match, "the page's style sheet gives its body no max-width in px"
+    return float(match.group(1))
+
+
+def smallest_text_px(fig: Figure, page_px: float) -> float:
+    """The smallest visible text of `fig` in CSS pixels on the page: points / 72 x dpi x the page's scaling of the
+    PNG (1 up to the page's width less the image border, proportionally down beyond)."""
+    fig.draw_without_rendering()  # the tick labels it shows
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    image_px = fig.get_figwidth() * FIG_DPI
+    return min(sizes) / 72 * FIG_DPI * min(1.0, (page_px - 2 * IMG_BORDER_PX) / image_px)
+
+
+def test_figure_text_is_legible_at_the_page_width(job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every figure of the page, as the report draws it, shows no text below MIN_TEXT_PX at the page's width."""
+    drawn: list[Figure] = []
+    embed = html._figure
+    monkeypatch.setattr(html, "_figure", lambda fig, caption: (drawn.append(fig), embed(fig, caption))[1])
+    page = html.render(html.load_folder(job))
+    page_px = page_width_px(page)
+    assert len(drawn) == FIGURES
+    for fig in drawn:
+        assert smallest_text_px(fig, page_px) >= MIN_TEXT_PX, fig.axes[0].get_title()
+    # the check measures: the old Figure 5 (13 inches, 6-point legends) read 7.4 pixels at this width
+    old = Figure(figsize=(13, 3.9))
+    old.subplots().legend(handles=old.axes[0].plot([0, 1], label="slot"), fontsize=6)
+    assert smallest_text_px(old, page_px) < MIN_TEXT_PX
+

@@ -17,6 +17,7 @@ from moespec.formats.trace import Trace
 from moespec.measure import decoding as D
 from moespec.measure import rounds
 from moespec.measure import run as R
+from moespec.measure.contention import Cores
 from moespec.measure.level import Level
 
 SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
@@ -229,7 +230,7 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
     monkeypatch.setattr(D, "decode_prompt", decode)
     cells = [("slot", 0), ("slot", 2), ("dedup", 2)]
     rows = D.measure_throughput(None, cells, None, SimpleNamespace(count=3), [0.5, 0.9], Units(), None,
-                                lambda n: None, Level(wait_s=0))
+                                lambda n: None, Level(wait_s=0), Cores())
     assert calls == [c + (0,) for c in cells] + [c + (1,) for c in cells[::-1]] + [c + (2,) for c in cells]
     assert [(r["policy"], r["k"], r["a"]) for r in rows] == [("slot", 0, None), ("slot", 2, 0.5), ("slot", 2, 0.9),
                                                              ("dedup", 2, 0.5), ("dedup", 2, 0.9)]

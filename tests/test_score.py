@@ -472,3 +472,27 @@ def test_a_measured_profile_decides_k_hat_for_a_draft_model(tmp_path: Path, plan
     assert row["k_hat"] == row["k_star"] == theory.best_draft_length_for(V, profile) == 2
     assert theory.best_draft_length(V, 0.6) != 2  # the pooled geometric rate would have drafted otherwise
     assert rules["throughput_loss"]["value"] == pytest.approx(0, abs=1e-12) and rules["speedup_band"]["holds"]
+
+
+def test_cli_prints_the_verdict_first_within_100_columns(tmp_path: Path, plan, runs, capsys) -> None:
+    """The verdict block comes before the rules: S(4)'s interval includes 0, S(n)'s excludes it elsewhere; no line
+    of a non-terminal's output passes 100 columns and no cell is cut ("…"); --json carries the same verdict."""
+    runs["saving_s"]["3"].update(lo=-0.001, hi=0.003)  # a positive median whose interval includes 0
+    write_json(tmp_path / "plan.json", plan)
+    write_json(tmp_path / "runs.json", runs)
+    args = ["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json")]
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"VERDICT for {IDENTITY['model']} {IDENTITY['dtype']} on {IDENTITY['device_kind']}"
+    assert max(map(len, lines)) <= 100 and not any("…" in line for line in lines)
+    text = "\n".join(lines)
+    assert text.index("n = 3: no measurable difference (interval includes 0) (measured") < \
+        text.index("n = 4: no measurable difference") < text.index("Scoring rules (Table 8)")
+    assert "n = 2: per-slot (measured" in text and "n = 5: dedup (measured" in text
+    assert cli.main([*args, "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)["verdict"]
+    assert [row["choice"] for row in verdict["kernel_by_n"]][:4] == \
+        ["per-slot", "no measurable difference (interval includes 0)",
+         "no measurable difference (interval includes 0)", "dedup"]
+    assert verdict["lines"][0] == lines[0] and [row["measured_k"] for row in verdict["draft"]] == \
+        [k_hat_of(a) for a in ACCEPTANCES]

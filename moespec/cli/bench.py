@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.text import Text
+
 from moespec.cli.args import add_checkpoint_flags, add_level_flags, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, QUANTIZED, REPS_LIMIT, SAMPLES_LIMIT
@@ -18,11 +20,11 @@ from moespec.measure.bench import (
     DEFAULT_WINDOWS,
     BenchConfig,
     default_dtype,
-    noise_verdict,
     run_bench,
 )
-from moespec.measure.fits import NOISY_IQR
+from moespec.formats.benchfile import noise_verdict
 from moespec.measure.level import describe as describe_level
+from moespec.predict.checks import bench_checks
 from moespec.report.figures import bandwidth_figure, check_plot, save_figure
 from moespec.report.tables import bench_tables
 
@@ -80,16 +82,14 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
     if line := describe_level(bench.get("level")):
         out.print(line)
-    noisy, drift = noise_verdict(bench)
-    if noisy:
-        out.print(f"[bold red]warning: noisy run[/]: {bench['noisy']['count']} of {bench['noisy']['total']} timings "
-                  f"have an IQR above {NOISY_IQR:.0%} of their median (widest {bench['noisy']['worst']:.0%})"
-                  f"{'; the ceiling drifted' if drift else ''}; rerun on a quiet machine")
+    for line in bench_checks(bench, args.out):  # too small to time, noisy: each with the settings to change
+        out.print(Text.assemble(("warning: ", "bold red"), line))
     out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {bench['elapsed_s']:.0f} s")
     rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
     print(json.dumps({"model": bench["model"], "device_kind": bench["device_kind"], "dtype": bench["dtype"],
                       "ceiling_gbps": round(bench["ceiling_gbps"], 2),
                       "beta_gbps": {k: rounded(v["beta_gbps"], 2) for k, v in bench["kernels"].items()},
                       "r": rounded(bench["r"], 3), "u": rounded(bench["u"], 3), "eps": rounded(bench["eps"], 4),
-                      "crossover": bench["crossover"], "noisy": noisy, "out": args.out}))
+                      "crossover": bench["crossover"], "noisy": noise_verdict(bench)[0],
+                      "too_small": bench["too_small"]["flag"], "out": args.out}))
     return 0

@@ -8,13 +8,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rich.table import Table
-
 from moespec.cli.args import bounded
+from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
 from moespec.defaults import DEPTH, DEPTH_LIMIT, DEVICE_KINDS, KERNELS, KMAX, KMAX_LIMIT, POLICIES
 from moespec.formats.planfile import TABLES, VERSION_SUFFIX
 from moespec.predict.plan import PlanConfig, make_plan
+from moespec.report.tables import rich_table
 
 
 # ---- command -------------------------------------------------------------------------------------------------
@@ -47,22 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_llama_cpp(plan: Mapping[str, Any]) -> None:
     """The plan's llama_cpp block: flags per acceptance interval, and per acceptance of the grid with the band."""
-    con = console_()
+    con = console_(NARROW)
     block = plan["llama_cpp"]
-    t = Table(title=f"llama.cpp: draft settings from the {block['version']} {block['policy']} staircase "
-                    "(k_hat* = k for a in (lo, hi])")
-    for name in ("a from", "a to", "k", "flags"):
-        t.add_column(name, justify="right" if name != "flags" else "left")
-    for row in block["intervals"]:
-        t.add_row(f"{row['lo']:.4f}", f"{row['hi']:.4f}", str(row["k"]), row["flags"])
-    con.print(t)
-    g = Table(title="llama.cpp per acceptance: k_hat*, speedup [band (21)]")
-    for name in ("a", "k_hat*", "speedup", "band", "flags"):
-        g.add_column(name, justify="right" if name != "flags" else "left")
-    for row in block["table"]:
-        band = "(no band)" if row["speedup_lo"] is None else f"[{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}]"
-        g.add_row(f"{row['a']:g}", str(row["k_hat"]), f"{row['speedup']:.3f}", band, row["flags"])
-    con.print(g)
+    con.print(rich_table(f"llama.cpp: draft settings from the {block['version']} {block['policy']} staircase "
+                         "(k_hat* = k for a in (lo, hi])", ("a from", "a to", "k", "flags"),
+                         [[f"{row['lo']:.4f}", f"{row['hi']:.4f}", str(row["k"]), row["flags"]]
+                          for row in block["intervals"]]))
+    con.print(rich_table("llama.cpp per acceptance: k_hat*, speedup [band (21)]",
+                         ("a", "k_hat*", "speedup", "band", "flags"),
+                         [[f"{row['a']:g}", str(row["k_hat"]), f"{row['speedup']:.3f}", _band(row), row["flags"]]
+                          for row in block["table"]]))
+
+
+def _band(row: Mapping[str, Any]) -> str:
+    """A table row's band (21), or that it has none."""
+    return "(no band)" if row["speedup_lo"] is None else f"[{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}]"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,22 +79,23 @@ def run(args: argparse.Namespace) -> int:
 
 def _speedup_table(plan: Mapping[str, Any], table: str, title: str, bytes_column: bool) -> Any:
     """k_hat* and speedup [band (21)] per acceptance (rows) and policy (columns) of one version's table."""
-    t = Table(title=title, caption="bytes: k_hat* of the one-bandwidth byte model (16)" if bytes_column else None)
-    for name in ("a", *POLICIES, *(["bytes"] if bytes_column else [])):
-        t.add_column(name, justify="right")
     rows: dict[float, dict[str, str]] = {}
     for row in plan[table]:
-        band = "(no band)" if row["speedup_lo"] is None else f"({row['speedup_lo']:.3f}, {row['speedup_hi']:.3f})"
-        rows.setdefault(row["a"], {})[row["policy"]] = f"{row['k_hat']}: {row['speedup']:.3f} {band}"
-    for a, cells in rows.items():
-        extra = [str(plan["reuse_threshold"]["k_hat_bytes"][str(a)])] if bytes_column else []
-        t.add_row(f"{a:g}", *(cells[p] for p in POLICIES), *extra)
-    return t
+        rows.setdefault(row["a"], {})[row["policy"]] = f"{row['k_hat']}: {row['speedup']:.3f} {_band(row)}"
+    return rich_table(title, ("a", *POLICIES, *(["bytes"] if bytes_column else [])),
+                      [[f"{a:g}", *(cells[p] for p in POLICIES),
+                        *([str(plan["reuse_threshold"]["k_hat_bytes"][str(a)])] if bytes_column else [])]
+                       for a, cells in rows.items()],
+                      "bytes: k_hat* of the one-bandwidth byte model (16)" if bytes_column else None)
 
 
 def print_summary(plan: Mapping[str, Any], out: str | None) -> None:
-    """Verify times and saving per n, then k_hat* and speedup per acceptance and policy, for each version."""
-    con = console_()
+    """The verdict first (moespec.predict.verdict), then its evidence: verify times and the saving per n, k_hat* and
+    the speedup per acceptance and policy for each version, the byte model's threshold, the step points; every
+    table within NARROW columns where the output is not a terminal."""
+    con = console_(NARROW)
+    if "verdict" in plan:  # absent in older plans
+        print_plain(con, [*plan["verdict"]["lines"], ""])
     cov = plan["coverage"]
     calibrated = plan["runs"] is not None
     con.print(f"[bold]{plan['model']}[/] {plan['dtype']} on {plan['device']}: tau(1) = {plan['tau1_s'] * 1e3:.3f} ms,"
@@ -104,23 +104,20 @@ def print_summary(plan: Mapping[str, Any], out: str | None) -> None:
     if calibrated:
         con.print(f"calibrated version from {plan['runs']['path']} (depth {plan['runs']['depth']}): the dedup-off "
                   f"verify times give the growth outside the expert operation")
-    t = Table(title="Verify time (22) and saving S = tau_slot - tau_dedup with band (18), ms",
-              caption="decided: margin (19) > 0. bytes: the one-bandwidth model (dedup wherever u < 1); "
-                      "2-bw: dedup where u < r (7)" + ("; cal.: calibrated version" if calibrated else ""))
-    for name in ("n", "tau slot", "tau dedup", *(["cal. slot", "cal. dedup"] if calibrated else []), "S_hat",
-                 "± (18)", "S meas.", "u(n)", "r(n)", "(19)", "decided", "bytes", "2-bw", "auto"):
-        t.add_column(name, justify="right")
     ms = lambda x: f"{x * 1e3:.3f}"  # noqa: E731
-    for n in plan["kernel_by_n"]:
-        s = plan["saving"].get(n)
-        cells = ["-"] * 9 if s is None else [
-            f"{s['predicted_s'] * 1e3:+.3f}", f"{s['band_s'] * 1e3:.3f}", f"{s['measured_s'] * 1e3:+.3f}",
-            f"{s['u']:.3f}", "-" if s["r"] is None else f"{s['r']:.3f}",
-            "-" if s["margin"] is None else f"{s['margin']:+.3f}", "yes" if s["decided"] else "no",
-            s["byte_model"], s["two_bandwidth"] or "-"]
-        cal = [ms(plan["tau_calibrated"][k][n]) for k in KERNELS] if calibrated else []
-        t.add_row(n, *(ms(plan["tau_hat"][k][n]) for k in KERNELS), *cal, *cells, plan["kernel_by_n"][n])
-    con.print(t)
+    versions = [("tau_hat", "")] + ([("tau_calibrated", "cal. ")] if calibrated else [])
+    con.print(rich_table("Verify time (22), ms" + ("; cal.: the calibrated version" if calibrated else ""),
+                         ("n", *(f"{label}{k}" for _, label in versions for k in KERNELS), "auto runs"),
+                         [[n, *(ms(plan[key][k][n]) for key, _ in versions for k in KERNELS), kernel]
+                          for n, kernel in plan["kernel_by_n"].items()]))
+    rows = [[n, f"{s['predicted_s'] * 1e3:+.3f} ± {s['band_s'] * 1e3:.3f}", f"{s['measured_s'] * 1e3:+.3f}",
+             f"{s['u']:.3f}", "-" if s["r"] is None else f"{s['r']:.3f}",
+             "-" if s["margin"] is None else f"{s['margin']:+.3f}", "yes" if s["decided"] else "no",
+             s["byte_model"], s["two_bandwidth"] or "-"] for n, s in plan["saving"].items()]
+    con.print(rich_table("Saving S = tau_slot - tau_dedup, ms: predicted with band (18), measured-time version",
+                         ("n", "S_hat ± (18)", "S meas.", "u(n)", "r(n)", "(19)", "decided", "bytes", "2-bw"), rows,
+                         "decided: margin (19) > 0. bytes: the one-bandwidth model (dedup wherever u < 1); 2-bw: "
+                         "dedup where u < r (7)"))
     split = [n for n, s in plan["saving"].items() if s["two_bandwidth"] not in (None, s["byte_model"])]
     con.print(f"one-bandwidth byte model vs two-bandwidth prediction: "
               f"{'disagree at n = ' + ', '.join(split) if split else 'agree at every n'}")
@@ -133,14 +130,15 @@ def print_summary(plan: Mapping[str, Any], out: str | None) -> None:
             con.print(_speedup_table(plan, table, f"Best draft length k_hat*(a) and {version} speedup (band (21); "
                                                   f"delta {deltas})", bytes_column=version == "prediction"))
     reuse = plan["reuse_threshold"]
-    b = Table(title=f"One-bandwidth reuse threshold (16) at depth {reuse['depth']}: the trace's rho_bar_k vs "
-                    f"rho*_k(a)", caption="*: rho_bar_k > rho*_k(a), the byte model says drafting k beats plain")
-    for name in ("k", "rho_bar_k", *(f"a={a}" for a in reuse["rho_star"])):
-        b.add_column(name, justify="right")
-    for k, rb in reuse["rho_bar"].items():
-        b.add_row(k, f"{rb:.3f}", *(f"{per_k[k]:.3f}{'*' if rb > per_k[k] else ''}"
-                                    for per_k in reuse["rho_star"].values()))
-    con.print(b)
+    rho_bar = reuse["rho_bar"]
+    con.print(rich_table(f"One-bandwidth reuse threshold (16) at depth {reuse['depth']}: rho*_k(a) per acceptance a "
+                         f"(rows) and draft length k (columns) against the trace's rho_bar_k (first row)",
+                         ("a", *(f"k={k}" for k in rho_bar)),
+                         [["rho_bar_k", *(f"{rb:.3f}" for rb in rho_bar.values())],
+                          *([f"{float(a):g}", *(f"{per_k[k]:.3f}{'*' if rb > per_k[k] else ''}"
+                                                for k, rb in rho_bar.items())]
+                            for a, per_k in reuse["rho_star"].items())],
+                         "*: rho_bar_k > rho*_k(a), the byte model says drafting k beats plain"))
     for version, suffix in VERSION_SUFFIX.items():
         for p in POLICIES if f"staircase{suffix}" in plan else ():
             pts = ", ".join(f"{x:.4f}" for x in plan[f"staircase{suffix}"][p]["step_points"])

@@ -30,6 +30,7 @@ from moespec.measure.level import describe as describe_level
 from moespec.measure.llama_run import run_llama_cpp
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
 from moespec.model.dense import DENSE
+from moespec.predict.verdict import measured_crossover
 
 
 def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
@@ -51,8 +52,7 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
         table.add_row(n, *cells)
     out.print(table)
     if saving:
-        out.print(f"measured crossover: {doc['crossover'] or 'none'} (smallest n from which the saving stays "
-                  "positive)")
+        out.print(f"measured crossover: {measured_crossover(doc)}")
     else:
         out.print(f"one expert kernel ({', '.join(policies)}): no saving or crossover to measure")
     noise = doc.get("noise")
@@ -141,7 +141,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-gguf", help="--engine llama.cpp: a GGUF draft model sharing the vocabulary: the "
                                         "throughput grid drafts with it (greedy) over --k instead of the oracle")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=RunConfig.threads,
-                   help=f"--engine llama.cpp: its threads (default {RunConfig.threads}, torch's)")
+                   help=f"threads of a pass, either engine (default {RunConfig.threads}, torch's); moespec's engine "
+                        "runs fewer while another process holds a core")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")

@@ -7,6 +7,7 @@ import json
 
 from rich.table import Table
 
+from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
 from moespec.predict.score import DEFAULT_VERSION, VERSIONS, Score, score_files
 
@@ -32,15 +33,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_score(result: Score) -> None:
-    """The rules as a table (rule, predicted, measured, verdict), then all-hold and pre-registration lines."""
+    """The verdict first (moespec.predict.verdict), then the rules as a table (rule, predicted, measured, verdict)
+    within NARROW columns where the output is not a terminal, then all-hold and pre-registration lines."""
     runs = result.runs
+    con = console_(NARROW)
+    if result.verdict is not None:
+        print_plain(con, [*result.verdict.lines(), ""])
     t = Table(title=f"Scoring rules (Table 8), {result.version} version: {runs['model']} {runs['dtype']} on "
                     f"{runs['device_kind']}, depth {runs['depth']}")
     for name in ("rule", "predicted", "measured", "verdict"):
-        t.add_column(name)
+        t.add_column(name, overflow="fold")
     for rule in result.rules:
         t.add_row(rule.rule, *rule.shown, {True: "[green]holds[/]", False: "[red]fails[/]", None: "n/a"}[rule.holds])
-    con = console_()
     con.print(t)
     which = "all six" if result.applicable == 6 else f"all {result.applicable} applicable"
     con.print(f"{which} hold: {'yes' if result.all_hold else 'no'}")

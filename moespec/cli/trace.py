@@ -1,12 +1,13 @@
 """`moespec trace`: record the experts a local Hugging Face MoE checkpoint (moespec.routing.tracer) or a llama.cpp
-GGUF model, routed by llama.cpp itself (moespec.routing.llama_tracer), sends each token to."""
+GGUF model, routed by llama.cpp itself (moespec.routing.llama_tracer), sends each token to, on a text file, a JSONL
+file, or without either moespec's sample text (moespec.defaults.SAMPLE_TEXT)."""
 
 from __future__ import annotations
 
 import argparse
 
 from moespec.cli.args import add_checkpoint_flags, bounded
-from moespec.defaults import DEPTH_LIMIT, DTYPES, THREADS_LIMIT, TOKENS_LIMIT
+from moespec.defaults import DEPTH_LIMIT, DTYPES, SAMPLE_TEXT, THREADS_LIMIT, TOKENS_LIMIT
 from moespec.routing.tracer import TraceConfig, trace
 
 
@@ -16,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--model", help="local Hugging Face checkpoint folder (no hub access)")
     model.add_argument("--gguf", help="a llama.cpp GGUF model, traced through llama.cpp's own graph (needs "
                                       "llama-cpp-python)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="raw text; WikiText top-level headings ' = Title = ' start documents")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--text", help="raw text; WikiText top-level headings ' = Title = ' start documents "
+                                       f"(default, without --jsonl: moespec's sample text, {SAMPLE_TEXT.name})")
     source.add_argument("--jsonl", help="JSONL file, one document per record")
     parser.add_argument("--field", default="text", help="JSONL key: a string or a list of strings (default text)")
     parser.add_argument("--out", required=True, help="trace file to write (.npz)")
@@ -35,10 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    done = trace(TraceConfig(model=args.model, out=args.out, text=args.text, jsonl=args.jsonl, field=args.field,
+    sample = args.text is None and args.jsonl is None  # no text given: the shipped sample
+    text = str(SAMPLE_TEXT) if sample else args.text
+    done = trace(TraceConfig(model=args.model, out=args.out, text=text, jsonl=args.jsonl, field=args.field,
                              max_tokens=args.max_tokens, device=args.device, dtype=args.dtype, chunk=args.chunk,
                              fresh=args.fresh, gguf=args.gguf, threads=args.threads))
     t = done.trace
     print(f"traced {t.num_tokens} tokens in {t.num_documents} documents ({t.num_layers} MoE layers, m={t.m}) "
-          f"at {done.traced_tokens / max(done.seconds, 1e-9):,.0f} tokens/s -> {args.out}")
+          f"at {done.traced_tokens / max(done.seconds, 1e-9):,.0f} tokens/s -> {args.out}"
+          f"{f' (text: moespec sample, {SAMPLE_TEXT})' if sample else ''}")
     return 0

@@ -1,17 +1,19 @@
 """What every result file shares: the output check, the lock held while it is written (moespec.formats.lock),
-atomic writes (temp file + rename, so a crash never leaves a half-written result), the one JSON reader, the
-provenance block every result file carries (device, dtype, versions, time, the exact command), the one walker of
-dotted keys with its type check, and `Record`, the typed record a format's loader returns (the validated
+atomic writes (temp file + rename, so a crash never leaves a half-written result), the one JSON reader, a file's
+sha256, the provenance block every result file carries (device, dtype, versions, time, the exact command), the one
+walker of dotted keys with its type check, and `Record`, the typed record a format's loader returns (the validated
 document, read like the JSON object it is)."""
 
 from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -150,13 +152,40 @@ def read_json_bytes(path: str | os.PathLike, what: str) -> tuple[Any, bytes]:
         raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
 
 
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 (hex) of the bytes of the file at `path`, read in blocks (a trace may be large)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_json(path: str | os.PathLike, what: str) -> Any:
     """The JSON document in `path` (a `what` file); one line naming the file when it is missing or unreadable."""
     return read_json_bytes(path, what)[0]
 
 
+@functools.lru_cache(maxsize=1)
+def source_commit() -> dict[str, Any] | None:
+    """The git commit of the moespec source that runs, and whether its tracked files differ from it (`dirty`);
+    None where moespec is not run from a git checkout (an installed wheel) or git is absent."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0 or status.returncode != 0:
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
 def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
-    """Who made a result and how: device, dtype, library versions, UTC timestamp and the exact command."""
+    """Who made a result and how: device, dtype, library versions, the source's git commit (source_commit), UTC
+    timestamp and the exact command."""
     versions = {"moespec": __version__, "python": platform.python_version()}
     for name in ("numpy", "torch", "transformers", "triton"):
         module = sys.modules.get(name)
@@ -169,6 +198,7 @@ def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
         "host": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores",
         "dtype": dtype,
         "versions": versions,
+        "git": source_commit(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
@@ -213,6 +243,27 @@ def check_level_record(doc: Mapping[str, Any], where: str) -> None:
     for key in ("band", "wait_s", "waited_s"):
         if not (is_number(level.get(key)) and level[key] >= 0):
             raise MoespecError(f"{where}: level.{key} = {level.get(key)!r} must be a number >= 0")
+
+
+CONTENTION_COUNTS = ("cores", "threads", "calls", "contended", "fewer_threads", "others_max")
+
+
+def check_contention_record(record: Any, where: str, key: str) -> None:
+    """A contention record where present (bench.json `contention`, runs.json `contention.verify` and
+    `.throughput`; written by moespec.measure.contention.Cores.take): null, or an object of whole counts >= 0 (at
+    most `calls` contended or on fewer threads) and a wait_share_max >= 0."""
+    if record is None:
+        return
+    if not isinstance(record, Mapping):
+        raise MoespecError(f"{where}: {key} must be an object or null, got {type(record).__name__}")
+    for name in CONTENTION_COUNTS:
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MoespecError(f"{where}: {key}.{name} = {value!r} must be a whole number >= 0")
+    if record["contended"] > record["calls"] or record["fewer_threads"] > record["calls"]:
+        raise MoespecError(f"{where}: {key} counts more contended calls than its {record['calls']} calls")
+    if not (is_number(record.get("wait_share_max")) and record["wait_share_max"] >= 0):
+        raise MoespecError(f"{where}: {key}.wait_share_max = {record.get('wait_share_max')!r} must be a number >= 0")
 
 
 def check_numbers(doc: Any, where: str, keys: str, positive: bool) -> None:

@@ -23,6 +23,15 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   reuse_threshold {depth, rho_bar: {k: v}, rho_star: {a: {k: v}}, k_hat_bytes: {a: k}}  (16)
   inputs_ceiling_gbps {bench, runs}: the streaming-read ceiling its bench and its --runs were measured at (score
                compares it with the scored runs'; absent in older plans)
+  pass_bytes   {slot|dedup: {n: bytes}}: what a verify pass of n tokens reads in the one-bandwidth byte model (16),
+               D + n m W + kv(n-1) per-slot and D + E_dedup(n) + kv(n-1) deduplicated, for the MoE layers covered;
+               the verdict compares measured verify times with these bytes over the ceiling (absent in older plans)
+  verdict      the plain answer, printed first (moespec.predict.verdict.Verdict.to_json): {version, policy,
+               kernel_by_n: [{n, choice ("dedup", "per-slot" or "no measurable difference (interval includes 0)"),
+               evidence ("measured": --runs' S(n) 95% interval, "predicted": S_hat(n) and band (18)), saving_s, lo_s,
+               hi_s, auto}], draft: [{a, profile, k, speedup, lo, hi, measured_k}] (the AUTO policy of the version
+               named), warnings: [one line per input check, naming its file and what to change], lines: [the text,
+               within 100 columns]} (absent in older plans)
   level_gbps   the host's bandwidth level (reference read, GB/s) its measured inputs were kept at: the --runs'
                pinned level, else the bench's (moespec.measure.level); a run with this plan keeps its rounds at it;
                null where neither pinned one (absent in older plans)
@@ -40,18 +49,24 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
                dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
                (moespec.predict.plan.llama_cpp_flags; absent in older plans)
-  provenance
+  provenance   who made the plan and how (moespec.formats.files.provenance), and
+    inputs     {role: {path, sha256}} of each file the plan was made from (INPUT_ROLES: bench, trace, runs of
+               --runs, draft_time where --draft-time named a runs.json): the path as given to `moespec plan`, the
+               sha256 of the file's bytes when the plan was made, so a reader (the report) can tell whether the
+               files beside a plan are the ones it was made from; absent in older plans
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError, theory
 from moespec.defaults import KERNELS, KMAX_LIMIT, POLICIES
-from moespec.formats.files import Record, check_numbers, is_number, positive, read_json_bytes
+from moespec.formats.files import Record, check_numbers, is_number, positive, read_json_bytes, sha256_file
 
 FORMAT_NAME = "moespec-plan"
 
@@ -70,6 +85,32 @@ ROW_KEYS = ("a", "policy", "k_hat", "speedup", "speedup_lo", "speedup_hi")
 VERSION_SUFFIX = {"prediction": "", "calibrated": "_calibrated", "whole-pass": "_whole_pass"}
 # table key -> the version of its rows, and the verify times they come from
 TABLES = {f"table{s}": (v, f"tau{s or '_hat'}") for v, s in VERSION_SUFFIX.items()}
+
+# the files a plan is made from, by role, as provenance.inputs records them
+INPUT_ROLES = ("bench", "trace", "runs", "draft_time")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def input_records(paths: Mapping[str, str | Path | None]) -> dict[str, dict[str, str]]:
+    """provenance.inputs: {role: {path, sha256}} for `paths` (role in INPUT_ROLES -> the file's path as given, or
+    None where the plan read no such file), each file hashed now."""
+    if not isinstance(paths, Mapping) or any(role not in INPUT_ROLES for role in paths):
+        raise ValueError(f"paths must map roles among {', '.join(INPUT_ROLES)} to file paths, got {paths!r}")
+    return {role: {"path": str(path), "sha256": sha256_file(path)} for role, path in paths.items()
+            if path is not None}
+
+
+def _check_inputs(inputs: Any) -> str | None:
+    """The first problem with provenance.inputs, or None."""
+    if not isinstance(inputs, dict):
+        return "provenance.inputs must be an object keyed by role"
+    for role, entry in inputs.items():
+        if role not in INPUT_ROLES or not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or \
+                not SHA256.fullmatch(str(entry.get("sha256"))):
+            return f"provenance.inputs.{role} must be {{path, sha256 of 64 hex digits}} of a role among " \
+                   f"{', '.join(INPUT_ROLES)}"
+    return None
+
 
 def _check_rows(rows: Any, key: str, version: str, kmax: int) -> str | None:
     """The first problem with the table rows under `key`, or None."""
@@ -134,6 +175,8 @@ def _check_plan(doc: Any) -> str | None:
         if key not in ns or not isinstance(entry, dict) or \
                 not all(is_number(v) for k, v in entry.items() if k.endswith("_s")):
             return f"saving.{key} must be an object of finite times (keys ending _s) at an n in 1..{kmax + 1}"
+    if "inputs" in doc["provenance"]:
+        return _check_inputs(doc["provenance"]["inputs"])
     return None
 
 
@@ -152,6 +195,13 @@ def _check_numbers(doc: dict[str, Any], where: str) -> None:
         check_numbers(doc, where, "inputs_ceiling_gbps", positive=True)
     if doc.get("level_gbps") is not None:
         positive(doc, where, "level_gbps")
+    if "pass_bytes" in doc:
+        check_numbers(doc, where, "pass_bytes", positive=True)
+    verdict = doc.get("verdict", {})
+    if not isinstance(verdict, dict) or not all(isinstance(verdict.get(k, []), list) and
+                                                all(isinstance(line, str) for line in verdict.get(k, []))
+                                                for k in ("warnings", "lines")):
+        raise MoespecError(f"{where}: verdict must be an object whose warnings and lines are lists of text")
 
 class Plan(Record):
     """A validated plan.json: read it as its JSON object; the typed accessors are what an engine and a score use.
@@ -169,6 +219,11 @@ class Plan(Record):
     def kernel_by_n(self) -> dict[int, str]:
         """The AUTO policy: the kernel to run at each pass size n."""
         return self.n_map(self["kernel_by_n"])
+
+    @property
+    def inputs(self) -> dict[str, dict[str, str]]:
+        """provenance.inputs: {role: {path, sha256}} of the files the plan was made from (empty in older plans)."""
+        return self["provenance"].get("inputs") or {}
 
     @property
     def moe_layers(self) -> int | None:

@@ -66,6 +66,9 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       level (reference read, GB/s) every verify round and throughput prompt was kept at: --level,
                       the plan's, or the first round's; rounds off it dropped and waited out, within wait_s
                       (moespec.measure.level); absent in older files
+  contention          {verify, throughput}: each null or the record of bench.json's `contention` (moespec.formats.
+                      benchfile) over the kept verify rounds' passes and the throughput prompts; noise.per_n's
+                      `contention` is the verify one; absent in older files
   ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
                       and the throughput grid, and after
   provenance          device, dtype, versions, timestamp (the start of the run), command
@@ -85,6 +88,7 @@ from moespec.defaults import KERNELS, POLICIES
 from moespec.formats.files import (
     NUMBER,
     Record,
+    check_contention_record,
     check_level_record,
     check_numbers,
     field,
@@ -202,6 +206,11 @@ def load_runs(path: str | Path) -> Runs:
         if doc.get(key) is not None:
             check_numbers(runs, str(path), key, positive)
     check_level_record(runs, str(path))
+    contention = runs.get("contention")
+    if contention is not None and not isinstance(contention, Mapping):
+        raise MoespecError(f"{path}: contention must be an object, got {type(contention).__name__}")
+    for part in ("verify", "throughput"):
+        check_contention_record((contention or {}).get(part), str(path), f"contention.{part}")
     runs.plan_sha256  # noqa: B018 - checked here, read by score
     if "throughput" in doc:
         runs.throughput()

@@ -70,12 +70,13 @@ from moespec.defaults import (
     TRACE_DOCS,
     TRACE_TOKENS,
 )
-from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench
+from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench, too_small
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
+from moespec.measure.contention import Cores, merge
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.level import Level, check_level
 from moespec.measure.passes import Pass, chosen_ids, plan_unit
@@ -93,7 +94,6 @@ DEFAULT_REPS = 5
 DEFAULT_WINDOWS = 16  # recorded windows per layer and n: enough for a median and a median relative error
 DEFAULT_U_VALUES = 8  # chosen U per n (all when fewer reach): ~60 passes at n = 2..9 for each 3-coefficient fit
 WEIGHT_STD = 0.02  # random weights ~ a trained expert's entries: keeps activations finite; time is value-blind
-NOISY_SHARE = 0.1  # a run with more than 10% noisy timings (IQR > fits.NOISY_IQR x median) gets a warning
 
 
 def bench_layers(layers: tuple[int, ...] | None, spec: ModelSpec) -> list[int]:
@@ -249,14 +249,14 @@ def _warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights
 
 
 def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, reps: int,
-                timer: Timer, advance: Callable[[int], None], level: Level) -> list[dict[str, Any]]:
+                timer: Timer, advance: Callable[[int], None], level: Level, cores: Cores) -> list[dict[str, Any]]:
     """Round `rep` of `reps` over groups of passes (one group per pass size), started rep/reps of the way through
     the groups (module docstring); in each pass every kernel runs after a cache flush, in an order rotated per
     round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the bench's
     bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
     on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
-    the machine of its own rounds. Returns per group {"times": [[seconds per kernel, in `kernels` order] per
-    pass], "ceiling_gbps"}."""
+    the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. Returns per
+    group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"}."""
     order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
     out: list[dict[str, Any]] = [{} for _ in inputs]
     start = rep * len(inputs) // reps
@@ -267,12 +267,14 @@ def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeig
                 times.append([])
                 for kernel in order:
                     timer.flush()
+                    cores.before()
                     times[-1].append(timer.time(partial(layer.run, kernel, *inp)))
+                    cores.after()
             return times
 
         got = level.measured(one_group)
         out[i] = {"times": [[row[order.index(k)] for k in kernels] for row in got],
-                  "ceiling_gbps": timer.ceiling(repeats=1)}
+                  "ceiling_gbps": timer.ceiling(repeats=1), "contention": cores.take()}
         advance(len(inputs[i]))
     return out
 
@@ -303,18 +305,20 @@ def unit_records(layer: int, ns: list[int], kernels: list[str], plan: dict[tuple
                             for j in range(len(plan[layer, n]))]
         out[layer, n] = unit_record(layer, n, kernels, plan[layer, n], samples,
                                     [c for r in rounds for c in r[i]["ceiling_gbps"]])
+        out[layer, n]["contention"] = merge([r[i]["contention"] for r in rounds if "contention" in r[i]])
     return out
 
 
-def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float, reps: int,
+def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float,
               timer: Timer) -> tuple[float, dict[str, float]]:
-    """Seconds the timed calls of `passes` will take, from one probe of each kernel on the smallest and the largest
-    pass (its fixed time and seconds per requested byte); also each kernel's probe GB/s on the largest pass."""
+    """Seconds the timed calls of `passes` will take (a pass listed once per round it is timed in), from one probe
+    of each kernel on the smallest and the largest pass (its fixed time and seconds per requested byte); also each
+    kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
-    total, speeds = reps * len(passes) * len(kinds) * timer.time(timer.flush), {}
+    total, speeds = len(passes) * len(kinds) * timer.time(timer.flush), {}
     inputs = [_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
     _warm_up(inputs, list(kinds), layer)
-    probe = _time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0))
+    probe = _time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0), Cores())
     for c, (kernel, kind) in enumerate(kinds.items()):
         t_lo, t_hi = (group["times"][0][c] for group in probe)
         lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
@@ -322,13 +326,13 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
         per_byte = per_byte if per_byte > 0 else t_hi / hi  # a noisy probe: no fixed time
         fixed = max(t_lo - per_byte * lo, 0.0)
         speeds[kernel] = hi / t_hi / 1e9
-        total += reps * sum(fixed + per_byte * theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in passes)
+        total += sum(fixed + per_byte * theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in passes)
     return total, speeds
 
 
 def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: dict[tuple[int, int], list[Pass]],
              checkpoint: Checkpoint, ceiling: float, timer: Timer, say: Callable[[str], None],
-             level: Level) -> dict[tuple[int, int], dict[str, Any]]:
+             level: Level, cores: Cores) -> dict[tuple[int, int], dict[str, Any]]:
     """Time every round the checkpoint lacks, layer by layer (one layer's weights in memory at a time), after
     printing the estimated time; every group of a round at the bench's bandwidth level (saved with each round).
     Returns the rounds gathered per (layer, n) (unit_records)."""
@@ -347,7 +351,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         weights: LayerWeights | None = layer_weights(spec, todo[0], config.dtype, config.seed, timer.device)
         generate = time.perf_counter() - start
         seconds, speeds = _estimate(kinds, weights, [p for layer, _ in pending for p in per_round[layer]], spec.m,
-                                    spec.expert_bytes(todo[0], config.dtype), 1, timer)
+                                    spec.expert_bytes(todo[0], config.dtype), timer)
         seconds += generate * (len(todo) - 1)
         estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
         say(f"estimated time: {estimate} (probe on requested bytes: "
@@ -362,7 +366,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                 for _, rep in [key for key in pending if key[0] == layer]:
                     checkpoint.save(round_key(layer, rep, kernels),
                                     _time_round(inputs, kernels, weights, rep, config.reps, timer, advance,
-                                                level))
+                                                level, cores))
                     level.save(checkpoint)
                 weights = None  # frees the layer (and the peers' modules cached on its tensors)
     units = {}
@@ -450,6 +454,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"]}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh)
+    resumed = sum(round_key(layer, rep, list(kinds)) in checkpoint.units for layer in layers
+                  for rep in range(config.reps))  # bench.json says so: --fresh times them again
     u = reuse_stats(trace, max(ns), bootstrap=0,
                     expert_bytes=[spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]).u
     impl = {k: implementation(k, torch_dtype(config.dtype), device) if engine_of(k) == "moespec" else engine_of(k)
@@ -466,8 +472,12 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
     level = Level(config.level_gbps, config.level_wait_s if timer.kind == "cpu" else 0)  # the host's level: CPU
     level.restore(checkpoint)
-    with checkpoint:
-        units = _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level)
+    cores = Cores()
+    try:
+        with checkpoint:
+            units = _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level, cores)
+    finally:
+        cores.release()
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 
@@ -484,17 +494,13 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
                         "seed": config.seed, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
                         "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
            "skipped_kernels": skipped, "noisy": noise(units), "level": level.record(),
+           "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
            "provenance": provenance(timer.name, config.dtype)}
     for kernel in kinds:
         doc["kernels"][kernel]["implementation"] = impl[kernel]
     doc["elapsed_s"] = time.perf_counter() - started
+    doc |= {"resumed_rounds": resumed, "too_small": too_small(doc)}
     write_json(config.out, doc)
     checkpoint.remove()
     return Bench(doc, config.out)
 
-
-def noise_verdict(bench: Bench) -> tuple[bool, bool]:
-    """(noisy, drifted): drifted when the ceiling's IQR exceeds fits.NOISY_IQR of it; noisy when it drifted or more
-    than NOISY_SHARE of the timings are noisy."""
-    drifted = bench["ceiling_iqr_gbps"] > NOISY_IQR * bench["ceiling_gbps"]
-    return drifted or bench["noisy"]["count"] > NOISY_SHARE * bench["noisy"]["total"], drifted

@@ -25,6 +25,7 @@ from moespec import MoespecError, theory
 from moespec.defaults import KMAX
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.trace import Trace
+from moespec.measure.contention import Cores, merge
 from moespec.measure.level import Level
 from moespec.model import speculative
 from moespec.model.load import LoadedModel
@@ -154,7 +155,8 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     """One throughput row (documented in moespec.formats.runsfile) from the decode_prompt units `prompts`; its
     step times (V(k) and its parts) from the units `timed` (default: the same prompts)."""
     records = _records(prompts)
-    clock = records if timed is None else _records(timed)
+    clock_units = prompts if timed is None else timed
+    clock = _records(clock_units)
     mismatches = [unit["mismatch"] for unit in prompts if unit["mismatch"] is not None]
     steps = len(records)
     # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1). The realized rate counts every step's accepted drafts
@@ -185,7 +187,7 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
             "verify_time_s": sum(r.verify_s for r in clock) / len(clock), "draft_host_s": host / len(clock),
             "overhead_share": host / clock_wall,
             "greedy_exact": not mismatches, "greedy_match": all(m["plain_top2_gap"] == 0 for m in mismatches),
-            "mismatches": mismatches}
+            "mismatches": mismatches, "contention": merge([u["contention"] for u in clock_units if "contention" in u])}
 
 
 def cell_rows(policy: str, k: int, units: list[dict], acceptances: Sequence[float] | None) -> list[dict]:
@@ -216,13 +218,14 @@ def interleaved(cells: list[Cell], count: int, checkpoint: Checkpoint, unit: Cal
 
 def measure_throughput(lm: LoadedModel, cells: list[Cell], kernel_by_n: dict[int, str] | None, ps: Prompts,
                        acceptances: Sequence[float] | None, checkpoint: Checkpoint, drafter: Any, advance: Any,
-                       level: Level) -> list[dict]:
+                       level: Level, cores: Cores) -> list[dict]:
     """Every throughput cell on the engine, interleaved over the prompts (interleaved), each prompt decoded at the
-    run's bandwidth level (Level.measured): with the draft model `drafter`, or (acceptances given) the oracle at
-    prompt_acceptance. Returns the runs.json rows (cell_rows)."""
+    run's bandwidth level (Level.measured) on the threads `cores` fits (each unit with its contention record):
+    with the draft model `drafter`, or (acceptances given) the oracle at prompt_acceptance. Returns the runs.json
+    rows (cell_rows)."""
     def unit(cell: Cell, i: int) -> dict:
         a = prompt_acceptance(cell[1], i, acceptances)
-        return level.measured(lambda: decode_prompt(lm, *cell, a, kernel_by_n, ps, i, drafter))
+        return cores.watched(lambda: level.measured(lambda: decode_prompt(lm, *cell, a, kernel_by_n, ps, i, drafter)))
 
     done = interleaved(cells, ps.count, checkpoint, unit, advance)
     return [row for cell, units in done for row in cell_rows(*cell, units, acceptances)]

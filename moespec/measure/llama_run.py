@@ -46,9 +46,10 @@ from moespec.measure.decoding import (
     prompts,
     throughput_cells,
 )
+from moespec.measure.contention import Cores
 from moespec.measure.level import Level
 from moespec.measure.rounds import VERIFY_UNIT, timed_rounds, verify_done
-from moespec.measure.run import RunConfig, load_plan_kernels, run_level, summarize
+from moespec.measure.run import RunConfig, load_plan_kernels, run_level, say_contention, summarize
 from moespec.measure.timing import measure_stream_read
 from moespec.model import speculative
 from moespec.model.gguf import read_gguf
@@ -86,9 +87,10 @@ def timed_pass(context: LlamaContext, tokens: list[int]) -> float:
 
 
 def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], checkpoint: Checkpoint,
-                   advance: Any, level: Level) -> dict[int, dict[str, Any]]:
+                   advance: Any, level: Level, cores: Cores) -> dict[int, dict[str, Any]]:
     """Verify-time samples of POLICY per n at depth d (module docstring, 1), in the main engine's rounds over
-    every pass size at the run's bandwidth level (moespec.measure.rounds.timed_rounds)."""
+    every pass size at the run's bandwidth level (moespec.measure.rounds.timed_rounds), `cores` watching for
+    another process beside each pass (llama.cpp's threads are fixed when its context is made)."""
     tokens = {n: unit_rng(config.seed, f"verify n {n}").integers(3, context.vocab_size,
                                                                   size=(config.max_reps, n)).tolist() for n in ns}
     if not verify_done(checkpoint):
@@ -97,7 +99,7 @@ def measure_verify(context: LlamaContext, config: RunConfig, ns: list[int], chec
         for n in ns:
             timed_pass(context, tokens[n][0])  # untimed: the first pass of a size allocates its buffers
     return timed_rounds(lambda n, policy, rep: timed_pass(context, tokens[n][rep % config.max_reps]), ns, [POLICY],
-                        config, unit_rng(config.seed, VERIFY_UNIT), advance, level, checkpoint)
+                        config, unit_rng(config.seed, VERIFY_UNIT), advance, level, checkpoint, cores)
 
 
 class _Recording:
@@ -206,14 +208,16 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
         level = run_level(config, plan_info, checkpoint, say)
         with checkpoint, progress("run", len(ns) * config.reps + len(cells) * config.prompts,
                                   enabled=sys.stderr.isatty()) as advance:
-            units = measure_verify(contexts.first, config, ns, checkpoint, advance, level)
+            cores = Cores(config.threads, fit=False)
+            units = measure_verify(contexts.first, config, ns, checkpoint, advance, level, cores)
             ceilings["between"] = measure_stream_read()
             ps = [Prompt(ids, contexts.new(), drafts.new() if drafts else None, config.tokens + max(ks))
                   for ids in prompts(config.prompts, config.depth, vocab, config.seed)] if cells else []
 
             def unit(cell: Cell, i: int) -> dict:
                 a = prompt_acceptance(cell[1], i, oracle)
-                return level.measured(lambda: decode_cell(ps[i], i, cell[1], a, config.seed + i, config.tokens))
+                return cores.watched(lambda: level.measured(
+                    lambda: decode_cell(ps[i], i, cell[1], a, config.seed + i, config.tokens)))
 
             measured = [row for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)
                         for row in cell_rows(*cell, prompts_done, oracle)]
@@ -228,6 +232,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
                     plan_info, None, started, ceilings, level)
     doc["engine"] = "llama.cpp"
     doc["dense"], doc["verify_pass"] = "llama.cpp", "llama.cpp (its own graph, through its C API)"
+    say_contention(doc, say)
     write_json(config.out, doc)
     checkpoint.remove()
     return Runs(doc, config.out)

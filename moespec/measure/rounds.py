@@ -22,6 +22,7 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.formats.checkpoint import Checkpoint
+from moespec.measure.contention import Cores, merge
 from moespec.measure.level import DROP, REPIN, Level
 
 
@@ -80,11 +81,13 @@ def _round_order(ns: list[int], policies: list[str], rep: int) -> list[tuple[int
 
 def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], policies: list[str],
                  config: RoundLimits, rng: np.random.Generator, advance: Any, level: Level,
-                 checkpoint: Checkpoint) -> dict[int, dict[str, Any]]:
+                 checkpoint: Checkpoint, cores: Cores) -> dict[int, dict[str, Any]]:
     """Rounds over every pass size: each round times every (n, policy) once (`time_pass(n, policy, round)`:
     seconds of one pass, its inputs set up outside the clock) in _round_order, so drift and the host's changes of
     level hit every n and policy alike instead of the sizes measured last; before each timed pass the level's
-    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth.
+    reference read (moespec.measure.level) evicts the last-level cache and measures the machine's bandwidth, and
+    `cores` fits the pass's threads to the free cores and notes another process beside it (each kept round
+    carries its `contention` record, moespec.measure.contention).
 
     A round is dropped and repeated when its slowest reference read falls below DISTURBED x the median of the
     kept rounds' (another job took the memory bus or a core) or when its reads are off the pinned level (the host
@@ -96,7 +99,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
     waiting and follows the host, Level.follow). The rounds so far are checkpointed after each round
     (VERIFY_UNIT): a resumed run continues them.
     Returns, per n, the samples per policy and the noise record (rounds, repeated, off_level, discarded, met,
-    seconds, reference_gbps, stopped_by)."""
+    seconds, reference_gbps, stopped_by, contention: the kept rounds' passes)."""
     state = checkpoint.units.get(VERIFY_UNIT) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
                                                     "seconds": 0.0, "stopped_by": None}
     rounds, budget = state["rounds"], config.budget_s * len(ns)
@@ -114,7 +117,10 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
         level.settle()
         for n, policy in _round_order(ns, policies, rep):
             reads.append(level.read())
+            cores.before()
             times[f"{n} {policy}"] = time_pass(n, policy, rep)
+            cores.after()
+        contention = cores.take()
         mins = [r["reference_gbps"] for r in rounds]
         verdict = DROP if mins and min(reads) < DISTURBED * float(np.median(mins)) else level.judge(reads)
         if verdict == DROP:
@@ -124,7 +130,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
             if verdict == REPIN:
                 state["discarded"] += len(rounds)
                 rounds.clear()
-            rounds.append({"times": times, "reference_gbps": min(reads)})
+            rounds.append({"times": times, "reference_gbps": min(reads), "contention": contention})
             advance(len(times))
         state["seconds"] = time.perf_counter() - started
         kept = len(rounds)
@@ -146,5 +152,6 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
                            "level)")
     reference = float(np.median([r["reference_gbps"] for r in rounds]))
     noise = {k: state[k] for k in ("repeated", "off_level", "discarded", "seconds", "stopped_by")}
+    noise["contention"] = merge([r["contention"] for r in rounds if "contention" in r])
     return {n: {"samples": {p: samples(n, p) for p in policies},
                 "noise": noise | {"rounds": len(rounds), "met": met(n), "reference_gbps": reference}} for n in ns}

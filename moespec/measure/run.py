@@ -54,6 +54,7 @@ from moespec.formats.files import check_output, holds_outputs, provenance, write
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
+from moespec.measure.contention import Cores, describe, merge
 from moespec.measure.decoding import (
     PREFILL_POLICY,
     Prompts,
@@ -116,9 +117,9 @@ def model_name(lm: LoadedModel, config: RunConfig) -> str:
 # ---- 1. verify time ---------------------------------------------------------------------------------------
 def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: list[str],
                    kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
-                   advance: Any, level: Level) -> dict[int, dict[str, Any]]:
+                   advance: Any, level: Level, cores: Cores) -> dict[int, dict[str, Any]]:
     """Samples of the verify time per policy and n at depth d (one prefill; the cache cropped before each pass),
-    in the rounds of `timed_rounds` at the level `level`."""
+    in the rounds of `timed_rounds` at the level `level`, on the threads `cores` fits to the free cores."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     if not verify_done(checkpoint):
         set_policy(lm.model, PREFILL_POLICY)
@@ -136,7 +137,7 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
         for policy in policies:
             time_pass(n, policy, 0)
     units = timed_rounds(time_pass, ns, policies, config, unit_rng(config.seed, VERIFY_UNIT), advance, level,
-                         checkpoint)
+                         checkpoint, cores)
     set_replay(lm.model, None)
     return units
 
@@ -209,6 +210,9 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
                   "per_n": {str(n): u["noise"] for n, u in units.items()}},
         "ceiling_gbps": {when: median_iqr(v)[0] for when, v in ceilings.items()},
         "level": level.record(),
+        "contention": {"verify": units[ns[0]]["noise"]["contention"],
+                       "throughput": merge(list({(c["policy"], c["k"]): c["contention"] for c in cells
+                                                 if c.get("contention")}.values()))},
         "provenance": started,
     }
     return doc
@@ -307,6 +311,13 @@ def run_level(config: RunConfig, plan_info: dict[str, Any] | None, checkpoint: C
     return level
 
 
+def say_contention(doc: dict[str, Any], say: Callable[[str], None]) -> None:
+    """A line per part of a run (verify passes, throughput prompts) that another process ran beside."""
+    for part, what in (("verify", "verify passes"), ("throughput", "throughput prompts")):
+        if line := describe(doc["contention"][part], what):
+            say(f"[bold yellow]{line}[/]")
+
+
 @holds_outputs(lambda config: [config.out])
 def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
     """Measure the verify times and the throughput grid on the model (the module docstring), write runs.json to
@@ -359,16 +370,21 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     level = run_level(config, plan_info, checkpoint, say)
     if note := checkpoint.describe():
         say(note)
-    with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
-        units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance, level)
-        ceilings["between"] = measure_stream_read()
-        ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
-        measured = measure_throughput(lm, cells, kernel_by_n, ps, None if drafter else acceptances, checkpoint,
-                                      drafter, advance, level)
+    cores = Cores(config.threads)
+    try:
+        with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
+            units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance, level, cores)
+            ceilings["between"] = measure_stream_read()
+            ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
+            measured = measure_throughput(lm, cells, kernel_by_n, ps, None if drafter else acceptances, checkpoint,
+                                          drafter, advance, level, cores)
+    finally:
+        cores.release()
     ceilings["after"] = measure_stream_read()
     doc = summarize(identity(lm, config), config, units, verify, measured, acceptances, plan_info, kernel_by_n,
                     started, ceilings, level)
     doc["dense"], doc["verify_pass"] = dense_path, verify_pass(lm.model)
+    say_contention(doc, say)
     write_json(config.out, doc)
     checkpoint.remove()
     return Runs(doc, config.out)

@@ -53,11 +53,13 @@ from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
 from moespec.formats.benchfile import as_pair_roles, load_bench
 from moespec.formats.files import holds_outputs, provenance, write_json
-from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan
+from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan, input_records
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.model.spec import ModelSpec
+from moespec.predict.checks import rerun_bench, too_small_line
 from moespec.predict.staircase import for_llama_cpp
+from moespec.predict.verdict import build_verdict
 from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
 from moespec.routing.reuse import derive, reuse_stats
 
@@ -98,14 +100,28 @@ def _spec_of(bench: Mapping[str, Any], bench_path: str, trace: Trace, trace_path
 
 
 
+def _check_timeable(bench: Mapping[str, Any], where: str) -> None:
+    """Refuse a bench whose expert operation is too small to time (moespec.formats.benchfile.too_small) before
+    anything is built on it. A refusal, not a warning: every number the plan adds to a measured pass time (the
+    saving and its band (18), the crossover, AUTO, the step times and the bands (21)) comes from the bench's
+    expert-op times, and where those are fixed per-call costs and noise a plan would print an answer with no
+    measurement behind it, which a reader of its verdict alone would deploy. The refusal names the cause and the
+    settings to change; the draft length alone stays available from measured step times (`staircase --runs`)."""
+    if line := too_small_line(bench, where):
+        raise MoespecError(line)
+
+
 def _eps(bench: Mapping[str, Any], where: str) -> float:
     """Engine eps = max over the two kernels; eps >= 1/2 leaves (21) without a band."""
     missing = [k for k in KERNELS if k not in bench["eps"]]
     if missing:
-        raise MoespecError(f"{where}: no fit error eps for kernel(s) {', '.join(missing)}")
+        raise MoespecError(f"{where}: no fit error eps for kernel(s) {', '.join(missing)}: its fits need chosen ids "
+                           f"at two or more n >= 2 and recorded windows; rerun `moespec bench --fresh` with --n 1-9 "
+                           f"and both kernels of the pair in --kernels")
     eps = float(max(bench["eps"][k] for k in KERNELS))
     if not eps < theory.EPS_LIMIT:
-        raise MoespecError(f"{where}: eps = {eps:.3g} >= 1/2: the speedup band (21) needs eps < 1/2")
+        raise MoespecError(f"{where}: eps = {eps:.3g} >= 1/2: the speedup band (21) needs eps < 1/2; "
+                           f"{rerun_bench(bench)}")
     return eps
 
 
@@ -132,18 +148,26 @@ def _moe_layers(spec: ModelSpec, given: int | None, runs: Runs | None, runs_path
     return L
 
 
+def _is_numbers(text: str) -> bool:
+    """Whether --draft-time's `text` is numbers (one, or comma-separated), not a runs.json path."""
+    try:
+        [float(x) for x in text.split(",")]
+    except ValueError:
+        return False
+    return True
+
+
 def draft_times(text: str, kmax: int, bench: Mapping[str, Any], bench_path: str) -> list[float]:
     """h(0..kmax), seconds >= 0: one number (every step), kmax+1 comma-separated numbers, or a runs.json path
     (its draft_time_s: the measured median draft + host time per step at each draft length k)."""
-    try:
-        values = [float(x) for x in text.split(",")]
-    except ValueError:
+    if not _is_numbers(text):
         if not Path(text).is_file():
             raise MoespecError(f"--draft-time {text!r}: not a number, a comma-separated list of numbers or a "
-                               f"runs.json file") from None
+                               f"runs.json file")
         runs = load_runs(text)
         runs.check_identity(bench, bench_path, RUNS_CALIBRATE)
         return runs.series("draft_time_s", range(kmax + 1), positive=False).tolist()
+    values = [float(x) for x in text.split(",")]
     if len(values) == 1:
         values *= kmax + 1
     if len(values) != kmax + 1 or not all(np.isfinite(v) and v >= 0 for v in values):
@@ -196,12 +220,14 @@ def llama_cpp_flags(step: Mapping[str, Any], version: str) -> dict[str, Any]:
 def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
                draft_time: Sequence[float] | None = None, depth: int | None = None, bench_path: str = "bench",
                trace_path: str = "trace", runs: Mapping[str, Any] | None = None, runs_path: str = "runs",
-               moe_layers: int | None = None) -> dict[str, Any]:
+               moe_layers: int | None = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
     """The plan document (keys in moespec.formats.planfile) from a validated bench and a trace; tau1 = tau_meas(1)
     in seconds (default: the runs' dedup-off n = 1); runs (a runs.json document, checked where read) add the
-    calibrated version and the defaults of depth and moe_layers."""
+    calibrated version and the defaults of depth and moe_layers; `warnings` (lines about the inputs the caller
+    found) join the verdict's input checks (moespec.predict.verdict)."""
     if runs is not None and not isinstance(runs, Runs):
         runs = Runs(dict(runs), runs_path)
+    _check_timeable(bench, bench_path)
     bench = as_pair_roles(bench)  # ggml's pair, where the bench timed it, plays slot and dedup
     if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
         raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
@@ -235,8 +261,11 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     pred = anchored(tau1, M, delta, per_n=False)
     meas = anchored(tau1, expert_times(times, "measured", scale), 0.0, per_n=False).tau
     if min(v.min() for v in (*pred.tau.values(), *meas.values())) <= 0:
+        whose = "give (in seconds)" if tau1_from == "--tau1" else "time"
         raise MoespecError(f"{tau1_from} = {tau1} s is shorter than the time the expert operations of "
-                           f"{bench_path} drop below one token's: a predicted verify time is not positive")
+                           f"{bench_path} drop below one token's: a predicted verify time is not positive; "
+                           f"{whose} the one-token pass of the model the plan covers (--moe-layers), or "
+                           f"{rerun_bench(bench)}")
     s_pred, s_meas = pred.tau["slot"] - pred.tau["dedup"], meas["slot"] - meas["dedup"]
     band = delta * (M["slot"] + M["dedup"])  # (18)
     policy = kernel_by_n(s_pred)
@@ -246,7 +275,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         short = [p for p in KERNELS if cal.tau[p].min() <= 0]
         if short:
             raise MoespecError(f"{runs_path}: a {measured} verify time is shorter than the predicted saving: a "
-                               f"calibrated {short[0]} verify time is not positive")
+                               f"calibrated {short[0]} verify time is not positive; the runs timed a smaller model "
+                               f"than the plan covers (check --moe-layers), or {rerun_bench(bench)}")
         ci = runs.get("verify_time_ci_s", {}).get(measured)
         if isinstance(ci, dict) and all(str(n) in ci for n in ns):  # the measured times are known to their interval
             half = np.array([max(tau_runs[n - 1] - ci[str(n)][0], ci[str(n)][1] - tau_runs[n - 1]) for n in ns])
@@ -270,6 +300,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     mW, D, kv = model.byte_model(fmt, depth, kmax)
     rho_bar = [float(reuse["rho_bar"][k]) for k in range(1, kmax + 1)]
     V_bytes = theory.byte_step_times(mW, D, kv, rho_bar)
+    pass_bytes = {"slot": _n_map([D + mW * n + kv[n - 1] for n in ns]), "dedup": _n_map(V_bytes)}
     grid = [float(a) for a in theory.PAPER_ACCEPTANCES]
     plan = {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": bench["model"],
@@ -292,7 +323,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
                                   for k in range(1, kmax + 1)} for a in grid},
             "k_hat_bytes": {str(a): int(theory.best_draft_length(V_bytes, a)) for a in grid}},
         "runs": None if runs is None else {"path": runs_path, "moe_layers": runs.moe_layers, "depth": runs.depth},
-        "inputs_ceiling_gbps": inputs_ceiling(bench, runs),
+        "inputs_ceiling_gbps": inputs_ceiling(bench, runs), "pass_bytes": pass_bytes,
         "level_gbps": inputs_level(bench, runs),
         "llama_cpp": llama_cpp_flags(step, "calibrated" if "calibrated" in step else "prediction"),
         "kernels": bench.get("pair_kernels") or dict(zip(KERNELS, KERNELS)),
@@ -309,6 +340,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
                      f"step_times{suffix}": step[version]["step_times"],
                      f"staircase{suffix}": step[version]["staircase"],
                      f"table{suffix}": step[version]["table"]})
+    plan["verdict"] = build_verdict(plan, runs, warnings=warnings, bench=bench, runs_path=runs_path,
+                                    bench_path=bench_path).to_json()  # the plain answer, printed first
     return plan
 
 
@@ -326,8 +359,11 @@ def make_plan(config: PlanConfig) -> Plan:
         runs = load_runs(config.runs)
         runs.check_identity(bench, config.bench, RUNS_CALIBRATE)
     h = draft_times(config.draft_time, config.kmax, bench, config.bench)
+    inputs = input_records({"bench": config.bench, "trace": config.trace, "runs": config.runs,
+                            "draft_time": None if _is_numbers(config.draft_time) else config.draft_time})
     doc = build_plan(bench, trace, config.tau1, config.kmax, h, config.depth, bench_path=config.bench,
                      trace_path=config.trace, runs=runs, runs_path=config.runs or "runs", moe_layers=config.moe_layers)
+    doc["provenance"]["inputs"] = inputs  # what a reader checks the files beside the plan against
     if config.out:
         write_json(config.out, doc)
     return Plan(doc, config.out)

@@ -79,6 +79,9 @@ From plan.json (moespec.formats.planfile): model, device_kind, dtype, provenance
   plan_sha256, plan_created, runs_started, pre_registered, pre_registration (the reason, one line),
   runs_plan_sha256 (the plan the runs ran, null if none)
   model, device_kind, dtype, depth
+  verdict         the plain answer (moespec.predict.verdict.Verdict.to_json): {version, policy, kernel_by_n: [{n,
+                  choice, evidence, saving_s, lo_s, hi_s, auto}], draft: [{a, profile, k, speedup, lo, hi,
+                  measured_k}], warnings, lines}, decided by these runs' S(n) intervals where they hold one
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ from moespec.formats.files import field as _field
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.predict.draft_score import draft_model_rows
+from moespec.predict.verdict import Verdict as PlainVerdict
+from moespec.predict.verdict import build_verdict
 
 CROSSOVER_WITHIN = 1  # rule 1: |predicted - measured| <= 1
 K_WITHIN = 1  # rule 2: |k_hat* - k*| <= 1 ...
@@ -364,6 +369,7 @@ class Score:
     version: str = DEFAULT_VERSION
     runs_plan_sha256: str | None = None  # the plan the runs ran (run --plan), None when they ran none
     plan_ceiling_gbps: dict[str, float] | None = None  # the plan's inputs_ceiling_gbps (absent in older plans)
+    verdict: PlainVerdict | None = None  # the plain answer from the plan and these runs (moespec.predict.verdict)
 
     @property
     def machine(self) -> dict[str, Any] | None:
@@ -422,14 +428,15 @@ class Score:
                 "plan_sha256": self.plan_sha256, "plan_created": self.plan_created.isoformat(),
                 "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
                 "pre_registration": self.pre_registration, "runs_plan_sha256": self.runs_plan_sha256,
-                "machine": self.machine,
+                "machine": self.machine, "verdict": None if self.verdict is None else self.verdict.to_json(),
                 **{key: self.runs[key] for key in ("model", "device_kind", "dtype", "depth")}}
 
 
 def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, plan_path: str = "plan",
-          runs_path: str = "runs", version: str = DEFAULT_VERSION) -> Score:
+          runs_path: str = "runs", version: str = DEFAULT_VERSION, warnings: Sequence[str] = ()) -> Score:
     """The six rules of a validated plan (load_plan) against validated runs (load_runs), reading the plan's
-    `version` ("prediction" or "calibrated") only."""
+    `version` ("prediction" or "calibrated") only, and the verdict they give (moespec.predict.verdict; `warnings`:
+    the caller's lines about the inputs)."""
     runs = runs if isinstance(runs, Runs) else Runs(dict(runs), runs_path)
     started = runs.started  # checked before any rule is scored
     runs.throughput()  # every row valid before any rule reads one
@@ -451,13 +458,15 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
                                                                             "inside"),
                    _inside, band, {"delta": delta}),
     ]
-    return Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256,
-                 plan.get("inputs_ceiling_gbps"))
+    result = Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256,
+                   plan.get("inputs_ceiling_gbps"))
+    result.verdict = build_verdict(plan, runs, result, warnings, plan_path=plan_path, runs_path=runs_path)
+    return result
 
 
-def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION) -> Score:
+def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION, warnings: Sequence[str] = ()) -> Score:
     """Load and score: the plan's sha256 is of the exact bytes read."""
     plan = load_plan(plan_path)
-    return score(plan, load_runs(runs_path), plan.sha256, plan_path, runs_path, version)
+    return score(plan, load_runs(runs_path), plan.sha256, plan_path, runs_path, version, warnings)
 
 

@@ -5,8 +5,13 @@ trace -> reuse -> bench -> theory -> predict -> engine in one folder. Each file 
 puts the answers side by side, so that one page says what was measured, on what, when and by which command, and
 whether the prediction made before the engine ran held up against it:
 
+  top           the folder the page was made from, as given; then a bold warning for each file that is not the
+                one its neighbours were made from (a plan made from another bench, trace or runs; runs that ran
+                another plan), saying what to do (moespec.report.inputs)
+  Inputs        each artifact's path from the page, size, sha256, status and provenance (created, command,
+                host); the other result files in the folder, not read; what plan.json was made from
   header        model, device, dtype, context depth, MoE layers, the trace (synthetic and calibrated to what, or
-                recorded), and each artifact's creation time, command and host (its provenance)
+                recorded)
   Figure 1      reuse rho(n): layer mean with bootstrap interval, against uniform iid routing      trace.npz
   Figure 2      each kernel's effective bandwidth vs n with the device ceiling; Table 1 (r(n), u(n)) and
                 the fits (the re-read cost c_re/c_u)                                              bench.json
@@ -27,9 +32,6 @@ file; nothing else is written to DIR.
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -37,9 +39,10 @@ from moespec import MoespecError, theory
 from moespec.defaults import N_MAX, POLICIES
 from moespec.formats.demofile import DRAFTING_FILE
 from moespec.formats.files import atomic_write, check_output, writing
+from moespec.predict.checks import bench_checks, runs_checks
 from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, VERSIONS, acceptance_rows, score_files
+from moespec.predict.verdict import build_verdict, measured_crossover
 from moespec.report.figures import (
-    FIG_DPI,
     MS,
     PLAN_VERSIONS,
     acceptance_figure,
@@ -48,69 +51,19 @@ from moespec.report.figures import (
     saving_figure,
     staircase_figure,
 )
-from moespec.report.folder import ARTIFACTS, DEFAULT_NAME, RUNS, RUNS_VERIFY, Folder, load_folder
+from moespec.report.folder import DEFAULT_NAME, RUNS, RUNS_VERIFY, Folder, load_folder
+from moespec.report.inputs import inputs_section, warnings_html
+from moespec.report.markup import CSS, VERDICT, Markup
+from moespec.report.markup import escape as _e
+from moespec.report.markup import facts as _facts
+from moespec.report.markup import figure as _figure
+from moespec.report.markup import missing as _missing
+from moespec.report.markup import table as _table
 from moespec.report.tables import FITS_CAPTION, TABLE1_CAPTION, fits_table, table1
 from moespec.routing.reuse import reuse_stats
 from moespec.routing.synth import describe
 
-CSS = """
-body { font-family: system-ui, sans-serif; max-width: 1150px; margin: 2em auto; padding: 0 1em; color: #222; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .88em; }
-th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: right; }
-th { background: #f3f3f3; } td.text, th.text { text-align: left; }
-caption { caption-side: bottom; font-size: .85em; color: #555; text-align: left; padding-top: .3em; }
-figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { font-size: .92em; color: #333; max-width: 60em; }
-p.missing { background: #fff6e0; border-left: 4px solid #e0a000; padding: .5em .8em; }
-.holds { color: #17752a; font-weight: 600; } .fails { color: #b01c1c; font-weight: 600; }
-"""
-
-
-# ---- HTML pieces ---------------------------------------------------------------------------------------------
-class Markup(str):
-    """A table cell that is already HTML (everything else is escaped)."""
-
-
-VERDICT = {True: Markup('<span class="holds">holds</span>'), False: Markup('<span class="fails">fails</span>'),
-           None: Markup('<span>not applicable</span>')}
-
-
-def _e(value: Any) -> str:
-    return value if isinstance(value, Markup) else html.escape(str(value))
-
-
-def _table(columns: Sequence[str] | None, rows: Iterable[Sequence[str]], caption: str | None = None,
-           text_columns: int = 0) -> str:
-    """A table of formatted cells (no header row when `columns` is None); the first `text_columns` columns are
-    left-aligned text."""
-    cls = lambda i: ' class="text"' if i < text_columns else ""  # noqa: E731
-    head = "" if columns is None else \
-        "<thead><tr>" + "".join(f"<th{cls(i)}>{_e(c)}</th>" for i, c in enumerate(columns)) + "</tr></thead>"
-    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-                   for row in rows)
-    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
-    return f"<table>{cap}{head}<tbody>{body}</tbody></table>"
-
-
-def _facts(items: Iterable[tuple[str, str]]) -> str:
-    """Name-value lines as a two-column table."""
-    return _table(None, items, text_columns=2)
-
-
-def _figure(fig: Any, caption: str) -> str:
-    """A matplotlib Figure as an embedded PNG with its caption."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=FIG_DPI)
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return (f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{_e(caption)}</figcaption></figure>")
-
-
-def _missing(text: str) -> str:
-    return f'<p class="missing">Not shown: {_e(text)}.</p>'
-
-
+# ---- HTML pieces (moespec.report.markup) ----------------------------------------------------------------------
 def _ms(seconds: float | None, spec: str = ".3f") -> str:
     return "-" if seconds is None else format(seconds * MS, spec)
 
@@ -126,11 +79,6 @@ def _policies(present: Iterable[str]) -> list[str]:
 
 
 # ---- header --------------------------------------------------------------------------------------------------
-def _provenance(name: str, doc: Any) -> dict[str, Any]:
-    meta = doc.meta if name == "trace.npz" else doc
-    return meta.get("provenance") or {}
-
-
 def _distinct(values: Iterable[Any]) -> str:
     """The different values the artifacts give (a folder that mixes jobs shows it), or '-'."""
     seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "")))
@@ -172,8 +120,7 @@ def _model(f: Folder) -> str:
 
 
 def header(f: Folder) -> str:
-    """What ran on what (the artifacts' model, device, dtype, depth, layers, trace), then each artifact's status and
-    provenance."""
+    """What ran on what: the artifacts' model, device, dtype, depth, layers, trace."""
     d = f.docs
     jsons = [doc for name, doc in d.items() if name != "trace.npz"]
     plan = d.get("plan.json", {})
@@ -188,16 +135,32 @@ def header(f: Folder) -> str:
         ("MoE layers", _layers_text(f)),
         ("trace", _trace_text(f)),
     ]
-    rows = []
-    for name, (writer, _) in ARTIFACTS.items():
-        if name not in d:
-            rows.append([name, writer, f.problems[name], "-", "-", "-"])
-            continue
-        prov = _provenance(name, d[name])
-        rows.append([name, writer, "read", prov.get("timestamp", "-"), prov.get("command", "-"),
-                     prov.get("host", "-")])
-    return _facts(summary) + _table(("artifact", "written by", "status", "created (UTC)", "command", "host"), rows,
-                                    "created and command: each file's provenance", text_columns=6)
+    return _facts(summary)
+
+
+# ---- the verdict ---------------------------------------------------------------------------------------------
+def verdict_section(f: Folder) -> str:
+    """The plain answer, first on the page (moespec.predict.verdict): the kernel per n and the draft length per
+    acceptance from plan.json, decided by the measured S(n) intervals of runs.json (else runs-verify.json) where they
+    hold them and scored against runs.json, then the input checks of the bench and the runs as a list; without
+    plan.json, the checks alone."""
+    d = f.docs
+    runs_name = next((name for name in (RUNS, RUNS_VERIFY) if name in d), None)
+    runs, bench = d.get(runs_name), d.get("bench.json")
+    if "plan.json" not in d:
+        title, blocks = "The verdict needs plan.json", [(f.problems["plan.json"], [
+            *(bench_checks(bench, "bench.json") if bench is not None else []),
+            *(runs_checks(runs, runs_name) if runs is not None else [])])]
+    else:
+        compared = _compared(f) if RUNS in d else None
+        score = None if compared is None or isinstance(compared, str) else compared[0]
+        verdict = build_verdict(d["plan.json"], runs, score, bench=bench, plan_path="plan.json",
+                                runs_path=runs_name or RUNS, bench_path="bench.json")
+        title, blocks = verdict.title, verdict.blocks()
+    return (f'<div id="verdict"><h2>{_e(title)}</h2>'
+            + "".join(f"<h3>{_e(heading)}</h3>" + ("<ul>" + "".join(f"<li>{_e(item)}</li>" for item in items)
+                                                    + "</ul>" if items else "") for heading, items in blocks)
+            + "</div>")
 
 
 # ---- Figure 1: reuse -----------------------------------------------------------------------------------------
@@ -210,9 +173,10 @@ def reuse_section(f: Folder) -> str:
     fig = reuse_figure(stats, label=str(trace.meta.get("model") or "trace"))
     values = "; ".join(f"rho({n}) = {stats.rho_mean[n]:.3f} [{lo[n]:.3f}, {hi[n]:.3f}]" for n in sorted({2, n_max})
                        if n <= n_max)
-    caption = (f"Look at how far the layer-mean reuse (dots, {stats.level:.0%} bootstrap band over "
-               f"{stats.num_documents} documents) lies above the dotted uniform iid curve: the higher, the more "
-               f"experts a pass of n tokens shares and the fewer bytes a deduplicating kernel reads ({values}).")
+    caption = (f"Look at how far the layer-mean reuse (dots; each layer faint and the {stats.level:.0%} bootstrap "
+               f"interval over {stats.num_documents} documents shaded, where wider than its line) lies above the "
+               f"dotted uniform iid curve: the higher, the more experts a pass of n tokens shares and the fewer "
+               f"bytes a deduplicating kernel reads ({values}).")
     return _figure(fig, caption)
 
 
@@ -221,11 +185,18 @@ def bandwidth_section(f: Folder) -> str:
     """Figure 2 (bandwidth_figure), Table 1 and the fits of bench.json, with its ceiling, eps and noise."""
     bench = f.docs["bench.json"]
     where = "at no n here" if bench["crossover"] is None else f"from n = {bench['crossover']} on here"
-    caption = ("Compare each kernel's effective bandwidth with the dotted device ceiling and with the other "
-               "kernel's: the deduplicating kernel is faster at n wherever u(n) < r(n) = beta_dedup/beta_slot "
-               f"(Table 1), {where}.")
+    by_n = bench.get("ceiling_by_n_gbps") or {}
+    sampled = all(str(n) in by_n for n in bench["n"])
+    ceiling = (f"{min(by_n.values()):.1f}-{max(by_n.values()):.1f} GB/s over n, each the median of the samples "
+               f"taken between that n's rounds; {bench['ceiling_gbps']:.1f} before and after the timing"
+               if sampled else f"{bench['ceiling_gbps']:.1f} GB/s, sampled before and after the timing only")
+    caption = ("Compare each kernel's effective bandwidth with the dotted device ceiling ("
+               + ("sampled between the rounds of each n, the machine the kernels ran on" if sampled else
+                  "sampled before and after the timing only: a host whose level moved meanwhile can put a kernel "
+                  "above it") + ") and with the other kernel's: the deduplicating kernel is faster at n wherever "
+               f"u(n) < r(n) = beta_dedup/beta_slot (Table 1), {where}.")
     noisy = bench.get("noisy") or {}
-    facts = [("ceiling", f"{bench['ceiling_gbps']:.1f} GB/s ({bench['ceiling_kind']})"),
+    facts = [("ceiling", f"{ceiling} ({bench['ceiling_kind']})"),
              ("fit error eps", ", ".join(f"{k} {v:.3f}" for k, v in bench["eps"].items()) or "-"),
              ("crossover", "none" if bench["crossover"] is None else f"n = {bench['crossover']}")]
     if noisy:
@@ -260,7 +231,8 @@ def staircase_section(f: Folder) -> str:
             ("k", *(f"V_hat(k) {p}, ms" for p in policies), *(f"a_k {p}" for p in policies)), rows,
             "V_hat(k) = tau(k+1) + h(k): the plan's step time drafting k tokens; k_hat*(a) >= k exactly when a > a_k"))
     caption = ("Read off the best draft length at your acceptance rate and where each policy's staircase jumps "
-               "(its step points): a policy whose steps come at lower acceptances drafts more tokens sooner.")
+               "(its step points a_j, the markers: k_hat* >= j for a > a_j), one panel per version of the plan: a "
+               "policy whose steps come at lower acceptances drafts more tokens sooner.")
     return _figure(staircase_figure(plan, versions, policies), caption) + "".join(tables)
 
 
@@ -394,7 +366,7 @@ def _engine(name: str, runs: dict[str, Any]) -> str:
              ("replayed routing", runs.get("replay") or "none (the model's own routers)"),
              ("verify pass", f"dense weights {runs.get('dense', '-')}; "
                              f"{runs.get('verify_pass', 'not recorded (older runs.json)')}"),
-             ("measured crossover", "none" if runs.get("crossover") is None else f"n = {runs['crossover']}"),
+             ("measured crossover", measured_crossover(runs)),
              ("engine overhead", "no throughput measured" if share is None else
               f"{share:.1%} of step time (median over cells)"),
              ("draft + host time h(k)", ", ".join(f"{k}: {_ms(v)} ms" for k, v in draft.items()) or "not measured"),
@@ -458,10 +430,16 @@ SECTIONS: tuple[tuple[str, str, str, tuple[str, ...], Callable[[Folder], str]], 
 )
 
 
-def render(f: Folder) -> str:
-    """The whole page."""
+def render(f: Folder, page_dir: str | Path | None = None) -> str:
+    """The whole page, its paths written from `page_dir` (the folder the page is written to; default the artifacts'
+    folder)."""
+    if not isinstance(f, Folder):
+        raise ValueError(f"f must be a Folder (moespec.report.folder.load_folder), got {type(f).__name__}")
     model = _model(f)
-    body = [f"<h1>moespec report: {_e(model)}</h1>", f"<p>{_e(f.path.resolve())}</p>", header(f)]
+    body = [f"<h1>moespec report: {_e(model)}</h1>", f"<p>Made from the folder {_e(f.path)}.</p>"]
+    # the plain answer first after the title, behind only a warning that the plan is not of the folder's files
+    body += [warnings_html(f), verdict_section(f), inputs_section(f, f.path if page_dir is None else page_dir),
+             "<h2>What ran on what</h2>", header(f)]
     body.append("<nav>" + " | ".join(f'<a href="#{anchor}">{_e(link)}</a>' for anchor, link, *_ in SECTIONS)
                 + "</nav>")
     for anchor, _, title, needs, section in SECTIONS:
@@ -478,7 +456,7 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     target = check_output(out or Path(folder) / DEFAULT_NAME)  # before any work
     f = load_folder(folder)  # before writing() can make the folder
     with writing(target):
-        page = render(f)
+        page = render(f, target.parent)
         return atomic_write(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
 
 

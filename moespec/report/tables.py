@@ -53,10 +53,11 @@ def fits_table(doc: Any) -> Rows:
 
 
 def rich_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None) -> Table:
-    """Rows of formatted cells as a rich table, numbers right-aligned."""
+    """Rows of formatted cells as a rich table, numbers right-aligned; a cell too wide for its column folds onto
+    the next line instead of being cut."""
     table = Table(title=title, caption=caption)
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", overflow="fold")
     for row in rows:
         table.add_row(*row)
     return table

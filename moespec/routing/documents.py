@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError
+from moespec.formats.files import sha256_file
 
 HASH_CHARS = 16  # hex digits of sha256 kept in source and tokenizer ids: collisions are not a concern
 
@@ -79,16 +80,8 @@ def load_documents(text: str | Path | None = None, jsonl: str | Path | None = No
         docs = split_wikitext(_read_text(path, flag))
     if not docs:
         raise MoespecError(f"{flag} {path}: no documents (the file is empty or only whitespace)")
-    source = f"{path.name}:{_sha256_file(path)[:HASH_CHARS]}"
+    source = f"{path.name}:{sha256_file(path)[:HASH_CHARS]}"
     return docs, source + (f"#{field}" if jsonl is not None else "")
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenize(encode: Callable[[str], Sequence[int]], docs: list[str], max_tokens: int | None) -> list[np.ndarray]:

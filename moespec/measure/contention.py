@@ -1,0 +1,180 @@
+"""Contention: another process's threads on the cores this process times on, seen and worked around.
+
+Physics. The native kernels and torch split every pass over one OpenMP team, one thread per core, and each
+parallel region ends at a barrier. When another runnable process takes one of those cores, the scheduler gives
+the team's thread on that core a share of it, and every barrier waits for that thread: a pass of hundreds of
+regions waits a scheduler slice at many of them. On a 2-core machine with one other CPU-bound process, the demo's
+verify pass read 2-3x its quiet time on two threads and 1.5x on one (the one-thread pass is alone on the free
+core; results/contention/). So before each timed call the team is fitted to the cores other processes leave free,
+and the call is flagged when another process ran beside it: a time taken so is not the quiet machine's.
+
+What is read (Linux /proc; elsewhere nothing is seen and nothing is fitted):
+- runnable tasks: /proc/loadavg's running count, the kernel's instantaneous run-queue length over all cores,
+  less this process's own runnable threads (/proc/self/task/*/stat), is the number of other processes' threads
+  that want a core now. In a container that shares the host's kernel this counts the host's tasks.
+- run delay: the nanoseconds this process's threads spent runnable but waiting for a core
+  (/proc/self/task/*/schedstat, second field). More than WAIT_SHARE of a call's wall time waited means a core
+  was taken during the call, even where the run queue was empty at both ends of it.
+
+A `Cores` times calls: `before()` reads, fits torch's threads (which our native kernels use: they take
+torch.get_num_threads()) to the free cores, and `after()` reads again and judges the call. The fit follows a
+load seen at two reads in a row (the end of the last call, or a second read before the first call, and the start
+of this one), so one short-lived process does not halve a pass; the flag follows any read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+WAIT_SHARE = 0.05  # threads waiting for a core for over 5% of a call: a core was taken (quiet: < 1%)
+CONTENDED_SHARE = 0.1  # a measurement with more of its calls contended than this is not the quiet machine's
+_TASKS = Path("/proc/self/task")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the machine looked like at one moment: `others` runnable threads of other processes, the run delay
+    of this process's threads so far (seconds), and the monotonic clock."""
+
+    others: int
+    run_delay_s: float
+    at: float
+
+
+def snapshot() -> Snapshot | None:
+    """The run queue and this process's run delay now (module docstring), or None where /proc cannot tell."""
+    try:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        own, delay = 0, 0
+        for task in os.listdir(_TASKS):
+            try:
+                stat = (_TASKS / task / "stat").read_text()
+                delay += int((_TASKS / task / "schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):  # the thread ended between the listing and the read
+                continue
+            own += stat[stat.rfind(")") + 2] == "R"
+    except (OSError, IndexError, ValueError):
+        return None
+    return Snapshot(max(running - own, 0), delay / 1e9, time.monotonic())
+
+
+class Cores:
+    """Fits the threads of timed calls to the free cores and records which calls another process ran beside.
+
+    threads: the most threads a call runs on (None: torch's at construction); fit=False only watches (an engine
+    whose thread count is fixed, llama.cpp's). `release()` gives torch back the threads it had before. `take()`
+    gives the record of the calls since the last take, so each checkpointed unit of a measurement (a round, a
+    prompt) carries its own and a resumed measurement merges them (`merge`)."""
+
+    def __init__(self, threads: int | None = None, fit: bool = True) -> None:
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads: a whole number >= 1, got {threads!r}")
+        self._torch = torch.get_num_threads()  # what release() gives back
+        self.threads, self.fit, self.cores = threads or self._torch, fit, cores()
+        self._zero()
+        self._last: Snapshot | None = None
+        self._start: Snapshot | None = None
+        if fit:
+            torch.set_num_threads(self.threads)
+
+    def _zero(self) -> None:
+        self.calls = self.contended = self.fewer = self.others_max = 0
+        self.wait_share_max = 0.0
+
+    def before(self) -> int:
+        """Read the machine before a timed call and fit the threads; returns the threads the call runs on."""
+        now = snapshot()
+        self._start = now
+        if not self.fit:
+            return torch.get_num_threads()
+        last = self._last or snapshot()  # the first call: a second read stands in for the last call's end
+        seen = [s.others for s in (last, now) if s is not None]
+        free = self.cores - min(seen) if seen else self.cores
+        use = max(1, min(self.threads, free))
+        if use != torch.get_num_threads():
+            torch.set_num_threads(use)
+        return use
+
+    def after(self) -> bool:
+        """Read the machine after the call `before()` opened and record it; True where it was contended."""
+        end, start = snapshot(), self._start
+        self._last, self._start = end, None
+        self.calls += 1
+        if start is None or end is None:
+            return False
+        wall = max(end.at - start.at, 1e-9)
+        share = max(end.run_delay_s - start.run_delay_s, 0.0) / wall
+        others = max(start.others, end.others)
+        contended = others > 0 or share > WAIT_SHARE
+        self.contended += contended
+        self.fewer += torch.get_num_threads() < self.threads
+        self.others_max, self.wait_share_max = max(self.others_max, others), max(self.wait_share_max, share)
+        return contended
+
+    def watched(self, unit: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A longer unit (one prompt's decoding) as one call: its result with the record of that call alone."""
+        self.before()
+        result = unit()
+        self.after()
+        return result | {"contention": self.take()}
+
+    def release(self) -> None:
+        """Give torch (and the native kernels) back the threads it had before this Cores."""
+        if self.fit:
+            torch.set_num_threads(self._torch)
+
+    def take(self) -> dict[str, Any]:
+        """The record of the calls since the last take (results files' `contention`, documented in
+        moespec.formats.runsfile and benchfile), the counts then starting again from zero."""
+        record = {"cores": self.cores, "threads": self.threads, "fitted": self.fit, "calls": self.calls,
+                "contended": self.contended, "fewer_threads": self.fewer, "others_max": self.others_max,
+                "wait_share_max": round(self.wait_share_max, 4)}
+        self._zero()
+        return record
+
+
+def merge(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One record for the calls of several (checkpointed rounds, prompts); None for none."""
+    if not records:
+        return None
+    out = dict(records[0])
+    for r in records[1:]:
+        for key in ("calls", "contended", "fewer_threads"):
+            out[key] += r[key]
+        out["others_max"] = max(out["others_max"], r["others_max"])
+        out["wait_share_max"] = max(out["wait_share_max"], r["wait_share_max"])
+    return out
+
+
+def contended(record: dict[str, Any] | None) -> bool:
+    """Whether a measurement's calls were contended too often to stand for the quiet machine."""
+    return bool(record) and record["calls"] > 0 and record["contended"] > CONTENDED_SHARE * record["calls"]
+
+
+def describe(record: dict[str, Any] | None, what: str = "timed calls") -> str | None:
+    """One line on a contention record where any call was contended (None where none was, or none was recorded):
+    what was seen, and what to do."""
+    if not record or not record["contended"]:
+        return None
+    fewer = f", {record['fewer_threads']} on fewer than {record['threads']} threads" if record["fewer_threads"] else ""
+    line = (f"contention: {record['contended']} of {record['calls']} {what} ran while another process wanted a core "
+            f"(up to {record['others_max']} other runnable threads, threads waited up to "
+            f"{record['wait_share_max']:.0%} of a call{fewer})")
+    if contended(record):
+        return (line + ": these are not this machine's quiet times; stop the other work and measure again "
+                "(--fresh)")
+    return line + ": few enough that the medians stand"

@@ -1,0 +1,178 @@
+"""README's recipe "Plan for your own model", run as written through the CLI entry point on the trained pair's target
+(moespec/data/pair/target) as "your model": the local-folder chain twice, and the GGUF chain, whose llama.cpp steps
+need llama-cpp-python. The commands are read from the README's two blocks, so the recipe a user copies is the one
+tested; small settings are appended to each command (argparse keeps the last of a repeated flag).
+
+The pair's target is too small to time: an expert is 24 KB (hidden 128, width 32, bf16), and our kernels reach a few
+percent of the streaming-read ceiling, where fixed per-call costs set the time. So `plan` refuses it in one line
+(moespec.formats.benchfile.too_small), the steps that read plan.json do not run, and `staircase --runs` gives the
+draft length from the measured verify times; the two runs must agree on that verdict, on the kernel the measured
+saving S(n) decides (moespec.predict.verdict), and on k*(a)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from moespec.cli import main
+from moespec.defaults import SAMPLE_TEXT
+from moespec.formats.benchfile import TOO_SMALL_SHARE, load_bench, too_small
+from moespec.formats.planfile import load_plan
+from moespec.formats.runsfile import load_runs
+from moespec.formats.trace import load_trace
+from moespec.model.gguf import read_gguf
+from moespec.predict.verdict import DEDUP, SLOT, kernel_answers
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "moespec" / "data" / "pair" / "target"
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+pytestmark = pytest.mark.skipif(not (TARGET / "model.safetensors").is_file(), reason="no trained pair")
+
+# Small settings per step: one bench layer at n = 1..3 (kmax 2), verify passes at depth 64 for at most 1 s per n,
+# a throughput grid of k = 0..2 at two acceptances, one prompt of 6 tokens per cell; score and staircase print JSON.
+VERIFY = ["--n", "1-3", "--depth", "64", "--reps", "5", "--max-reps", "10", "--budget", "1"]
+SMALL = {"export": [], "trace": [], "report": [], "plan": ["--kmax", "2"], "score": ["--json"],
+         "staircase": ["--json"],
+         "bench": ["--layers", "0", "--n", "1-3", "--reps", "1", "--windows", "2", "--u-values", "2"],
+         "verify": VERIFY, "run": [*VERIFY, "--k", "0-2", "--a", "0.5,0.9", "--prompts", "1", "--tokens", "6"]}
+NEEDS_LLAMA = "--gguf"  # the flag of the steps that run llama.cpp itself (trace, run --engine llama.cpp)
+PRINTS_JSON = ("score", "staircase")  # the steps that write no file: their --json output is read instead
+
+
+def recipe(first: str) -> list[list[str]]:
+    """The `moespec` command lines of README's fenced block that starts with `first` (e.g. "M="), as argv lists
+    without the leading `moespec` and with the comments dropped."""
+    blocks = (ROOT / "README.md").read_text(encoding="utf-8").split("```")[1::2]
+    found = [b for b in blocks if b.strip().startswith(first)]
+    assert len(found) == 1, f"README has {len(found)} fenced blocks starting with {first!r}, not one"
+    lines = [shlex.split(line, comments=True) for line in found[0].splitlines() if line.startswith("moespec ")]
+    assert lines, f"README's {first} block has no moespec command"
+    return [argv[1:] for argv in lines]
+
+
+def step(argv: list[str]) -> str:
+    """The step's name (its key in SMALL): the command, with `run` split into the verify-only run and the planned."""
+    return "verify" if argv[0] == "run" and "--no-throughput" in argv else argv[0]
+
+
+def concrete(argv: list[str], names: dict[str, str], work: Path) -> list[str]:
+    """argv with the block's shell variables ($M, $G) and its work folder w/ put in, and the small settings."""
+    def one(arg: str) -> str:
+        for name, value in names.items():
+            arg = arg.replace(f"${name}", value)
+        return str(work) if arg == "w" else str(work / arg[2:]) if arg.startswith("w/") else arg
+    return [one(a) for a in argv] + SMALL[step(argv)]
+
+
+def output(argv: list[str]) -> Path | None:
+    """The file a (concrete) command line writes: its --out, report's DIR/report.html; None where it prints."""
+    if argv[0] == "report":
+        return Path(argv[1]) / "report.html"
+    return Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
+
+
+def check_output(path: Path) -> None:
+    """The file exists and loads with the loader of its kind (each validates its format)."""
+    assert path.is_file(), f"{path} was not written"
+    if path.suffix == ".npz":  # the recipe gives no text: the sample's six documents
+        trace = load_trace(path)
+        assert trace.meta["source"].startswith(f"{SAMPLE_TEXT.name}:") and trace.num_documents == 6, trace.meta
+    elif path.suffix == ".gguf":
+        assert read_gguf(str(path)).spec.m == 8
+    elif path.name == "bench.json":
+        assert set(load_bench(path)["r"]) == {"1", "2", "3"}
+    elif path.name == "plan.json":
+        assert set(load_plan(path)["kernel_by_n"]) == {"1", "2", "3"}
+    elif path.name.startswith("runs"):
+        times = load_runs(path)["verify_time_s"]  # slot and dedup; llama.cpp's one kernel, dedup
+        assert "dedup" in times and all(set(t) == {"1", "2", "3"} for t in times.values()), times
+    else:
+        assert path.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+
+
+@dataclass
+class Outcome:
+    """What a recipe run did: the steps that ran (their files written and loading), the steps refused (exit 2) with
+    their one line, the steps not run (llama.cpp absent, or an input a refused or skipped step would have written),
+    and the JSON the printing steps printed."""
+
+    ran: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    printed: dict[str, dict] = field(default_factory=dict)
+
+
+def run_recipe(first: str, names: dict[str, str], work: Path, capsys) -> Outcome:
+    """Run README's block `first` in `work`, each command through the entry point."""
+    done = Outcome()
+    for argv in recipe(first):
+        argv, name = concrete(argv, names, work), step(argv)
+        reads = [Path(a) for a in argv[1:] if a.startswith(str(work)) and Path(a) != output(argv)]
+        if (NEEDS_LLAMA in argv and not HAVE_LLAMA) or not all(path.exists() for path in reads):
+            done.skipped.append(name)
+            continue
+        code = main(argv)
+        out, err = capsys.readouterr()
+        if code == 2:
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+            done.refused[name] = err.strip()
+            continue
+        assert code == 0, (argv, err[-2000:])
+        if name in PRINTS_JSON:
+            done.printed[name] = json.loads(out)
+        else:
+            check_output(output(argv))
+        done.ran.append(name)
+    return done
+
+
+def k_star(staircase: dict) -> dict[float, int]:
+    """acceptance -> k*(a) of `staircase --json`."""
+    return {row["a"]: row["k_star"] for row in staircase["table"]}
+
+
+def measured_kernels(runs_path: Path) -> dict[int, str]:
+    """n -> the verdict's kernel (moespec.predict.verdict: dedup, per-slot or no measurable difference) from the
+    runs' measured S(n) and its 95% interval alone: with no plan (plan refused), a plan of no prediction."""
+    runs = load_runs(runs_path)
+    return {k.n: k.choice for k in kernel_answers({"saving": {n: {} for n in runs["saving_s"]}, "kernel_by_n": {}},
+                                                  runs)}
+
+
+def test_the_recipe_on_the_trained_pair_twice_agrees(tmp_path, capsys):
+    """Each run: trace, bench and the verify-only run write files that load; the bench is too small to time, so plan
+    refuses in one line and the planned run and the score do not run; staircase --runs and report do. The runs
+    agree: too small to time both times; no n where one run's verdict on the measured S(n) is dedup and the other's
+    per-slot (at these settings every 95% interval includes 0: no measurable difference); k*(a) from the measured
+    verify times within one at every acceptance."""
+    outcomes = {work: run_recipe("M=", {"M": str(TARGET)}, tmp_path / work, capsys) for work in ("one", "two")}
+    for work, done in outcomes.items():
+        assert done.ran == ["trace", "bench", "verify", "staircase", "report"], (work, done)
+        assert list(done.refused) == ["plan"] and "too small to time" in done.refused["plan"], (work, done)
+        assert done.skipped == ["run", "score"], (work, done)
+        small = too_small(load_bench(tmp_path / work / "bench.json"))
+        assert small["flag"] and small["share_of_ceiling"] < TOO_SMALL_SHARE, (work, small)
+    one, two = (measured_kernels(tmp_path / work / "runs-verify.json") for work in ("one", "two"))
+    assert one.keys() == two.keys() == {2, 3} and not any({one[n], two[n]} == {DEDUP, SLOT} for n in one), (one, two)
+    one, two = (k_star(outcomes[work].printed["staircase"]) for work in ("one", "two"))
+    assert one.keys() == two.keys() and all(abs(one[a] - two[a]) <= 1 for a in one), (one, two)
+
+
+def test_the_gguf_recipe(tmp_path, capsys):
+    """The GGUF block: export and bench run here; trace --gguf and the llama.cpp runs need llama-cpp-python (without
+    it the bench reads the folder's trace: llama.cpp routes as transformers does, tests/test_llama_tracer.py). The
+    model is the pair's target, so plan refuses it as above."""
+    work, names = tmp_path / "w", {"M": str(TARGET), "G": str(tmp_path / "target.gguf")}
+    if not HAVE_LLAMA:
+        assert main(concrete(["trace", "--model", "$M", "--out", "w/trace.npz"], names, work)) == 0
+    done = run_recipe("G=", names, work, capsys)
+    if not HAVE_LLAMA:
+        assert done.ran == ["export", "bench", "report"] and not done.refused, done
+        pytest.skip(f"llama-cpp-python is not installed: ran export, bench and report; not {', '.join(done.skipped)}")
+    assert done.ran == ["export", "trace", "bench", "verify", "staircase", "report"], done
+    assert list(done.refused) == ["plan"] and "too small to time" in done.refused["plan"], done
