@@ -11,8 +11,9 @@ the machine:
   team whose threads spin at its own barriers, as another moespec or PyTorch job on the machine does;
 - 2 busy: two spinning processes, every core taken (`--states` chooses).
 and three ways:
-- fitted: the engine as `moespec run` runs it (moespec.measure.contention.Cores fits the threads before each pass);
-- fixed: the same engine on every core whatever else runs (Cores only watching): what moespec did before fitting;
+- fitted: the engine as `moespec run` runs it, its threads fitted to the free cores before each pass
+  (moespec.measure.contention.Cores);
+- fixed: the same engine on every core whatever else runs (Cores with fit=False, only watching);
 - llama.cpp: the same model exported to GGUF, through its C API with every logit (benchmarks/llama_cpp_api.py),
   on every core (its threads are fixed when its context is made).
 Every pass follows a 64 MiB streaming read that evicts the last-level cache, as in the engine. A round visits the

@@ -70,7 +70,7 @@ def test_a_sustained_load_fits_the_threads_and_a_single_read_does_not(monkeypatc
     # reads: before 1 (1, and a second read of 0: no fit), after 1 (1), before 2 (1: two reads in a row, fit to
     # the one free core), after 2 (0), before 3 (0: back to 2), after 3 (0)
     fake_snapshots(monkeypatch, [1, 0, 1, 1, 0, 0, 0])
-    cores = Cores(2)
+    cores = Cores(2, fit=True)
     used = []
     for _ in range(3):
         used.append(cores.before())
@@ -104,8 +104,8 @@ def test_a_watching_cores_changes_no_threads(monkeypatch, two_cores):
 
 def test_waiting_for_a_core_flags_a_call_with_an_empty_run_queue(monkeypatch, two_cores):
     # 10 ms calls: the first waited 0.1 ms (1%), the second 2 ms (20%)
-    fake_snapshots(monkeypatch, [0, 0, 0, 0, 0], [0.0, 0.0, 0.0001, 0.0001, 0.0021])
-    cores = Cores(2)
+    fake_snapshots(monkeypatch, [0, 0, 0, 0], [0.0, 0.0001, 0.0001, 0.0021])
+    cores = Cores(2, fit=False)
     flags = []
     for _ in range(2):
         cores.before()
@@ -114,8 +114,8 @@ def test_waiting_for_a_core_flags_a_call_with_an_empty_run_queue(monkeypatch, tw
 
 
 def test_take_starts_the_counts_again_and_merge_adds_them(monkeypatch, two_cores):
-    fake_snapshots(monkeypatch, [1, 1, 1, 0, 0])
-    cores = Cores(2)
+    fake_snapshots(monkeypatch, [1, 1, 0, 0])
+    cores = Cores(2, fit=False)
     cores.before()
     cores.after()
     first = cores.take()
@@ -161,6 +161,7 @@ def test_a_run_beside_another_process_is_flagged_in_its_file_and_its_output(tiny
     code, stdout, doc = run_with_others(tiny_checkpoints, tmp_path, monkeypatch, 1)
     verify = doc["contention"]["verify"]
     assert code == 0 and verify["calls"] == 9 and verify["contended"] == 9  # 3 rounds x (slot, dedup, outside)
+    assert verify["fitted"] is True
     assert doc["noise"]["per_n"]["2"]["contention"] == verify and doc["contention"]["throughput"] is None
     assert "9 of 9 verify passes" in stdout and "--fresh" in stdout
     assert C.contended(load_runs(str(tmp_path / "runs.json"))["contention"]["verify"])

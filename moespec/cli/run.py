@@ -141,8 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-gguf", help="--engine llama.cpp: a GGUF draft model sharing the vocabulary: the "
                                         "throughput grid drafts with it (greedy) over --k instead of the oracle")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=RunConfig.threads,
-                   help=f"threads of a pass, either engine (default {RunConfig.threads}, torch's); moespec's engine "
-                        "runs fewer while another process holds a core")
+                   help=f"threads of a pass, either engine (default {RunConfig.threads}, torch's)")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")

@@ -2,11 +2,13 @@
 
 Physics. The native kernels and torch split every pass over one OpenMP team, one thread per core, and each
 parallel region ends at a barrier. When another runnable process takes one of those cores, the scheduler gives
-the team's thread on that core a share of it, and every barrier waits for that thread: a pass of hundreds of
-regions waits a scheduler slice at many of them. On a 2-core machine with one other CPU-bound process, the demo's
-verify pass read 2-3x its quiet time on two threads and 1.5x on one (the one-thread pass is alone on the free
-core; results/contention/). So before each timed call the team is fitted to the cores other processes leave free,
-and the call is flagged when another process ran beside it: a time taken so is not the quiet machine's.
+the team's thread on that core a share of it, and every barrier waits for that thread. Measured on the demo's
+verify pass (2 cores, n = 1..9; benchmarks/contention.py, results/contention/): beside one spinning process the
+whole team took 1.9-5.5x its quiet time, beside a torch job 2.9-4.8x; a team fitted to the cores left free (one
+thread) took 1.6-1.8x and 2.1-2.4x (llama.cpp's pass 1.6-2.1x and 2.2-3.5x), and on a quiet machine the fitted
+pass read within 1-2% of the whole team's (medians). So before each timed call the team is fitted to the free
+cores (`fit=True`, the default), and the call is flagged when another process ran beside it: a time taken so is
+not the quiet machine's.
 
 What is read (Linux /proc; elsewhere nothing is seen and nothing is fitted):
 - runnable tasks: /proc/loadavg's running count, the kernel's instantaneous run-queue length over all cores,
@@ -16,7 +18,7 @@ What is read (Linux /proc; elsewhere nothing is seen and nothing is fitted):
   (/proc/self/task/*/schedstat, second field). More than WAIT_SHARE of a call's wall time waited means a core
   was taken during the call, even where the run queue was empty at both ends of it.
 
-A `Cores` times calls: `before()` reads, fits torch's threads (which our native kernels use: they take
+A `Cores` times calls: `before()` reads and sets torch's threads (which our native kernels use: they take
 torch.get_num_threads()) to the free cores, and `after()` reads again and judges the call. The fit follows a
 load seen at two reads in a row (the end of the last call, or a second read before the first call, and the start
 of this one), so one short-lived process does not halve a pass; the flag follows any read.
@@ -75,8 +77,9 @@ def snapshot() -> Snapshot | None:
 class Cores:
     """Fits the threads of timed calls to the free cores and records which calls another process ran beside.
 
-    threads: the most threads a call runs on (None: torch's at construction); fit=False only watches (an engine
-    whose thread count is fixed, llama.cpp's). `release()` gives torch back the threads it had before. `take()`
+    threads: the threads a call runs on, set on torch at construction (None: torch's); fit=True (default) lowers
+    them to the free cores before each call, fit=False keeps them and only watches (an engine whose threads are
+    fixed, llama.cpp's). `release()` gives torch back the threads it had before. `take()`
     gives the record of the calls since the last take, so each checkpointed unit of a measurement (a round, a
     prompt) carries its own and a resumed measurement merges them (`merge`)."""
 
@@ -88,8 +91,7 @@ class Cores:
         self._zero()
         self._last: Snapshot | None = None
         self._start: Snapshot | None = None
-        if fit:
-            torch.set_num_threads(self.threads)
+        torch.set_num_threads(self.threads)
 
     def _zero(self) -> None:
         self.calls = self.contended = self.fewer = self.others_max = 0
@@ -99,8 +101,10 @@ class Cores:
         """Read the machine before a timed call and fit the threads; returns the threads the call runs on."""
         now = snapshot()
         self._start = now
-        if not self.fit:
-            return torch.get_num_threads()
+        if not self.fit:  # the whole team, whatever another Cores or caller set since
+            if torch.get_num_threads() != self.threads:
+                torch.set_num_threads(self.threads)
+            return self.threads
         last = self._last or snapshot()  # the first call: a second read stands in for the last call's end
         seen = [s.others for s in (last, now) if s is not None]
         free = self.cores - min(seen) if seen else self.cores
@@ -134,8 +138,7 @@ class Cores:
 
     def release(self) -> None:
         """Give torch (and the native kernels) back the threads it had before this Cores."""
-        if self.fit:
-            torch.set_num_threads(self._torch)
+        torch.set_num_threads(self._torch)
 
     def take(self) -> dict[str, Any]:
         """The record of the calls since the last take (results files' `contention`, documented in
