@@ -4,10 +4,10 @@ need llama-cpp-python. The commands are read from the README's two blocks, so th
 tested; small settings are appended to each command (argparse keeps the last of a repeated flag).
 
 The pair's target is too small to time: an expert is 24 KB (hidden 128, width 32, bf16), and our kernels reach a few
-percent of the streaming-read ceiling, where fixed per-call costs set the time. So `plan` refuses it in one line
-(moespec.formats.benchfile.too_small), the steps that read plan.json do not run, and `staircase --runs` gives the
-draft length from the measured verify times; the two runs must agree on that verdict, on the kernel the measured
-saving S(n) decides (moespec.predict.verdict), and on k*(a)."""
+percent of the streaming-read ceiling, where fixed per-call costs set the time (moespec.formats.benchfile.too_small).
+So `plan` builds on the verify-only run's measured times of both kernels (moespec.predict.measured), and two runs of
+the recipe must give plans that agree: the same kernel verdict at every n and k_hat within one at every acceptance.
+llama.cpp's runs time its one kernel, so the GGUF chain's plan has no measured basis and refuses in one line."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import load_runs
 from moespec.formats.trace import load_trace
 from moespec.model.gguf import read_gguf
-from moespec.predict.verdict import DEDUP, SLOT, kernel_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "moespec" / "data" / "pair" / "target"
@@ -136,37 +135,37 @@ def k_star(staircase: dict) -> dict[float, int]:
     return {row["a"]: row["k_star"] for row in staircase["table"]}
 
 
-def measured_kernels(runs_path: Path) -> dict[int, str]:
-    """n -> the verdict's kernel (moespec.predict.verdict: dedup, per-slot or no measurable difference) from the
-    runs' measured S(n) and its 95% interval alone: with no plan (plan refused), a plan of no prediction."""
-    runs = load_runs(runs_path)
-    return {k.n: k.choice for k in kernel_answers({"saving": {n: {} for n in runs["saving_s"]}, "kernel_by_n": {}},
-                                                  runs)}
+def verdict_of(plan_path: Path) -> tuple[dict[int, str], dict[float, int]]:
+    """A plan's verdict: n -> the kernel (dedup, per-slot or no measurable difference), a -> the draft length."""
+    verdict = load_plan(plan_path)["verdict"]
+    return ({row["n"]: row["choice"] for row in verdict["kernel_by_n"]},
+            {row["a"]: row["k"] for row in verdict["draft"] if row["a"] is not None})
 
 
 def test_the_recipe_on_the_trained_pair_twice_agrees(tmp_path, capsys):
-    """Each run: trace, bench and the verify-only run write files that load; the bench is too small to time, so plan
-    refuses in one line and the planned run and the score do not run; staircase --runs and report do. The runs
-    agree: too small to time both times; no n where one run's verdict on the measured S(n) is dedup and the other's
-    per-slot (at these settings every 95% interval includes 0: no measurable difference); k*(a) from the measured
-    verify times within one at every acceptance."""
+    """Every step of the block runs and writes a file that loads (or prints its JSON); the bench is too small to
+    time, so the plan stands on the verify-only run's measured times and says so; two runs of the recipe give plans
+    whose kernel verdicts are the same at every n and whose draft lengths are within one at every acceptance."""
     outcomes = {work: run_recipe("M=", {"M": str(TARGET)}, tmp_path / work, capsys) for work in ("one", "two")}
     for work, done in outcomes.items():
-        assert done.ran == ["trace", "bench", "verify", "staircase", "report"], (work, done)
-        assert list(done.refused) == ["plan"] and "too small to time" in done.refused["plan"], (work, done)
-        assert done.skipped == ["run", "score"], (work, done)
+        assert done.ran == ["trace", "bench", "verify", "plan", "run", "score", "staircase", "report"], (work, done)
+        assert not done.refused and not done.skipped, (work, done)
         small = too_small(load_bench(tmp_path / work / "bench.json"))
         assert small["flag"] and small["share_of_ceiling"] < TOO_SMALL_SHARE, (work, small)
-    one, two = (measured_kernels(tmp_path / work / "runs-verify.json") for work in ("one", "two"))
-    assert one.keys() == two.keys() == {2, 3} and not any({one[n], two[n]} == {DEDUP, SLOT} for n in one), (one, two)
-    one, two = (k_star(outcomes[work].printed["staircase"]) for work in ("one", "two"))
-    assert one.keys() == two.keys() and all(abs(one[a] - two[a]) <= 1 for a in one), (one, two)
+        plan = load_plan(tmp_path / work / "plan.json")
+        title = " ".join(plan["verdict"]["lines"][:2])  # the title, wrapped at 100 columns
+        assert plan["basis"]["kind"] == "runs" and "too small to time" in title, plan["basis"]
+    (k1, d1), (k2, d2) = (verdict_of(tmp_path / work / "plan.json") for work in ("one", "two"))
+    assert k1 == k2 and set(k1) == {2, 3}, (k1, k2)
+    assert d1.keys() == d2.keys() and d1 and all(abs(d1[a] - d2[a]) <= 1 for a in d1), (d1, d2)
+    assert all(k_star(done.printed["staircase"]) for done in outcomes.values())
 
 
 def test_the_gguf_recipe(tmp_path, capsys):
     """The GGUF block: export and bench run here; trace --gguf and the llama.cpp runs need llama-cpp-python (without
     it the bench reads the folder's trace: llama.cpp routes as transformers does, tests/test_llama_tracer.py). The
-    model is the pair's target, so plan refuses it as above."""
+    bench of the pair's target is too small to time and llama.cpp's runs time dedup alone, so plan refuses in one
+    line naming the verify-only runs of both kernels it would stand on."""
     work, names = tmp_path / "w", {"M": str(TARGET), "G": str(tmp_path / "target.gguf")}
     if not HAVE_LLAMA:
         assert main(concrete(["trace", "--model", "$M", "--out", "w/trace.npz"], names, work)) == 0
@@ -176,3 +175,4 @@ def test_the_gguf_recipe(tmp_path, capsys):
         pytest.skip(f"llama-cpp-python is not installed: ran export, bench and report; not {', '.join(done.skipped)}")
     assert done.ran == ["export", "trace", "bench", "verify", "staircase", "report"], done
     assert list(done.refused) == ["plan"] and "too small to time" in done.refused["plan"], done
+    assert "--no-throughput" in done.refused["plan"], done

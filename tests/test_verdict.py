@@ -17,6 +17,7 @@ from plan_cases import NS, RUNS_DRAFT, TAU1, make_bench, make_runs, uniform_trac
 from moespec import MoespecError, cli, theory
 from moespec.formats.benchfile import TOO_SMALL_SHARE, too_small
 from moespec.formats.files import write_json
+from moespec.formats.planfile import load_plan
 from moespec.formats.trace import Trace
 from moespec.predict.checks import BYTES_RANGE, bench_checks, rerun_bench, runs_checks
 from moespec.predict.plan import build_plan
@@ -138,7 +139,7 @@ def test_a_fit_error_past_its_bound_is_named_with_the_other_cause() -> None:
     assert small["flag"] and small["reason"].startswith(f"{TOO_SMALL}, or the machine was disturbed: ")
     assert "eps = 0.6 >= 1/2" in small["reason"]
     [line] = bench_checks(make_bench(eps=0.6), "b.json")
-    assert "a plan refuses it: rerun `moespec bench --fresh`" in line and "--layers" in line
+    assert "verify-only runs (--runs) or refuses: rerun `moespec bench --fresh`" in line and "--layers" in line
 
 
 def test_a_noisy_bench_says_to_rerun_fresh_and_says_when_it_resumed(plan: dict[str, Any], trace: Trace) -> None:
@@ -234,7 +235,7 @@ def _extrapolating() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("bench, extra, advice", [
-    (_small_bench(), ["--tau1", "0.1"], [TOO_SMALL, "larger experts", "--fresh", "--reps", "staircase --runs"]),
+    (_small_bench(), ["--tau1", "0.1"], [TOO_SMALL, "larger experts", "--fresh", "--reps", "--no-throughput"]),
     (make_bench(eps=0.6), ["--tau1", "0.1"], ["needs eps < 1/2", "--fresh", "--reps", "quieter", "--layers"]),
     (_no_eps(), ["--tau1", "0.1"], ["no fit error eps for kernel(s) dedup", "--fresh", "--n 1-9"]),
     (_extrapolating(), ["--tau1", "0.1"], ["not positive", "give (in seconds) the one-token pass", "--moe-layers",
@@ -280,3 +281,40 @@ def test_a_finding_is_listed_once_however_its_file_is_named(trace: Trace) -> Non
     contention = ["bench.json: 40% of calls contended", "runs.json: 40% of calls contended"]
     verdict = build_verdict(plan, bench=noisy, bench_path="bench.json", warnings=[*contention, contention[0]])
     assert [w.split(": ")[0] for w in verdict.warnings] == ["w/bench.json", "bench.json", "runs.json"]
+
+
+def test_a_bench_too_small_to_time_plans_on_the_measured_runs(trace: Trace, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """With verify-only runs of both kernels, a too-small bench gives a plan on their measured times (basis runs):
+    tau_hat is the runs' times, a kernel is decided only where the runs' S(n) interval excludes 0 (AUTO runs dedup
+    there, per-slot elsewhere), the verdict says so in its title and keeps the too-small line among its checks."""
+    runs = make_runs()
+    ns = sorted(int(n) for n in runs["verify_time_s"]["slot"])
+    # S(n) = 0.1 x slot(n) > 0 at every n; its interval excludes 0 at n = 3 only
+    runs["saving_s"] = {str(n): {"median": 0.1 * runs["verify_time_s"]["slot"][str(n)],
+                                 "lo": 0.001 if n == 3 else -0.001, "hi": 1.0} for n in ns if n > 1}
+    out = tmp_path / "plan.json"
+    args = _plan_cli(tmp_path, trace, _small_bench(), "--runs", str(write_json(tmp_path / "runs.json", runs)),
+                     "--out", str(out))
+    assert cli.main(args) == 0
+    plan = load_plan(out)
+    assert plan["basis"]["kind"] == "runs" and TOO_SMALL in plan["basis"]["why"] and plan["eps"] == 0.0
+    kmax = plan["kmax"]
+    assert {n: plan["tau_hat"]["dedup"][str(n)] for n in range(1, kmax + 2)} == \
+        {n: runs["verify_time_s"]["dedup"][str(n)] for n in range(1, kmax + 2)}
+    assert plan["kernel_by_n"] == {str(n): "dedup" if n == 3 else "slot" for n in range(1, kmax + 2)}
+    assert plan["saving"]["3"]["decided"] and not plan["saving"]["2"]["decided"]
+    choices = {row["n"]: row["choice"] for row in plan["verdict"]["kernel_by_n"]}
+    assert choices[3] == "dedup" and choices[2] == "no measurable difference (interval includes 0)"
+    assert "too small to time" in " ".join(plan["verdict"]["lines"][:2])
+    assert any(TOO_SMALL in w for w in plan["verdict"]["warnings"]) and "table_calibrated" in plan
+
+
+def test_a_too_small_bench_with_one_kernel_runs_is_refused(trace: Trace, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """Runs of dedup alone (llama.cpp's) cannot stand in for the bench: the refusal names the runs it needs."""
+    runs = make_runs()
+    del runs["verify_time_s"]["slot"]
+    args = _plan_cli(tmp_path, trace, _small_bench(), "--runs", str(write_json(tmp_path / "runs.json", runs)),
+                     "--out", str(tmp_path / "plan.json"))
+    assert cli.main(args) == 2 and "--no-throughput" in capsys.readouterr().err

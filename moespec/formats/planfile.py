@@ -7,6 +7,11 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   eps (engine eps: max over slot and dedup), delta = eps/(1-eps) (relative error of each expert-op time (17)),
   kmax, tau1_s, draft_time_s [h(0..kmax)]
   coverage     {timed_layers, num_moe_layers (L, the MoE layers the sums cover), model_moe_layers, scale, rule}
+  basis        {kind, why}: "bench" (the versions below on the bench's expert-op times, (22)), or "runs"
+               (moespec.predict.measured: the bench is too small to time, `why` says how, and every version's
+               times are --runs' measured verify times of slot and dedup with their 95% intervals as bounds; eps
+               and delta 0; saving.{n} is the runs' S(n) with its interval, r and margin null; AUTO and the
+               crossover run dedup only where that interval lies above 0); absent in older plans: "bench"
   crossover    n or null;  crossover_measured: the same on the measured-time version
   kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
   kernels      {slot: name, dedup: name}: the bench kernels the plan's slot and dedup are (newer files): ours,
@@ -175,6 +180,10 @@ def _check_plan(doc: Any) -> str | None:
         if key not in ns or not isinstance(entry, dict) or \
                 not all(is_number(v) for k, v in entry.items() if k.endswith("_s")):
             return f"saving.{key} must be an object of finite times (keys ending _s) at an n in 1..{kmax + 1}"
+    basis = doc.get("basis", {"kind": "bench", "why": None})
+    if not isinstance(basis, dict) or basis.get("kind") not in ("bench", "runs") or \
+            not isinstance(basis.get("why"), (str, type(None))):
+        return f"basis must be {{kind: \"bench\" or \"runs\", why: a line or null}}, got {basis!r}"
     if "inputs" in doc["provenance"]:
         return _check_inputs(doc["provenance"]["inputs"])
     return None

@@ -28,9 +28,10 @@ from moespec.measure.contention import describe
 BYTES_RANGE = (0.1, 10.0)  # a verify time outside these multiples of bytes / ceiling is not the bytes' time
 FLAT_SHARE = 0.05  # without intervals, growth from n = 1 to the largest n under 5% (run's --target) is flat
 RERUN_RUN = "rerun `moespec run --fresh` with more --reps on a quieter machine"
-TOO_SMALL_ADVICE = ("a plan refuses it: bench a model with larger experts, or if the machine was busy rerun "
-                    "`moespec bench --fresh` with more --reps on a quieter one; for the draft length alone, "
-                    "`moespec staircase --runs RUNS` reads measured step times")
+TOO_SMALL_ADVICE = ("a plan takes its times from the verify-only runs of both kernels instead (`moespec run "
+                    "--no-throughput`, then `moespec plan --runs`) and refuses without them; to predict from a bench, "
+                    "bench a model with larger experts, or if the machine was busy rerun `moespec bench --fresh` "
+                    "with more --reps on a quieter one")
 
 
 def rerun_bench(bench: Mapping[str, Any] | None = None) -> str:
@@ -52,7 +53,7 @@ def too_small_line(bench: Mapping[str, Any], where: str) -> str | None:
         return None
     share = small["share_of_ceiling"]
     advice = TOO_SMALL_ADVICE if share is not None and share < TOO_SMALL_SHARE else \
-        f"a plan refuses it: {rerun_bench(bench)}"
+        f"a plan takes its times from verify-only runs (--runs) or refuses: {rerun_bench(bench)}"
     return f"{where}: {small['reason']}; {advice}"
 
 

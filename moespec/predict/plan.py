@@ -51,13 +51,22 @@ import numpy as np
 
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
-from moespec.formats.benchfile import as_pair_roles, load_bench
+from moespec.formats.benchfile import as_pair_roles, load_bench, too_small
 from moespec.formats.files import holds_outputs, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan, input_records
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.model.spec import ModelSpec
 from moespec.predict.checks import rerun_bench, too_small_line
+from moespec.predict.measured import (
+    BASIS_BENCH,
+    BASIS_RUNS,
+    has_both_kernels,
+    measured_policy,
+    measured_times,
+    saving_intervals,
+    saving_row,
+)
 from moespec.predict.staircase import for_llama_cpp
 from moespec.predict.verdict import build_verdict
 from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
@@ -101,12 +110,11 @@ def _spec_of(bench: Mapping[str, Any], bench_path: str, trace: Trace, trace_path
 
 
 def _check_timeable(bench: Mapping[str, Any], where: str) -> None:
-    """Refuse a bench whose expert operation is too small to time (moespec.formats.benchfile.too_small) before
-    anything is built on it. A refusal, not a warning: every number the plan adds to a measured pass time (the
-    saving and its band (18), the crossover, AUTO, the step times and the bands (21)) comes from the bench's
-    expert-op times, and where those are fixed per-call costs and noise a plan would print an answer with no
-    measurement behind it, which a reader of its verdict alone would deploy. The refusal names the cause and the
-    settings to change; the draft length alone stays available from measured step times (`staircase --runs`)."""
+    """Refuse a bench whose expert operation is too small to time (moespec.formats.benchfile.too_small) when no
+    runs of both kernels can stand in for it (moespec.predict.measured). A refusal, not a warning: every number
+    (22) adds to a measured pass time (the saving and its band (18), the crossover, AUTO, the step times and the
+    bands (21)) comes from the bench's expert-op times, and where those are fixed per-call costs and noise a plan
+    would print an answer with no measurement behind it, which a reader of its verdict alone would deploy."""
     if line := too_small_line(bench, where):
         raise MoespecError(line)
 
@@ -217,46 +225,12 @@ def llama_cpp_flags(step: Mapping[str, Any], version: str) -> dict[str, Any]:
             "table": [row | {"flags": for_llama_cpp([{"k": row["k_hat"]}])[0]["flags"]} for row in rows]}
 
 
-def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
-               draft_time: Sequence[float] | None = None, depth: int | None = None, bench_path: str = "bench",
-               trace_path: str = "trace", runs: Mapping[str, Any] | None = None, runs_path: str = "runs",
-               moe_layers: int | None = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
-    """The plan document (keys in moespec.formats.planfile) from a validated bench and a trace; tau1 = tau_meas(1)
-    in seconds (default: the runs' dedup-off n = 1); runs (a runs.json document, checked where read) add the
-    calibrated version and the defaults of depth and moe_layers; `warnings` (lines about the inputs the caller
-    found) join the verdict's input checks (moespec.predict.verdict)."""
-    if runs is not None and not isinstance(runs, Runs):
-        runs = Runs(dict(runs), runs_path)
-    _check_timeable(bench, bench_path)
-    bench = as_pair_roles(bench)  # ggml's pair, where the bench timed it, plays slot and dedup
-    if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
-        raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
-    if tau1 is None and runs is None:
-        raise MoespecError("the one-token pass time is needed: give --tau1 or --runs")
-    spec = _spec_of(bench, bench_path, trace, trace_path)
-    eps = _eps(bench, bench_path)
-    delta = float(theory.delta_from_eps(eps))
-    ns = range(1, kmax + 2)
-    # the runs' kernel: slot (moespec's engine, dedup off), or dedup where it is the only one (llama.cpp's CPU)
-    measured = "dedup" if runs is not None and runs.kernels == ["dedup"] else "slot"
-    tau_runs = None if runs is None else runs.series(f"verify_time_s.{measured}", ns, positive=True)
-    measured_outside = runs is not None and "outside" in (runs.get("verify_time_s") or {})
-    tau_outside = runs.series("verify_time_s.outside", ns, positive=True) if measured_outside else None
-    tau1_from = "--tau1" if tau1 is not None else f"{runs_path}: verify_time_s.{measured}.1"  # what an error blames
-    tau1 = float(tau_runs[0]) if tau1 is None else tau1
-    if not (np.isfinite(tau1) and tau1 > 0):
-        raise MoespecError(f"{tau1_from} = {tau1} must be a positive time in seconds (the one-token pass)")
-    h = list(draft_time) if draft_time is not None else [0.0] * (kmax + 1)
-    depth = depth if depth is not None else runs.depth if runs is not None else DEPTH
-    L = _moe_layers(spec, moe_layers, runs, runs_path)
-    model = reduced_model(spec, L)
+def _bench_versions(bench: Mapping[str, Any], bench_path: str, ns: range, scale: float, tau1: float, tau1_from: str,
+                    delta: float, runs: Runs | None, runs_path: str, tau_runs: np.ndarray | None,
+                    tau_outside: np.ndarray | None, measured: str) -> tuple[dict, np.ndarray, np.ndarray, dict, dict]:
+    """The versions on the bench's expert-op times (22): the prediction, and with runs the calibrated and the
+    whole-pass ones; returns (measured-time version's tau, predicted saving, its band (18), AUTO policy, versions)."""
     times = layer_times(bench, bench_path, ns)
-    fmt = bench["dtype"]
-    bad = [layer for layer in bench["layers"] if not 0 <= layer < spec.L]
-    if bad:
-        raise MoespecError(f"{bench_path}: timed layers {bad} outside the model's MoE layers 0..{spec.L - 1}")
-    w = np.array([model.expert_bytes(layer, fmt) for layer in range(L)], dtype=float)
-    scale = float(w.sum() / sum(spec.expert_bytes(layer, fmt) for layer in bench["layers"]))
     M = expert_times(times, "predicted", scale)
     pred = anchored(tau1, M, delta, per_n=False)
     meas = anchored(tau1, expert_times(times, "measured", scale), 0.0, per_n=False).tau
@@ -266,7 +240,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
                            f"{bench_path} drop below one token's: a predicted verify time is not positive; "
                            f"{whose} the one-token pass of the model the plan covers (--moe-layers), or "
                            f"{rerun_bench(bench)}")
-    s_pred, s_meas = pred.tau["slot"] - pred.tau["dedup"], meas["slot"] - meas["dedup"]
+    s_pred = pred.tau["slot"] - pred.tau["dedup"]
     band = delta * (M["slot"] + M["dedup"])  # (18)
     policy = kernel_by_n(s_pred)
     versions = {"prediction": with_auto(pred, policy)}
@@ -284,12 +258,72 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         versions["calibrated"] = with_auto(cal, policy)
     if tau_outside is not None:
         versions["whole-pass"] = with_auto(whole_pass(tau1, tau_outside, M, delta), policy)
+    return meas, s_pred, band, policy, versions
+
+
+def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
+               draft_time: Sequence[float] | None = None, depth: int | None = None, bench_path: str = "bench",
+               trace_path: str = "trace", runs: Mapping[str, Any] | None = None, runs_path: str = "runs",
+               moe_layers: int | None = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """The plan document (keys in moespec.formats.planfile) from a validated bench and a trace; tau1 = tau_meas(1)
+    in seconds (default: the runs' dedup-off n = 1); runs (a runs.json document, checked where read) add the
+    calibrated version and the defaults of depth and moe_layers; `warnings` (lines about the inputs the caller
+    found) join the verdict's input checks (moespec.predict.verdict)."""
+    if runs is not None and not isinstance(runs, Runs):
+        runs = Runs(dict(runs), runs_path)
+    on_runs = too_small(bench)["flag"] and has_both_kernels(runs)  # the basis of moespec.predict.measured
+    if not on_runs:
+        _check_timeable(bench, bench_path)
+    bench = as_pair_roles(bench)  # ggml's pair, where the bench timed it, plays slot and dedup
+    if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
+        raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
+    if tau1 is None and runs is None:
+        raise MoespecError("the one-token pass time is needed: give --tau1 or --runs")
+    spec = _spec_of(bench, bench_path, trace, trace_path)
+    eps = 0.0 if on_runs else _eps(bench, bench_path)  # measured times: their bounds are their intervals
+    delta = float(theory.delta_from_eps(eps))
+    ns = range(1, kmax + 2)
+    # the runs' kernel: slot (moespec's engine, dedup off), or dedup where it is the only one (llama.cpp's CPU)
+    measured = "dedup" if runs is not None and runs.kernels == ["dedup"] else "slot"
+    tau_runs = None if runs is None else runs.series(f"verify_time_s.{measured}", ns, positive=True)
+    measured_outside = runs is not None and "outside" in (runs.get("verify_time_s") or {})
+    tau_outside = runs.series("verify_time_s.outside", ns, positive=True) if measured_outside else None
+    tau1_from = "--tau1" if tau1 is not None else f"{runs_path}: verify_time_s.{measured}.1"  # what an error blames
+    tau1 = float(tau_runs[0]) if tau1 is None else tau1
+    if not (np.isfinite(tau1) and tau1 > 0):
+        raise MoespecError(f"{tau1_from} = {tau1} must be a positive time in seconds (the one-token pass)")
+    h = list(draft_time) if draft_time is not None else [0.0] * (kmax + 1)
+    depth = depth if depth is not None else runs.depth if runs is not None else DEPTH
+    L = _moe_layers(spec, moe_layers, runs, runs_path)
+    model = reduced_model(spec, L)
+    fmt = bench["dtype"]
+    bad = [layer for layer in bench["layers"] if not 0 <= layer < spec.L]
+    if bad:
+        raise MoespecError(f"{bench_path}: timed layers {bad} outside the model's MoE layers 0..{spec.L - 1}")
+    w = np.array([model.expert_bytes(layer, fmt) for layer in range(L)], dtype=float)
+    scale = float(w.sum() / sum(spec.expert_bytes(layer, fmt) for layer in bench["layers"]))
+    if on_runs:
+        base = measured_times(runs, ns)
+        intervals = saving_intervals(runs, base, ns)
+        policy = measured_policy(intervals, ns[-1])
+        meas, s_pred = base.tau, base.tau["slot"] - base.tau["dedup"]
+        # the measured times are the calibration's result: one version under both names, so a run scored by its
+        # calibrated version (the recipe's) reads them
+        versions = {"prediction": with_auto(base, policy), "calibrated": with_auto(base, policy)}
+    else:
+        meas, s_pred, band, policy, versions = _bench_versions(bench, bench_path, ns, scale, tau1, tau1_from,
+                                                               delta, runs, runs_path, tau_runs, tau_outside,
+                                                               measured)
+    s_meas = meas["slot"] - meas["dedup"]
     step = {v: steps(t, h, v) for v, t in versions.items()}
     stats = reuse_stats(trace, n_max=ns[-1], bootstrap=0)
     reuse = derive(stats.rho[:L], stats.union[:L], w, trace.m)  # byte quantities of the L covered layers
     saving = {}
     for n in ns[1:]:
         u, r = float(reuse["u"][n]), bench["r"].get(str(n))
+        if on_runs:
+            saving[str(n)] = saving_row(n, base, intervals[n], u)
+            continue
         margin = None if r is None else float(theory.kernel_margin(u, r, eps))
         saving[str(n)] = {
             "predicted_s": float(s_pred[n - 1]), "measured_s": float(s_meas[n - 1]), "band_s": float(band[n - 1]),
@@ -310,7 +344,12 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
                      "scale": scale,
                      "rule": f"each of the first {L} MoE layers takes the timed layers' op time per expert byte "
                              f"times its w_l: sum over them = (W_{L} / W_timed) x sum over timed layers"},
-        "crossover": _crossover(s_pred), "crossover_measured": _crossover(s_meas),
+        "basis": {"kind": BASIS_RUNS if on_runs else BASIS_BENCH,
+                  "why": too_small(bench)["reason"] if on_runs else None},
+        # on measured times the crossover is the policy's (decided savings), not a median's sign
+        "crossover": _crossover(np.array([1.0 if policy[n] == "dedup" else -1.0 for n in ns]) if on_runs
+                                else s_pred),
+        "crossover_measured": _crossover(s_meas),
         "kernel_by_n": {str(n): k for n, k in policy.items()},
         "tau_hat": {p: _n_map(versions["prediction"].tau[p]) for p in POLICIES},
         "tau_measured": {p: _n_map(meas[p]) for p in KERNELS},

@@ -241,6 +241,8 @@ def build_verdict(plan: Mapping[str, Any], runs: Mapping[str, Any] | None = None
     found = [*stored, *(line for line in redone if line.partition(": ")[2] not in seen),
              *(_score_checks(score) if score else []), *warnings]
     title = f"VERDICT for {plan['model']} {plan['dtype']} on {plan.get('device_kind') or plan['device']}"
+    if record_at(plan, "basis").get("kind") == "runs":  # moespec.predict.measured: no bench behind the times
+        title += " (its times are the verify-only runs' measured ones: the bench is too small to time)"
     drafts = draft_answers(plan, version, _measured_k(score), _profile(runs, plan["kmax"]))
     return Verdict(title, tuple(kernels), tuple(drafts), version, tuple(dict.fromkeys(found)))
 
