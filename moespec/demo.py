@@ -69,33 +69,15 @@ from moespec.routing.synth import synthesize
 DEFAULT_OUT_DIR = "out/demo"
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
-# The engine steps: 2 of OLMoE's 16 layers at full shape (1.6 GB of bf16 experts, ~10 s to build here); verify
-# rounds until every median's 95% interval is within 5%, at least 25 (AUTO's paired ratio to the better fixed
-# kernel, whose per-round spread is 4-6% here, then has a 95% spread of about +-1.5%: 50 rounds at n = 1 and 5,
-# 2026-12-01), at most 40 rounds or 8 s per pass size (a round times every pass size and policy once: 27 passes of
-# 13-65 ms, ~1 s), and a reduced throughput grid: every k = 0..8 (the score needs the plan's k_hat* measured) at 4
-# acceptances, 24 prompts of 6 tokens per (policy, k) cell, each prompt at one acceptance in turn (six per a), run
-# as interleaved rounds (one prompt of every cell each) so drift and a change of the host's level, which lasts
-# seconds to minutes, hit every k alike. A prompt is one draw of the host: its steps spread by 6% about their own
-# median, the prompts' medians by 10-14% (36 prompts of k = 0, 3, 8 on this machine, 2026-12-03), so a cell's V(k)
-# is known to ~1.25 x 12% / sqrt(prompts): 4% with twelve prompts of 12 tokens, where dedup and AUTO (one kernel
-# from n = 2) read V(k) up to 11% apart and k* at a flat a moved by two; 2.5% with 24 of 6 (no first or last step
-# of a prompt reads apart from the others: 0.97-1.04 of the median). The oracle's tokens/s is G_a(k) over the
-# cell's median step time from all its prompts (moespec.measure.decoding.cell_rows): the drafted tokens add no
-# acceptance noise, and every a reads one V(k) (one decoding per a took 2.5 min of the demo's 8; 2026-12-02).
+# The engine steps: 2 of OLMoE's 16 layers at full shape; 25-40 verify rounds (8 s per n) to a 5% interval, and
+# 24 prompts of 6 tokens per (policy, k) cell in interleaved rounds: a cell's V(k) to ~2.5% (results/demo-cpu.md).
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 24, 6
-# The engine runs wait up to 2.5x a measurement's default (75 s each) for the bench's bandwidth level before
-# following the host elsewhere: the host changes level every 1-2 minutes here, and a chain kept at one level is what
-# the scored comparison needs (moespec.measure.level). The demo takes ~5 min without waiting; with the bench's 30 s
-# and these two (units run off the level and thrown away count as waiting) it stays under the 8 minutes `make demo`
-# may take.
+# The engine runs wait up to 2.5x a measurement's default for the bench's bandwidth level, so the scored chain
+# stays at one level and the demo within 8 minutes (moespec.measure.level; results/demo-cpu.md).
 ENGINE_LEVEL_WAIT = 2.5
-# The scored grid is the paper's 11 acceptances (theory.PAPER_ACCEPTANCES), as rule 2 is written (k_hat* within one
-# at >= 9 of 11). Every a reads the cell's one V(k), so the 11 cost no decoding more than 4; on 4 (0.4, 0.6, 0.8,
-# 0.9) rule 2 needed 4 of 4, so one k* moved by two on a curve flat within 1-3% failed it. 13 demo runs rescored
-# on both grids (2026-12-03), whole-pass version: rule 2 failed in 8 on 4 acceptances and in 4 on 11, rule 3 in 4
-# and 5; all six held in 3 and 4 runs, and no run held fewer on 11.
+# The scored grid: the paper's 11 acceptances (theory.PAPER_ACCEPTANCES), as rule 2 is written (>= 9 of 11); every
+# a reads its cell's one V(k), so 11 cost no more decoding than 4 (results/demo-cpu.md).
 ENGINE_A = None
 OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",
            "report.html", STEPS_FILE, "demo.json")  # every file the demo writes in its folder

@@ -21,9 +21,9 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                         tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share, greedy_exact,
                         greedy_match, mismatches}]
                       tokens_per_s: the steady state T_a(k) = G_a(k) / V(k) (B.1), V = step_time_s the measured median
-                      step time (files before 2026-12-02: the mean); and G_a(k) for the oracle draft (geometric at
-                      rate a by construction) at the nominal a; for a draft model, the realized rate below (files
-                      without realized_tokens_per_s: the realized rate for both)
+                      step time (older files, written before the median was kept: the mean); and G_a(k) for the
+                      oracle draft (geometric at rate a by construction) at the nominal a; for a draft model, the
+                      realized rate below (files without realized_tokens_per_s: the realized rate for both)
                       oracle rows: the cell (policy, k) decodes each prompt once, its prompts taking the grid's
                       acceptances in turn (moespec.measure.decoding.prompt_acceptance); step_time_s,
                       verify_time_s, draft_host_s and overhead_share are the cell's over all its prompts (a step's

@@ -21,11 +21,11 @@ A layer is timed in rounds, each over every pass size and within each pass every
 round), so drift on a shared machine and a change of the host's bandwidth level (moespec.measure.level) hit every
 n and kernel alike. Timed one n after another, a level that changed mid-bench landed on the largest n only and
 tilted both fits: t_op read -2.6 ms where the one-token pass measured 2.5 ms, and the whole-pass plan missed n = 1
-by 35% (`make demo`, 2026-12-03: the ceiling read 44-48 GB/s at n <= 6 and 35-36 at n = 7, 9). Round r starts
+by 35% (`make demo`, results/demo-cpu.md: the ceiling read 44-48 GB/s at n <= 6 and 35-36 at n = 7, 9). Round r starts
 r/reps of the way through the pass sizes (1..9, 4..9 1..3, 7..9 1..6 for three rounds), so each n sits once in
 each part of a round (drift balanced) and a burst across two rounds meets different n: rounds that ran ascending
 and descending in turn put n = 7-9 at both ends of the first boundary, where one burst took two of their three
-samples (the fit read 4.8 ms at n = 1 against 2.9 measured, `make demo`, 2026-12-03: the ceiling read 52-61
+samples (the fit read 4.8 ms at n = 1 against 2.9 measured, `make demo`, results/demo-cpu.md: the ceiling read 52-61
 GB/s at n = 7-9 and 37-43 below). Each figure is a median over the rounds with its interquartile range.
 The device's ceiling (moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is
 printed beside every bandwidth.

@@ -167,8 +167,8 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
     # V(k) is the MEDIAN step time, the statistic of every verify time here: the steps of a cell are one pass size
     # each, so they sample one time, and a step the host disturbed (2-10x slower while another job holds the memory
-    # bus) moves a mean V, and with it k*, by a few percent at a few dozen steps a cell (2026-12-02: per-pass spread
-    # 10%), where it moves the median by one rank.
+    # bus) moves a mean V, and with it k*, by a few percent at a few dozen steps a cell (per-pass spread
+    # 10% on the 2-core machine), where it moves the median by one rank.
     emitted = sum(r.accepted + 1 for r in records)
     wall = sum(r.step_s for r in records)
     clock_wall = sum(r.step_s for r in clock)

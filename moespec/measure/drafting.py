@@ -243,9 +243,10 @@ def calibration_profile(calibrated: dict[int, list[dict]], kmax: int) -> list[fl
     """The plan's profile a_1..a_kmax from the calibration's decodings at every k (units per k, their steps
     [drafted, accepted, seconds]): every step of every k >= 1 pooled, estimate_profile with a Beta(1, 1) prior.
     Position j is tested by every step that reached it, so a_1 reads k = 1..kmax's steps, not the longest draft's
-    alone: replayed exactly on the pair's agreement sequences (2026-12-02, 100 draws of 6 calibration and 24 scored
-    prompts, the V(k) of two runs), the plan's k_hat came within one of the scored prompts' best constant in 86-94%
-    of draws on Spec-Bench and 51-60% on WikiText, against 81-90% and 45-55% from the longest draft's steps."""
+    alone: replayed exactly on the pair's agreement sequences (100 draws of 6 calibration and 24 scored prompts,
+    the V(k) of two runs; results/adaptive-draft/README.md), the plan's k_hat came within one of the scored
+    prompts' best constant in 86-94% of draws on Spec-Bench and 51-60% on WikiText, against 81-90% and 45-55% from
+    the longest draft's steps."""
     missing = [k for k in range(1, kmax + 1) if k not in calibrated]
     if missing:
         raise ValueError(f"calibrated: no decodings at k = {missing} (needs every k = 1..kmax = {kmax})")

@@ -4,16 +4,16 @@ Physics. On a shared host the streaming bandwidth this process gets is not one n
 levels for seconds to minutes, as other tenants' memory traffic comes and goes. On this project's 2-core machine
 the 64 MiB reference read reads ~26, ~33 or ~55-63 GB/s; two buffers, one of them in huge pages, move together,
 so it is the host, not this process's pages. A memory-bound verify pass follows it: 14 ms or 10 ms at n = 1
-(`make demo`, 2026-12-01). A plan calibrated by times of one level and scored against times of another misses by
-their ratio, 1.4-1.8x; a calibration whose small n ran at one level and large n at another has a kink that moves
-k_hat. Neither says anything about the plan.
+(`make demo`, results/demo-cpu.md). A plan calibrated by times of one level and scored against times of another
+misses by their ratio, 1.4-1.8x; a calibration whose small n ran at one level and large n at another has a kink
+that moves k_hat. Neither says anything about the plan.
 
 So every timed round carries reference reads, and one `Level` pins the measurements of a chain (the bench, the
 verify-only run that calibrates the plan, the run scored against the plan) to one level:
 - a round whose reference reads have a median outside LEVEL_BAND of the pinned level is dropped and repeated;
 - before a round, `settle` polls the reference read until the host is back at the level. The polls run back to
   back: a read after the cores idled reads low whatever the host does (after a 0.2 s sleep 8-10 GB/s where reads
-  back to back read 35-55, 2026-12-02: the vCPUs wake slowly), so a poll that slept between reads waited out its
+  back to back read 35-55: the vCPUs wake slowly), so a poll that slept between reads waited out its
   whole budget for a read that could not come, and the measurement then re-pinned to a level it never left.
   After a dropped round the host counts as back on the median of a few reads (SETTLE_READS), not on one;
 - the waiting has a budget (wait_s per measurement). When it is spent, the host has moved for longer than a
@@ -47,7 +47,7 @@ LEVEL_UNIT = "level"  # the checkpoint unit that carries a measurement's level (
 ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a reference read after it is off
 # After a round dropped off the level, the host counts as back when the median of this many back-to-back reads is
 # at it: on a busy host one read spreads +-20%, and a single read in the band started rounds that were then dropped
-# (38 in a row, 3 s of waiting, then a re-pin: `make demo`, 2026-12-02).
+# (38 in a row, 3 s of waiting, then a re-pin, in a `make demo` run).
 SETTLE_READS = 5
 MAX_REPINS = 1  # a measurement follows the host to another level at most this often (each re-measures its rounds)
 KEEP, DROP, REPIN = "keep", "drop", "repin"  # Level.judge's verdicts on a round
@@ -142,7 +142,7 @@ class Level:
         before, a reference read after, and run again (ATTEMPTS at most, the last kept) where that read is off.
         The time of a run thrown away counts against the waiting budget, as waiting: a grid of many short units
         on a host that came back between them and left during them ran hundreds of units twice or three times
-        (687 dropped, the demo's scored run 4.3 min instead of 3, 2026-12-03) while its waits stayed in budget.
+        (687 dropped, the demo's scored run 4.3 min instead of 3; results/demo-cpu.md) while its waits stayed in budget.
         Units of a grid interleave, so a level that stays elsewhere is kept (kept_off), not re-pinned."""
         for _ in range(ATTEMPTS - 1):
             self.settle()

@@ -143,7 +143,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
         elif state["repeated"] > config.max_reps:
             if kept >= config.reps or state["repeated"] > 2 * config.max_reps:
                 state["stopped_by"] = "disturbed"
-            else:  # dropped before reps were kept: the host has left the level for good (2026-12-02: pinned at
+            else:  # dropped before reps were kept: the host has left the level for good (seen: pinned at
                 level.follow()  # 7.8 GB/s, the host at 16-21, 41 rounds dropped and none kept), so follow it
         checkpoint.save(VERIFY_UNIT, state)
         level.save(checkpoint)

@@ -19,9 +19,7 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   policy that settled on k = 0 tests nothing, but DECAY shrinks its evidence back to the prior, whose k is
   drafted again after ~70 steps (a prior whose own k is 0 would hold it there for good; with a draft that reports
   its confidence, OPTIMISM drafts a first token instead), and a position rarely tested leans on the one before
-  it. (Drawing the profile from the posterior each step, Thompson sampling, explored more and paid for it:
-  replayed exactly on the trained pair's agreement sequences with measured V(k) (moespec.measure.drafting.replay),
-  it reached 0.94-1.03 of the best constant k, the posterior mean 1.00-1.03; results/adaptive-draft/README.md);
+  it. (Thompson sampling, drawing the profile from the posterior each step, explored more and paid for it.)
 - acceptance comes in runs (text the draft knows, then text it does not), so the counts are kept apart by the
   state the step started in: after a step whose drafts were all accepted (HIT) or after one that rejected one
   (MISSED). The profile that decides is the current state's: a Markov-modulated profile, of which the i.i.d. one is
@@ -30,15 +28,12 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   every step's counts (else a state whose estimate fell below drafting would keep k = 0 and never leave);
 - the step times are the plan's V(k), fixed. A machine that turns slower or faster moves every V(k) alike and
   leaves k* where it is; what the policy could learn from its own steps is each k's time apart, from the few
-  steps it takes at that k, on a host whose bursts slow single steps by 10-40%. It did so once (each k's observed
-  mean replacing V(k) after three steps), and chased that noise: on the trained pair (2026-12-01, 12 prompts per
-  kind, interleaved) it ran at 0.88 of k = 3 on WikiText (half of its steps at k = 0) and 0.88-0.94 on
-  Spec-Bench, against 0.96 and 0.91-0.96 with the plan's V(k).
+  steps it takes at that k, on a host whose bursts slow single steps by 10-40%: learning V(k) online chases that
+  noise.
 
 - the draft's own confidence decides where a step stops. A greedy draft's top-1 probability c of the token it
-  proposes says more about that token than any count over positions: on the trained pair (2026-12-01, 40 prompts
-  per kind, teacher-forced) a token drafted at c < 0.2 agreed with the target 37-40% of the time, at 0.2-0.4
-  71-75%, at 0.4-0.6 91-92%, and at c >= 0.99 (text the pair has memorized, or a loop) always. So the policy
+  proposes says more about that token than any count over positions (on the trained pair, agreement with the
+  target rises from under half at c < 0.2 to always at c >= 0.99). So the policy
   calibrates c online (a Beta posterior of agreement per confidence bin, CONFIDENCE_EDGES, each prior centred on its
   bin's middle, forgetting at CONFIDENCE_DECAY) and, with a draft that reports c (`more`), drafts token by token: the
   first token if k* >= 1 (or if k* = 0 on thin evidence: OPTIMISM), then another while some horizon h still pays, S *
@@ -48,12 +43,10 @@ instead estimates the profile while decoding and drafts k*(profile) each step:
   step's expected tokens less r times its time, maximized (Dinkelbach's form of maximizing G/V; at j = 0 it is
   exactly k* >= 1), so a step stops early where the draft is unsure and runs to kmax where it is sure. (llama.cpp
   stops its draft at a fixed probability, --draft-p-min; here the threshold follows from the calibration and V.)
-  Replayed on the trained pair's agreement and confidence sequences (16 prompts per kind, V(k) from two runs'
-  calibrations and cells), it reached 0.99-1.09 of the best constant k, above the heuristic in 7 of 8, where the
-  profile alone reached 0.99-1.04 and the heuristic 0.95-1.04; measured (2026-12-01, a slow host), 1.008 and 1.037
-  against the heuristic's 0.997 and 0.994. With OPTIMISM, the arithmetic in plain floats (Online) and the plan's
-  profile pooled over twelve calibration prompts (2026-12-02, two runs): 1.063 / 1.069 and 1.089 / 1.035 against the
-  heuristic's 1.060 / 1.000 and 1.059 / 0.978 (Spec-Bench / WikiText; results/adaptive-draft/README.md).
+
+Why each choice (posterior mean, the plan's V(k), confidence bins, OPTIMISM, plain floats), with the measurements
+that decided it: results/adaptive-draft/HISTORY.md; the runs against every constant k and transformers' heuristic:
+results/adaptive-draft/README.md.
 
 Every policy has next_k() -> k in 0..kmax and update(drafted, accepted) after the step; the online policy also
 has first() -> 0 or 1 and more(confidences) -> bool for a draft that reports confidences, and its update takes
@@ -83,9 +76,8 @@ CONFIDENCE_DECAY = 0.995
 # Where the posterior mean says k* = 0, a step that drafts token by token still drafts its first token if the
 # profile OPTIMISM posterior standard deviations above the mean says k* >= 1 (Online.first): the evidence is thin
 # (a step that drafts nothing tests nothing), and the token's confidence then decides whether the step goes on.
-# Replayed on the pair (40 prompts per kind, 64 plan/V combinations, 2026-12-02) 0.5, 1 and 2 sds reached 1.070,
-# 1.068 and 1.064 of the best constant in the mean (worst 1.012, 1.005, 1.000), the mean profile alone 1.038
-# (worst 0.969: plans that said k = 0 never drafted).
+# One sd: 0.5, 1 and 2 replayed alike, the mean profile alone never drafted where a plan said k = 0
+# (results/adaptive-draft/HISTORY.md).
 OPTIMISM = 1.0
 
 
@@ -131,10 +123,9 @@ class Online:
     """The online policy (module docstring) for step times V(0..kmax).
 
     Its per-step work (next_k, first, more, update) runs inside the step's time, once per step and once per drafted
-    token, on vectors of kmax <= ~16 numbers: it is plain Python floats, not numpy. Measured inside decoding on the
-    trained pair (2026-12-02, this 2-core machine), each numpy call there cost 6-8x its isolated time (the caches cold
-    after the models' passes): first, more and update took 77, 65 and 95 us a call, 0.3 ms a step of ~10 ms, and
-    the policy's steps cost 6-8% more than the constant cells' at the same k. In floats they take 21, 21 and 37 us."""
+    token, on vectors of kmax <= ~16 numbers: it is plain Python floats, not numpy. Inside decoding each numpy call
+    cost 6-8x its isolated time (the caches cold after the models' passes), enough to slow the policy's steps by
+    6-8%; in floats its calls take 21-37 us (results/adaptive-draft/HISTORY.md)."""
 
     def __init__(self, V: Sequence[float], prior: float = PRIOR, prior_rate: float = PRIOR_RATE,
                  decay: float = DECAY, prior_profile: Sequence[float] | None = None) -> None:

@@ -117,7 +117,7 @@ def whole_pass(tau1: float, tau_outside: np.ndarray, M: dict[str, np.ndarray], d
     measured one-token pass, so only the expert op's growth comes from the bench: the sum tau_out(n) + M_p(n)
     took its level from the bench, which runs a minute before the engine, and missed the engine's pass by 15-35%
     where the host had moved between them (all six rules in 6 of 19 `make demo` runs against 8 of 19 anchored,
-    rescored, 2026-12-03). The bound is (22)'s, delta (M_p(n) + M_slot(1)), 0 at n = 1."""
+    rescored; results/demo-cpu.md). The bound is (22)'s, delta (M_p(n) + M_slot(1)), 0 at n = 1."""
     return anchored(tau1 + tau_outside - tau_outside[0], M, delta, per_n=False)
 
 
