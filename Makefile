@@ -8,7 +8,7 @@ TORCH   := torch==2.13.0
 LLAMA   := llama-cpp-python==0.3.36
 STAMP   := $(VENV)/.installed
 
-.PHONY: install llama test demo clean
+.PHONY: install llama test test-quick demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ llama: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The suite without the tests marked slow (end-to-end runs of the README's recipes, training, the demo): minutes
+# less; `make test` still runs everything.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 demo: $(STAMP)
 	$(BIN)/moespec demo

@@ -6,6 +6,7 @@ loaded in fp32 (test_engine, test_cache)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -141,3 +142,60 @@ def models(tiny_checkpoints) -> dict:
     torch.set_num_threads(1)
     yield {name: load_model(path=str(folder), dtype="fp32") for name, folder in tiny_checkpoints.items()}
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: an end-to-end test of a minute or more on a 2-core machine "
+                                       "(`make test-quick` leaves it out)")
+
+
+# MOESPEC_REQUIRE_NATIVE=1 (set by .ci/run) turns a skip for missing native kernels into a failure, so that a CI
+# machine whose native build broke does not pass on the torch fallback. Every such skip names them in its reason.
+REQUIRE_NATIVE = os.environ.get("MOESPEC_REQUIRE_NATIVE") == "1"
+NATIVE_SKIP = re.compile(r"native (dense )?kernels")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_NATIVE and report.skipped and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2]
+        if NATIVE_SKIP.search(reason):
+            report.outcome = "failed"
+            report.longrepr = (f"MOESPEC_REQUIRE_NATIVE=1 and the native kernels are unavailable: {reason} "
+                               "(unset it to let these tests skip)")
+
+
+# Where each command's work begins (past its checks of arguments, inputs and outputs): synthesizing, timing the
+# ceiling, loading the model, building the plan, teacher-forcing a document, computing reuse, the demo's first step.
+WORK = ("moespec.cli.synth.synthesize", "moespec.measure.timing.CpuTimer.ceiling", "moespec.measure.run.load_model",
+        "moespec.predict.plan.build_plan", "moespec.routing.tracer.trace_document", "moespec.cli.reuse.reuse_stats",
+        "moespec.demo.routing_and_theory")
+
+
+@pytest.fixture
+def work_started(monkeypatch) -> list[str]:
+    """The WORK entry points called during the test, in order (each still runs): a command refused before any work
+    leaves it empty, however loaded the host is."""
+    import importlib
+
+    called: list[str] = []
+    for target in WORK:
+        parts = target.split(".")
+        for cut in range(len(parts) - 1, 0, -1):  # the longest importable prefix, then attributes
+            try:
+                owner = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        original = getattr(owner, parts[-1])
+
+        def counted(*args, _target=target, _original=original, **kwargs):
+            called.append(_target)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, parts[-1], counted)
+    return called

@@ -142,6 +142,7 @@ def verdict_of(plan_path: Path) -> tuple[dict[int, str], dict[float, int]]:
             {row["a"]: row["k"] for row in verdict["draft"] if row["a"] is not None})
 
 
+@pytest.mark.slow
 def test_the_recipe_on_the_trained_pair_twice_agrees(tmp_path, capsys):
     """Every step of the block runs and writes a file that loads (or prints its JSON); the bench is too small to
     time, so the plan stands on the verify-only run's measured times and says so; two runs of the recipe give plans
@@ -161,6 +162,7 @@ def test_the_recipe_on_the_trained_pair_twice_agrees(tmp_path, capsys):
     assert all(k_star(done.printed["staircase"]) for done in outcomes.values())
 
 
+@pytest.mark.slow
 def test_the_gguf_recipe(tmp_path, capsys):
     """The GGUF block: export and bench run here; trace --gguf and the llama.cpp runs need llama-cpp-python (without
     it the bench reads the folder's trace: llama.cpp routes as transformers does, tests/test_llama_tracer.py). The

@@ -88,6 +88,7 @@ def test_demo_replays_the_trained_routing(tmp_path, capsys):
     assert out["trace"]["rho_mean"][2] > 8 / 64  # learned locality, above uniform
 
 
+@pytest.mark.slow
 def test_the_demos_drafting_step_on_the_pair(tmp_path, capsys):
     """Step 2b: every constant k, the heuristic and the online policy on prompts sampled from the trained target;
     tokens equal plain decoding's in every cell; drafting.json feeds the report's drafting section."""
@@ -137,6 +138,7 @@ def test_replay_accepts_what_greedy_speculative_decoding_accepts(pair):
         assert seen[:-1] == real[:-1] and len(seen) == len(real), k  # the last step may reach past the sequence
 
 
+@pytest.mark.slow
 def test_drafting_repeats_a_decoding_off_the_level_from_the_policys_own_state(pair):
     """compare keeps every decoding at the host's level: one whose reference read after it is off is decoded again,
     and a policy's repeat starts from the state it had before the prompt (its decodings run on a copy); each cell
@@ -165,6 +167,7 @@ def test_drafting_repeats_a_decoding_off_the_level_from_the_policys_own_state(pa
     assert found["best_held_out_k"] is not None and all(0 <= k <= 2 for k in found["best_held_out_k"])
 
 
+@pytest.mark.slow
 def test_each_prompt_of_each_cell_keeps_its_median_decoding(pair):
     """_median_of decodes every cell `repeats` times in interleaved rounds (reversed every other round) and keeps
     the decoding of median time; compare records its repeats and calibration prompts."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -55,11 +54,10 @@ def test_a_malformed_plan_record_is_refused(runs_plan, tmp_path: Path, capsys):
 
 
 @pytest.mark.parametrize("key, value", [("dtype", "fp32"), ("device_kind", "cuda")])
-def test_run_refuses_a_plan_for_another_dtype_or_device(key, value, tmp_path: Path, capsys):
+def test_run_refuses_a_plan_for_another_dtype_or_device(key, value, tmp_path: Path, capsys, work_started):
     write_json(tmp_path / "plan.json", {**make_plan(), "dtype": "bf16", "device_kind": "cpu", key: value})
-    start = time.perf_counter()
     err = refused(["run", "--plan", tmp_path / "plan.json", "--out", tmp_path / "runs.json"], capsys, tmp_path)
-    assert f"plan.json: a plan for {key} {value!r}" in err and time.perf_counter() - start < 5
+    assert f"plan.json: a plan for {key} {value!r}" in err and work_started == []
 
 
 @pytest.mark.parametrize("a", ["1", "0.5,1.0", "-0.1", "nan"])

@@ -1,0 +1,288 @@
+"""The index of results/: one row per result file (one per folder of raw rounds) with its claim, the command that
+made it, the commit, the machine and the date, written into results/README.md between its two index markers.
+
+    .venv/bin/python scripts/results_index.py            # print the table
+    .venv/bin/python scripts/results_index.py --write    # rewrite the table in results/README.md
+    .venv/bin/python scripts/results_index.py --check    # exit 1 if a file is not indexed or the table is stale
+
+Command, commit, machine and date come from a JSON file's `provenance` (command, git.commit, device and host,
+timestamp). A file without provenance (a figure, a write-up, a score printed to a file) takes them from the file
+named as its `source` below, or from what is written here. The claims are curated here: one line each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+README = RESULTS / "README.md"
+START, END = "<!-- index:start -->", "<!-- index:end -->"
+NO_COMMIT = "before commits were recorded"
+CPU = "this project's 2-core AMD EPYC, shared host"
+
+
+@dataclass(frozen=True)
+class Entry:
+    claim: str
+    source: str | None = None  # a file (relative to results/) whose provenance this one shares
+    command: str | None = None  # where neither this file nor its source records one
+    machine: str | None = None
+    date: str | None = None
+    commit: str | None = None
+
+
+# Folders of raw rounds: indexed as one row, their files are the rounds of the file that summarises them.
+FOLDERS = {
+    "llama-cpp/llama-cpp-verify-rounds": Entry(
+        "every round's raw samples behind llama-cpp-verify.json (llama-bench JSONL and moespec's per-round runs)",
+        source="llama-cpp/llama-cpp-verify.json"),
+}
+
+AD = "adaptive-draft/"
+ENTRIES: dict[str, Entry] = {
+    "demo-cpu.md": Entry(
+        "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
+        command=".venv/bin/moespec demo --out out/demo-s27-N (one folder per run; each group's command is in the file)",
+        machine=CPU, date="2026-12-01 to 2026-12-03", commit=NO_COMMIT),
+    # CPU expert kernels
+    "cpu/README.md": Entry("write-up of bench-olmoe-bf16-ggml.json (Table 1 with the ceiling per n)",
+                           source="cpu/bench-olmoe-bf16-ggml.json"),
+    "cpu/bench-olmoe-bf16-ggml.json": Entry(
+        "CPU, OLMoE-1B-7B bf16: our slot and dedup kernels at 54-96% of the ceiling sampled between rounds, ggml's "
+        "MUL_MAT_ID at 46-79%; r(n) = 0.90-1.01"),
+    "cpu/fig2-olmoe-bf16-ggml.png": Entry("figure 2 of bench-olmoe-bf16-ggml.json (bandwidth per n against the ceiling)",
+                                          source="cpu/bench-olmoe-bf16-ggml.json"),
+    # contention
+    "contention/README.md": Entry("write-up of contention.json",
+                                  source="contention/contention.json"),
+    "contention/contention.json": Entry(
+        "beside one busy process the verify pass with fitted threads takes 1.6-2.4x its quiet time (1.9-5.5x on "
+        "every core); llama.cpp 1.6-3.5x"),
+    # GPU (H200)
+    "gpu-h200/run2/bench-olmoe-1b-7b.json": Entry(
+        "current H200 run: Triton kernels on OLMoE-1B-7B bf16, r(n) = 0.87-0.98 at n = 2..9, crossover n = 2"),
+    "gpu-h200/run2/bench-qwen3-30b-a3b.json": Entry(
+        "current H200 run: Triton kernels on Qwen3-30B-A3B bf16, r(n) = 0.79-0.89 at n = 2..9, crossover n = 2"),
+    "gpu-h200/run2/fig2-olmoe-1b-7b.png": Entry("figure 2 of run2/bench-olmoe-1b-7b.json",
+                                                source="gpu-h200/run2/bench-olmoe-1b-7b.json"),
+    "gpu-h200/run2/fig2-qwen3-30b-a3b.png": Entry("figure 2 of run2/bench-qwen3-30b-a3b.json",
+                                                  source="gpu-h200/run2/bench-qwen3-30b-a3b.json"),
+    "gpu-h200/run2/gpu_expert_op.json": Entry(
+        "current H200 run's summary: copy ceiling 4.17 TB/s, kernels checked on the real shapes, r(n) per model"),
+    "gpu-h200/run2/log.txt": Entry("the current H200 run's whole console output",
+                                   source="gpu-h200/run2/gpu_expert_op.json"),
+    "gpu-h200/run1/bench-gpt-oss-20b.json": Entry(
+        "H200, gpt-oss-20b bf16 (run 1's kernels, before run 2's launch lead and wider tiles; not measured in run "
+        "2): r(n) = 0.93-1.10 at n = 2..9"),
+    "gpu-h200/run1/fig2-gpt-oss-20b.png": Entry("figure 2 of run1/bench-gpt-oss-20b.json",
+                                                source="gpu-h200/run1/bench-gpt-oss-20b.json"),
+    "gpu-h200/run1/gpu_expert_op.json": Entry(
+        "run 1's summary, kept for gpt-oss-20b (its OLMoE and Qwen3 rows are superseded by run2)"),
+    "gpu-h200/run1/log.txt": Entry("run 1's console output, kept for gpt-oss-20b (superseded by run2 otherwise)",
+                                   source="gpu-h200/run1/gpu_expert_op.json"),
+    # llama.cpp: verify pass
+    "llama-cpp/README.md": Entry("write-up: moespec's verify pass beside llama.cpp's, same model, same run",
+                                 source="llama-cpp/llama-cpp-verify.json"),
+    "llama-cpp/llama-cpp-verify.json": Entry(
+        "verify pass with every logit, cold cache: moespec 0.95x llama.cpp's at n = 1 and 0.77-0.90x at n = 2..9"),
+    # llama.cpp: planning llama.cpp itself
+    "llama-cpp/plan/README.md": Entry("write-up: moespec planning llama.cpp itself, pre-registered and scored",
+                                      source="llama-cpp/plan/plan.json"),
+    "llama-cpp/plan/pipeline.sh": Entry("the commands that made the draft-GGUF and q8_0 files of this folder",
+                                        source="llama-cpp/plan/draft-cal.json", command="bash pipeline.sh"),
+    "llama-cpp/plan/bench.json": Entry("bench of the 2-layer demo model's bf16 GGUF, MoE layer 0 (the plan's input)"),
+    "llama-cpp/plan/verify-llama.json": Entry("llama.cpp's bf16 verify pass per n: 13.4 ms at n = 1, 39.2 at n = 9"),
+    "llama-cpp/plan/plan.json": Entry("the plan for llama.cpp (oracle draft), with llama.cpp's flags per acceptance"),
+    "llama-cpp/plan/scored-llama.json": Entry("llama.cpp's runs under plan.json (oracle draft), pre-registered"),
+    "llama-cpp/plan/score-oracle-calibrated.json": Entry(
+        "calibrated plan, oracle draft: 3 of 4 applicable rules hold (loss at k_hat 9.6% fails)",
+        source="llama-cpp/plan/scored-llama.json",
+        command="moespec score --plan plan.json --runs scored-llama.json --version calibrated"),
+    "llama-cpp/plan/score-oracle-prediction.json": Entry(
+        "prediction (22), oracle draft: 0 of 4 rules hold (llama.cpp's dense part grows with n, (22) leaves it out)",
+        source="llama-cpp/plan/scored-llama.json",
+        command="moespec score --plan plan.json --runs scored-llama.json"),
+    "llama-cpp/plan/draft-cal.json": Entry("the q8_0 draft GGUF's calibration run (acceptance 0.90-0.97, 12-14 ms "
+                                           "a drafted token)"),
+    "llama-cpp/plan/plan-draft.json": Entry("the plan with the real q8_0 draft: k = 0 below a = 0.993"),
+    "llama-cpp/plan/draft-scored.json": Entry("llama.cpp's runs under plan-draft.json: plain decoding is best"),
+    "llama-cpp/plan/score-draft-calibrated.json": Entry(
+        "calibrated plan, q8_0 draft: all 4 applicable rules hold", source="llama-cpp/plan/draft-scored.json",
+        command="moespec score --plan plan-draft.json --runs draft-scored.json --version calibrated"),
+    "llama-cpp/plan/score-draft-prediction.json": Entry(
+        "prediction (22), q8_0 draft: 1 of 4 rules holds", source="llama-cpp/plan/draft-scored.json",
+        command="moespec score --plan plan-draft.json --runs draft-scored.json"),
+    "llama-cpp/plan/runs-q8_0.json": Entry("llama.cpp's q8_0 verify pass per n and step times (staircase input)"),
+    "llama-cpp/plan/staircase-q8_0.json": Entry(
+        "the q8_0 model's best k per acceptance from its measured step times: k = 0 to 0.709, 2, 3, 7 above 0.841",
+        source="llama-cpp/plan/runs-q8_0.json", command="moespec staircase --runs runs-q8_0.json --for llama.cpp"),
+    # llama.cpp: a quantized plan
+    "llama-cpp/quantized/README.md": Entry("write-up: a plan for a q8_0 GGUF from ggml's own kernels at q8_0",
+                                           source="llama-cpp/quantized/plan-q8_0.json"),
+    "llama-cpp/quantized/pipeline.sh": Entry("the commands that made this folder's files",
+                                             source="llama-cpp/quantized/bench-q8_0.json", command="bash pipeline.sh"),
+    "llama-cpp/quantized/pipeline.log": Entry("the whole output of pipeline.sh",
+                                              source="llama-cpp/quantized/bench-q8_0.json", command="bash pipeline.sh"),
+    "llama-cpp/quantized/bench-q8_0.json": Entry("bench of ggml's q8_0 kernels (MUL_MAT_ID and per-slot) on the "
+                                                 "2-layer demo model"),
+    "llama-cpp/quantized/fig2-q8_0.png": Entry("figure 2 of bench-q8_0.json", source="llama-cpp/quantized/bench-q8_0.json"),
+    "llama-cpp/quantized/verify-q8_0.json": Entry("llama.cpp's q8_0 verify pass per n (the plan's input)"),
+    "llama-cpp/quantized/plan-q8_0.json": Entry("the plan for the q8_0 model from the q8_0 bench"),
+    "llama-cpp/quantized/scored-q8_0.json": Entry("llama.cpp's runs under plan-q8_0.json, pre-registered"),
+    "llama-cpp/quantized/score-prediction.json": Entry(
+        "the q8_0 plan's prediction (22): 1 of 4 applicable rules holds (k_hat)", source="llama-cpp/quantized/scored-q8_0.json",
+        command="moespec score --plan q8/plan-q8_0.json --runs q8/scored-q8_0.json --json"),
+    "llama-cpp/quantized/score-calibrated.json": Entry(
+        "the q8_0 plan's calibrated version: 3 of 4 applicable rules hold (loss at k_hat fails)", source="llama-cpp/quantized/scored-q8_0.json",
+        command="moespec score --plan q8/plan-q8_0.json --runs q8/scored-q8_0.json --version calibrated --json"),
+    # llama.cpp: speculative decoding
+    "llama-cpp/speculative/README.md": Entry("write-up: llama.cpp's speculative decoding beside moespec's loop",
+                                             source="llama-cpp/speculative/llama-cpp-speculative.json"),
+    "llama-cpp/speculative/llama-cpp-speculative.json": Entry(
+        "same pair, k = 0..8: plain decoding level, moespec's loop over libllama 1.12-1.31x llama.cpp's own at k >= 1"),
+    # adaptive draft length on the trained pair: one file per code state, the history is the folder's README
+    AD + "README.md": Entry("write-up of every adaptive-draft-*.json run, newest first, with what changed between them",
+                            source=AD + "adaptive-draft-pooled-16.json"),
+    AD + "HISTORY.md": Entry("design notes behind moespec/model/adaptive.py: what was tried (the runs: README.md here)",
+                             commit="-"),
+    AD + "adaptive-draft-pooled-16.json": Entry(
+        "current code: online 1.089 / 1.035 of the best constant k (Spec-Bench / WikiText), above the heuristic; "
+        "k_hat 3/3 and 0/1"),
+    AD + "adaptive-draft-pooled-24.json": Entry(
+        "current code, first draw: online above the best constant and the heuristic on both kinds; WikiText k_hat "
+        "missed (3 against 0, curve flat within 1%)"),
+    AD + "adaptive-draft-plainpy-16.json": Entry(
+        "superseded code (before the pooled calibration): policy arithmetic in plain Python, online 1.047 / 0.961"),
+    AD + "adaptive-draft-optimism-16.json": Entry(
+        "superseded code: first token drafted on thin evidence, online 0.974 / 0.973 of the best constant"),
+    AD + "adaptive-draft-confidence-16.json": Entry(
+        "superseded code: online policy reads the draft's confidence, 1.008 / 1.037 of the best constant"),
+    AD + "adaptive-draft-fixedV-16.json": Entry(
+        "superseded code: online policy on the plan's fixed V(k), 0.998 / 0.895 of the best constant"),
+    AD + "adaptive-draft-median-16.json": Entry(
+        "superseded code: 3 decodings a cell with the median kept; heuristic ahead of online in both kinds"),
+    AD + "adaptive-draft-level-48.json": Entry(
+        "superseded code: 48 prompts kept at the host's level; heuristic ahead of online in both kinds"),
+    AD + "adaptive-draft-mean-24.json": Entry(
+        "superseded code: posterior-mean online policy with the exact replay, 1.006 / 0.966 of the best constant"),
+    AD + "adaptive-draft-prior-24.json": Entry(
+        "superseded code: plan profile as prior, 24 prompts, online 8-9% below the best constant"),
+    AD + "adaptive-draft-prior.json": Entry(
+        "superseded code: plan profile as the online policy's prior, 12 prompts, online 0.942 / 0.934"),
+    AD + "adaptive-draft.json": Entry(
+        "first run (Thompson sampling): online 8-9% below the best constant k; the pair and protocol described"),
+}
+
+
+def provenance(path: Path) -> dict | None:
+    if path.suffix != ".json":
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    found = doc.get("provenance") if isinstance(doc, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def from_provenance(prov: dict) -> dict[str, str]:
+    git = prov.get("git") or {}
+    commit = git.get("commit")
+    if commit:
+        commit = commit[:7] + (" (uncommitted changes)" if git.get("dirty") else "")
+    stamp = str(prov.get("timestamp") or "")
+    date = f"{stamp[:10]} {stamp[11:16]} UTC" if len(stamp) >= 16 else stamp
+    machine = "; ".join(str(prov[k]) for k in ("device", "host") if prov.get(k))
+    return {"command": str(prov.get("command") or ""), "commit": commit or NO_COMMIT, "machine": machine,
+            "date": date}
+
+
+def row(rel: str, entry: Entry) -> dict[str, str]:
+    prov = provenance(RESULTS / rel)
+    if prov is None and entry.source is not None:
+        prov = provenance(RESULTS / entry.source)
+    found = from_provenance(prov) if prov is not None else {"command": "", "commit": NO_COMMIT, "machine": "",
+                                                            "date": ""}
+    if provenance(RESULTS / rel) is None:  # a file that records no command of its own
+        found["command"] = entry.command or found["command"]
+    found["commit"] = entry.commit or found["commit"]
+    found["machine"] = entry.machine or found["machine"]
+    found["date"] = entry.date or found["date"]
+    return {"claim": entry.claim, "file": rel, **found}
+
+
+def folder_row(rel: str, entry: Entry) -> dict[str, str]:
+    """One row for a folder of rounds: the command of its summary, the dates of its first and last file."""
+    found = row(entry.source, entry) if entry.source else {"command": "", "commit": NO_COMMIT, "machine": ""}
+    stamps = sorted(p["timestamp"] for p in map(provenance, sorted((RESULTS / rel).glob("*.json")))
+                    if p and p.get("timestamp"))
+    dates = [from_provenance({"timestamp": s})["date"] for s in (stamps[0], stamps[-1])] if stamps else []
+    date = dates[0] if len(set(dates)) == 1 else " to ".join(dates)
+    return {**found, "claim": entry.claim, "file": rel + "/", "date": date or found.get("date", "")}
+
+
+def files() -> list[str]:
+    """Every file under results/ but this index itself."""
+    return sorted(str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*") if p.is_file() and p != README)
+
+
+def problems() -> list[str]:
+    found = []
+    for rel in files():
+        if rel not in ENTRIES and not any(rel.startswith(folder + "/") for folder in FOLDERS):
+            found.append(f"results/{rel}: not indexed (add it to ENTRIES in scripts/results_index.py)")
+    for rel, entry in ENTRIES.items():
+        if entry.source and not (RESULTS / entry.source).is_file():
+            found.append(f"results/{rel}: its source results/{entry.source} is missing")
+    return found
+
+
+def table() -> str:
+    rows = [folder_row(rel, e) for rel, e in FOLDERS.items() if (RESULTS / rel).is_dir()]
+    rows += [row(rel, e) for rel, e in ENTRIES.items() if (RESULTS / rel).is_file()]
+    rows.sort(key=lambda r: r["file"])
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    lines = ["| claim | file | command | commit | machine | date |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        command = f"`{cell(r['command'])}`" if r["command"] else "-"
+        lines.append(f"| {cell(r['claim'])} | [{r['file']}]({r['file']}) | {command} | {r['commit']} | "
+                     f"{cell(r['machine']) or '-'} | {r['date'] or '-'} |")
+    return "\n".join(lines)
+
+
+def with_table(text: str, body: str) -> str:
+    head, sep, rest = text.partition(START)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise SystemExit(f"{README}: the markers {START} and {END} are missing")
+    return f"{head}{START}\n{body}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the table in results/README.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a file is unindexed or the table is stale")
+    args = ap.parse_args(argv)
+    found = problems()
+    if args.check:
+        if README.is_file() and with_table(README.read_text(), table()) != README.read_text():
+            found.append(f"{README.relative_to(ROOT)}: the table is stale (run scripts/results_index.py --write)")
+        for line in found:
+            print(line, file=sys.stderr)
+        return 1 if found else 0
+    for line in found:
+        print(line, file=sys.stderr)
+    if args.write:
+        README.write_text(with_table(README.read_text(), table()))
+    else:
+        print(table())
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
