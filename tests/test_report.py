@@ -252,3 +252,22 @@ def test_figure_text_is_legible_at_the_page_width(job: Path, tmp_path: Path, mon
     old.subplots().legend(handles=old.axes[0].plot([0, 1], label="slot"), fontsize=6)
     assert smallest_text_px(old, page_px) < MIN_TEXT_PX
 
+
+
+def test_the_verdict_comes_first(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The page opens with the plan's verdict (after the title): a kernel line per n >= 2 and a draft line per
+    acceptance, as `moespec plan` prints them; a contended bench shows in its checks; the Inputs section follows."""
+    folder = tmp_path / "job"
+    shutil.copytree(job, folder)
+    bench = json.loads((folder / "bench.json").read_text())
+    bench["contention"] = {"cores": 2, "threads": 2, "fitted": True, "calls": 10, "contended": 8,
+                           "fewer_threads": 8, "others_max": 1, "wait_share_max": 0.3}
+    write_json(folder / "bench.json", bench)
+    report(folder, capsys)
+    text = (folder / "report.html").read_text(encoding="utf-8")
+    body = text[text.index("<body>"):]
+    verdict = body[body.index('<div id="verdict">'):body.index("</div>", body.index('<div id="verdict">'))]
+    assert body.index('<div id="verdict">') < body.index("Inputs") and "VERDICT for" in verdict
+    plan = json.loads((folder / "plan.json").read_text())
+    assert verdict.count("<li>n = ") == plan["kmax"] and verdict.count("<li>a = ") >= len(theory.PAPER_ACCEPTANCES)
+    assert "contention: 8 of 10 timed calls" in verdict and "--fresh" in verdict

@@ -21,6 +21,7 @@ from moespec.formats.planfile import load_plan
 from moespec.formats.trace import Trace
 from moespec.predict.checks import BYTES_RANGE, bench_checks, rerun_bench, runs_checks
 from moespec.predict.plan import build_plan
+from moespec.predict.measured import SAVING_MARGIN, measured_choice
 from moespec.predict.verdict import DEDUP, SAME, SLOT, WIDTH, build_verdict, kernel_answers, measured_crossover
 
 TOO_SMALL = "the expert operation of this model is too small to time on this machine"
@@ -59,7 +60,7 @@ def test_the_predicted_saving_and_its_band_decide_without_runs(plan: dict[str, A
     for n, a in answers.items():  # the interval is S_hat +- band (18)
         s = plan["saving"][str(n)]
         assert (a.lo_s, a.hi_s) == pytest.approx((s["lo_s"], s["hi_s"]))
-    assert "no measurable difference (interval includes 0)" in answers[3].text() and "AUTO runs slot" in \
+    assert "no measurable difference (interval includes 0, or under 5% of the pass)" in answers[3].text() and "AUTO runs slot" in \
         answers[3].text()
 
 
@@ -259,7 +260,8 @@ def test_the_report_shows_the_verdict_first(plan: dict[str, Any], tmp_path: Path
                                             capsys: pytest.CaptureFixture) -> None:
     write_json(tmp_path / "bench.json", {**make_bench(), "noisy": {"threshold": 0.2, "count": 5, "total": 10}})
     write_json(tmp_path / "plan.json", plan)
-    runs = make_runs(saving_s=saving(n2=(-8, -9, -7), n3=(1, -1, 3), n4=(8, 7, 9)), crossover=3)
+    # savings past 5% of the per-slot pass (0.12 s at n = 2, 0.17 s at n = 4) where their intervals exclude 0
+    runs = make_runs(saving_s=saving(n2=(-8, -9, -7), n3=(1, -1, 3), n4=(10, 9, 11)), crossover=3)
     write_json(tmp_path / "runs-verify.json", runs)
     assert cli.main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
@@ -267,8 +269,8 @@ def test_the_report_shows_the_verdict_first(plan: dict[str, Any], tmp_path: Path
     top = page.index('<div id="verdict">')
     assert top < page.index('id="inputs"') < page.index("<section")
     block = page[top:page.index("</div>", top)]
-    assert "<li>n = 2: per-slot (measured S(n)" in block and "<li>n = 3: no measurable difference (interval " \
-        "includes 0) (measured S(n)" in block and "<li>n = 4: dedup (measured" in block
+    assert "<li>n = 2: per-slot (measured S(n)" in block and f"<li>n = 3: {SAME} (measured S(n)" in block and \
+        "<li>n = 4: dedup (measured" in block
     assert "<li>bench.json: noisy bench: 5 of 10 timings" in block and "a = 0.9: draft k = " in block
     assert "every S(n) 95% interval includes 0" not in page  # n = 2 and 4 are decided
 
@@ -305,7 +307,7 @@ def test_a_bench_too_small_to_time_plans_on_the_measured_runs(trace: Trace, tmp_
     assert plan["kernel_by_n"] == {str(n): "dedup" if n == 3 else "slot" for n in range(1, kmax + 2)}
     assert plan["saving"]["3"]["decided"] and not plan["saving"]["2"]["decided"]
     choices = {row["n"]: row["choice"] for row in plan["verdict"]["kernel_by_n"]}
-    assert choices[3] == "dedup" and choices[2] == "no measurable difference (interval includes 0)"
+    assert choices[3] == "dedup" and choices[2] == "no measurable difference (interval includes 0, or under 5% of the pass)"
     assert "too small to time" in " ".join(plan["verdict"]["lines"][:2])
     assert any(TOO_SMALL in w for w in plan["verdict"]["warnings"]) and "table_calibrated" in plan
 
@@ -318,3 +320,13 @@ def test_a_too_small_bench_with_one_kernel_runs_is_refused(trace: Trace, tmp_pat
     args = _plan_cli(tmp_path, trace, _small_bench(), "--runs", str(write_json(tmp_path / "runs.json", runs)),
                      "--out", str(tmp_path / "plan.json"))
     assert cli.main(args) == 2 and "--no-throughput" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("saving, lo, hi, choice", [
+    (0.06, 0.05, 0.07, "dedup"), (-0.06, -0.07, -0.05, "slot"),  # 6% of a 1 s pass, the interval clear of 0
+    (0.04, 0.03, 0.05, None),  # 4%: under the margin, however narrow its interval
+    (0.06, -0.01, 0.13, None),  # past the margin, but the interval includes 0
+])
+def test_a_measured_saving_decides_past_the_margin_only(saving: float, lo: float, hi: float,
+                                                        choice: str | None) -> None:
+    assert measured_choice(saving, lo, hi, 1.0) == choice and SAVING_MARGIN == 0.05

@@ -32,14 +32,15 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
                D + n m W + kv(n-1) per-slot and D + E_dedup(n) + kv(n-1) deduplicated, for the MoE layers covered;
                the verdict compares measured verify times with these bytes over the ceiling (absent in older plans)
   verdict      the plain answer, printed first (moespec.predict.verdict.Verdict.to_json): {version, policy,
-               kernel_by_n: [{n, choice ("dedup", "per-slot" or "no measurable difference (interval includes 0)"),
+               kernel_by_n: [{n, choice ("dedup", "per-slot" or moespec.predict.verdict.SAME, "no measurable
+               difference ..."),
                evidence ("measured": --runs' S(n) 95% interval, "predicted": S_hat(n) and band (18)), saving_s, lo_s,
                hi_s, auto}], draft: [{a, profile, k, speedup, lo, hi, measured_k}] (the AUTO policy of the version
                named), warnings: [one line per input check, naming its file and what to change], lines: [the text,
                within 100 columns]} (absent in older plans)
   level_gbps   the host's bandwidth level (reference read, GB/s) its measured inputs were kept at: the --runs'
-               pinned level, else the bench's (moespec.measure.level); a run with this plan keeps its rounds at it;
-               null where neither pinned one (absent in older plans)
+               pinned level, else the bench's (moespec.measure.level); a run with this plan that pins (--pin-wait)
+               keeps its rounds at it; null where neither pinned one (absent in older plans)
   runs         null, or {path, moe_layers, depth} of --runs; then the calibrated version too:
   tau_calibrated {slot|dedup|auto: {n: s}};  saving.{n}.calibrated_s;  crossover_calibrated (the last two equal
                the predicted ones: the calibration adds the same measured time to both kernels)

@@ -12,8 +12,9 @@ built on them ("basis": "runs"):
 per kernel p in {slot, dedup}, the prediction and the calibrated version alike (the measured times are what a
 calibration arrives at); the saving S(n) = tau_slot(n) - tau_dedup(n) with the runs' 95% bootstrap interval
 (moespec.measure.rounds.bootstrap_saving) as its band in place of (18); a kernel is decided where that interval
-excludes 0, and AUTO runs dedup only there (per-slot, the kernel of one token, elsewhere), so two runs of a model
-whose kernels do not differ measurably give the same policy. Step times V(k) = tau(k+1) + h(k), k_hat*(a) and the
+excludes 0 and the saving is at least SAVING_MARGIN of the pass (measured_choice), and AUTO runs dedup only there
+(per-slot, the kernel of one token, elsewhere), so two runs of a model whose kernels do not differ measurably
+give the same policy. Step times V(k) = tau(k+1) + h(k), k_hat*(a) and the
 speedup bands (21) follow from these times and bounds as in every version (moespec.predict.verify.steps). The plan
 says it is of this basis, and why, first (its verdict).
 """
@@ -30,6 +31,10 @@ from moespec.defaults import KERNELS
 from moespec.formats.runsfile import Runs
 from moespec.predict.verify import VerifyTimes
 
+# A measured saving under this share of the per-slot pass is called no difference, whatever its interval: the
+# interval is one run's (bootstrap over its rounds), while two runs of a tiny model, minutes apart on a shared host,
+# moved a 2-4% saving in and out of it; a kernel choice worth less than that is no choice to deploy.
+SAVING_MARGIN = 0.05
 BASIS_RUNS = "runs"  # plan.json `basis` of a plan built on measured verify times (BASIS_BENCH: (22) on a bench)
 BASIS_BENCH = "bench"
 
@@ -73,16 +78,28 @@ def saving_intervals(runs: Runs, times: VerifyTimes, ns: range) -> dict[int, tup
     return out
 
 
-def measured_policy(intervals: Mapping[int, tuple[float, float]], n_max: int) -> dict[int, str]:
-    """AUTO on measured times: dedup at each n whose saving interval lies above 0, per-slot elsewhere."""
-    return {n: "dedup" if n in intervals and intervals[n][0] > 0 else "slot" for n in range(1, n_max + 1)}
+def measured_choice(saving: float, lo: float, hi: float, tau_slot: float) -> str | None:
+    """The kernel a measured saving S = tau_slot - tau_dedup decides: "dedup" or "slot" where its 95% interval
+    [lo, hi] excludes 0 and |S| is at least SAVING_MARGIN of the per-slot pass, else None (no difference)."""
+    if abs(saving) < SAVING_MARGIN * tau_slot:
+        return None
+    return "dedup" if lo > 0 else "slot" if hi < 0 else None
+
+
+def measured_policy(times: VerifyTimes, intervals: Mapping[int, tuple[float, float]]) -> dict[int, str]:
+    """AUTO on measured times: dedup at each n whose saving measured_choice decides for it, per-slot elsewhere."""
+    slot, dedup = times.tau["slot"], times.tau["dedup"]
+    return {n: "dedup" if n in intervals and measured_choice(float(slot[n - 1] - dedup[n - 1]), *intervals[n],
+                                                             float(slot[n - 1])) == "dedup" else "slot"
+            for n in range(1, len(slot) + 1)}
 
 
 def saving_row(n: int, times: VerifyTimes, interval: tuple[float, float], u: float) -> dict[str, Any]:
-    """plan.json's saving.{n} on the runs basis: the measured S(n), its interval as the band, decided where the
-    interval excludes 0; no bench bandwidth ratio r(n) or margin (19) (the bench cannot give one)."""
+    """plan.json's saving.{n} on the runs basis: the measured S(n), its interval as the band, decided where
+    measured_choice decides; no bench bandwidth ratio r(n) or margin (19) (the bench cannot give one)."""
     s = float(times.tau["slot"][n - 1] - times.tau["dedup"][n - 1])
     lo, hi = interval
+    decided = measured_choice(s, lo, hi, float(times.tau["slot"][n - 1])) is not None
     return {"predicted_s": s, "measured_s": s, "band_s": max(s - lo, hi - s, 0.0), "lo_s": lo, "hi_s": hi,
-            "u": u, "r": None, "margin": None, "decided": lo > 0 or hi < 0,
+            "u": u, "r": None, "margin": None, "decided": decided,
             "byte_model": "dedup" if u < 1 else "slot", "two_bandwidth": None}

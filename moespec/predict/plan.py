@@ -305,7 +305,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     if on_runs:
         base = measured_times(runs, ns)
         intervals = saving_intervals(runs, base, ns)
-        policy = measured_policy(intervals, ns[-1])
+        policy = measured_policy(base, intervals)
         meas, s_pred = base.tau, base.tau["slot"] - base.tau["dedup"]
         # the measured times are the calibration's result: one version under both names, so a run scored by its
         # calibrated version (the recipe's) reads them

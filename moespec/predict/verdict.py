@@ -5,7 +5,8 @@ acceptance a, how many tokens k the draft should propose; and, where the inputs 
 Per n >= 2 (one token runs the per-slot kernel either way) the strongest evidence held decides:
   measured   the engine's saving S(n) = tau_slot(n) - tau_dedup(n) and its 95% bootstrap interval (runs.json
              saving_s): "dedup" where the interval lies above 0, "per-slot" where it lies below, else "no measurable
-             difference (interval includes 0)", whatever the median says;
+             difference", whatever the median says; a saving under SAVING_MARGIN of the per-slot pass is no
+             difference either (moespec.predict.measured.measured_choice);
   predicted  where no run measured S(n): the plan's S_hat(n) and its band (18), |S_hat - S| <= band, read alike.
 Per acceptance a of the plan's table: k_hat*(a) of the AUTO policy (the kernel of smaller predicted time per n), its
 speedup (9) and the band (21) the true speedup lies in; for a measured acceptance profile a_1..a_kmax (a draft
@@ -30,12 +31,14 @@ from moespec.formats.files import is_number
 from moespec.formats.planfile import VERSION_SUFFIX
 from moespec.predict.checks import RERUN_RUN, bench_checks, record_at, rerun_bench, runs_checks
 from moespec.predict.draft_score import measured_profile
+from moespec.predict.measured import SAVING_MARGIN, measured_choice
 
 if TYPE_CHECKING:
     from moespec.predict.score import Score
 
 WIDTH = 100  # columns of the printed block
-DEDUP, SLOT, SAME = "dedup", "per-slot", "no measurable difference (interval includes 0)"
+DEDUP, SLOT = "dedup", "per-slot"
+SAME = f"no measurable difference (interval includes 0, or under {SAVING_MARGIN:.0%} of the pass)"
 KERNEL_WORDS = {"slot": SLOT, "dedup": DEDUP}
 POLICY = "auto"  # the policy whose draft length the verdict gives: the kernel above at each n
 DRAFT_VERSIONS = ("calibrated", "prediction")  # without a score, the first of these the plan holds
@@ -148,7 +151,11 @@ def kernel_answers(plan: Mapping[str, Any], runs: Mapping[str, Any] | None = Non
             lo, hi, evidence = s - band, s + band, "predicted"
         else:
             continue
-        choice = DEDUP if lo > 0 else SLOT if hi < 0 else SAME
+        tau = record_at(runs, "verify_time_s", "slot").get(key)
+        if evidence == "measured" and is_number(tau):  # moespec.predict.measured's rule: a margin of the pass
+            choice = {"dedup": DEDUP, "slot": SLOT, None: SAME}[measured_choice(s, lo, hi, tau)]
+        else:
+            choice = DEDUP if lo > 0 else SLOT if hi < 0 else SAME
         out.append(KernelAnswer(int(key), choice, evidence, float(s), float(lo), float(hi),
                                 plan["kernel_by_n"].get(key)))
     return out
