@@ -76,13 +76,13 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"decodings of each prompt per cell, the median kept (default {REPEATS})")
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--level-wait", type=float, default=LEVEL_WAIT_S,
+    p.add_argument("--pin-wait", type=float, default=LEVEL_WAIT_S,
                    help=f"seconds per kind of prompt to wait for the host's bandwidth level (default {LEVEL_WAIT_S:g}; "
                         "0: no pinning)")
     p.add_argument("--out", help="write the result JSON here")
     args = p.parse_args(argv)
     try:  # every argument checked before the models load: one line and exit 2
-        check_level(None, args.level_wait)
+        check_level(None, args.pin_wait)
     except MoespecError as e:
         p.error(str(e))
     for flag, value in (("--prompts", args.prompts), ("--calibration", args.calibration), ("--repeats", args.repeats),
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                     "pair": str(pair), "tokens": args.tokens, "kinds": {}}
     for kind, ps in prompts(tokenizer, Path(args.data), args.calibration + args.prompts).items():
         found = result["kinds"][kind] = compare(target, draft, ps, args.tokens, KMAX, with_hf=True,
-                                                level=Level(wait_s=args.level_wait), calibration=args.calibration,
+                                                level=Level(wait_s=args.pin_wait), calibration=args.calibration,
                                                 repeats=args.repeats)
         print(f"{kind}: V(k) ms {[round(v * 1e3, 2) for v in found['V_s']]}; profile "
               f"{[round(a, 3) for a in found['profile_calibration']]}; plan k_hat {found['k_hat_plan']}, best "

@@ -44,7 +44,7 @@ from moespec import MoespecError  # noqa: E402
 from moespec import kernels as K  # noqa: E402
 from moespec.cli.args import parse_ints  # noqa: E402
 from moespec.formats.files import provenance, write_json  # noqa: E402
-from moespec.measure import bench, passes, timing  # noqa: E402
+from moespec.measure import bench, level, passes, timing  # noqa: E402
 from moespec.model.spec import resolve  # noqa: E402
 from moespec.report.figures import bandwidth_figure, save_figure  # noqa: E402
 
@@ -123,7 +123,8 @@ def check_kernels(model: str, kernels: list[str], timer: timing.Timer) -> dict:
 def bench_model(model: str, args: argparse.Namespace, plot: bool) -> dict:
     """The bench (moespec.measure.bench) with the script's device, kernels, n and reps; returns its bench.json."""
     config = bench.BenchConfig(out=str(Path(args.out) / f"bench-{model}.json"), model=model, device=args.device,
-                               kernels=args.kernels, n=tuple(parse_ints(args.n, "--n", 1)), reps=args.reps)
+                               kernels=args.kernels, n=tuple(parse_ints(args.n, "--n", 1)), reps=args.reps,
+                               level_wait_s=level.WAIT_S)  # a CPU rehearsal pins as it always has; a GPU never does
     print(f"$ bench {config}", flush=True)
     doc = bench.run_bench(config, say=lambda text: print(text, flush=True))
     if plot:

@@ -88,6 +88,7 @@ from moespec import MoespecError
 from moespec.cli.args import parse_ints
 from moespec.defaults import DEPTH, MODEL, N_MAX
 from moespec.formats.files import provenance, write_json
+from moespec.measure.level import WAIT_S
 from moespec.measure.run import RunConfig, run_engine
 from moespec.measure.timing import median_iqr, timer_for
 from moespec.model.load import PRESET_VOCAB, preset_config
@@ -190,7 +191,8 @@ def moespec_round(ns: list[int], args: argparse.Namespace, path: Path) -> tuple[
     `path`. Returns the samples and the engine's own noise record (None where it keeps none)."""
     wanted = {"out": str(path), "preset": MODEL, "layers": args.layers, "dtype": FORMAT, "device": "cpu",
               "depth": args.depth, "n": tuple(ns), "reps": args.reps, "throughput": False, "seed": args.seed,
-              "max_reps": args.reps, "outside": False}  # the last two only where the engine has them
+              "max_reps": args.reps, "outside": False,  # these two only where the engine has them
+              "level_wait_s": WAIT_S}  # pinned, as this comparison always was: pinning is opt-in
     known = {f.name for f in dataclasses.fields(RunConfig)}
     runs = run_engine(RunConfig(**{k: v for k, v in wanted.items() if k in known}))
     samples = {p: {n: list(runs["verify_samples_s"][p][str(n)]) for n in ns} for p in POLICIES}

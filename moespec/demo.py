@@ -25,7 +25,10 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    so pre-registered.
 7. Report: moespec.report.html writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
 Steps 3-6 keep every timed round at one bandwidth level of the host (moespec.measure.level): the bench pins it,
-the verify-only run keeps it, the plan records it and the scored run reads it from the plan.
+the verify-only run keeps it, the plan records it and the scored run reads it from the plan. Their waiting for it
+(settling before rounds, units thrown away off the level and run again) has one cap, DEMO_WAIT_CAP_S, split
+across the three measurements (WaitCap); where one spends its share it says so in one line and goes on at the level
+the host has. Step 2b waits for no level.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from moespec import MoespecError, theory
@@ -55,7 +59,6 @@ from moespec.formats.files import check_output, holds_outputs, provenance, write
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
-from moespec.measure import level
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model.spec import ModelSpec
@@ -73,9 +76,12 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # 24 prompts of 6 tokens per (policy, k) cell in interleaved rounds: a cell's V(k) to ~2.5% (results/demo-cpu.md).
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 24, 6
-# The engine runs wait up to 2.5x a measurement's default for the bench's bandwidth level, so the scored chain
-# stays at one level and the demo within 8 minutes (moespec.measure.level; results/demo-cpu.md).
-ENGINE_LEVEL_WAIT = 2.5
+# All of the demo's waiting for the host's bandwidth level: ~5 min of measuring here plus at most this keeps the
+# demo under 8 minutes on a slow host (moespec.measure.level; results/demo-cpu.md).
+DEMO_WAIT_CAP_S = 90.0
+# The cap's split across the measurements that pin a level, by their artifacts: each engine run measures 2.5x as
+# long as the bench, and the scored chain stays at one level only where the engine runs can wait for it.
+WAIT_SHARES = {"bench.json": 1.0, "runs-verify.json": 2.5, "runs.json": 2.5}
 # The scored grid: the paper's 11 acceptances (theory.PAPER_ACCEPTANCES), as rule 2 is written (>= 9 of 11); every
 # a reads its cell's one V(k), so 11 cost no more decoding than 4 (results/demo-cpu.md).
 ENGINE_A = None
@@ -241,6 +247,32 @@ class Quiet:
         return lambda *args: None
 
 
+def wait_share(artifact: str, cap_s: float = DEMO_WAIT_CAP_S) -> float:
+    """The waiting budget, seconds, of the measurement that writes `artifact`: its WAIT_SHARES part of the cap. Fixed
+    by the settings alone, so that a rerun resumes the measurement's checkpoint (whose key holds its wait)."""
+    return cap_s * WAIT_SHARES[artifact] / sum(WAIT_SHARES.values())
+
+
+class WaitCap:
+    """The demo's one cap on waiting for the host's bandwidth level, `cap_s` seconds: each measurement's Level waits
+    its wait_share at most (moespec.measure.level: settling, and units thrown away off the level), so all of them
+    together wait the cap at most; where one has spent its share, the demo says so in one line and goes on."""
+
+    def __init__(self, say: Callable[[str], None], cap_s: float = DEMO_WAIT_CAP_S) -> None:
+        self.say, self.cap_s, self.waited_s = say, cap_s, 0.0
+
+    def charge(self, record: dict[str, Any] | None) -> None:
+        """Count what a finished measurement waited (its `level` record, bench.json's or runs.json's; None: it
+        pinned nothing) and say it once its share is spent: it went on at the level the host had."""
+        if not record:
+            return
+        self.waited_s += record["waited_s"]
+        if record["wait_s"] > 0 and record["waited_s"] >= record["wait_s"]:
+            self.say(f"[yellow]waited {self.waited_s:.0f} s for the host's bandwidth level, the cap "
+                     f"({record['wait_s']:.0f} s of the demo's {self.cap_s:.0f} s here): going on at the level it "
+                     "has[/]")
+
+
 @holds_outputs(lambda config: config.outputs)
 def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     """The whole chain on the built-in default (module docstring); returns what demo.json records (written to
@@ -263,14 +295,15 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
             | {"vs_best_constant": {c: row["vs_best_constant"] for c, row in found["cells"].items()}}
     if config.bench_reps:
         view.say("[bold]3. measurement[/bold]: a short bench of one MoE layer on this machine")
-        bench = _bench(config, out_dir, steps, view)
+        cap = WaitCap(view.say)
+        bench = _bench(config, out_dir, steps, view, cap)
         result["bench"] = {"path": str(out_dir / "bench.json"), "ceiling_gbps": bench.ceiling_gbps,
                            "r": bench["r"], "u": bench["u"], "crossover": bench.crossover}
         r = ", ".join(f"{n}: {v:.2f}" for n, v in bench.r.items())
         view.say(f"measured r(n) = beta_dedup/beta_slot: {r}; the theory in 2. assumed r = 1. Measured crossover "
                  f"(u(n) < r(n) from there on): n = {bench.crossover}")
         if config.engine_layers:
-            result["engine"] = _engine(config, out_dir, steps, view, bench)
+            result["engine"] = _engine(config, out_dir, steps, view, bench, cap)
     write_json(out_dir / "demo.json", {**result, "provenance": provenance(dtype=config.format)})
     if "engine" in result:  # after demo.json, which the report reads too
         view.say("[bold]7. report[/bold]: every figure and table from the artifacts in one self-contained page")
@@ -298,7 +331,7 @@ def bench_config(config: DemoConfig) -> BenchConfig:
     spec, out_dir = ModelSpec.from_name(config.model), Path(config.out)
     return BenchConfig(out=str(out_dir / "bench.json"), model=config.model, layers=(min(BENCH_LAYER, spec.L - 1),),
                        dtype=config.format, trace=str(out_dir / "trace.npz"), reps=config.bench_reps,
-                       windows=BENCH_WINDOWS, u_values=BENCH_U_VALUES)
+                       windows=BENCH_WINDOWS, u_values=BENCH_U_VALUES, level_wait_s=wait_share("bench.json"))
 
 
 def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig]:
@@ -306,20 +339,23 @@ def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig
     out_dir = Path(config.out)
     trace, plan = str(out_dir / "trace.npz"), str(out_dir / "plan.json")
     engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
-                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace,
-                  level_wait_s=ENGINE_LEVEL_WAIT * level.WAIT_S)
-    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False, **engine)
+                  reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace)
+    verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False,
+                       level_wait_s=wait_share("runs-verify.json"), **engine)
     planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
     # the scored run needs no outside time: the plan read it from the verify-only run
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
-                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False, **engine)
+                       prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False,
+                       level_wait_s=wait_share("runs.json"), **engine)
     return verify, planned, scored
 
 
-def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> Bench:
-    """Step 3: the short bench of one middle MoE layer; its figure is drawn by the report."""
+def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, cap: WaitCap) -> Bench:
+    """Step 3: the short bench of one middle MoE layer, its waiting charged to `cap`; its figure is drawn by the
+    report."""
     def step() -> None:
         bench = run_bench(bench_config(config), view.say)
+        cap.charge(bench.get("level"))
         save_figure(bandwidth_figure(bench), str(out_dir / "fig2.png"))
         view.bench(bench)
 
@@ -327,25 +363,33 @@ def _bench(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView) -> B
     return load_bench(out_dir / "bench.json")
 
 
-def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, bench: Bench) -> dict[str, Any]:
+def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, bench: Bench,
+            cap: WaitCap) -> dict[str, Any]:
     """Steps 4-6: verify times on a shape-faithful model, the plan from them, the engine with the plan, the score
     (the report, step 7, follows demo.json). The engine replays the trace's routing (random weights route like
     uniform iid); the plan is written before the run it is scored against, so the score is pre-registered. Every
     timed round of the chain is kept at the bench's bandwidth level (moespec.measure.level): the verify-only run
-    pins it, the plan records it, the scored run reads it from the plan."""
+    pins it, the plan records it, the scored run reads it from the plan; their waiting is charged to `cap`."""
     verify, planned, scored = engine_configs(config)
     verify = replace(verify, level_gbps=inputs_level(bench, None))
     view.say(f"[bold]4. engine[/bold]: verify times of {config.model} with {config.engine_layers} of its layers at "
              f"full shape, random weights, the trace's routing replayed")
-    steps.run(out_dir / "runs-verify.json", lambda: view.runs(run_engine(verify, view.say)))
+    steps.run(out_dir / "runs-verify.json", lambda: view.runs(engine_run(verify, view.say, cap)))
     view.say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
     steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
     view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
-    steps.run(out_dir / "runs.json", lambda: view.runs(run_engine(scored, view.say)))
+    steps.run(out_dir / "runs.json", lambda: view.runs(engine_run(scored, view.say, cap)))
     planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(planned.out)]
     for version in planned_versions:
         view.score(score_files(planned.out, scored.out, version))
     return engine_summary(out_dir)
+
+
+def engine_run(config: RunConfig, say: Callable[[str], None], cap: WaitCap) -> Runs:
+    """One engine run of the demo, its waiting charged to `cap`."""
+    runs = run_engine(config, say)
+    cap.charge(runs.get("level"))
+    return runs
 
 
 def engine_summary(out_dir: Path) -> dict[str, Any]:

@@ -152,7 +152,7 @@ def run_with_others(tiny_checkpoints, tmp_path, monkeypatch, others: int) -> tup
     passes = itertools.cycle([0.010, 0.011, 0.012])
     out = tmp_path / "runs.json"
     code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps",
-                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--level-wait", "0",
+                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--pin-wait", "0",
                                "--out", str(out)])
     return code, stdout, json.loads(out.read_text())
 

@@ -132,35 +132,153 @@ def test_restore_continues_a_checkpointed_pin():
     assert level.pinned == 40.0 and level.dropped == 3 and level.waited_s == 1.5 and level.repins == 1
 
 
-@pytest.mark.parametrize("pinned, wait, needle", [(-1.0, None, "--level"), (float("nan"), None, "--level"),
-                                                  (None, -1.0, "--level-wait"), (None, float("inf"), "--level-wait")])
+@pytest.mark.parametrize("pinned, wait, needle", [(-1.0, None, "--pin-gbps"), (float("nan"), None, "--pin-gbps"),
+                                                  (None, -1.0, "--pin-wait"), (None, float("inf"), "--pin-wait")])
 def test_bad_values_name_the_flag(pinned, wait, needle):
     with pytest.raises(MoespecError, match=needle):
         L.Level(pinned, wait)
 
 
-@pytest.mark.parametrize("flag, value", [("--level", "-3"), ("--level-wait", "-1"), ("--level", "x")])
+@pytest.mark.parametrize("flag, value", [("--pin-gbps", "-3"), ("--pin-wait", "-1"), ("--pin-gbps", "x")])
 def test_cli_bad_level_is_one_line(flag, value, tiny_checkpoints, tmp_path):
     code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), flag, value, "--no-throughput",
                             "--out", str(tmp_path / "r.json")])
     assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
 
 
-def run_at_level(tiny_checkpoints, tmp_path, monkeypatch, read, wait: str) -> tuple[int, str, dict]:
-    """`run --level 20 --level-wait WAIT` of three rounds at n = 2 on the tiny OLMoE, the reference read being
-    `read` and the passes 10-12 ms: (exit code, stdout, runs.json)."""
+def run_timed(tiny_checkpoints, tmp_path, monkeypatch, read, *flags: str) -> tuple[int, str, dict]:
+    """`run FLAGS` of three rounds at n = 2 on the tiny OLMoE, the reference read being `read` and the passes
+    10-12 ms: (exit code, stdout, runs.json)."""
     monkeypatch.setattr(L, "StreamRead", lambda nbytes: read)
     passes = itertools.cycle([0.010, 0.011, 0.012])
     monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
     out = tmp_path / "runs.json"
     code, stdout, _ = run_cli(["--model", str(tiny_checkpoints["olmoe"]), "--depth", "8", "--n", "2", "--reps",
-                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", "--level", "20",
-                               "--level-wait", wait, "--out", str(out)])
+                               "3", "--max-reps", "3", "--no-throughput", "--dtype", "fp32", *flags,
+                               "--out", str(out)])
     return code, stdout, json.loads(out.read_text())
 
 
+def run_at_level(tiny_checkpoints, tmp_path, monkeypatch, read, wait: str) -> tuple[int, str, dict]:
+    """run_timed with `--pin-gbps 20 --pin-wait WAIT`."""
+    return run_timed(tiny_checkpoints, tmp_path, monkeypatch, read, "--pin-gbps", "20", "--pin-wait", wait)
+
+
+def settling_reads(monkeypatch) -> list[int]:
+    """The reference reads each Level.settle call makes from now on, one count per call (Level.read counted)."""
+    counts: list[int] = []
+    original = L.Level.settle
+
+    def settle(self):
+        before = self.reads_seen = getattr(self, "reads_seen", 0)
+        original(self)
+        counts.append(self.reads_seen - before)
+
+    def read(self):
+        self.reads_seen = getattr(self, "reads_seen", 0) + 1
+        return original_read(self)
+
+    original_read = L.Level.read
+    monkeypatch.setattr(L.Level, "settle", settle)
+    monkeypatch.setattr(L.Level, "read", read)
+    return counts
+
+
+@pytest.mark.parametrize("flags, pinned", [([], False), (["--pin-wait", "30"], True)])
+def test_run_pins_only_when_asked(tiny_checkpoints, tmp_path, monkeypatch, flags, pinned):
+    """Pinning is opt-in: a run with no flags waits for no level even where WAIT_S is not 0 (no reference read
+    settles, the record says wait_s 0 and nothing pinned); --pin-wait turns it on, pinning the first round's."""
+    monkeypatch.setattr(L, "WAIT_S", 30.0)
+    settles = settling_reads(monkeypatch)
+    code, stdout, doc = run_timed(tiny_checkpoints, tmp_path, monkeypatch, lambda: 20.0, *flags)
+    assert code == 0
+    if pinned:
+        assert doc["level"]["wait_s"] == 30.0 and doc["level"]["pinned_gbps"] == 20.0 and sum(settles) > 0
+        assert "level: rounds kept at the first round" in stdout
+    else:
+        assert doc["level"]["wait_s"] == 0 and doc["level"]["pinned_gbps"] is None and sum(settles) == 0
+        assert "level:" not in stdout
+
+
+@pytest.mark.parametrize("flags, pinned", [([], False), (["--pin-wait", "30"], True), (["--pin-gbps", "20"], True)])
+def test_bench_pins_only_when_asked(bench_argv, tmp_path, monkeypatch, flags, pinned):
+    """The bench alike; --pin-gbps alone pins with the default wait."""
+    from moespec import cli
+
+    monkeypatch.setattr(L, "WAIT_S", 30.0)
+    monkeypatch.setattr(L, "StreamRead", lambda nbytes: lambda: 20.0)
+    settles = settling_reads(monkeypatch)
+    assert cli.main(bench_argv(tmp_path / "b.json", *flags)) == 0
+    record = json.loads((tmp_path / "b.json").read_text())["level"]
+    if pinned:
+        assert record["wait_s"] == 30.0 and record["pinned_gbps"] == 20.0 and sum(settles) > 0
+    else:
+        assert record["wait_s"] == 0 and record["pinned_gbps"] is None and sum(settles) == 0
+
+
+@pytest.mark.parametrize("flag, new", [("--level", "--pin-gbps"), ("--level-wait", "--pin-wait")])
+def test_the_old_flag_names_are_refused_naming_the_new(flag, new, tiny_checkpoints, bench_argv, tmp_path, capsys):
+    """--level is an interval level in `reuse`; in bench and run the bandwidth to pin is --pin-gbps."""
+    from moespec import cli
+
+    code, _, err = run_cli(["--model", str(tiny_checkpoints["olmoe"]), flag, "20", "--no-throughput",
+                            "--out", str(tmp_path / "r.json")])
+    assert code == 2 and new in err and len(err.strip().splitlines()) == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:  # argparse's one line
+        cli.main(bench_argv(tmp_path / "b.json", flag, "20"))
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert new in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("gbps, wait", [(None, 10.0), (50.0, None)])
+def test_no_pinning_on_a_gpu_whatever_was_asked(gbps, wait):
+    """On a CUDA device the reference read measures the host, not the device: a run's level is inactive, and one
+    line says that what was asked is ignored; nothing is said where nothing was asked."""
+    said = []
+    ckpt = type("C", (), {"units": {}})()
+    config = R.RunConfig(level_gbps=gbps, level_wait_s=wait)
+    level = R.run_level(config, {"level_gbps": 34.5}, ckpt, said.append, "cuda")
+    assert not level.active and level.record()["pinned_gbps"] is None and level.record()["wait_s"] == 0
+    assert len(said) == 1 and "--pin-gbps/--pin-wait ignored on cuda" in said[0]
+    assert R.run_level(R.RunConfig(level_wait_s=wait), None, ckpt, said.append, "cpu").active == bool(wait)
+    quiet = []
+    assert not R.run_level(R.RunConfig(), {"level_gbps": 34.5}, ckpt, quiet.append, "cuda").active and not quiet
+
+
+def test_pin_wait_is_opt_in(monkeypatch):
+    monkeypatch.setattr(L, "WAIT_S", 30.0)
+    assert L.pin_wait(None, None) == 0 and L.pin_wait(20.0, None) == 30.0 and L.pin_wait(None, 5) == 5.0
+    assert L.pin_wait(20.0, 0) == 0  # an explicit 0 turns it off whatever the level
+
+
+def test_the_demo_caps_all_its_waiting(monkeypatch):
+    """A host that stays off the level through every measurement of the demo: each waits its share of the cap and
+    no more, all of them together the cap, and the demo says in one line that it goes on."""
+    from moespec import demo as D
+
+    cap_s = 0.3
+    said = []
+    cap = D.WaitCap(said.append, cap_s)
+    units = []
+    for artifact in D.WAIT_SHARES:
+        level = L.Level(30.0, D.wait_share(artifact, cap_s), read=lambda: 60.0)
+        for _ in range(5):  # settles and units thrown away off the level, as rounds and prompts would
+            level.settle()
+            level.measured(lambda: units.append(1))
+        cap.charge(level.record())
+    assert cap_s <= cap.waited_s < cap_s + 0.1  # a read or a unit past it at most
+    assert len(said) == len(D.WAIT_SHARES)
+    assert all("for the host's bandwidth level, the cap" in line and "going on at the level it has" in line
+               for line in said)
+    configs = [D.bench_config(D.DemoConfig()), *D.engine_configs(D.DemoConfig())[::2]]
+    assert sum(c.level_wait_s for c in configs) == pytest.approx(D.DEMO_WAIT_CAP_S)  # the real cap, split
+
+
 def test_run_drops_rounds_off_the_pinned_level(tiny_checkpoints, tmp_path, monkeypatch):
-    """With --level 20, a round whose reference reads sit at 35 GB/s is dropped and counted off_level; settle's
+    """With --pin-gbps 20, a round whose reference reads sit at 35 GB/s is dropped and counted off_level; settle's
     polls wait until the reads return; the file records the level and what it cost."""
     # per round: one settle poll, then one read per policy (slot, dedup, outside: 3)
     at, off = [20.0] * 4, [20.0] + [35.0] * 3
@@ -198,7 +316,7 @@ def test_the_pin_travels_from_bench_and_runs_to_the_plan_and_its_scored_run():
     ckpt = type("C", (), {"units": {}})()
     assert R.run_level(config, {"level_gbps": 34.5}, ckpt, said.append).pinned == 34.5
     assert R.run_level(R.RunConfig(level_gbps=50.0, level_wait_s=10), {"level_gbps": 34.5}, ckpt,
-                       said.append).pinned == 50.0  # --level wins over the plan's
+                       said.append).pinned == 50.0  # --pin-gbps wins over the plan's
     assert "34.5 GB/s" in said[0]
 
 

@@ -206,7 +206,7 @@ def test_the_calibration_profile_pools_every_draft_length():
 
 @pytest.mark.parametrize("args, needle", [(["--repeats", "0"], "--repeats must be >= 1"),
                                           (["--calibration", "0"], "--calibration must be >= 1"),
-                                          (["--level-wait", "-1"], "--level-wait must be >= 0")])
+                                          (["--pin-wait", "-1"], "--pin-wait must be >= 0")])
 def test_the_drafting_benchmark_refuses_bad_arguments_in_one_line(args, needle):
     import subprocess
     import sys

@@ -63,17 +63,34 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     choice.add_argument("--resume", action="store_true", help="resume OUT.partial/: the default, kept for old scripts")
 
 
+class _Renamed(argparse.Action):
+    """An old flag name, out of --help: giving it is refused in one line naming the flag that now means it."""
+
+    def __init__(self, option_strings: list[str], dest: str, now: str, **kwargs: object) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+        self.now = now
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is now {self.now}")
+
+
 def add_level_flags(p: argparse.ArgumentParser) -> None:
-    """--level and --level-wait of a timed job (bench, run): the host's bandwidth level its rounds are kept at
-    (moespec.measure.level)."""
+    """--pin-gbps and --pin-wait of a timed job (bench, run): pin the host's bandwidth level its rounds are kept at
+    (moespec.measure.level; off unless asked for, on the CPU only). --level and --level-wait, their old names,
+    are refused naming the new ones: `reuse --level` is an interval level."""
     from moespec.measure.level import LEVEL_BAND, WAIT_S
 
-    p.add_argument("--level", type=float, default=None, metavar="GBPS",
-                   help=f"keep only timed rounds whose reference read is within +-{LEVEL_BAND:.0%}% of GBPS (default: "
-                        "a run with --plan the plan's level, else the first round's)")
-    p.add_argument("--level-wait", type=float, default=None, metavar="S",
-                   help=f"seconds to wait at most for the host to return to the level (default {WAIT_S:g}; 0 keeps "
-                        "rounds at any level)")
+    p.add_argument("--pin-gbps", type=float, default=None, metavar="GBPS",
+                   help=f"keep only timed rounds whose reference read is within +-{LEVEL_BAND:.0%}% of GBPS, waiting "
+                        "--pin-wait for the host to return to it (default: no pinning; with --pin-wait alone, a run "
+                        "with --plan pins the plan's level, else the first round's). CPU only")
+    p.add_argument("--pin-wait", type=float, default=None, metavar="S",
+                   help="pin the host's bandwidth level, waiting S seconds at most per measurement for it to return "
+                        f"(default 0: no pinning; {WAIT_S:g} with --pin-gbps). CPU only")
+    p.add_argument("--level", action=_Renamed, now="--pin-gbps (the bandwidth level to pin, GB/s)")
+    p.add_argument("--level-wait", action=_Renamed, now="--pin-wait (seconds to wait for the pinned level)")
 
 
 def add_model_source(p: argparse.ArgumentParser, classes: str, layers_default: str) -> None:

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                          n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
-                         fresh=args.fresh, level_gbps=args.level, level_wait_s=args.level_wait)
+                         fresh=args.fresh, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait)
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
         bench = run_bench(config, say=out.print)

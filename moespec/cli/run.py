@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
                        draft_model=args.draft_model, replay=args.replay, seed=args.seed, fresh=args.fresh,
                        dense=args.dense, engine=args.engine, gguf=args.gguf, draft_gguf=args.draft_gguf,
-                       threads=args.threads, level_gbps=args.level, level_wait_s=args.level_wait)
+                       threads=args.threads, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait)
     out = console()
     runs = (run_llama_cpp if config.engine == "llama.cpp" else run_engine)(config, say=out.print)
     report(runs, args.out, out)

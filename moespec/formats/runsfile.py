@@ -63,9 +63,9 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format;
                       provenance.llama_cpp names the files and threads); absent for moespec's engine
   level               {pinned_gbps, band, wait_s, waited_s, dropped, kept_off, exhausted}: the host's bandwidth
-                      level (reference read, GB/s) every verify round and throughput prompt was kept at: --level,
-                      the plan's, or the first round's; rounds off it dropped and waited out, within wait_s
-                      (moespec.measure.level); absent in older files
+                      level (reference read, GB/s) every verify round and throughput prompt was kept at:
+                      --pin-gbps, the plan's, or the first round's; rounds off it dropped and waited out, within
+                      wait_s (moespec.measure.level; wait_s 0: none pinned, the default); absent in older files
   contention          {verify, throughput}: each null or the record of bench.json's `contention` (moespec.formats.
                       benchfile) over the kept verify rounds' passes and the throughput prompts; noise.per_n's
                       `contention` is the verify one; absent in older files

@@ -78,7 +78,7 @@ from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.contention import Cores, merge
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
-from moespec.measure.level import Level, check_level
+from moespec.measure.level import Level, check_level, host_level, pin_wait
 from moespec.measure.passes import Pass, chosen_ids, plan_unit
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
@@ -381,8 +381,10 @@ class BenchConfig:
     """One bench: the model (a preset name or a config path), its MoE `layers` to time (None: the first and L/2 - 1),
     the weight dtype, the kernels ("slot,dedup", any comma-separated names of moespec.kernels.KERNELS, or "all":
     every one that can run here), the pass sizes `n`, the routing trace (None: the calibrated default), the
-    timed repetitions per pass, recorded `windows` and chosen `u_values` per (layer, n), the seed, the device;
-    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
+    timed repetitions per pass, recorded `windows` and chosen `u_values` per (layer, n), the seed, the device, the
+    host's bandwidth level to keep the rounds at (`level_gbps`, `level_wait_s`: off unless asked for, on the CPU
+    only; moespec.measure.level.pin_wait); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it;
+    `fresh` drops it)."""
 
     out: str
     model: str = MODEL
@@ -450,7 +452,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     timer = timer_for(device)
     key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
            "layout": LAYOUT,
-           "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s,
+           "level_gbps": config.level_gbps, "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"]}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh)
@@ -470,7 +472,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     before = timer.ceiling()
     first, first_iqr = median_iqr(before)
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
-    level = Level(config.level_gbps, config.level_wait_s if timer.kind == "cpu" else 0)  # the host's level: CPU
+    level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     level.restore(checkpoint)
     cores = Cores()
     try:

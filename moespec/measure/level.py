@@ -22,6 +22,11 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   prompts, bench rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
 The first kept round pins the level when none is given. A wait of 0 turns pinning off: rounds are dropped only
 as disturbed (moespec.measure.rounds.DISTURBED).
+
+Pinning is opt-in (pin_wait): the budget and the band above were tuned on one shared 2-core host, and on a quiet
+machine of one's own the host's level does not move, so waiting for it costs time and keeps nothing out. The demo
+and the benchmarks that rely on it ask for it. It is never on a GPU (host_level): the reference read measures the
+host's memory, which a device's kernels do not read.
 """
 
 from __future__ import annotations
@@ -56,11 +61,32 @@ T = TypeVar("T")
 
 
 def check_level(pinned: float | None, wait_s: float | None) -> None:
-    """A pinned level is a positive GB/s, a waiting budget >= 0 seconds (None: WAIT_S)."""
+    """A pinned level is a positive GB/s (--pin-gbps), a waiting budget >= 0 seconds (--pin-wait)."""
     if pinned is not None and not (math.isfinite(pinned) and pinned > 0):
-        raise MoespecError(f"--level must be a positive GB/s, got {pinned}")
+        raise MoespecError(f"--pin-gbps must be a positive GB/s, got {pinned}")
     if wait_s is not None and not (math.isfinite(wait_s) and wait_s >= 0):
-        raise MoespecError(f"--level-wait must be >= 0 seconds, got {wait_s}")
+        raise MoespecError(f"--pin-wait must be >= 0 seconds, got {wait_s}")
+
+
+def pin_wait(pinned: float | None, wait_s: float | None) -> float:
+    """The waiting budget of a measurement asked for a level `pinned` (GB/s or None) and a wait `wait_s` (seconds or
+    None): the wait where given, else WAIT_S where a level is, else 0: pinning is off unless asked for."""
+    if wait_s is not None:
+        return float(wait_s)
+    return WAIT_S if pinned is not None else 0.0
+
+
+def host_level(pinned: float | None, wait_s: float | None, device_kind: str, say: Callable[[str], None]) -> Level:
+    """The Level of a bench or run on `device_kind` asked for `pinned` and `wait_s` (pin_wait): as asked on the CPU;
+    on any other device none (the reference read measures the host's memory, not the device's), said in one line
+    where pinning was asked for."""
+    wait = pin_wait(pinned, wait_s)
+    if device_kind == "cpu":
+        return Level(pinned, wait)
+    if pinned is not None or wait > 0:
+        say(f"[yellow]note[/]: --pin-gbps/--pin-wait ignored on {device_kind}: the reference read measures the host's "
+            "memory, not the device's")
+    return Level(None, 0)
 
 
 class Level:

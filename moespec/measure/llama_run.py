@@ -47,7 +47,7 @@ from moespec.measure.decoding import (
     throughput_cells,
 )
 from moespec.measure.contention import Cores
-from moespec.measure.level import Level
+from moespec.measure.level import Level, pin_wait
 from moespec.measure.rounds import VERIFY_UNIT, timed_rounds, verify_done
 from moespec.measure.run import RunConfig, load_plan_kernels, run_level, say_contention, summarize
 from moespec.measure.timing import measure_stream_read
@@ -198,7 +198,8 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
                "threads": config.threads, "depth": config.depth, "n": ns, "reps": config.reps,
                "max_reps": config.max_reps, "target": config.target, "budget_s": config.budget_s, "k": ks,
                "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed,
-               "plan": plan_info, "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s}
+               "plan": plan_info, "level_gbps": config.level_gbps,
+               "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s)}
         checkpoint = Checkpoint(config.out, key, "run", config.fresh)
         say(f"moespec run: llama.cpp, {config.gguf} ({model.spec.L} MoE layers, {started['dtype']}, "
             f"{config.threads} threads); policy {POLICY} (llama.cpp's CPU MUL_MAT_ID); depth {config.depth}")

@@ -63,7 +63,7 @@ from moespec.measure.decoding import (
     prompts,
     throughput_cells,
 )
-from moespec.measure.level import LEVEL_BAND, Level, check_level
+from moespec.measure.level import LEVEL_BAND, Level, check_level, host_level, pin_wait
 from moespec.measure.rounds import VERIFY_UNIT, bootstrap_median, bootstrap_saving, timed_rounds, verify_done
 from moespec.measure.timing import measure_stream_read, median_iqr
 from moespec.model import speculative
@@ -224,8 +224,10 @@ class RunConfig:
     decoder layers), its dtype and device, a plan whose AUTO policy runs beside slot and dedup, the context depth,
     the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
     None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell; `throughput=False` measures
-    the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed;
-    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
+    the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed, the
+    host's bandwidth level to keep the rounds at (`level_gbps`, `level_wait_s`: off unless asked for, on the CPU
+    only; moespec.measure.level.pin_wait); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it;
+    `fresh` drops it)."""
 
     out: str = "runs.json"
     model: str | None = None
@@ -299,11 +301,13 @@ class RunConfig:
 
 
 def run_level(config: RunConfig, plan_info: dict[str, Any] | None, checkpoint: Checkpoint,
-              say: Callable[[str], None]) -> Level:
-    """The run's bandwidth level (moespec.measure.level): --level, else the plan's (the level its calibration was
-    measured at), else the first kept round's; a resumed run continues its checkpointed one."""
+              say: Callable[[str], None], device_kind: str = "cpu") -> Level:
+    """The run's bandwidth level (moespec.measure.level), where pinning was asked for (--pin-gbps or --pin-wait) and
+    the run is on the CPU (host_level): --pin-gbps, else the plan's (the level its calibration was measured at),
+    else the first kept round's; a resumed run continues its checkpointed one."""
+    asked = host_level(config.level_gbps, config.level_wait_s, device_kind, say)
     pinned = config.level_gbps if config.level_gbps is not None else (plan_info or {}).get("level_gbps")
-    level = Level(pinned, config.level_wait_s)
+    level = Level(pinned, asked.wait_s) if asked.active else asked
     level.restore(checkpoint)
     if level.active:
         say(f"level: rounds kept at {'the first round' if level.pinned is None else f'{level.pinned:.1f} GB/s'} "
@@ -356,7 +360,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     cells = throughput_cells(policies, ks) if config.throughput else []
     key = {"source": lm.source, "dtype": config.dtype, "device_kind": device.split(":")[0], "depth": config.depth,
            "n": ns, "reps": config.reps, "max_reps": config.max_reps, "target": config.target,
-           "budget_s": config.budget_s, "level_gbps": config.level_gbps, "level_wait_s": config.level_wait_s,
+           "budget_s": config.budget_s, "level_gbps": config.level_gbps,
+           "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model}
@@ -367,7 +372,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
     ceilings = {"before": measure_stream_read()}
-    level = run_level(config, plan_info, checkpoint, say)
+    level = run_level(config, plan_info, checkpoint, say, device.split(":")[0])
     if note := checkpoint.describe():
         say(note)
     cores = Cores(config.threads)
