@@ -68,18 +68,19 @@ def test_a_busy_process_shows_in_the_run_queue():
 
 
 def test_a_sustained_load_fits_the_threads_and_a_single_read_does_not(monkeypatch, two_cores):
-    # reads: before 1 (1, and a second read of 0: no fit), after 1 (1), before 2 (1: two reads in a row, fit to
-    # the one free core), after 2 (0), before 3 (0: back to 2), after 3 (0)
-    fake_snapshots(monkeypatch, [1, 0, 1, 1, 0, 0, 0])
+    # reads: call 1 before 1 and two more back to back (0, 0: no fit), after 1; call 2 before 1 (the last three
+    # 0, 1, 1: no fit), after 1; call 3 before 1 (1, 1, 1: fit to the one free core), after 0; call 4 before 0 (back
+    # to 2), after 0
+    fake_snapshots(monkeypatch, [1, 0, 0, 1, 1, 1, 1, 0, 0, 0])
     cores = Cores(2, fit=True)
     used = []
-    for _ in range(3):
+    for _ in range(4):
         used.append(cores.before())
         assert torch.get_num_threads() == used[-1]  # the native kernels take torch's count
         cores.after()
-    assert used == [2, 1, 2]
-    record = cores.take()
-    assert record["calls"] == 3 and record["contended"] == 2 and record["fewer_threads"] == 1
+    assert used == [2, 2, 1, 2]
+    record = cores.take()  # contended: calls 1 and 2 (another thread at both ends); call 3 at its start alone
+    assert record["calls"] == 4 and record["contended"] == 2 and record["fewer_threads"] == 1
     assert record["others_max"] == 1
     cores.release()
 
@@ -103,15 +104,16 @@ def test_a_watching_cores_changes_no_threads(monkeypatch, two_cores):
     assert used == [2, 2] and torch.get_num_threads() == 2 and cores.take()["contended"] == 2
 
 
-def test_waiting_for_a_core_flags_a_call_with_an_empty_run_queue(monkeypatch, two_cores):
-    # 10 ms calls: the first waited 0.1 ms (1%), the second 2 ms (20%)
-    fake_snapshots(monkeypatch, [0, 0, 0, 0], [0.0, 0.0001, 0.0001, 0.0021])
+def test_another_thread_at_one_end_flags_a_call_only_where_ours_waited(monkeypatch, two_cores):
+    # 10 ms calls, another runnable thread at the start of each: the first waited 0.1 ms (1%), the second 2 ms
+    # (20%); the third waited 2 ms with nothing else runnable at either end (our own threads: not flagged)
+    fake_snapshots(monkeypatch, [1, 0, 1, 0, 0, 0], [0.0, 0.0001, 0.0001, 0.0021, 0.0021, 0.0041])
     cores = Cores(2, fit=False)
     flags = []
-    for _ in range(2):
+    for _ in range(3):
         cores.before()
         flags.append(cores.after())
-    assert flags == [False, True] and cores.take()["wait_share_max"] == pytest.approx(0.2)
+    assert flags == [False, True, False] and cores.take()["wait_share_max"] == pytest.approx(0.2)
 
 
 def test_take_starts_the_counts_again_and_merge_adds_them(monkeypatch, two_cores):

@@ -15,26 +15,32 @@ What is read (Linux /proc; elsewhere nothing is seen and nothing is fitted):
   less this process's own runnable threads (/proc/self/task/*/stat), is the number of other processes' threads
   that want a core now. In a container that shares the host's kernel this counts the host's tasks.
 - run delay: the nanoseconds this process's threads spent runnable but waiting for a core
-  (/proc/self/task/*/schedstat, second field). More than WAIT_SHARE of a call's wall time waited means a core
-  was taken during the call, even where the run queue was empty at both ends of it.
+  (/proc/self/task/*/schedstat, second field).
+On a quiet machine a read sees another runnable thread now and then (a kernel thread; 7% of reads right after the
+cache-evicting read, 1% idle) and our own threads wait now and then (over 5% of a pass in 4% of passes), never both
+ends of a pass: so a call is contended where another process's thread was runnable at both its ends, or at one
+end while our threads waited for a core over WAIT_SHARE of it. A CPU-bound process beside us is runnable at every
+read.
 
 A `Cores` times calls: `before()` reads and sets torch's threads (which our native kernels use: they take
-torch.get_num_threads()) to the free cores, and `after()` reads again and judges the call. The fit follows a
-load seen at two reads in a row (the end of the last call, or a second read before the first call, and the start
-of this one), so one short-lived process does not halve a pass; the flag follows any read.
+torch.get_num_threads()) to the free cores, and `after()` reads again and judges the call. The fit follows the
+fewest other runnable threads of the last FIT_READS reads (the ends of the last call and the start of this one;
+before the first call, reads back to back), so a kernel thread seen once does not halve a pass.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-WAIT_SHARE = 0.05  # threads waiting for a core for over 5% of a call: a core was taken (quiet: < 1%)
+WAIT_SHARE = 0.05  # our threads waiting for a core over 5% of a call (quiet: median 0, 95th percentile ~1%)
+FIT_READS = 3  # the reads a load must show in before the threads are fitted to it
 CONTENDED_SHARE = 0.1  # a measurement with more of its calls contended than this is not the quiet machine's
 _TASKS = Path("/proc/self/task")
 
@@ -89,9 +95,15 @@ class Cores:
         self._torch = torch.get_num_threads()  # what release() gives back
         self.threads, self.fit, self.cores = threads or self._torch, fit, cores()
         self._zero()
-        self._last: Snapshot | None = None
+        self._seen: deque[int] = deque(maxlen=FIT_READS)  # other runnable threads at the last reads
         self._start: Snapshot | None = None
         torch.set_num_threads(self.threads)
+
+    def _read(self) -> Snapshot | None:
+        now = snapshot()
+        if now is not None:
+            self._seen.append(now.others)
+        return now
 
     def _zero(self) -> None:
         self.calls = self.contended = self.fewer = self.others_max = 0
@@ -99,15 +111,15 @@ class Cores:
 
     def before(self) -> int:
         """Read the machine before a timed call and fit the threads; returns the threads the call runs on."""
-        now = snapshot()
+        now = self._read()
         self._start = now
         if not self.fit:  # the whole team, whatever another Cores or caller set since
             if torch.get_num_threads() != self.threads:
                 torch.set_num_threads(self.threads)
             return self.threads
-        last = self._last or snapshot()  # the first call: a second read stands in for the last call's end
-        seen = [s.others for s in (last, now) if s is not None]
-        free = self.cores - min(seen) if seen else self.cores
+        while now is not None and len(self._seen) < FIT_READS:  # the first call: reads back to back
+            self._read()
+        free = self.cores - min(self._seen) if self._seen else self.cores
         use = max(1, min(self.threads, free))
         if use != torch.get_num_threads():
             torch.set_num_threads(use)
@@ -115,15 +127,15 @@ class Cores:
 
     def after(self) -> bool:
         """Read the machine after the call `before()` opened and record it; True where it was contended."""
-        end, start = snapshot(), self._start
-        self._last, self._start = end, None
+        end, start = self._read(), self._start
+        self._start = None
         self.calls += 1
         if start is None or end is None:
             return False
         wall = max(end.at - start.at, 1e-9)
         share = max(end.run_delay_s - start.run_delay_s, 0.0) / wall
         others = max(start.others, end.others)
-        contended = others > 0 or share > WAIT_SHARE
+        contended = (start.others > 0 and end.others > 0) or (others > 0 and share > WAIT_SHARE)
         self.contended += contended
         self.fewer += torch.get_num_threads() < self.threads
         self.others_max, self.wait_share_max = max(self.others_max, others), max(self.wait_share_max, share)
