@@ -17,7 +17,8 @@ and three ways:
 - llama.cpp: the same model exported to GGUF, through its C API with every logit (benchmarks/llama_cpp_api.py),
   on every core (its threads are fixed when its context is made).
 Every pass follows a 64 MiB streaming read that evicts the last-level cache, as in the engine. A round visits the
-states in a rotated order and, within a state, times every n and way `--reps` times, interleaved; the busy
+states in a rotated order and, within a state, times every n and way `--reps` times, interleaved, the ways in
+every order in turn (llama.cpp's threads spin a while after its pass, slowing whichever pass follows); the busy
 processes start half a second before a state's passes and stop after them.
 
 Reported per way, state and n: the median with its 95% bootstrap interval; busy over quiet for each way, and
@@ -31,6 +32,7 @@ pass over it (the memory-bound limit).
 from __future__ import annotations
 
 import argparse
+import itertools
 import shlex
 import subprocess
 import sys
@@ -177,13 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = {"before": measure_stream_read()}
     samples = {w: {s: {n: [] for n in ns} for s in names} for w in ways}
     records = {s: {"fitted": [], "fixed": []} for s in names}
-    for r in range(args.rounds):
+    orders = list(itertools.permutations(ways))  # every way after every other alike: llama.cpp's threads spin on
+    for r in range(args.rounds):  # after its pass, which a rotation would always hand to the same way
         for state in names[r % len(names):] + names[:r % len(names)]:
             procs = busy(STATES[state])
             try:
                 for rep in range(args.reps):
                     for n in ns:
-                        for way in ways[rep % len(ways):] + ways[:rep % len(ways)]:
+                        for way in orders[(r * args.reps + rep) % len(orders)]:
                             samples[way][state][n].append(time_of[way](draws[n][1 + r * args.reps + rep]))
             finally:
                 stop(procs)

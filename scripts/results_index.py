@@ -60,8 +60,10 @@ ENTRIES: dict[str, Entry] = {
     "contention/README.md": Entry("write-up of contention.json",
                                   source="contention/contention.json"),
     "contention/contention.json": Entry(
-        "beside one busy process the verify pass with fitted threads takes 1.6-2.4x its quiet time (1.9-5.5x on "
-        "every core); llama.cpp 1.6-3.5x"),
+        "beside one busy process the verify pass with fitted threads takes 1.7-2.0x its quiet time (2.2-3.1x on "
+        "every core); beside a torch job 2.1-2.7x (2.6-5.0x); llama.cpp 1.6-2.1x and 2.0-4.4x"),
+    "contention/quiet.json": Entry(
+        "on a quiet machine fitting the threads costs nothing: fitted over whole team 0.995-1.009 (paired)"),
     # GPU (H200)
     "gpu-h200/run2/bench-olmoe-1b-7b.json": Entry(
         "current H200 run: Triton kernels on OLMoE-1B-7B bf16, r(n) = 0.87-0.98 at n = 2..9, crossover n = 2"),
