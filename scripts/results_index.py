@@ -62,6 +62,10 @@ ENTRIES: dict[str, Entry] = {
     "contention/contention.json": Entry(
         "beside one busy process the verify pass with fitted threads takes 1.7-2.0x its quiet time (2.2-3.1x on "
         "every core); beside a torch job 2.1-2.7x (2.6-5.0x); llama.cpp 1.6-2.1x and 2.0-4.4x"),
+    **{f"contention/runs/run{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/contention.py: fitted threads beside one busy process at most 1.77-2.25x quiet "
+        f"over the five, whole team 1.97-2.41x, llama.cpp 1.95-3.65x (results/contention/README.md)")
+       for i in range(1, 6)},
     "contention/quiet.json": Entry(
         "on a quiet machine fitting the threads costs nothing: fitted over whole team 0.995-1.009 (paired)"),
     # GPU (H200)

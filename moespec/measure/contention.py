@@ -3,10 +3,10 @@
 Physics. The native kernels and torch split every pass over one OpenMP team, one thread per core, and each
 parallel region ends at a barrier. When another runnable process takes one of those cores, the scheduler gives
 the team's thread on that core a share of it, and every barrier waits for that thread. Measured on the demo's
-verify pass (2 cores, n = 1..9; benchmarks/contention.py, results/contention/): beside one spinning process the
-whole team took 2.2-3.1x its quiet time, beside a torch job 2.6-5.0x; a team fitted to the cores left free (one
-thread) took 1.7-2.0x and 2.1-2.7x (llama.cpp's pass 1.6-2.1x and 2.0-4.4x), and on a quiet machine the fitted
-pass took 0.995-1.009x the whole team's (paired). So before each timed call the team is fitted to the free
+verify pass (2 cores; benchmarks/contention.py, results/contention/: the worst n, median of five runs): beside one
+spinning process the whole team took 2.1x its quiet time, beside a torch job 3.8x; a team fitted to the cores left
+free (one thread) took 1.8x and 2.2x (llama.cpp's pass 2.0x and 4.6x), and on a quiet machine the fitted pass
+took 1.01x the whole team's (paired). So before each timed call the team is fitted to the free
 cores (`fit=True`, the default), and the call is flagged when another process ran beside it: a time taken so is
 not the quiet machine's.
 
