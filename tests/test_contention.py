@@ -39,6 +39,7 @@ def fake_snapshots(monkeypatch, others: list[int], delays: list[float] | None = 
 @pytest.fixture
 def two_cores(monkeypatch):
     monkeypatch.setattr(C, "cores", lambda: 2)
+    monkeypatch.setattr(C.os, "cpu_count", lambda: 2)  # the whole machine: its run queue is of our cores
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -150,6 +151,7 @@ def test_cores_refuses_a_bad_thread_count(threads):
 def run_with_others(tiny_checkpoints, tmp_path, monkeypatch, others: int) -> tuple[int, str, dict]:
     """`run` of three rounds at n = 2 on the tiny OLMoE with `others` runnable threads elsewhere at every read."""
     monkeypatch.setattr(C, "snapshot", lambda: Snapshot(others, 0.0, time.monotonic()))
+    monkeypatch.setattr(C, "attributable", lambda: True)  # the run queue is of our cores, on any test machine
     monkeypatch.setattr(R.speculative, "timed_forward", lambda *args: next(passes))
     passes = itertools.cycle([0.010, 0.011, 0.012])
     out = tmp_path / "runs.json"
@@ -194,6 +196,7 @@ def test_a_bench_beside_another_process_is_flagged(bench_argv, tmp_path, monkeyp
     """Every timed call of the bench (2 layers x 3 n, their passes, 2 kernels, the probe's aside) is counted in
     bench.json's record, on one thread where one of two cores is taken, and the output says what to do."""
     monkeypatch.setattr(C, "cores", lambda: 2)
+    monkeypatch.setattr(C, "attributable", lambda: True)  # a machine of 2 cores, whatever this one has
     monkeypatch.setattr(C, "snapshot", lambda: Snapshot(1, 0.0, time.monotonic()))
     threads = []
     run = bench.LayerWeights.run
@@ -209,3 +212,16 @@ def test_a_bench_beside_another_process_is_flagged(bench_argv, tmp_path, monkeyp
     record = load_bench(tmp_path / "bench.json")["contention"]
     assert record["calls"] > 0 and record["contended"] == record["calls"] == record["fewer_threads"]
     assert 1 in threads and "--fresh" in capsys.readouterr().out  # timed calls on 1 (the warm-up untimed, on 2)
+
+
+def test_pinned_to_some_cores_the_run_queue_is_not_read(monkeypatch, two_cores):
+    """On 2 of 8 cores (taskset, a container's cpuset) the machine's run queue is the host's: no fit on it and no
+    flag from it; our threads' waiting alone flags a call."""
+    monkeypatch.setattr(C.os, "cpu_count", lambda: 8)
+    fake_snapshots(monkeypatch, [5] * 6, [0.0, 0.0, 0.0, 0.0, 0.0, 0.002])  # call 2 waited 2 ms of 10
+    cores = Cores(2, fit=True)
+    used, flags = [], []
+    for _ in range(2):
+        used.append(cores.before())
+        flags.append(cores.after())
+    assert used == [2, 2] and flags == [False, True] and cores.take()["others_max"] == 0

@@ -13,7 +13,9 @@ not the quiet machine's.
 What is read (Linux /proc; elsewhere nothing is seen and nothing is fitted):
 - runnable tasks: /proc/loadavg's running count, the kernel's instantaneous run-queue length over all cores,
   less this process's own runnable threads (/proc/self/task/*/stat), is the number of other processes' threads
-  that want a core now. In a container that shares the host's kernel this counts the host's tasks.
+  that want a core now. The count is of every core the kernel runs, so it is read only where this process may
+  run on all of them (`attributable`); pinned to a subset (taskset, a container's cpuset), the host's other tasks
+  would read as ours to yield to, and then only the run delay is read and nothing is fitted.
 - run delay: the nanoseconds this process's threads spent runnable but waiting for a core
   (/proc/self/task/*/schedstat, second field).
 On a quiet machine a read sees another runnable thread now and then (a kernel thread; 7% of reads right after the
@@ -51,6 +53,11 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def attributable() -> bool:
+    """Whether the machine-wide run queue speaks of this process's cores: it may run on every core there is."""
+    return cores() >= (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class Cores:
             raise ValueError(f"threads: a whole number >= 1, got {threads!r}")
         self._torch = torch.get_num_threads()  # what release() gives back
         self.threads, self.fit, self.cores = threads or self._torch, fit, cores()
+        self._queue = attributable()  # else the run queue is the host's: read the run delay alone
         self._zero()
         self._seen: deque[int] = deque(maxlen=FIT_READS)  # other runnable threads at the last reads
         self._start: Snapshot | None = None
@@ -119,7 +127,7 @@ class Cores:
             return self.threads
         while now is not None and len(self._seen) < FIT_READS:  # the first call: reads back to back
             self._read()
-        free = self.cores - min(self._seen) if self._seen else self.cores
+        free = self.cores - min(self._seen) if self._seen and self._queue else self.cores
         use = max(1, min(self.threads, free))
         if use != torch.get_num_threads():
             torch.set_num_threads(use)
@@ -134,8 +142,9 @@ class Cores:
             return False
         wall = max(end.at - start.at, 1e-9)
         share = max(end.run_delay_s - start.run_delay_s, 0.0) / wall
-        others = max(start.others, end.others)
-        contended = (start.others > 0 and end.others > 0) or (others > 0 and share > WAIT_SHARE)
+        others = max(start.others, end.others) if self._queue else 0
+        contended = (start.others > 0 and end.others > 0) or (others > 0 and share > WAIT_SHARE) if self._queue \
+            else share > WAIT_SHARE
         self.contended += contended
         self.fewer += torch.get_num_threads() < self.threads
         self.others_max, self.wait_share_max = max(self.others_max, others), max(self.wait_share_max, share)
