@@ -268,9 +268,9 @@ class WaitCap:
             return
         self.waited_s += record["waited_s"]
         if record["wait_s"] > 0 and record["waited_s"] >= record["wait_s"]:
-            self.say(f"[yellow]waited {self.waited_s:.0f} s for the host's bandwidth level, the cap "
-                     f"({record['wait_s']:.0f} s of the demo's {self.cap_s:.0f} s here): going on at the level it "
-                     "has[/]")
+            self.say(f"[yellow]waited {record['waited_s']:.0f} s for the host's bandwidth level, the cap of this "
+                     f"step ({record['wait_s']:.0f} s; {self.waited_s:.0f} s of the demo's {self.cap_s:.0f} s so far): "
+                     "going on at the level it has[/]")
 
 
 @holds_outputs(lambda config: config.outputs)

@@ -178,24 +178,13 @@ WORK = ("moespec.cli.synth.synthesize", "moespec.measure.timing.CpuTimer.ceiling
 def work_started(monkeypatch) -> list[str]:
     """The WORK entry points called during the test, in order (each still runs): a command refused before any work
     leaves it empty, however loaded the host is."""
-    import importlib
+    import pkgutil
 
     called: list[str] = []
     for target in WORK:
-        parts = target.split(".")
-        for cut in range(len(parts) - 1, 0, -1):  # the longest importable prefix, then attributes
-            try:
-                owner = importlib.import_module(".".join(parts[:cut]))
-                break
-            except ImportError:
-                continue
-        for name in parts[cut:-1]:
-            owner = getattr(owner, name)
-        original = getattr(owner, parts[-1])
-
-        def counted(*args, _target=target, _original=original, **kwargs):
+        def counted(*args, _target=target, _original=pkgutil.resolve_name(target), **kwargs):
             called.append(_target)
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(owner, parts[-1], counted)
+        monkeypatch.setattr(target, counted)
     return called

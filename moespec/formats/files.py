@@ -283,6 +283,11 @@ def is_number(x: Any) -> bool:
     return isinstance(x, NUMBER) and not isinstance(x, bool) and bool(np.isfinite(x)) and abs(x) <= MAGNITUDE_LIMIT
 
 
+def is_interval(x: Any) -> bool:
+    """A [lo, hi] pair of numbers (is_number), as results files write 95% intervals."""
+    return isinstance(x, list) and len(x) == 2 and all(is_number(v) for v in x)
+
+
 class Record(dict):
     """A validated result document and the file it came from. It is the JSON object itself (a dict: read it as
     `rec["key"]`, write it with json); a format's subclass adds typed accessors for what later stages decide on."""

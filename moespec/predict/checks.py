@@ -22,7 +22,7 @@ from typing import Any
 
 from moespec.defaults import KERNELS
 from moespec.formats.benchfile import TOO_SMALL_SHARE, noise_verdict, too_small
-from moespec.formats.files import is_number
+from moespec.formats.files import is_interval, is_number
 from moespec.measure.contention import describe
 
 BYTES_RANGE = (0.1, 10.0)  # a verify time outside these multiples of bytes / ceiling is not the bytes' time
@@ -110,7 +110,7 @@ def runs_checks(runs: Mapping[str, Any], where: str, plan: Mapping[str, Any] | N
     if 1 in times and top > 1:
         ci = record_at(runs, "verify_time_ci_s", kernel)
         first, last = ci.get("1"), ci.get(str(top))
-        spans = all(isinstance(c, list) and len(c) == 2 and all(map(is_number, c)) for c in (first, last))
+        spans = is_interval(first) and is_interval(last)
         flat = last[0] <= first[1] if spans else times[top] < times[1] * (1 + FLAT_SHARE)
         if flat:
             out.append(f"{where}: the {kernel} verify time is flat in n ({times[1] * 1e3:.3g} ms at n = 1, "

@@ -28,6 +28,7 @@ import numpy as np
 
 from moespec import MoespecError
 from moespec.defaults import KERNELS
+from moespec.formats.files import is_interval
 from moespec.formats.runsfile import Runs
 from moespec.predict.verify import VerifyTimes
 
@@ -51,16 +52,15 @@ def measured_times(runs: Runs, ns: range) -> VerifyTimes:
         raise MoespecError(f"{runs.where}: a plan on measured times needs the verify times of slot and dedup "
                            f"(`moespec run --no-throughput` on moespec's engine)")
     tau = {p: runs.series(f"verify_time_s.{p}", ns, positive=True) for p in KERNELS}
-    bound = {}
-    for p in KERNELS:
-        ci = (runs.get("verify_time_ci_s") or {}).get(p) or {}
-        bound[p] = np.array([max(tau[p][n - 1] - ci[str(n)][0], ci[str(n)][1] - tau[p][n - 1], 0.0)
-                             if _interval(ci.get(str(n))) else 0.0 for n in ns])
-    return VerifyTimes(tau, bound)
+    return VerifyTimes(tau, {p: half_widths(runs, p, tau[p], ns) for p in KERNELS})
 
 
-def _interval(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+def half_widths(runs: Mapping[str, Any], kernel: str, tau: np.ndarray, ns: range) -> np.ndarray:
+    """The half-width of each median's 95% interval (verify_time_ci_s) about the time tau[n - 1] of `kernel`, 0
+    where the runs record no interval at n."""
+    ci = (runs.get("verify_time_ci_s") or {}).get(kernel) or {}
+    return np.array([max(tau[n - 1] - ci[str(n)][0], ci[str(n)][1] - tau[n - 1], 0.0)
+                     if is_interval(ci.get(str(n))) else 0.0 for n in ns])
 
 
 def saving_intervals(runs: Runs, times: VerifyTimes, ns: range) -> dict[int, tuple[float, float]]:
@@ -69,7 +69,7 @@ def saving_intervals(runs: Runs, times: VerifyTimes, ns: range) -> dict[int, tup
     out = {}
     for n in ns[1:]:
         s = saving.get(str(n))
-        if isinstance(s, Mapping) and _interval([s.get("lo"), s.get("hi")]):
+        if isinstance(s, Mapping) and is_interval([s.get("lo"), s.get("hi")]):
             out[n] = (float(s["lo"]), float(s["hi"]))
         else:
             mid = float(times.tau["slot"][n - 1] - times.tau["dedup"][n - 1])

@@ -61,6 +61,7 @@ from moespec.predict.checks import rerun_bench, too_small_line
 from moespec.predict.measured import (
     BASIS_BENCH,
     BASIS_RUNS,
+    half_widths,
     has_both_kernels,
     measured_policy,
     measured_times,
@@ -251,10 +252,7 @@ def _bench_versions(bench: Mapping[str, Any], bench_path: str, ns: range, scale:
             raise MoespecError(f"{runs_path}: a {measured} verify time is shorter than the predicted saving: a "
                                f"calibrated {short[0]} verify time is not positive; the runs timed a smaller model "
                                f"than the plan covers (check --moe-layers), or {rerun_bench(bench)}")
-        ci = runs.get("verify_time_ci_s", {}).get(measured)
-        if isinstance(ci, dict) and all(str(n) in ci for n in ns):  # the measured times are known to their interval
-            half = np.array([max(tau_runs[n - 1] - ci[str(n)][0], ci[str(n)][1] - tau_runs[n - 1]) for n in ns])
-            cal.bound[measured] = np.maximum(half, 0.0)
+        cal.bound[measured] = half_widths(runs, measured, tau_runs, ns)  # measured: known to their interval
         versions["calibrated"] = with_auto(cal, policy)
     if tau_outside is not None:
         versions["whole-pass"] = with_auto(whole_pass(tau1, tau_outside, M, delta), policy)
