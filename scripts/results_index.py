@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 README = RESULTS / "README.md"
 START, END = "<!-- index:start -->", "<!-- index:end -->"
-NO_COMMIT = "before commits were recorded"
+NO_COMMIT = "not recorded"
 CPU = "this project's 2-core AMD EPYC, shared host"
 
 
@@ -32,8 +32,69 @@ class Entry:
     command: str | None = None  # where neither this file nor its source records one
     machine: str | None = None
     date: str | None = None
-    commit: str | None = None
 
+
+# Files made before provenance recorded the git commit: the commit that added each to results/ (`git log --follow
+# --diff-filter=A`); the code that made it is that commit's parent, with the changes the commit brought.
+ADDED_IN: dict[str, str] = {
+    "adaptive-draft/HISTORY.md": "40c90c3",
+    "adaptive-draft/README.md": "1649112",
+    "adaptive-draft/adaptive-draft-confidence-16.json": "227dc8a",
+    "adaptive-draft/adaptive-draft-fixedV-16.json": "227dc8a",
+    "adaptive-draft/adaptive-draft-level-48.json": "1e1eb59",
+    "adaptive-draft/adaptive-draft-mean-24.json": "681c1a2",
+    "adaptive-draft/adaptive-draft-median-16.json": "227dc8a",
+    "adaptive-draft/adaptive-draft-optimism-16.json": "227dc8a",
+    "adaptive-draft/adaptive-draft-plainpy-16.json": "227dc8a",
+    "adaptive-draft/adaptive-draft-pooled-16.json": "d930c09",
+    "adaptive-draft/adaptive-draft-pooled-24.json": "697b5af",
+    "adaptive-draft/adaptive-draft-prior-24.json": "681c1a2",
+    "adaptive-draft/adaptive-draft-prior.json": "1649112",
+    "adaptive-draft/adaptive-draft.json": "1649112",
+    "cpu/README.md": "2e74c87",
+    "cpu/bench-olmoe-bf16-ggml.json": "2e74c87",
+    "cpu/fig2-olmoe-bf16-ggml.png": "2e74c87",
+    "demo-cpu.md": "06ec24f",
+    "gpu-h200/run1/bench-gpt-oss-20b.json": "f3721d5",
+    "gpu-h200/run1/fig2-gpt-oss-20b.png": "f3721d5",
+    "gpu-h200/run1/gpu_expert_op.json": "f3721d5",
+    "gpu-h200/run1/log.txt": "f3721d5",
+    "gpu-h200/run2/bench-olmoe-1b-7b.json": "edf2950",
+    "gpu-h200/run2/bench-qwen3-30b-a3b.json": "edf2950",
+    "gpu-h200/run2/fig2-olmoe-1b-7b.png": "edf2950",
+    "gpu-h200/run2/fig2-qwen3-30b-a3b.png": "edf2950",
+    "gpu-h200/run2/gpu_expert_op.json": "edf2950",
+    "gpu-h200/run2/log.txt": "edf2950",
+    "llama-cpp/README.md": "2e74c87",
+    "llama-cpp/llama-cpp-verify.json": "7875152",
+    "llama-cpp/plan/README.md": "287cbec",
+    "llama-cpp/plan/bench.json": "287cbec",
+    "llama-cpp/plan/draft-cal.json": "287cbec",
+    "llama-cpp/plan/draft-scored.json": "287cbec",
+    "llama-cpp/plan/pipeline.sh": "287cbec",
+    "llama-cpp/plan/plan-draft.json": "287cbec",
+    "llama-cpp/plan/plan.json": "287cbec",
+    "llama-cpp/plan/runs-q8_0.json": "287cbec",
+    "llama-cpp/plan/score-draft-calibrated.json": "287cbec",
+    "llama-cpp/plan/score-draft-prediction.json": "287cbec",
+    "llama-cpp/plan/score-oracle-calibrated.json": "287cbec",
+    "llama-cpp/plan/score-oracle-prediction.json": "287cbec",
+    "llama-cpp/plan/scored-llama.json": "287cbec",
+    "llama-cpp/plan/staircase-q8_0.json": "287cbec",
+    "llama-cpp/plan/verify-llama.json": "287cbec",
+    "llama-cpp/quantized/README.md": "50e9324",
+    "llama-cpp/quantized/bench-q8_0.json": "50e9324",
+    "llama-cpp/quantized/fig2-q8_0.png": "50e9324",
+    "llama-cpp/quantized/pipeline.log": "50e9324",
+    "llama-cpp/quantized/pipeline.sh": "50e9324",
+    "llama-cpp/quantized/plan-q8_0.json": "50e9324",
+    "llama-cpp/quantized/score-calibrated.json": "50e9324",
+    "llama-cpp/quantized/score-prediction.json": "50e9324",
+    "llama-cpp/quantized/scored-q8_0.json": "287cbec",
+    "llama-cpp/quantized/verify-q8_0.json": "50e9324",
+    "llama-cpp/speculative/README.md": "31c7ac5",
+    "llama-cpp/speculative/llama-cpp-speculative.json": "31c7ac5",
+}
 
 # Folders of raw rounds: indexed as one row, their files are the rounds of the file that summarises them.
 FOLDERS = {
@@ -47,7 +108,7 @@ ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
         command=".venv/bin/moespec demo --out out/demo-s27-N (one folder per run; each group's command is in the file)",
-        machine=CPU, date="2026-12-01 to 2026-12-03", commit=NO_COMMIT),
+        machine=CPU, date="2026-12-01 to 2026-12-03"),
     # CPU expert kernels
     "cpu/README.md": Entry("write-up of bench-olmoe-bf16-ggml.json (Table 1 with the ceiling per n)",
                            source="cpu/bench-olmoe-bf16-ggml.json"),
@@ -153,8 +214,7 @@ ENTRIES: dict[str, Entry] = {
     # adaptive draft length on the trained pair: one file per code state, the history is the folder's README
     AD + "README.md": Entry("write-up of every adaptive-draft-*.json run, newest first, with what changed between them",
                             source=AD + "adaptive-draft-pooled-16.json"),
-    AD + "HISTORY.md": Entry("design notes behind moespec/model/adaptive.py: what was tried (the runs: README.md here)",
-                             commit="-"),
+    AD + "HISTORY.md": Entry("design notes behind moespec/model/adaptive.py: what was tried (the runs: README.md here)"),
     AD + "adaptive-draft-pooled-16.json": Entry(
         "current code: online 1.089 / 1.035 of the best constant k (Spec-Bench / WikiText), above the heuristic; "
         "k_hat 3/3 and 0/1"),
@@ -215,7 +275,8 @@ def row(rel: str, entry: Entry) -> dict[str, str]:
                                                             "date": ""}
     if provenance(RESULTS / rel) is None:  # a file that records no command of its own
         found["command"] = entry.command or found["command"]
-    found["commit"] = entry.commit or found["commit"]
+    if found["commit"] == NO_COMMIT and rel in ADDED_IN:
+        found["commit"] = f"{NO_COMMIT}; added in {ADDED_IN[rel]}"
     found["machine"] = entry.machine or found["machine"]
     found["date"] = entry.date or found["date"]
     return {"claim": entry.claim, "file": rel, **found}
@@ -242,6 +303,8 @@ def problems() -> list[str]:
         if rel not in ENTRIES and not any(rel.startswith(folder + "/") for folder in FOLDERS):
             found.append(f"results/{rel}: not indexed (add it to ENTRIES in scripts/results_index.py)")
     for rel, entry in ENTRIES.items():
+        if (RESULTS / rel).is_file() and row(rel, entry)["commit"] == NO_COMMIT:
+            found.append(f"results/{rel}: names no commit (its provenance has none and ADDED_IN lacks it)")
         if entry.source and not (RESULTS / entry.source).is_file():
             found.append(f"results/{rel}: its source results/{entry.source} is missing")
     return found
