@@ -43,6 +43,7 @@ TRACE_TOKENS, TRACE_DOCS = 50_000, 50
 KMAX_LIMIT = 32  # largest draft length: the exact staircase grows ~k^3 (33 step times take ~1 s, 65 take 5 s)
 DEPTH_LIMIT = 131_072  # context depth and tokens per forward pass: the presets' longest context (gpt-oss, 128k)
 WINDOW_LIMIT = 64  # largest reuse window n: 7x the paper's 9; reuse holds n_max x tokens x layers counts
+BATCH_LIMIT = 1_024  # sequences in one verify pass: past the largest batch servers schedule for speculation
 BOOTSTRAP_LIMIT = 20_000  # bootstrap resamples: 10x the default; memory grows as resamples x layers x n_max
 REPS_LIMIT = 1_000  # repetitions or rounds per timed pass (bench --reps, run --reps, --max-reps)
 SAMPLES_LIMIT = 1_000  # bench windows and U values per n, run prompts per cell, acceptances of a grid
@@ -52,5 +53,12 @@ N_LIMIT = KMAX_LIMIT + 1  # pass sizes n: a verify pass of the largest draft
 # |x| of a number a user types or a result file holds (and 1/|x| of a nonzero step time or acceptance): far past
 # any unit, and safely inside floats through the products and sums of a plan
 MAGNITUDE_LIMIT = 1e100
+# Draft lengths k (and step-time vectors of k + 1) the theory library computes with: 128x the paper's 8 and 32x the
+# CLI's KMAX_LIMIT; G_a(k) takes k exact steps, and at k = 10**7 they would not end
+DRAFT_LIMIT = 1_024
+# Decimal digits of the integers the exact step points compare (two step times put on their common denominator): a
+# decimal of 17 significant digits stays far inside; their bisection costs grow with the square of the digits (33
+# step times of 40 digits take ~5 s, of 90 digits ~100 s, of 4,000 digits forever)
+DIGITS_LIMIT = 40
 LAYERS_LIMIT = 1_000  # decoder layers and layer indices (the presets have at most 48)
 THREADS_LIMIT = 1_024  # llama.cpp threads: more than any CPU socket has cores

@@ -4,6 +4,8 @@ traceback, and the files it was given or asked to write are as they were. Shared
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 from moespec import cli
@@ -12,6 +14,17 @@ from moespec import cli
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under `folder` with its size and modification time: compare before and after a command."""
     return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """`moespec argv`'s exit code (argparse's too) and stderr, stdout dropped."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+    return code, err.getvalue()
 
 
 def refused(argv: list[str], capsys, folder: Path | None = None) -> str:

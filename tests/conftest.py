@@ -9,6 +9,8 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,36 @@ def no_level_wait() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("moespec.measure.level.WAIT_S", 0.0)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_loading_bars() -> Iterator[None]:
+    """transformers' weight-loading bar off, so a command's stderr holds moespec's lines alone."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    yield
+    logging.enable_progress_bar()
+
+
+@pytest.fixture
+def bench_stopper(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """Makes `moespec bench` stop as at Ctrl-C once its first round is saved. `.timed`: the round keys saved
+    (clear it to count a rerun's); `.resume()`: time rounds again as usual."""
+    from moespec.formats.checkpoint import Checkpoint
+    from moespec.measure import bench
+
+    save, time_round, timed = Checkpoint.save, bench._time_round, []
+    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
+                        or save(self, key, unit))
+
+    def interrupt_second_round(*args: Any, **kwargs: Any) -> Any:
+        if timed:
+            raise KeyboardInterrupt
+        return time_round(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_round", interrupt_second_round)
+    return SimpleNamespace(timed=timed, resume=lambda: monkeypatch.setattr(bench, "_time_round", time_round))
 
 
 @pytest.fixture(scope="session")

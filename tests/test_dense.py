@@ -155,7 +155,7 @@ def test_rejects_bad_inputs_before_native_code():
         dense.linear(x.half(), w)
     with pytest.raises(ValueError, match="int64"):
         dense.linear(x, w.long())
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+    with pytest.raises(ValueError, match="x must be a torch.Tensor"):
         dense.linear([[1.0] * 16], w)
     with pytest.raises(ValueError, match="isa"):
         dense.linear(x, w, isa="avx512")

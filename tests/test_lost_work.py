@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import run_cli as main
 
 from moespec import MoespecError, cli
 from moespec.formats.checkpoint import Checkpoint
@@ -26,22 +26,7 @@ SYNTH = ["synth", "--model", "olmoe-1b-7b", "--process", "uniform", "--tokens", 
 RUN = ["run", "--depth", "8", "--reps", "2", "--max-reps", "2", "--no-throughput", "--dtype", "fp32"]
 
 
-@pytest.fixture(autouse=True)
-def no_loading_bars():
-    """transformers' weight-loading bar off, so stderr holds moespec's lines alone."""
-    from transformers.utils import logging
 
-    logging.disable_progress_bar()
-    yield
-    logging.enable_progress_bar()
-
-
-def main(argv: list[str]) -> tuple[int, str]:
-    """cli.main's exit code and stderr (stdout dropped)."""
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, err.getvalue()
 
 
 def one_line(err: str, *words: str) -> None:
@@ -55,25 +40,15 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 # ---- resuming --------------------------------------------------------------------------------------------
-def test_an_interrupted_bench_says_how_to_resume_and_a_plain_rerun_resumes(bench_argv, tmp_path, monkeypatch):
+def test_an_interrupted_bench_says_how_to_resume_and_a_plain_rerun_resumes(bench_argv, tmp_path, bench_stopper):
     out = tmp_path / "bench.json"
-    save, time_round, timed = Checkpoint.save, bench._time_round, []
-    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
-                        or save(self, key, unit))
-
-    def interrupt_second_round(*args, **kwargs):
-        if timed:
-            raise KeyboardInterrupt
-        return time_round(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "_time_round", interrupt_second_round)
     code, err = main(bench_argv(out))
-    assert code == 130 and not out.exists() and len(timed) == 1
+    assert code == 130 and not out.exists() and len(bench_stopper.timed) == 1
     one_line(err, "interrupted", f"{out}.partial", "rerun the same command to resume")
-    monkeypatch.setattr(bench, "_time_round", time_round)
-    timed.clear()
+    bench_stopper.resume()
+    bench_stopper.timed.clear()
     assert main(bench_argv(out))[0] == 0  # no flag: the finished round is kept
-    assert len(timed) == 2 - 1 and not Path(f"{out}.partial").exists() and not lock_file(out).exists()
+    assert len(bench_stopper.timed) == 2 - 1 and not Path(f"{out}.partial").exists() and not lock_file(out).exists()
 
 
 def test_a_resumed_run_draws_what_a_clean_run_draws(tiny_checkpoints, tmp_path, monkeypatch):
@@ -203,7 +178,7 @@ def test_the_lock_file_goes_and_a_stale_one_is_harmless(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["t.npz"]
     code, err = main([*SYNTH, "--docs", "500", "--out", str(tmp_path / "made" / "t.npz")])
     assert code == 2 and not (tmp_path / "made").exists()  # a refused job leaves no folder it made
-    one_line(err, "docs=500")
+    one_line(err, "docs", "500")
 
 
 # ---- the demo checks every step first --------------------------------------------------------------------

@@ -356,7 +356,7 @@ def test_a_prediction_without_band_loads(plan: dict, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("change, problem", [
     (lambda d: d.update(format="other"), "not a moespec plan file"),
-    (lambda d: d.update(format_version=2), "version 2 is not supported"),
+    (lambda d: d.update(format_version=3), "version 3 is not supported"),
     (lambda d: d.pop("table"), "missing key 'table'"),
     (lambda d: d.update(crossover=99), "crossover 99 is outside"),
     (lambda d: d["kernel_by_n"].update({"2": "fast"}), "kernel_by_n must map"),

@@ -204,7 +204,7 @@ def _no_moe_checkpoint(tmp_path: Path) -> Path:
     ("not moe", "not a supported MoE"),
     ("empty text", "no documents"),
     ("missing text", "no such file"),
-    ("bad jsonl", "q.jsonl:2: not JSON"),
+    ("bad jsonl", "q.jsonl:2: not readable JSON"),
     ("missing field", "field 'turns' missing"),
     ("bad chunk", "argument --chunk: expected an integer in 1.."),
 ])

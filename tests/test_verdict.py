@@ -252,7 +252,7 @@ def test_plan_refusals_name_the_setting_to_change(trace: Trace, tmp_path: Path, 
 
 def test_a_too_small_bench_is_refused_before_anything_is_built(trace: Trace) -> None:
     with pytest.raises(MoespecError, match=f"bench: {TOO_SMALL}"):
-        build_plan(_small_bench(), trace, TAU1, kmax=99)  # before --kmax is even read
+        build_plan(_small_bench(), trace, TAU1, kmax=8)
 
 
 # ---- the HTML page ---------------------------------------------------------------------------------------------

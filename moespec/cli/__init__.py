@@ -1,15 +1,15 @@
 """The `moespec` command: a thin dispatcher. Each subcommand lives in its own module of this package, which
 defines `add_arguments(parser)` and `run(args) -> int`: it turns the arguments into its stage's config, calls the
-library and prints. Bad input ends with one line and exit code 2."""
+library and prints; a module whose command writes files also names its path flags, OUTPUTS and INPUTS
+(moespec.cli.args.check_paths). Bad input, and a failed write to stdout, end with one line and exit code 2."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
-from moespec import MoespecError, __version__
+from moespec import MoespecError, __version__, printable
 
 # subcommand -> one-line help; its module is moespec.cli.<subcommand>, imported only when the command runs.
 COMMANDS: dict[str, str] = {
@@ -57,13 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         build_parser([]).print_help()
         return 2
+    from moespec.cli.args import check_paths  # here, not above: `moespec --help` imports neither numpy nor rich
+    from moespec.console import checked_stdout, discard_stdout
+
+    module = importlib.import_module(args._module)
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
+        check_paths(args, getattr(module, "OUTPUTS", ()), getattr(module, "INPUTS", {}))  # before any work
+        with checked_stdout():
+            return int(module.run(args) or 0)
     except MoespecError as e:
-        print(f"moespec {args.command}: error: {e}", file=sys.stderr)
+        print(f"moespec {args.command}: error: {printable(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`moespec ... | head`): stop quietly, as a Unix filter does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_stdout()
         return 141
     except KeyboardInterrupt as e:  # a job with a checkpoint says how to resume (moespec.formats.checkpoint)
         print(f"moespec {args.command}: interrupted{f'; {e}' if str(e) else ''}", file=sys.stderr)

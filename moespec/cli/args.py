@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
 from typing import Callable
 
 from moespec import MoespecError
-from moespec.defaults import LAYERS_LIMIT, MODEL
+from moespec.defaults import LAYERS_LIMIT, MAGNITUDE_LIMIT, MODEL
 from moespec.formats.checkpoint import FRESH
+from moespec.formats.files import check_apart
+
+# what a command reads from a Hugging Face checkpoint folder (--model, --draft-model): its config, weights and
+# tokenizer; an output of one of these names there would replace the model
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "*.bin",
+                    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "*.model")
+
+
+def check_paths(args: argparse.Namespace, outputs: tuple[str, ...], inputs: Mapping[str, tuple[str, ...]]) -> None:
+    """Before a command's work, no output given to a flag of `outputs` the same file as an input or another
+    output (files.check_apart). `inputs`: flag -> the names it reads in a folder given there (a file given there
+    is read itself). A positional argument is named by its metavar (TRACE: args.trace)."""
+    def given(flag: str) -> str | None:
+        return getattr(args, flag.lstrip("-").replace("-", "_").lower())
+
+    def read(path: Path, names: tuple[str, ...]) -> list[Path]:
+        try:
+            return [file for name in names for file in path.glob(name)] if path.is_dir() else \
+                [path] if path.exists() else []  # a missing input (or a preset's name) is no file to destroy
+        except OSError:  # unreadable: its loader says why
+            return []
+
+    check_apart({flag: given(flag) for flag in outputs},
+                {flag: read(Path(given(flag)), names) for flag, names in inputs.items() if given(flag) is not None})
 
 
 def parse_ints(text: str, flag: str, least: int, most: int | None = None, what: str = "values") -> list[int]:
@@ -51,6 +78,28 @@ def bounded(least: int, most: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer in {least}..{most:,}, got {text!r}")
         return value
     return parse
+
+
+MAGNITUDES = f"{1 / MAGNITUDE_LIMIT:g}..{MAGNITUDE_LIMIT:g}"  # the magnitudes of a typed number, both ends taken
+
+
+def within_magnitudes(value: float | Fraction) -> bool:
+    """Zero, or a magnitude in MAGNITUDES (moespec.defaults.MAGNITUDE_LIMIT): the one check of a number a user
+    types. Compared as the float moespec computes with, so an end typed exactly ("1e-100") is taken."""
+    try:
+        x = abs(float(value))
+    except OverflowError:
+        return False
+    return x == 0 or 1 / MAGNITUDE_LIMIT <= x <= MAGNITUDE_LIMIT
+
+
+def check_number(flag: str, value: float, what: str, positive: bool) -> float:
+    """A typed `value` of `flag`: `what` (a time, ...) > 0 where `positive`, else >= 0, within MAGNITUDES; one line
+    naming the flag otherwise."""
+    if not (within_magnitudes(value) and (value > 0 if positive else value >= 0)):
+        raise MoespecError(f"{flag} {value:g}: must be a {'positive' if positive else 'non-negative'} {what} of "
+                           f"magnitude {MAGNITUDES}{'' if positive else ' or 0'}")
+    return value
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:

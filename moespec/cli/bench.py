@@ -8,7 +8,7 @@ import json
 
 from rich.text import Text
 
-from moespec.cli.args import add_checkpoint_flags, add_level_flags, bounded, parse_ints, seed
+from moespec.cli.args import CHECKPOINT_FILES, add_checkpoint_flags, add_level_flags, bounded, parse_ints, seed
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, QUANTIZED, REPS_LIMIT, SAMPLES_LIMIT
 from moespec.formats.files import writing
@@ -27,6 +27,11 @@ from moespec.measure.level import describe as describe_level
 from moespec.predict.checks import bench_checks
 from moespec.report.figures import bandwidth_figure, check_plot, save_figure
 from moespec.report.tables import bench_tables
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out", "--plot")
+INPUTS = {"--model": CHECKPOINT_FILES, "--trace": ()}
 
 
 # ---- command: moespec bench --------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from moespec import MoespecError
-from moespec.cli.args import add_model_source, bounded, seed
+from moespec.cli.args import CHECKPOINT_FILES, add_model_source, bounded, seed
 from moespec.defaults import LAYERS_LIMIT, MODEL, THREADS_LIMIT
 from moespec.formats.files import check_output
 from moespec.measure.run import DEFAULT_LAYERS
@@ -16,6 +16,11 @@ from moespec.model.load import PRESET_VOCAB, load_model, preset_config
 from moespec.model.spec import ModelSpec
 
 _GIB = 2**30
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out",)
+INPUTS = {"--model": CHECKPOINT_FILES}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

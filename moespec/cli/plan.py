@@ -8,13 +8,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from moespec.cli.args import bounded
+from moespec.cli.args import MAGNITUDES, bounded, check_number
 from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
-from moespec.defaults import DEPTH, DEPTH_LIMIT, DEVICE_KINDS, KERNELS, KMAX, KMAX_LIMIT, POLICIES
+from moespec.defaults import DEPTH, DEPTH_LIMIT, DEVICE_KINDS, KERNELS, KMAX, KMAX_LIMIT, LAYERS_LIMIT, POLICIES
 from moespec.formats.planfile import TABLES, VERSION_SUFFIX
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.report.tables import rich_table
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out",)
+INPUTS = {"--bench": (), "--trace": (), "--runs": (), "--draft-time": ()}
 
 
 # ---- command -------------------------------------------------------------------------------------------------
@@ -22,10 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bench", required=True, help="bench.json from `moespec bench`")
     parser.add_argument("--trace", required=True, help="routing trace (.npz) of the same model")
     parser.add_argument("--tau1", type=float,
-                        help="measured one-token pass time tau(1), seconds (default: --runs' dedup-off n = 1)")
+                        help=f"measured one-token pass time tau(1), seconds, of magnitude {MAGNITUDES} (default: "
+                             f"--runs' dedup-off n = 1)")
     parser.add_argument("--runs", metavar="RUNS",
                         help="runs.json from `moespec run`: its dedup-off verify times give the calibrated version")
-    parser.add_argument("--moe-layers", type=int, metavar="L",
+    parser.add_argument("--moe-layers", type=bounded(1, LAYERS_LIMIT), metavar="L",
                         help="MoE layers of the model the plan is for, the first L of the bench's model "
                              "(default: --runs' moe_layers, else all)")
     parser.add_argument("--device", choices=DEVICE_KINDS,
@@ -34,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kmax", type=bounded(1, KMAX_LIMIT), default=KMAX,
                         help=f"largest draft length k (default {KMAX}, at most {KMAX_LIMIT})")
     parser.add_argument("--draft-time", default="0", metavar="H",
-                        help="draft + host time per step h(k), seconds: one number, h(0..kmax), or a runs.json "
-                             "(its measured draft_time_s) (default 0: oracle)")
+                        help=f"draft + host time per step h(k), seconds, each 0 or of magnitude {MAGNITUDES}: one "
+                             f"number, h(0..kmax), or a runs.json (its measured draft_time_s) (default 0: oracle)")
     parser.add_argument("--depth", type=bounded(0, DEPTH_LIMIT),
                         help=f"context depth for kv(k) in (16) (default: --runs' depth, else {DEPTH}; at most "
                              f"{DEPTH_LIMIT:,})")
@@ -64,7 +70,21 @@ def _band(row: Mapping[str, Any]) -> str:
     return "(no band)" if row["speedup_lo"] is None else f"[{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}]"
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """--tau1 and the numbers of --draft-time within their stated bounds (a runs.json named by --draft-time is read
+    by moespec.predict.plan.draft_times)."""
+    if args.tau1 is not None:
+        check_number("--tau1", args.tau1, "time", positive=True)
+    try:
+        times = [float(x) for x in args.draft_time.split(",")]
+    except ValueError:
+        times = []
+    for h in times:
+        check_number("--draft-time", h, "time", positive=False)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
     plan = make_plan(PlanConfig(bench=args.bench, trace=args.trace, tau1=args.tau1, runs=args.runs, kmax=args.kmax,
                                 draft_time=args.draft_time, depth=args.depth, moe_layers=args.moe_layers,
                                 device=args.device, out=args.out))

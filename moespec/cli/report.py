@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from moespec.report.folder import DEFAULT_NAME
+from moespec import MoespecError
+from moespec.report.folder import ARTIFACTS, DEFAULT_NAME
 from moespec.report.html import write_report
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out",)
+INPUTS = {"DIR": tuple(ARTIFACTS)}  # the artifacts it reads in DIR
 
 
 # ---- command -------------------------------------------------------------------------------------------------
@@ -16,5 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    folder = Path(args.dir)
+    if not folder.is_dir():  # before --out's default, DIR/report.html, is checked and named instead
+        raise MoespecError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}; give the folder of "
+                           f"a job's artifacts")
     print(f"report -> {write_report(args.dir, args.out)}")
     return 0

@@ -8,12 +8,13 @@ import sys
 
 from rich.table import Table
 
-from moespec.cli.args import bounded, seed
+from moespec.cli.args import bounded, parse_ints, seed
 from moespec.console import console as console_
-from moespec.defaults import BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
+from moespec.defaults import BATCH_LIMIT, BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
 from moespec.formats.files import provenance, writing
 from moespec.formats.trace import Trace, load_trace
 from moespec.report.figures import check_plot, reuse_figure, save_figure
+from moespec.routing.batch import BatchUnion, batch_union
 from moespec.routing.reuse import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_LEVEL,
@@ -22,6 +23,11 @@ from moespec.routing.reuse import (
     trace_expert_bytes,
     uniform_rho,
 )
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--plot",)
+INPUTS = {"TRACE": ()}
 
 
 # ---- command: moespec reuse --------------------------------------------------------------------------------
@@ -36,11 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="interval level (default 0.95)")
     parser.add_argument("--format", default=FORMAT,
                         help="expert weight format for the byte quantities when the trace names a model (default bf16)")
+    parser.add_argument("--batch", metavar="B,..",
+                        help=f"also the expert union U^B(n) and bytes of a pass of B sequences x n tokens, each "
+                             f"sequence from its own document (e.g. 1,2,4,8; at most {BATCH_LIMIT})")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--plot", metavar="FILE", help="save the paper's Figure 1 (rho vs n) to FILE (.png/.pdf/.svg)")
 
 
 def run(args: argparse.Namespace) -> int:
+    batches = parse_ints(args.batch, "--batch", 1, BATCH_LIMIT, "batch sizes") if args.batch is not None else []
     if args.plot:
         check_plot(args.plot)  # before any work
     with writing(args.plot, flag="--plot"):  # locked until drawn
@@ -48,14 +58,37 @@ def run(args: argparse.Namespace) -> int:
         w, units = trace_expert_bytes(trace, args.format)
         stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w, units=units,
                             show_progress=sys.stderr.isatty())
+        batch = batch_union(trace, batches, args.n_max, w, args.bootstrap, args.seed, args.level,
+                            show_progress=sys.stderr.isatty()) if batches else None
         if args.plot:
             save_figure(reuse_figure(stats, label=str(trace.meta.get("model") or args.trace)), args.plot)
     if args.json:
         print(json.dumps({"trace": str(args.trace), "meta": trace.meta, **stats.to_json(),
-                          "provenance": provenance()}))
+                          **(batch.to_json() if batch else {}), "provenance": provenance()}))
     else:
         print_summary(stats, trace, args.trace)
+        if batch:
+            print_batch(batch, stats)
     return 0
+
+
+def print_batch(batch: BatchUnion, stats: ReuseStats) -> None:
+    """Per n and batch size: the layer mean of U^B(n) with its interval and the byte share u_B(n)."""
+    table = Table(title="a pass of B sequences x n tokens, each sequence from its own document",
+                  caption=f"U^B(n): layer mean of the expected union of B windows (N = {stats.num_experts}); "
+                          f"u_B(n) = E_dedup^B / E_slot^B; {stats.level:.0%} bootstrap intervals")
+    table.add_column("n", justify="right")
+    for b in batch.batches:
+        table.add_column(f"U^{b}(n)", justify="right")
+        table.add_column(f"u_{b}(n)", justify="right")
+    for n in range(1, batch.n_max + 1):
+        cells = [str(n)]
+        for b in batch.batches:
+            lo, hi = batch.ci.get(b, {}).get("union_mean", (None, None))
+            interval = f" [{lo[n]:.1f}, {hi[n]:.1f}]" if lo is not None else ""
+            cells += [f"{batch.union_mean[b][n]:.2f}{interval}", f"{batch.u[b][n]:.3f}"]
+        table.add_row(*cells)
+    console_().print(table)
 
 
 def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:

@@ -12,7 +12,16 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import MoespecError
-from moespec.cli.args import add_checkpoint_flags, add_level_flags, add_model_source, bounded, parse_ints, seed
+from moespec.cli.args import (
+    CHECKPOINT_FILES,
+    add_checkpoint_flags,
+    add_level_flags,
+    add_model_source,
+    bounded,
+    check_number,
+    parse_ints,
+    seed,
+)
 from moespec.console import console
 from moespec.defaults import (
     DEPTH,
@@ -101,6 +110,12 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
                       "greedy_match": doc["greedy_match"], "out": path}))
 
 
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out",)
+INPUTS = {"--model": CHECKPOINT_FILES, "--draft-model": CHECKPOINT_FILES, "--plan": (), "--gguf": (),
+          "--draft-gguf": (), "--replay": ()}
+
+
 # ---- command: moespec run ---------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_source(p, "any of the five MoE architectures", str(DEFAULT_LAYERS))
@@ -149,8 +164,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_acceptances(text: str | None) -> tuple[float, ...] | None:
-    """--a as numbers (None: the paper's grid)."""
-    if not text:
+    """--a as numbers (None, --a not given: the paper's grid; an empty list is refused, not read as the default)."""
+    if text is None:
         return None
     try:
         return tuple(float(a) for a in text.split(","))
@@ -159,6 +174,7 @@ def parse_acceptances(text: str | None) -> tuple[float, ...] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_number("--budget", args.budget, "time", positive=True)
     config = RunConfig(out=args.out, model=args.model, preset=args.preset, layers=args.layers, dtype=args.dtype,
                        device=args.device, plan=args.plan, depth=args.depth,
                        n=tuple(parse_ints(args.n, "--n", 1, N_MAX, "pass sizes")), reps=args.reps,

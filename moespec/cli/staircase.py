@@ -10,8 +10,9 @@ from typing import Any
 from rich.table import Table
 
 from moespec import MoespecError, theory
+from moespec.cli.args import MAGNITUDES, within_magnitudes
 from moespec.console import console as console_
-from moespec.defaults import KERNELS, KMAX_LIMIT, MAGNITUDE_LIMIT, SAMPLES_LIMIT
+from moespec.defaults import KERNELS, KMAX_LIMIT, SAMPLES_LIMIT
 from moespec.formats.runsfile import load_runs
 from moespec.predict.staircase import analyse, for_llama_cpp
 
@@ -30,8 +31,8 @@ def parse_numbers(text: str, what: str, most: int) -> list[Fraction]:
             value = Fraction(item.strip())
         except (ValueError, ZeroDivisionError):
             raise MoespecError(f"{what}: {item.strip()!r} is not a number") from None
-        if abs(value) > MAGNITUDE_LIMIT or (value and abs(value) < 1 / MAGNITUDE_LIMIT):
-            raise MoespecError(f"{what}: {item.strip()} is outside the magnitudes 1e-100..1e100 moespec takes")
+        if not within_magnitudes(value):
+            raise MoespecError(f"{what}: {item.strip()} is outside the magnitudes {MAGNITUDES} moespec takes")
         values.append(value)
     return values
 

@@ -6,12 +6,17 @@ import argparse
 import sys
 
 from moespec import MoespecError
-from moespec.cli.args import bounded, seed
+from moespec.cli.args import CHECKPOINT_FILES, bounded, seed
 from moespec.defaults import MODEL, PROFILE, TOKENS_LIMIT
 from moespec.formats.files import writing
 from moespec.formats.trace import load_trace
 from moespec.model.spec import resolve
 from moespec.routing.synth import PROCESSES, describe, layer_targets, synthesize
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out",)
+INPUTS = {"--model": CHECKPOINT_FILES, "--fit": ()}
 
 
 # ---- command: moespec synth ----------------------------------------------------------------------------------

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from moespec.cli.args import add_checkpoint_flags, bounded
+from moespec.cli.args import CHECKPOINT_FILES, add_checkpoint_flags, bounded
 from moespec.defaults import DEPTH_LIMIT, DTYPES, SAMPLE_TEXT, THREADS_LIMIT, TOKENS_LIMIT
 from moespec.routing.tracer import TraceConfig, trace
+
+
+# the path flags kept apart before any work (moespec.cli.args.check_paths)
+OUTPUTS = ("--out",)
+INPUTS = {"--model": CHECKPOINT_FILES, "--gguf": (), "--text": (), "--jsonl": ()}
 
 
 # -- command -----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            gflops: {n: v} (newer files): 2 x 3 d f FLOPs per token-slot over the kernel's time, median over windows
   ceiling_by_n_gbps {n: median of the ceiling samples taken between the rounds of that n} (newer files)
   pair     [per-slot kernel, dedup kernel]: the engine pair timed (moespec.kernels.PAIRS: ours, or ggml's), or
-           null (newer files; older ones timed ours)
+           null (version-1 files timed ours)
   r        {n: beta_dedup/beta_slot} of the pair (empty if none was timed)
   u        {n: E_dedup/E_slot} over every in-document window of every layer of the trace (bytes-weighted)
   eps      {kernel: median over layers of its fit's median relative error on windows, n >= 2}
@@ -41,15 +41,15 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   too_small {flag, share_of_ceiling, eps, reason}: whether the expert operation of this model is too small to
            time on this machine (too_small: our kernels' median share of the ceiling under TOO_SMALL_SHARE, or
            their eps past 1/2), the two numbers it was decided on and one line why (null when not flagged); a plan
-           refuses a bench so flagged; absent in older files (too_small computes it from their numbers)
+           refuses a bench so flagged; absent in version-1 files (too_small computes it from their numbers)
   resumed_rounds  rounds taken from an earlier run's checkpoint (OUT.partial) rather than timed by this run
-           (`bench --fresh` times every round); absent in older files
+           (`bench --fresh` times every round); absent in version-1 files
   level    {pinned_gbps, band, wait_s, waited_s, dropped, kept_off, exhausted}: the host's bandwidth level the
-           rounds were kept at (moespec.measure.level; wait_s 0: none pinned); absent in older files
+           rounds were kept at (moespec.measure.level; wait_s 0: none pinned); absent in version-1 files
   contention {cores, threads, fitted, calls, contended, fewer_threads, others_max, wait_share_max} or null: the
            timed calls another process ran beside (moespec.measure.contention): `contended` of `calls` saw another
            process's runnable thread or waited for a core over 5% of the call, `fewer_threads` ran on fewer than
-           `threads` because a core was taken; absent in older files
+           `threads` because a core was taken; absent in version-1 files
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
 Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on
 the CPU against a streaming read, and load_bench fills in those two keys (LEGACY_KEYS).
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError, theory
-from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, N_LIMIT
+from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, LAYERS_LIMIT, N_LIMIT, REPS_LIMIT, SAMPLES_LIMIT
 from moespec.formats.files import (
     Record,
     check_contention_record,
@@ -72,10 +72,11 @@ from moespec.formats.files import (
     is_number,
     positive,
     read_json,
+    version_problem,
 )
 
 FORMAT_NAME = "moespec-bench"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 writes device_kind, ceiling_kind, noisy, too_small, resumed_rounds, level, contention
 # what a file written before `bench --device` was measured on: every such bench ran on the CPU
 LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read"}
 # per_layer's times of one kernel at one n: measured ones are positive; a fit's prediction is finite (a fit may
@@ -117,7 +118,7 @@ def noise_verdict(doc: Mapping[str, Any]) -> tuple[bool, bool]:
 
 def too_small(doc: Mapping[str, Any]) -> dict[str, Any]:
     """bench.json's `too_small`: whether the expert operation of the bench's model is too small to time on its
-    machine. Per timed n, the faster of the pair a plan reads (`pair`, ours in older files) as a share of the
+    machine. Per timed n, the faster of the pair a plan reads (`pair`, ours in version-1 files) as a share of the
     ceiling sampled at that n; flagged where the median over n is under TOO_SMALL_SHARE (fixed per-call costs, not
     the bytes, set the time) or where the pair's eps is past the 1/2 the bands (21) need (the fits (4), (E.1) do not
     describe the times). Returns {flag, share_of_ceiling, eps, reason: one line, or None when not flagged}."""
@@ -148,6 +149,8 @@ def too_small(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---- bench.json --------------------------------------------------------------------------------------------
+# protocol key -> the bounds `moespec bench` takes it in (its --reps, --windows, --u-values)
+PROTOCOL_COUNTS = (("reps", 1, REPS_LIMIT), ("windows", 1, SAMPLES_LIMIT), ("u_values", 2, SAMPLES_LIMIT))
 # key -> type(s) every bench.json must carry (external checks read them)
 REQUIRED = {"format_version": int, "model": str, "device": str, "dtype": str, "ceiling_gbps": (int, float),
             "layers": list, "n": list, "kernels": dict, "r": dict, "u": dict, "eps": dict,
@@ -163,24 +166,54 @@ def _check_n_map(path: str, name: str, values: Any, ns: list[int]) -> None:
     if not isinstance(values, dict):
         raise _fail(path, f"{name} must be an object keyed by n")
     for key, value in values.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) in ns):
+        if key not in {str(n) for n in ns}:
             raise _fail(path, f"{name} has key {key!r}, not a timed pass size n in {ns}")
         if not (is_number(value) and value > 0):
             raise _fail(path, f"{name}.{key} = {value!r} must be a positive finite number")
 
 
 def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
-    """Every operation time of per_layer (what plan's sums (22) and the report read) a finite number, positive
-    where measured."""
-    for layer, entry in doc["per_layer"].items():
+    """per_layer (what plan's sums (22) and the report read) keyed by the timed layers and kernels, fits by timed
+    layers; every operation time a finite number, positive where measured; a prediction null only where its
+    kernel has no fit (too few pass sizes identify it); one_token_s null only where n = 1 was not timed."""
+    layers = {str(layer) for layer in doc["layers"]}
+    if set(doc["per_layer"]) != layers or not set(doc["fits"]) <= layers:
+        raise _fail(path, f"per_layer and fits must be keyed by the timed layers {sorted(layers)}, got "
+                          f"{sorted(doc['per_layer'])} and {sorted(doc['fits'])}")
+    for layer in doc["per_layer"]:
+        fits = doc["fits"].get(layer) or {}
+        if not isinstance(fits, dict):
+            raise _fail(path, f"fits.{layer} must be an object keyed by kernel")
         for kernel in field(doc, path, f"per_layer.{layer}.kernels", dict):
+            if kernel not in doc["kernels"]:
+                raise _fail(path, f"per_layer.{layer}.kernels.{kernel}: no kernel of its kernels")
             times = field(doc, path, f"per_layer.{layer}.kernels.{kernel}", dict)
             _check_n_map(path, f"per_layer.{layer}.kernels.{kernel}", dict.fromkeys(times, 1), ns)
             for n in times:
                 for key, measured in OP_TIMES.items():
-                    (positive if measured else field)(doc, path, f"per_layer.{layer}.kernels.{kernel}.{n}.{key}")
-        positive(doc, path, f"per_layer.{layer}.one_token_s.measured_s")
-        field(doc, path, f"per_layer.{layer}.one_token_s.predicted_s")
+                    where = f"per_layer.{layer}.kernels.{kernel}.{n}.{key}"
+                    if measured or fits.get(kernel) is not None or not isinstance(times[n], dict) or \
+                            times[n].get(key) is not None:
+                        (positive if measured else field)(doc, path, where)
+        one = doc["per_layer"][layer].get("one_token_s")
+        if one is not None or 1 in ns:
+            positive(doc, path, f"per_layer.{layer}.one_token_s.measured_s")
+            if fits.get(field(doc, path, f"per_layer.{layer}.one_token_s.kernel", str)) is not None:
+                field(doc, path, f"per_layer.{layer}.one_token_s.predicted_s")
+
+
+def check_pass_sizes(bench: Mapping[str, Any], where: str, kmax: int) -> None:
+    """Refuse, naming the pass sizes it has and those it needs, a bench too narrow for a plan up to draft length
+    `kmax`: the plan reads the operation times at n = 1..kmax + 1, and the fits (4), (E.1) need chosen ids at two
+    pass sizes n >= 2 at least."""
+    need = range(1, max(kmax + 1, 3) + 1)
+    has = sorted(bench["n"])
+    if any(n not in has for n in need):
+        raise MoespecError(f"{where}: covers too few pass sizes: it timed {len(has)} (n = "
+                           f"{', '.join(map(str, has))}); a plan with --kmax {kmax} needs n up to "
+                           f"{need[-1]}, all {len(need)} of 1..{need[-1]} (kmax + 1, and two n >= 2 for the fits (4), "
+                           f"(E.1)): rerun "
+                           f"`moespec bench` with --n 1-{need[-1]}")
 
 
 class Bench(Record):
@@ -188,7 +221,7 @@ class Bench(Record):
 
     @property
     def pair(self) -> list[str]:
-        """The kernels that play per-slot and dedup for a plan: the pair timed, ours in older files."""
+        """The kernels that play per-slot and dedup for a plan: the pair timed, ours in version-1 files."""
         return self.get("pair") or list(KERNELS)
 
     @property
@@ -208,15 +241,15 @@ class Bench(Record):
 
 def load_bench(path: str | Path) -> Bench:
     """Read and validate a bench.json (format, version, required keys and types, n ranges, positive bandwidths,
-    model name, device kind); returns the document as stored (n keys are strings), an older file with the
+    model name, device kind); returns the document as stored (n keys are strings), a version-1 file with the
     LEGACY_KEYS it lacks. Raises MoespecError naming the file."""
     where = str(path)
     doc = read_json(path, "bench")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise _fail(where, f"not a moespec bench file (format is not {FORMAT_NAME!r})")
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise _fail(where, f"bench format version {doc.get('format_version')!r} is not supported (this moespec "
-                           f"reads version {FORMAT_VERSION})")
+    problem = version_problem(doc, "bench", FORMAT_VERSION)
+    if problem:
+        raise _fail(where, problem)
     for key, kind in REQUIRED.items():
         if key not in doc:
             raise _fail(where, f"missing key {key!r}")
@@ -238,8 +271,9 @@ def load_bench(path: str | Path) -> Bench:
     ns = doc["n"]
     if not ns or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= N_LIMIT for n in ns):
         raise _fail(where, f"n must list pass sizes in 1..{N_LIMIT}, got {ns!r}")
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in doc["layers"]):
-        raise _fail(where, f"layers must list MoE layer indices >= 0, got {doc['layers']!r}")
+    if not doc["layers"] or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < LAYERS_LIMIT
+                                for i in doc["layers"]):
+        raise _fail(where, f"layers must list MoE layer indices in 0..{LAYERS_LIMIT - 1}, got {doc['layers']!r}")
     if not (is_number(doc["ceiling_gbps"]) and doc["ceiling_gbps"] > 0):
         raise _fail(where, f"ceiling_gbps = {doc['ceiling_gbps']!r} must be positive")
     for name, entry in doc["kernels"].items():
@@ -249,11 +283,18 @@ def load_bench(path: str | Path) -> Bench:
     _check_n_map(where, "r", doc["r"], ns)
     _check_n_map(where, "u", doc["u"], ns)
     for kernel, value in doc["eps"].items():
+        if kernel not in doc["kernels"]:
+            raise _fail(where, f"eps.{kernel}: no kernel of its kernels ({', '.join(doc['kernels'])})")
         if not (is_number(value) and value >= 0):
             raise _fail(where, f"eps.{kernel} = {value!r} must be a finite number >= 0")
     if doc["crossover"] is not None and doc["crossover"] not in ns:
         raise _fail(where, f"crossover {doc['crossover']!r} is not a timed pass size")
     _check_per_layer(where, doc, ns)
+    protocol = doc.get("protocol", {})
+    for key, least, most in PROTOCOL_COUNTS:
+        value = protocol.get(key, least) if isinstance(protocol, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+            raise _fail(where, f"protocol.{key} = {value!r} must be a whole number in {least}..{most:,}")
     check_level_record(doc, where)
     check_contention_record(doc.get("contention"), where, "contention")
     small, resumed = doc.get("too_small"), doc.get("resumed_rounds", 0)

@@ -1,8 +1,9 @@
-"""What every result file shares: the output check, the lock held while it is written (moespec.formats.lock),
-atomic writes (temp file + rename, so a crash never leaves a half-written result), the one JSON reader, a file's
-sha256, the provenance block every result file carries (device, dtype, versions, time, the exact command), the one
-walker of dotted keys with its type check, and `Record`, the typed record a format's loader returns (the validated
-document, read like the JSON object it is)."""
+"""What every result file shares: the output check (and that no output is one of the command's inputs), the lock
+held while it is written (moespec.formats.lock), atomic writes (temp file + rename, so a crash never leaves a
+half-written result; any failed write one line), the one JSON reader, a file's sha256, the provenance block every
+result file carries (device, dtype, versions, time, the exact command), the one walker of dotted keys with its type
+check, and `Record`, the typed record a format's loader returns (the validated document, read like the JSON object
+it is)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -17,16 +19,32 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import numpy as np
-
 from moespec import MoespecError, __version__
+from moespec.arguments import show
 from moespec.defaults import MAGNITUDE_LIMIT
 from moespec.formats.lock import locked
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError in the words of a one-line message ("no space left on the device", "file name too long")."""
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device"
+    text = e.strerror or type(e).__name__
+    return text[:1].lower() + text[1:]
+
+
+def absolute(path: str | os.PathLike, name: str) -> Path:
+    """`path` made absolute; one line naming it (`name`) when it is relative and the working folder is gone."""
+    path = Path(path)
+    try:
+        return path if path.is_absolute() else Path(os.getcwd()) / path
+    except OSError:
+        raise MoespecError(f"{name}: a relative path, and the working folder no longer exists") from None
 
 
 def check_output(path: str | os.PathLike, flag: str | None = "--out") -> Path:
@@ -36,16 +54,49 @@ def check_output(path: str | os.PathLike, flag: str | None = "--out") -> Path:
     if not str(path):
         raise MoespecError(f"{flag or 'output'}: an empty path")
     name = f"{flag} {path}" if flag else str(path)
+    if str(path).endswith(("/", os.sep)):  # Path() drops the slash: a file named after the folder would be written
+        raise MoespecError(f"{name}: ends in a slash, a folder; give the name of the file to write")
     path = Path(path)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
-        raise MoespecError(f"{name}: {kind}; moespec writes only new names or regular files")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:  # atomic_write makes the missing folders
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+    absolute(path, name)  # a relative path with the working folder gone: one line
+    try:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+            raise MoespecError(f"{name}: {kind}; moespec writes only new names or regular files")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:  # atomic_write makes the missing folders
+            folder = folder.parent
+        writable = folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+    except OSError as e:  # a name too long, a folder this user may not search
+        raise MoespecError(f"{name}: {os_reason(e)}") from None
+    if not writable:
         raise MoespecError(f"{name}: {folder} is not a folder this user can write in")
     return path
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether the absolute paths `a` and `b` are one file (through symlinks and hard links too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing or unreachable: one file only under one name
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_apart(outputs: Mapping[str, str | os.PathLike | None],
+                inputs: Mapping[str, Iterable[str | os.PathLike]]) -> None:
+    """Refuse, before any work, an output that is the same file as one the command reads (through a symlink or a
+    hard link too), or as another of its outputs: writing it would destroy the input, or one output would replace
+    the other. `outputs`: flag -> the path given (None: none); `inputs`: flag -> the files read through it. One
+    line naming both flags."""
+    taken = [(f"{flag} {file}", absolute(file, f"{flag} {file}")) for flag, files in inputs.items() for file in files]
+    for flag, given in outputs.items():
+        if given is None:
+            continue
+        name = f"{flag} {given}"
+        path = absolute(given, name)
+        clash = next((other for other, file in taken if _same(path, file)), None)
+        if clash:
+            raise MoespecError(f"{name}: the same file as {clash}, which writing it would destroy")
+        taken.append((name, path))
 
 
 @contextmanager
@@ -58,12 +109,16 @@ def writing(*paths: str | os.PathLike | None, flag: str | None = "--out") -> Ite
     with ExitStack() as stack:
         try:
             for path in (check_output(p, flag) for p in paths if p is not None):
-                folder = path.parent
-                while not folder.exists():
-                    made.append(folder)
-                    folder = folder.parent
-                path.parent.mkdir(parents=True, exist_ok=True)
-                stack.enter_context(locked(path, f"{flag} {path}" if flag else str(path)))
+                name = f"{flag} {path}" if flag else str(path)
+                try:
+                    folder = path.parent
+                    while not folder.exists():
+                        made.append(folder)
+                        folder = folder.parent
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise MoespecError(f"{name}: cannot make its folder ({os_reason(e)})") from None
+                stack.enter_context(locked(path, name))
             yield
         finally:
             stack.close()
@@ -100,29 +155,31 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
 
     The rename is atomic on POSIX, so readers see either the old file or the whole new one. The file gets the
     permissions a plain open() would (0666 less the umask), a target that is not a regular file is refused
-    (check_output), another moespec process writing it is refused (writing), and a full disk is one line naming the
-    file."""
+    (check_output), another moespec process writing it is refused (writing), and a failed write (a full disk, a name
+    too long, a file the system will not replace) is one line naming the file."""
     with writing(path, flag=None):
         _replace(Path(path), write)
     return Path(path)
 
 
 def _replace(path: Path, write: Callable[[Path], None]) -> None:
-    """write(tmp) then the rename onto `path` (atomic_write)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
+    """write(tmp) then the rename onto `path` (atomic_write); any OSError on the way (a full disk, a file too
+    large, a target the system refuses to replace) is one line naming `path`, and the temporary file is removed."""
+    tmp: str | None = None
     try:
+        # the temporary name stays within the 255 bytes a name may have, however long the target's is
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=path.suffix[:16])
+        os.close(fd)
         os.chmod(tmp, 0o666 & ~_umask())
         write(Path(tmp))
         check_output(path, None)  # nothing took the name's place meanwhile
         os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
-            raise MoespecError(f"{path}: no space left on the device") from None
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            with suppress(OSError):
+                Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise MoespecError(f"{path}: cannot write it ({os_reason(e)})") from None
         raise
 
 
@@ -142,14 +199,69 @@ def check_input(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
+NESTING_LIMIT = 100  # JSON nested deeper is refused: moespec's files nest a few levels, and its validators recurse
+
+
+def _looks_like(raw: bytes) -> str | None:
+    """What a file given where JSON is expected is instead, by its first bytes; None where it may be JSON."""
+    if raw.startswith(b"GGUF"):
+        return "a GGUF file"
+    if raw.startswith(b"PK\x03\x04"):
+        return "a zip archive (an .npz trace?)"
+    if len(raw) > 8 and raw[8:9] == b"{" and int.from_bytes(raw[:8], "little") <= len(raw) - 8:
+        return "a safetensors file"  # an 8-byte little-endian header length, then the JSON header
+    if b"\0" in raw[:4096]:
+        return "a binary file"
+    return None
+
+
+def _depth(doc: Any) -> int:
+    """How deep `doc` nests (a scalar: 0), counted without recursion and only up to past NESTING_LIMIT."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack and deepest <= NESTING_LIMIT:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def parse_json(raw: bytes, where: str) -> Any:
+    """The JSON document in `raw`, the bytes of `where` (a file, a line of one); one line naming `where` for
+    anything else: another format (by its first bytes), bad UTF-8, a syntax error, an integer past Python's digit
+    limit, nesting deeper than NESTING_LIMIT."""
+    kind = _looks_like(raw)
+    if kind:
+        raise MoespecError(f"{where}: {kind}, not JSON")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError and the digit limit are ValueErrors
+        raise MoespecError(f"{where}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+    if _depth(doc) > NESTING_LIMIT:
+        raise MoespecError(f"{where}: not readable JSON (nested deeper than {NESTING_LIMIT} levels)")
+    return doc
+
+
 def read_json_bytes(path: str | os.PathLike, what: str) -> tuple[Any, bytes]:
     """The JSON document in `path` (a `what` file) and the exact bytes it was read from (for a sha256); one line
-    naming the file when it is missing or unreadable."""
+    naming the file when it is missing, unreadable or not JSON (parse_json)."""
+    path = check_input(path, what)
     try:
-        raw = check_input(path, what).read_bytes()
-        return json.loads(raw.decode("utf-8")), raw
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MoespecError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+        raw = path.read_bytes()
+    except OSError as e:
+        raise MoespecError(f"{path}: cannot read it ({os_reason(e)})") from None
+    return parse_json(raw, str(path)), raw
+
+
+def version_problem(doc: Mapping[str, Any], what: str, current: int) -> str | None:
+    """Why `doc` (a `what` file) has a format version this moespec does not read, or None. At 0.x a loader reads
+    its format's current version and the one before it (what the previous release wrote, results/ included), filling
+    the keys the older one lacks; a format change moves its version and the package's minor version."""
+    version = doc.get("format_version")
+    if isinstance(version, bool) or version not in (current - 1, current):
+        return f"{what} format version {show(version)} is not supported (this moespec reads versions " \
+               f"{current - 1} and {current})"
+    return None
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -280,7 +392,9 @@ def check_numbers(doc: Any, where: str, keys: str, positive: bool) -> None:
 
 def is_number(x: Any) -> bool:
     """A finite int or float (not a bool) of magnitude at most MAGNITUDE_LIMIT."""
-    return isinstance(x, NUMBER) and not isinstance(x, bool) and bool(np.isfinite(x)) and abs(x) <= MAGNITUDE_LIMIT
+    # an int is finite however long (np.isfinite and math.isfinite refuse one past a float's range)
+    return (isinstance(x, NUMBER) and not isinstance(x, bool) and (isinstance(x, int) or math.isfinite(x))
+            and abs(x) <= MAGNITUDE_LIMIT)
 
 
 def is_interval(x: Any) -> bool:

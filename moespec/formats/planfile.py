@@ -11,7 +11,7 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
                (moespec.predict.measured: the bench is too small to time, `why` says how, and every version's
                times are --runs' measured verify times of slot and dedup with their 95% intervals as bounds; eps
                and delta 0; saving.{n} is the runs' S(n) with its interval, r and margin null; AUTO and the
-               crossover run dedup only where that interval lies above 0); absent in older plans: "bench"
+               crossover run dedup only where that interval lies above 0); absent in version-1 plans: "bench"
   crossover    n or null;  crossover_measured: the same on the measured-time version
   kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
   kernels      {slot: name, dedup: name}: the bench kernels the plan's slot and dedup are (newer files): ours,
@@ -27,20 +27,20 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
                and policy; version "prediction" (a row without it is one)
   reuse_threshold {depth, rho_bar: {k: v}, rho_star: {a: {k: v}}, k_hat_bytes: {a: k}}  (16)
   inputs_ceiling_gbps {bench, runs}: the streaming-read ceiling its bench and its --runs were measured at (score
-               compares it with the scored runs'; absent in older plans)
+               compares it with the scored runs'; absent in version-1 plans)
   pass_bytes   {slot|dedup: {n: bytes}}: what a verify pass of n tokens reads in the one-bandwidth byte model (16),
                D + n m W + kv(n-1) per-slot and D + E_dedup(n) + kv(n-1) deduplicated, for the MoE layers covered;
-               the verdict compares measured verify times with these bytes over the ceiling (absent in older plans)
+               the verdict compares measured verify times with these bytes over the ceiling (absent in version-1 plans)
   verdict      the plain answer, printed first (moespec.predict.verdict.Verdict.to_json): {version, policy,
                kernel_by_n: [{n, choice ("dedup", "per-slot" or moespec.predict.verdict.SAME, "no measurable
                difference ..."),
                evidence ("measured": --runs' S(n) 95% interval, "predicted": S_hat(n) and band (18)), saving_s, lo_s,
                hi_s, auto}], draft: [{a, profile, k, speedup, lo, hi, measured_k}] (the AUTO policy of the version
                named), warnings: [one line per input check, naming its file and what to change], lines: [the text,
-               within 100 columns]} (absent in older plans)
+               within 100 columns]} (absent in version-1 plans)
   level_gbps   the host's bandwidth level (reference read, GB/s) its measured inputs were kept at: the --runs'
                pinned level, else the bench's (moespec.measure.level); a run with this plan that pins (--pin-wait)
-               keeps its rounds at it; null where neither pinned one (absent in older plans)
+               keeps its rounds at it; null where neither pinned one (absent in version-1 plans)
   runs         null, or {path, moe_layers, depth} of --runs; then the calibrated version too:
   tau_calibrated {slot|dedup|auto: {n: s}};  saving.{n}.calibrated_s;  crossover_calibrated (the last two equal
                the predicted ones: the calibration adds the same measured time to both kernels)
@@ -54,12 +54,12 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
                (moespec.predict.verify.whole_pass)
   llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
                dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
-               (moespec.predict.plan.llama_cpp_flags; absent in older plans)
+               (moespec.predict.plan.llama_cpp_flags; absent in version-1 plans)
   provenance   who made the plan and how (moespec.formats.files.provenance), and
     inputs     {role: {path, sha256}} of each file the plan was made from (INPUT_ROLES: bench, trace, runs of
                --runs, draft_time where --draft-time named a runs.json): the path as given to `moespec plan`, the
                sha256 of the file's bytes when the plan was made, so a reader (the report) can tell whether the
-               files beside a plan are the ones it was made from; absent in older plans
+               files beside a plan are the ones it was made from; absent in version-1 plans
 """
 
 from __future__ import annotations
@@ -71,12 +71,20 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError, theory
-from moespec.defaults import KERNELS, KMAX_LIMIT, POLICIES
-from moespec.formats.files import Record, check_numbers, is_number, positive, read_json_bytes, sha256_file
+from moespec.defaults import KERNELS, KMAX_LIMIT, LAYERS_LIMIT, POLICIES
+from moespec.formats.files import (
+    Record,
+    check_numbers,
+    is_number,
+    positive,
+    read_json_bytes,
+    sha256_file,
+    version_problem,
+)
 
 FORMAT_NAME = "moespec-plan"
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 writes basis, pass_bytes, level_gbps, llama_cpp and provenance.inputs
 
 # key -> type(s) every plan.json must carry (the engine and external checks read them)
 REQUIRED = {"format_version": int, "model": str, "device": str, "dtype": str, "eps": float, "kmax": int,
@@ -146,9 +154,9 @@ def _check_plan(doc: Any) -> str | None:
     """The first problem with a plan document, or None."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         return f"not a moespec plan file (format is not {FORMAT_NAME!r})"
-    if doc.get("format_version") != FORMAT_VERSION:
-        return f"plan format version {doc.get('format_version')!r} is not supported (this moespec reads " \
-               f"version {FORMAT_VERSION})"
+    problem = version_problem(doc, "plan", FORMAT_VERSION)
+    if problem:
+        return problem
     for key, kind in REQUIRED.items():
         if key not in doc:
             return f"missing key {key!r}"
@@ -160,8 +168,8 @@ def _check_plan(doc: Any) -> str | None:
     ns = {str(n) for n in range(1, kmax + 2)}
     coverage = doc.get("coverage", {})
     layers = coverage.get("num_moe_layers", 1) if isinstance(coverage, dict) else None
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        return f"coverage must be an object whose num_moe_layers is an integer >= 1, got {coverage!r}"
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= LAYERS_LIMIT:
+        return f"coverage must be an object whose num_moe_layers is an integer in 1..{LAYERS_LIMIT:,}"
     if doc["crossover"] is not None and not 2 <= doc["crossover"] <= kmax + 1:
         return f"crossover {doc['crossover']} is outside n = 2..{kmax + 1}"
     if set(doc["kernel_by_n"]) != ns or not all(v in KERNELS for v in doc["kernel_by_n"].values()):
@@ -169,8 +177,11 @@ def _check_plan(doc: Any) -> str | None:
     for table, (version, times) in TABLES.items():
         if table not in doc and times not in doc:
             continue  # a plan made without --runs has no calibrated version (nor a whole-pass one)
+        by_policy = doc.get(times, {})
+        if not isinstance(by_policy, dict) or not set(by_policy) <= set(POLICIES):
+            return f"{times} must be keyed by the policies {', '.join(POLICIES)}"
         for p in POLICIES:
-            per_n = doc.get(times, {}).get(p)
+            per_n = by_policy.get(p)
             if not isinstance(per_n, dict) or set(per_n) != ns or \
                     not all(is_number(v) and v > 0 for v in per_n.values()):
                 return f"{times}.{p} must give a positive time for every n = 1..{kmax + 1}"
@@ -196,11 +207,17 @@ def _check_numbers(doc: dict[str, Any], where: str) -> None:
         key = f"step_times{suffix}"
         if key in doc:
             check_numbers(doc, where, key, positive=True)
-            bad = [p for p, v in doc[key].items() if not isinstance(v, list) or len(v) != doc["kmax"] + 1]
+            bad = [p for p, v in doc[key].items()
+                   if p not in POLICIES or not isinstance(v, list) or len(v) != doc["kmax"] + 1]
             if bad:
                 raise MoespecError(f"{where}: {key}.{bad[0]} must list kmax + 1 = {doc['kmax'] + 1} times")
     if "tau1_s" in doc:
         positive(doc, where, "tau1_s")
+    if "draft_time_s" in doc:
+        check_numbers(doc, where, "draft_time_s", positive=False)
+        h = doc["draft_time_s"]
+        if not isinstance(h, list) or len(h) != doc["kmax"] + 1 or any(t < 0 for t in h):
+            raise MoespecError(f"{where}: draft_time_s must list kmax + 1 = {doc['kmax'] + 1} times >= 0")
     if "inputs_ceiling_gbps" in doc:
         check_numbers(doc, where, "inputs_ceiling_gbps", positive=True)
     if doc.get("level_gbps") is not None:
@@ -232,7 +249,7 @@ class Plan(Record):
 
     @property
     def inputs(self) -> dict[str, dict[str, str]]:
-        """provenance.inputs: {role: {path, sha256}} of the files the plan was made from (empty in older plans)."""
+        """provenance.inputs: {role: {path, sha256}} of the files the plan was made from (empty in version-1 plans)."""
         return self["provenance"].get("inputs") or {}
 
     @property

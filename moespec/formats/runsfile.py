@@ -8,20 +8,20 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   plan {path, sha256} or null, kernel_by_n (the AUTO policy used, or null)
   verify_time_s       {policy: {n: median s}}        verify_time_ci_s {policy: {n: [lo, hi]}} (95% bootstrap)
                       policies slot, dedup, auto (with a plan) and outside (the expert operation taken out: the
-                      time of the rest of the pass, which the plan's whole-pass version reads; absent in older files)
+                      time of the rest of the pass, which the plan's whole-pass version reads; absent in version-1 files)
   verify_samples_s    {policy: {n: [s, ...]}}
   saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
   crossover           smallest n >= 2 from which the median saving stays positive (null if none)
   auto_ratio          {n: AUTO's time over the better fixed kernel's, the median of the ratios of passes in the
-                      same round} when a plan gave the AUTO policy (older files: ratio of medians)
+                      same round} when a plan gave the AUTO policy (version-1 files: ratio of medians)
   auto_reference      {n: "slot" | "dedup"}: the kernel auto_ratio divides by, the better one where the paired
                       slot / dedup interval excludes 1, else the one AUTO runs at n (moespec.measure.run.auto_reference;
-                      older files: the smaller median)
+                      version-1 files: the smaller median)
   throughput          [{policy, k, a, tokens_per_s, realized_tokens_per_s, tokens, prompts, realized_acceptance,
                         tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share, greedy_exact,
                         greedy_match, mismatches}]
                       tokens_per_s: the steady state T_a(k) = G_a(k) / V(k) (B.1), V = step_time_s the measured median
-                      step time (older files, written before the median was kept: the mean); and G_a(k) for the
+                      step time (version-1 files may hold the mean); and G_a(k) for the
                       oracle draft (geometric at rate a by construction) at the nominal a; for a draft model, the
                       realized rate below (files without realized_tokens_per_s: the realized rate for both)
                       oracle rows: the cell (policy, k) decodes each prompt once, its prompts taking the grid's
@@ -32,10 +32,10 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       acceptances than the run prompts; files without `prompts`: every prompt at every a)
                       acceptance_profile: [a_1..a_k] the per-position acceptance the steps measured
                       (moespec.theory.profile.estimate_profile; null where no step tested a position; absent in
-                      older files)
+                      version-1 files)
                       realized_tokens_per_s, tokens_per_step: what the steps emitted, every step's accepted drafts
                       plus one over the steps' time (the last step counted in full where it overshoots the
-                      generated length, the prompt's first token left out; absent in older files);
+                      generated length, the prompt's first token left out; absent in version-1 files);
                       tokens: generated
                       greedy_exact: the tokens equal plain decoding's; greedy_match: they do, or they first differ
                       where plain decoding's two largest logits are exactly equal (a tie in the model's dtype,
@@ -53,22 +53,22 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       times every n and policy once) kept, dropped as disturbed (a reference read below 70% of
                       the median) or off the level (off_level of them), discarded when the level moved
                       (moespec.measure.level), whether each median's 95% interval came within +-target of it,
-                      and what stopped the rounds (target, max_reps, budget, disturbed); older files counted
+                      and what stopped the rounds (target, max_reps, budget, disturbed); version-1 files counted
                       rounds per n
   dense               what ran the dense weights of verify passes: "native" (moespec.model.dense), "torch", or
-                      "torch (why the native kernel is unavailable)"; absent in older files
+                      "torch (why the native kernel is unavailable)"; absent in version-1 files
   verify_pass         what computed a verify pass: "lean (L of L layers one native call each)" (moespec.model.lean),
-                      "transformers (why the lean pass does not apply)" or "llama.cpp (...)"; absent in older files
+                      "transformers (why the lean pass does not apply)" or "llama.cpp (...)"; absent in version-1 files
   engine              "llama.cpp" for `run --engine llama.cpp` (moespec.measure.llama_run: verify_time_s holds dedup
                       alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format;
                       provenance.llama_cpp names the files and threads); absent for moespec's engine
   level               {pinned_gbps, band, wait_s, waited_s, dropped, kept_off, exhausted}: the host's bandwidth
                       level (reference read, GB/s) every verify round and throughput prompt was kept at:
                       --pin-gbps, the plan's, or the first round's; rounds off it dropped and waited out, within
-                      wait_s (moespec.measure.level; wait_s 0: none pinned, the default); absent in older files
+                      wait_s (moespec.measure.level; wait_s 0: none pinned, the default); absent in version-1 files
   contention          {verify, throughput}: each null or the record of bench.json's `contention` (moespec.formats.
                       benchfile) over the kept verify rounds' passes and the throughput prompts; noise.per_n's
-                      `contention` is the verify one; absent in older files
+                      `contention` is the verify one; absent in version-1 files
   ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
                       and the throughput grid, and after
   provenance          device, dtype, versions, timestamp (the start of the run), command
@@ -84,7 +84,16 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError
-from moespec.defaults import KERNELS, POLICIES
+from moespec.defaults import (
+    DEPTH_LIMIT,
+    GENERATED_LIMIT,
+    KERNELS,
+    KMAX_LIMIT,
+    LAYERS_LIMIT,
+    N_LIMIT,
+    POLICIES,
+    SAMPLES_LIMIT,
+)
 from moespec.formats.files import (
     NUMBER,
     Record,
@@ -95,14 +104,25 @@ from moespec.formats.files import (
     is_number,
     read_json,
     timestamp,
+    version_problem,
 )
 
 FORMAT_NAME = "moespec-runs"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 writes noise, level and contention
 IDENTITY = ("model", "device_kind", "dtype")  # runs speak only for their own model, device kind and dtype
 # the measured numbers readers tabulate or score (key -> must be positive), each leaf a finite number
-NUMBERS = {"verify_time_s": True, "verify_time_ci_s": True, "saving_s": False, "draft_time_s": False,
-           "auto_ratio": True, "ceiling_gbps": True}
+NUMBERS = {"verify_time_s": True, "verify_time_ci_s": True, "verify_samples_s": True, "saving_s": False,
+           "draft_time_s": False, "auto_ratio": True, "ceiling_gbps": True}
+N_KEYS = tuple(str(n) for n in range(1, N_LIMIT + 1))  # pass sizes n as JSON keys
+BY_POLICY_N = ((*POLICIES, "outside"), N_KEYS)  # the verify policies (outside: the pass less its expert operation)
+# the closed objects: key -> the keys allowed at each level below it (a number or list of numbers under the last)
+CLOSED = {"verify_time_s": BY_POLICY_N, "verify_time_ci_s": BY_POLICY_N, "verify_samples_s": BY_POLICY_N,
+          "saving_s": (N_KEYS, ("median", "lo", "hi")), "auto_ratio": (N_KEYS,), "auto_reference": (N_KEYS,),
+          "draft_time_s": (tuple(str(k) for k in range(KMAX_LIMIT + 1)),), "ceiling_gbps": (("before", "between",
+                                                                                              "after"),)}
+# integer key -> the bounds `moespec run` takes it in
+INTEGERS = {"depth": (0, DEPTH_LIMIT), "moe_layers": (1, LAYERS_LIMIT), "prompts": (1, SAMPLES_LIMIT),
+            "tokens": (1, GENERATED_LIMIT)}
 SHA256_DIGITS = 64
 
 
@@ -123,16 +143,17 @@ class Runs(Record):
     @property
     def moe_layers(self) -> int:
         """The MoE layers of the model the engine ran."""
-        return self._integer("moe_layers", 1)
+        return self._integer("moe_layers")
 
     @property
     def depth(self) -> int:
-        return self._integer("depth", 0)
+        return self._integer("depth")
 
-    def _integer(self, key: str, least: int) -> int:
-        value = self.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise MoespecError(f"{self.where}: {key} = {value!r} must be an integer >= {least}")
+    def _integer(self, key: str) -> int:
+        """self[key], an integer in its INTEGERS bounds."""
+        value, (least, most) = self.get(key), INTEGERS[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+            raise MoespecError(f"{self.where}: {key} = {_short(value)} must be an integer >= {least} (at most {most:,})")
         return value
 
     @property
@@ -184,9 +205,38 @@ class Runs(Record):
                 raise MoespecError(f"{self.where}: throughput[{i}] needs a policy, one of {', '.join(POLICIES)}")
             k, a, t = (field(row, f"{self.where}: throughput[{i}]", key, kind)
                        for key, kind in (("k", int), ("a", NUMBER), ("tokens_per_s", NUMBER)))
-            if k < 0 or not 0 <= a < 1 or t <= 0:
-                raise MoespecError(f"{self.where}: throughput[{i}] needs k >= 0, a in [0, 1) and tokens_per_s > 0")
+            if not 0 <= k <= KMAX_LIMIT or not 0 <= a < 1 or t <= 0:
+                raise MoespecError(f"{self.where}: throughput[{i}] needs k in 0..{KMAX_LIMIT}, a in [0, 1) and "
+                                   f"tokens_per_s > 0")
         return rows
+
+
+def _short(value: Any) -> str:
+    """A value as an error line shows it: a huge integer by its digits, not all of them."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def _check_closed(doc: Mapping[str, Any], path: str) -> None:
+    """Every CLOSED object present keyed as its level allows (policies, n, k, ...); one line naming the file and
+    the dotted key of the first unknown one."""
+    def walk(node: Any, key: str, levels: tuple[tuple[str, ...], ...]) -> None:
+        if not levels:
+            return
+        keys = ", ".join(levels[0][:4]) + (", ..." if len(levels[0]) > 4 else "")
+        if not isinstance(node, Mapping):
+            raise MoespecError(f"{path}: {key} must be an object keyed by {keys}")
+        for k, v in node.items():
+            if k not in levels[0]:
+                raise MoespecError(f"{path}: {key}.{k}: unknown key ({key} is keyed by {keys})")
+            walk(v, f"{key}.{k}", levels[1:])
+    for key, levels in CLOSED.items():
+        if doc.get(key) is not None:
+            walk(doc[key], key, levels)
+    reference = doc.get("auto_reference") or {}
+    if any(v not in KERNELS for v in reference.values()):
+        raise MoespecError(f"{path}: auto_reference must name {' or '.join(KERNELS)} at each n")
 
 
 def load_runs(path: str | Path) -> Runs:
@@ -195,13 +245,16 @@ def load_runs(path: str | Path) -> Runs:
     doc = read_json(path, "runs")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise MoespecError(f"{path}: not a moespec runs file (format is not {FORMAT_NAME!r})")
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise MoespecError(f"{path}: runs format version {doc.get('format_version')!r} is not supported (this "
-                           f"moespec reads version {FORMAT_VERSION})")
+    problem = version_problem(doc, "runs", FORMAT_VERSION)
+    if problem:
+        raise MoespecError(f"{path}: {problem}")
     runs = Runs(doc, path)
     for key in IDENTITY:
         field(runs, str(path), key, str)
-    runs._integer("depth", 0)  # every reader uses or shows the depth
+    for key in INTEGERS:
+        if key == "depth" or key in doc:  # every reader uses or shows the depth
+            runs._integer(key)
+    _check_closed(doc, str(path))
     for key, positive in NUMBERS.items():
         if doc.get(key) is not None:
             check_numbers(runs, str(path), key, positive)

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from moespec import MoespecError
+from moespec import MoespecError, printable
 from moespec.formats.files import atomic_write, check_input
 
 FORMAT_NAME = "moespec-trace"
@@ -44,7 +44,8 @@ MAX_EXPERTS = np.iinfo(np.int16).max
 WORD_BITS = 64  # experts per uint64 mask word
 # Tokens per chunk when masks are built for validation: small enough to stay in cache for 48-layer models.
 _MASK_CHUNK = 4096
-_ARRAY_NAMES = ("experts", "doc_starts", "weights", "header")
+# member -> (dtype kinds, dimensions) it must have: ids and offsets integers, weights floats, the header utf-8 bytes
+_MEMBERS = {"experts": ("iu", 3), "doc_starts": ("iu", 1), "weights": ("f", 3), "header": ("u", 1)}
 
 
 def popcount(words: np.ndarray) -> np.ndarray:
@@ -203,7 +204,7 @@ class Trace:
         a trace that records another model."""
         named = self.meta.get("model")
         if model is not None and named is not None and named != model:
-            raise MoespecError(f"{where}: a trace of {named}, not of {model}")
+            raise MoespecError(f"{where}: a trace of {printable(str(named))}, not of {model}")
         layers_fit = self.num_layers >= spec.L if prefix else self.num_layers == spec.L
         if (self.num_experts, self.m) != (spec.N, spec.m) or not layers_fit:
             raise MoespecError(f"{where}: routes N={self.num_experts}, m={self.m}, L={self.num_layers} but {spec.name} "
@@ -236,14 +237,16 @@ def load_trace(path: str | os.PathLike) -> Trace:
             missing = {"experts", "doc_starts", "header"} - names
             if missing:
                 raise MoespecError(f"{where}: not a moespec trace (missing {', '.join(sorted(missing))})")
-            unknown = names - set(_ARRAY_NAMES)
+            unknown = names - set(_MEMBERS)
             if unknown:
-                raise MoespecError(f"{where}: unexpected arrays {', '.join(sorted(unknown))}")
+                raise MoespecError(f"{where}: unexpected arrays {printable(', '.join(sorted(unknown)))}")
             arrays = {name: npz[name] for name in names}
     except MoespecError:
         raise
     except Exception as e:  # noqa: BLE001 - zip/npy corruption surfaces as many exception types
         raise MoespecError(f"{where}: corrupt or truncated archive ({type(e).__name__}: {_one_line(e)})") from None
+    for name, array in arrays.items():
+        _check_member(name, array, where)
     header = _parse_header(arrays["header"], where)
     trace = _build(arrays["experts"], arrays["doc_starts"], header.get("num_experts"), arrays.get("weights"),
                    header, where=where)
@@ -257,6 +260,18 @@ def load_trace(path: str | os.PathLike) -> Trace:
 # ---- validation ------------------------------------------------------------------------------------------
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200]
+
+
+def _check_member(name: str, array: Any, where: str) -> None:
+    """A member of the archive is a .npy array of its kind and dimensions (_MEMBERS); numpy hands any other member
+    back as raw bytes."""
+    kinds, ndim = _MEMBERS[name]
+    if not isinstance(array, np.ndarray):
+        raise MoespecError(f"{where}: member {name!r} is not a .npy array")
+    if array.dtype.kind not in kinds or array.ndim != ndim:
+        what = {"i": "integers", "u": "unsigned integers", "f": "floats"}[kinds[0]]
+        raise MoespecError(f"{where}: {name} must be a {ndim}-D array of {what}, got {array.dtype} of shape "
+                           f"{array.shape}")
 
 
 def _parse_header(arr: np.ndarray, where: str) -> dict[str, Any]:
@@ -304,7 +319,9 @@ def _build(experts: Any, doc_starts: Any, num_experts: Any, weights: Any, meta: 
     if m >= n_exp:
         raise MoespecError(f"{where}: m = {m} experts per token must be below N = {n_exp}")
     starts = _int_array(doc_starts, "doc_starts", where)
-    if starts.ndim != 1 or starts.size < 1 or starts[0] != 0 or starts[-1] != t \
+    if starts.ndim != 1:
+        raise MoespecError(f"{where}: doc_starts must be 1-D, got shape {starts.shape}")
+    if starts.size < 1 or starts[0] != 0 or starts[-1] != t \
             or (starts.size > 1 and np.any(np.diff(starts.astype(np.int64)) <= 0)):
         raise MoespecError(f"{where}: document offsets do not add up: doc_starts must run from 0, strictly "
                            f"increasing, to the {t} tokens (got {starts.size} offsets"

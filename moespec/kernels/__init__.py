@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import torch
 
-from moespec import MoespecError, theory
+from moespec import ArgumentError, theory
+from moespec.arguments import show
 from moespec.defaults import KERNELS as OURS
 from moespec.kernels.experts import (
     GPT_OSS,
@@ -62,6 +63,7 @@ from moespec.kernels.experts import (
     Activation,
     Kernel,
     _check,
+    _check_run,
     _ours,
     _reference,
     _torch_loop,
@@ -99,8 +101,8 @@ PAIRS = (OURS, GGML_PEERS)
 
 
 def _kernel(name: str) -> Kernel:
-    if name not in KERNELS:
-        raise MoespecError(f"unknown kernel {name!r}; choose from {', '.join(KERNELS)}")
+    if not isinstance(name, str) or name not in KERNELS:
+        raise ArgumentError(f"unknown kernel {show(name)}; choose from {', '.join(KERNELS)}")
     return KERNELS[name]
 
 
@@ -110,13 +112,18 @@ def expert_op(kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
     """Run the expert operation with `kernel` (a key of KERNELS); returns out [n, d] in x's dtype.
 
     `threads` applies to our native kernels (default: torch.get_num_threads())."""
+    run = _kernel(kernel).run
     _check(x, ids, weights, gate_up, down, gate_up_bias, down_bias)
-    return _kernel(kernel).run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads)
+    _check_run(act, threads)
+    return run(x, ids, weights, gate_up, down, gate_up_bias, down_bias, act, threads)
 
 
 def requested_bytes(kernel: str, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                     gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> int:
     """Expert bytes the kernel requests for this pass: n*m*b for a per-slot kernel, U*b for a deduplicating one."""
+    kind = _kernel(kernel).kind
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ArgumentError(f"ids must be a tensor [n, m] of expert ids, got {show(ids)}")
     n, m = ids.shape
     b = expert_bytes(gate_up, down, gate_up_bias, down_bias)
-    return int(theory.requested_bytes(_kernel(kernel).kind, n, distinct_experts(ids), m, b))
+    return int(theory.requested_bytes(kind, n, distinct_experts(ids), m, b))

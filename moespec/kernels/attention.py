@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from moespec.arguments import real
 from moespec.kernels import native
 
 MAX_QUERIES = 16  # the rows of a verification pass (k <= 15 drafts); a prefill goes to torch
@@ -71,8 +72,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
     wrong = _layout(query, key, value, mask)
     if wrong is not None:
         raise ValueError(wrong)
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    if scale is not None:
+        real("scale", scale)
+    native.check_threads(threads)
     if native.load() is None:
         raise RuntimeError(f"native attention kernel unavailable: {native.status()}")
     return _run(query, key, value, mask, scale, threads)

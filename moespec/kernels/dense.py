@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from moespec import ArgumentError
+from moespec.arguments import show
 from moespec.kernels import native
 
 MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
@@ -76,11 +78,11 @@ def takes(x: object, weight: object, bias: object = None) -> bool:
 def _check_tensor(name: str, t: object) -> None:
     """Raise unless t is a CPU tensor of a supported dtype, naming it."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentError(f"{name} must be a torch.Tensor, got {show(t)}")
     if not t.is_cpu:
-        raise ValueError(f"{name} is on {t.device}; linear runs on the CPU")
+        raise ArgumentError(f"{name} is on {t.device}; linear runs on the CPU")
     if t.dtype not in native.DTYPE_CODE:
-        raise ValueError(f"{name} is {t.dtype}; linear takes float32 or bfloat16")
+        raise ArgumentError(f"{name} is {t.dtype}; linear takes float32 or bfloat16")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -99,8 +101,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _check_tensor("weight", weight)
     if bias is not None:
         _check_tensor("bias", bias)
-    if isa not in ISA:
-        raise ValueError(f"isa must be one of {', '.join(ISA)}, got {isa!r}")
+    if not isinstance(isa, str) or isa not in ISA:
+        raise ArgumentError(f"isa must be one of {', '.join(ISA)}, got {show(isa)}")
+    native.check_threads(threads)
     ws, xs = weight.shape, x.shape
     if len(ws) != 2:
         raise ValueError(f"weight must be 2-D [M, K], got {tuple(ws)}")

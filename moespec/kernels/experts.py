@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
+from moespec.arguments import show
 from moespec.kernels import native
 
 
@@ -61,46 +62,82 @@ _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def _check(x, ids, weights, gate_up, down, gate_up_bias, down_bias) -> tuple[int, int, int, int, int]:
+    """(n, m, N, d, f) once every tensor is known to fit the shape legend: ArgumentError naming the first that does
+    not (not a tensor, a dtype the kernels cannot read exactly, a size of 0, a shape or device that does not fit)."""
+    tensors = (("x", x), ("ids", ids), ("weights", weights), ("gate_up", gate_up), ("down", down),
+               ("gate_up_bias", gate_up_bias), ("down_bias", down_bias))
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor) and (t is not None or name in ("x", "ids", "weights", "gate_up", "down")):
+            raise ArgumentError(f"{name} must be a torch.Tensor, got {show(t)}")
     # Each tensor attribute read is a call into torch, and after a cache flush a slow one: read each once.
     xs, si, sw, sg, sd = x.shape, ids.shape, weights.shape, gate_up.shape, down.shape
     if len(xs) != 2 or len(si) != 2 or len(sg) != 3 or len(sd) != 3:
-        raise MoespecError("expert_op wants x [n, d], ids [n, m], gate_up [N, 2f, d], down [N, d, f]")
+        raise ArgumentError("expert_op wants x [n, d], ids [n, m], gate_up [N, 2f, d], down [N, d, f]")
     (n, d), m, (N, two_f, d_gu) = xs, si[1], sg
     f = two_f // 2
+    # A size of 0 leaves the native kernels nothing to divide their rows by (f = 0 stopped the process with SIGFPE).
+    for name, size in (("x's tokens n", n), ("x's hidden size d", d), ("ids' slots m", m),
+                       ("gate_up's experts N", N), ("gate_up's expert width f", f)):
+        if size < 1:
+            raise ArgumentError(f"{name} is {size}: the expert operation needs every size >= 1")
     if si[0] != n or sw != (n, m):
-        raise MoespecError(f"ids {tuple(si)} and weights {tuple(sw)} must both be [n={n}, m]")
+        raise ArgumentError(f"ids {tuple(si)} and weights {tuple(sw)} must both be [n={n}, m]")
     if two_f % 2 or d_gu != d or sd != (N, d, f):
-        raise MoespecError(f"gate_up {tuple(sg)} / down {tuple(sd)} do not fit [N, 2f, d={d}] / [N, d, f]")
+        raise ArgumentError(f"gate_up {tuple(sg)} / down {tuple(sd)} do not fit [N, 2f, d={d}] / [N, d, f]")
     if gate_up.dtype != down.dtype:
-        raise MoespecError(f"gate_up is {gate_up.dtype} but down is {down.dtype}")
+        raise ArgumentError(f"gate_up is {gate_up.dtype} but down is {down.dtype}")
     if gate_up_bias is not None and gate_up_bias.shape != (N, 2 * f):
-        raise MoespecError(f"gate_up_bias {tuple(gate_up_bias.shape)} is not [N={N}, 2f={2 * f}]")
+        raise ArgumentError(f"gate_up_bias {tuple(gate_up_bias.shape)} is not [N={N}, 2f={2 * f}]")
     if down_bias is not None and down_bias.shape != (N, d):
-        raise MoespecError(f"down_bias {tuple(down_bias.shape)} is not [N={N}, d={d}]")
+        raise ArgumentError(f"down_bias {tuple(down_bias.shape)} is not [N={N}, d={d}]")
     if ids.dtype not in _INT_DTYPES:
-        raise MoespecError(f"ids must be integers, got {ids.dtype}")
+        raise ArgumentError(f"ids must be integers, got {ids.dtype}")
+    # Floating point only: the kernels compute in fp32 and round once to x's dtype, so an integer x would be truncated.
+    for name, t in tensors:
+        if name != "ids" and t is not None and not t.is_floating_point():
+            raise ArgumentError(f"{name} is {t.dtype}; the expert operation takes floating-point tensors")
     # No pointer the kernels cannot read: every tensor where the weights are (ids may stay on the host for a GPU),
     # and the weights on a device the kernels run on (a meta tensor has no memory at all).
     home = gate_up.device.type
     if home not in ("cpu", "cuda"):
-        raise MoespecError(f"gate_up is on {gate_up.device}: the expert kernels run on cpu or cuda tensors")
+        raise ArgumentError(f"gate_up is on {gate_up.device}: the expert kernels run on cpu or cuda tensors")
     for name, t in (("x", x), ("ids", ids), ("weights", weights), ("down", down), ("gate_up_bias", gate_up_bias),
                     ("down_bias", down_bias)):
         if t is not None and t.device.type != home and not (name == "ids" and home == "cuda" and
                                                             t.device.type == "cpu"):
-            raise MoespecError(f"{name} is on {t.device} but gate_up on {gate_up.device}: put every tensor of the "
+            raise ArgumentError(f"{name} is on {t.device} but gate_up on {gate_up.device}: put every tensor of the "
                                f"expert operation on one device")
     return n, m, N, d, f
 
 
+def _check_run(act: object, threads: object) -> None:
+    """The activation an Activation, threads None or a whole number in 1..THREADS_LIMIT."""
+    if not isinstance(act, Activation):
+        raise ArgumentError(f"act must be an Activation (SILU or GPT_OSS), got {show(act)}")
+    native.check_threads(threads)
+
+
+def _expert_tensor(name: str, t: object, dims: int) -> torch.Tensor:
+    """t when it is a tensor of `dims` dimensions holding at least one expert; ArgumentError naming it otherwise."""
+    if not isinstance(t, torch.Tensor) or t.dim() != dims or t.shape[0] < 1:
+        raise ArgumentError(f"{name} must be a torch.Tensor of {dims} dimensions with at least one expert, got "
+                            f"{show(t) if not isinstance(t, torch.Tensor) else tuple(t.shape)}")
+    return t
+
+
 def _check_ids(ids: torch.Tensor, N: int) -> None:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= N):
-        raise MoespecError(f"expert ids must lie in [0, {N})")
+        raise ArgumentError(f"expert ids must lie in [0, {N})")
 
 
 def expert_bytes(gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
                  down_bias: torch.Tensor | None = None) -> int:
     """b: the bytes of one expert as stored (gate, up and down rows plus its biases)."""
+    _expert_tensor("gate_up", gate_up, 3)
+    _expert_tensor("down", down, 3)
+    for name, bias in (("gate_up_bias", gate_up_bias), ("down_bias", down_bias)):
+        if bias is not None:
+            _expert_tensor(name, bias, 2)
     b = (gate_up[0].numel() * gate_up.element_size()) + (down[0].numel() * down.element_size())
     for bias in (gate_up_bias, down_bias):
         if bias is not None:
@@ -110,6 +147,8 @@ def expert_bytes(gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.
 
 def distinct_experts(ids: torch.Tensor) -> int:
     """U: the number of distinct experts the pass's n*m slots name."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in _INT_DTYPES:
+        raise ArgumentError(f"ids must be a tensor of integer expert ids, got {show(ids)}")
     return int(torch.unique(ids).numel())
 
 
@@ -120,6 +159,7 @@ def reference_float64(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                       down_bias: torch.Tensor | None = None, act: Activation = SILU) -> torch.Tensor:
     """The definition, slot by slot, in float64 throughout on the CPU; returns float64 [n, d] on the CPU."""
     n, m, N, d, f = _check(x, ids, weights, gate_up, down, gate_up_bias, down_bias)
+    _check_run(act, None)
     x, ids, weights, gate_up, down, gate_up_bias, down_bias = (
         None if t is None else t.cpu() for t in (x, ids, weights, gate_up, down, gate_up_bias, down_bias))
     _check_ids(ids, N)
@@ -151,9 +191,19 @@ _ACT_CODE = {"silu": 0, "gpt-oss": 1}
 def implementation(kernel: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> str:
     """What runs our `kernel` for weights of `dtype` on `device`: 'triton' on CUDA; on the CPU 'native' (the
     compiled AVX2 code) or 'torch' (its fallback); 'torch' for the torch-* loops."""
+    if not isinstance(kernel, str):
+        raise ArgumentError(f"kernel must be a kernel's name, got {show(kernel)}")
+    if not isinstance(dtype, torch.dtype):
+        raise ArgumentError(f"dtype must be a torch.dtype, got {show(dtype)}")
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentError(f"device must be a device name or torch.device, got {show(device)}")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ArgumentError(f"device {device!r} is not a torch device") from None
     if kernel not in _MODE:
         return "torch"
-    if torch.device(device).type == "cuda":
+    if device.type == "cuda":
         return "triton"
     return "native" if dtype in native.DTYPE_CODE and native.load() is not None else "torch"
 
@@ -177,7 +227,7 @@ def _native_op(mode, x, ids, weights, gate_up, down, gate_up_bias, down_bias, ac
         weights.data_ptr(), gate_up.data_ptr(), down.data_ptr(), bias_ptrs[0], bias_ptrs[1], out.data_ptr(),
         threads or torch.get_num_threads())
     if rc != 0:
-        raise MoespecError(f"expert ids must lie in [0, {N})")
+        raise ArgumentError(f"expert ids must lie in [0, {N})")
     return out if out.dtype == dtype else out.to(dtype)
 
 
@@ -255,6 +305,10 @@ def from_hf_experts(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor
 
     Canonical modules (OLMoE, Qwen3-MoE, Mixtral, DeepSeek-V2) are returned as they are, without a copy;
     gpt-oss's transposed, interleaved layout is converted once (a copy)."""
+    if not isinstance(module, torch.nn.Module) or not all(
+            isinstance(getattr(module, name, None), torch.Tensor) for name in ("gate_up_proj", "down_proj")):
+        raise ArgumentError(f"module must be a transformers experts module (gate_up_proj, down_proj), got "
+                            f"{show(module)}")
     gate_up, down = module.gate_up_proj.detach(), module.down_proj.detach()
     gate_up_bias = getattr(module, "gate_up_proj_bias", None)
     down_bias = getattr(module, "down_proj_bias", None)

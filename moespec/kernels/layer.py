@@ -111,6 +111,14 @@ def decoder_layer(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torc
                   threads: int | None = None) -> torch.Tensor:
     """Run one layer on h [n, d] in place (module docstring) and return h. Every tensor is checked for device,
     dtype, shape and layout before a pointer reaches native code; ValueError names the one that does not fit."""
+    for name, t in (("h", h), ("cos", cos), ("sin", sin), ("keys", keys), ("values", values)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(w, LayerWeights):
+        raise ValueError(f"w must be a LayerWeights, got {type(w).__name__}")
+    if isinstance(past, bool) or not isinstance(past, int):
+        raise ValueError(f"past must be an integer >= 0, got {type(past).__name__}")
+    native.check_threads(threads)
     n = h.shape[0] if h.dim() == 2 else 0
     if not 1 <= n <= 16:
         raise ValueError(f"h must be [n, d] with 1..16 tokens, got {tuple(h.shape)}")

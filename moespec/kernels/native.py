@@ -32,6 +32,9 @@ from pathlib import Path
 
 import torch  # loaded before the library, see the module docstring
 
+from moespec.arguments import whole
+from moespec.defaults import THREADS_LIMIT
+
 SOURCES = tuple(Path(__file__).parent / "csrc" / name
                 for name in ("expert_kernels.cpp", "dense_kernels.cpp", "attention_kernels.cpp",
                           "token_kernels.cpp", "layer_kernels.cpp"))
@@ -156,6 +159,13 @@ def load() -> ctypes.CDLL | None:
         return None
     _status = f"native ({path})"
     return lib
+
+
+def check_threads(threads: object) -> None:
+    """The OpenMP threads of a native call: None (torch.get_num_threads()) or a whole number in 1..THREADS_LIMIT;
+    ArgumentError naming `threads` otherwise."""
+    if threads is not None:
+        whole("threads", threads, 1, THREADS_LIMIT)
 
 
 def status() -> str:

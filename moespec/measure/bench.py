@@ -71,14 +71,22 @@ from moespec.defaults import (
     TRACE_TOKENS,
 )
 from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench, too_small
-from moespec.formats.checkpoint import Checkpoint
-from moespec.formats.files import check_output, holds_outputs, provenance, write_json
+from moespec.formats.checkpoint import Checkpoint, require
+from moespec.formats.files import (
+    check_contention_record,
+    check_output,
+    holds_outputs,
+    is_number,
+    provenance,
+    write_json,
+)
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.contention import Cores, merge
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
-from moespec.measure.level import Level, check_level, host_level, pin_wait
+from moespec.measure.level import LEVEL_UNIT, Level, check_level, host_level, pin_wait
+from moespec.measure.level import check_unit as check_level_unit
 from moespec.measure.passes import Pass, chosen_ids, plan_unit
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
@@ -284,6 +292,24 @@ def round_key(layer: int, rep: int, kernels: list[str]) -> str:
     return f"layer {layer} round {rep} kernels {','.join(kernels)}"
 
 
+def round_check(group_sizes: list[int], kernels: list[str]) -> Callable[[Any, str], None]:
+    """The check of a resumed round of one layer (_time_round): one group per pass size, `group_sizes[i]` passes
+    in group i, each timed by every kernel once, with its ceiling samples and contention record."""
+    def check(unit: Any, where: str) -> None:
+        require(isinstance(unit, list) and len(unit) == len(group_sizes), where,
+                f"a round must hold {len(group_sizes)} groups, one per pass size")
+        for i, (group, size) in enumerate(zip(unit, group_sizes)):
+            times, ceilings = (group.get(k) if isinstance(group, dict) else None for k in ("times", "ceiling_gbps"))
+            require(isinstance(times, list) and len(times) == size and
+                    all(isinstance(row, list) and len(row) == len(kernels) and
+                        all(is_number(t) and t > 0 for t in row) for row in times), where,
+                    f"group {i} must time its {size} passes with each of {', '.join(kernels)}")
+            require(isinstance(ceilings, list) and all(is_number(c) and c > 0 for c in ceilings), where,
+                    f"group {i}: ceiling_gbps must list positive bandwidths")
+            check_contention_record(group.get("contention"), where, f"group {i} contention")
+    return check
+
+
 def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
                 ceilings: list[float]) -> dict[str, Any]:
     """One (layer, n) as `analyze` reads it: per pass its source, U, a window's start, median/IQR per kernel over
@@ -454,8 +480,9 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "layout": LAYOUT,
            "level_gbps": config.level_gbps, "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
-           "trace_sha1": trace_info["sha1"]}
-    checkpoint = Checkpoint(config.out, key, "bench", config.fresh)
+           "trace_sha1": trace_info["sha1"], "n": ns, "layers": layers, "kernels": list(kinds), "device": timer.name}
+    checks = {f"layer {layer} round ": round_check([len(plan[layer, n]) for n in ns], list(kinds)) for layer in layers}
+    checkpoint = Checkpoint(config.out, key, "bench", config.fresh, checks | {LEVEL_UNIT: check_level_unit})
     resumed = sum(round_key(layer, rep, list(kinds)) in checkpoint.units for layer in layers
                   for rep in range(config.reps))  # bench.json says so: --fresh times them again
     u = reuse_stats(trace, max(ns), bootstrap=0,

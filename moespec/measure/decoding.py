@@ -23,10 +23,13 @@ import torch
 
 from moespec import MoespecError, theory
 from moespec.defaults import KMAX
-from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.checkpoint import Checkpoint, UnitChecks, is_count, require
+from moespec.formats.files import check_contention_record, is_number
 from moespec.formats.trace import Trace
 from moespec.measure.contention import Cores, merge
-from moespec.measure.level import Level
+from moespec.measure.level import LEVEL_UNIT, Level
+from moespec.measure.level import check_unit as check_level_unit
+from moespec.measure.rounds import VERIFY_UNIT, verify_unit_check
 from moespec.model import speculative
 from moespec.model.load import LoadedModel
 from moespec.model.policies import set_policy, set_replay
@@ -145,6 +148,33 @@ def prompt_unit(out: list[int], records: list[speculative.StepRecord], plain: li
                                                 "plain_top2_gap": margins[p - 1] if p else None}}
 
 
+PROMPT_UNIT = "cell "  # the prefix of every (cell, prompt) unit's key (interleaved)
+
+
+def check_prompt_unit(unit: Any, where: str) -> None:
+    """A resumed (cell, prompt) unit (prompt_unit, with its contention record): the acceptance, every step's
+    counts and four times, the tokens and the first mismatch, of the types prompt_unit writes."""
+    require(isinstance(unit, dict) and isinstance(unit.get("steps"), list), where, "no list of steps")
+    a, mismatch = unit.get("a"), unit.get("mismatch")
+    require(a is None or (is_number(a) and 0 <= a < 1), where, f"acceptance a = {a!r} must be null or in [0, 1)")
+    for j, step in enumerate(unit["steps"]):
+        require(isinstance(step, list) and len(step) == 6 and is_count(step[0]) and is_count(step[1]) and
+                step[1] <= step[0] and all(is_number(t) and t >= 0 for t in step[2:]), where,
+                f"steps[{j}] must be [drafted, accepted <= drafted, four times >= 0]")
+    require(is_count(unit.get("tokens")), where, "tokens must be a whole number >= 0")
+    require(mismatch is None or (isinstance(mismatch, dict) and is_count(mismatch.get("prompt")) and
+                                 is_count(mismatch.get("position")) and
+                                 (mismatch.get("plain_top2_gap") is None or is_number(mismatch["plain_top2_gap"]))),
+            where, "mismatch must be null or {prompt, position, plain_top2_gap}")
+    check_contention_record(unit.get("contention"), where, "contention")
+
+
+def run_unit_checks(ns: list[int], policies: list[str]) -> UnitChecks:
+    """The checks of a resumed run's units, either engine: its verify rounds over `ns` and `policies`, its level and
+    its (cell, prompt) units."""
+    return {VERIFY_UNIT: verify_unit_check(ns, policies), LEVEL_UNIT: check_level_unit, PROMPT_UNIT: check_prompt_unit}
+
+
 def _records(units: list[dict]) -> list[speculative.StepRecord]:
     return [speculative.StepRecord(int(d), int(acc), v, s, dr, h) for unit in units
             for d, acc, v, s, dr, h in unit["steps"]]
@@ -206,7 +236,7 @@ def interleaved(cells: list[Cell], count: int, checkpoint: Checkpoint, unit: Cal
     grid's minutes hits every (policy, k) alike instead of the cells run last. Each (cell, prompt) is a
     checkpoint unit. Returns each cell with its prompts' units."""
     def key(cell: Cell, i: int) -> str:
-        return f"cell {cell[0]} k {cell[1]} prompt {i}"
+        return f"{PROMPT_UNIT}{cell[0]} k {cell[1]} prompt {i}"
 
     for i in range(count):
         for cell in cells if i % 2 == 0 else cells[::-1]:

@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from moespec import MoespecError
-from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.checkpoint import Checkpoint, is_count, require
+from moespec.formats.files import check_level_record
 from moespec.measure.timing import StreamRead
 
 REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cache, measures the host's bandwidth
@@ -203,6 +204,15 @@ class Level:
         """Keep the level's record in the checkpoint (LEVEL_UNIT), where it pins anything."""
         if self.active:
             checkpoint.save(LEVEL_UNIT, self.record())
+
+
+def check_unit(unit: Any, where: str) -> None:
+    """A resumed LEVEL_UNIT (Level.record): what Level.restore reads, of the types record writes."""
+    require(isinstance(unit, dict), where, "not an object")
+    check_level_record({"level": unit}, where)
+    require(all(is_count(unit.get(k)) for k in ("dropped", "kept_off", "repins")), where,
+            "dropped, kept_off and repins must be whole numbers >= 0")
+    require(isinstance(unit.get("exhausted"), bool), where, "exhausted must be true or false")
 
 
 def describe(record: dict[str, Any] | None) -> str | None:

@@ -44,6 +44,7 @@ from moespec.measure.decoding import (
     prompt_acceptance,
     prompt_unit,
     prompts,
+    run_unit_checks,
     throughput_cells,
 )
 from moespec.measure.contention import Cores
@@ -200,7 +201,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
                "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed,
                "plan": plan_info, "level_gbps": config.level_gbps,
                "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s)}
-        checkpoint = Checkpoint(config.out, key, "run", config.fresh)
+        checkpoint = Checkpoint(config.out, key, "run", config.fresh, run_unit_checks(ns, [POLICY]))
         say(f"moespec run: llama.cpp, {config.gguf} ({model.spec.L} MoE layers, {started['dtype']}, "
             f"{config.threads} threads); policy {POLICY} (llama.cpp's CPU MUL_MAT_ID); depth {config.depth}")
         if note := checkpoint.describe():

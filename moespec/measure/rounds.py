@@ -21,7 +21,8 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from moespec import MoespecError
-from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.checkpoint import Checkpoint, is_count, require
+from moespec.formats.files import check_contention_record, is_number
 from moespec.measure.contention import Cores, merge
 from moespec.measure.level import DROP, REPIN, Level
 
@@ -65,6 +66,30 @@ def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) 
 
 
 VERIFY_UNIT = "verify rounds"  # the checkpoint unit of the verify rounds so far (all pass sizes share each round)
+
+
+STOPS = ("target", "max_reps", "budget", "disturbed")  # what ends the verify rounds (timed_rounds)
+
+
+def verify_unit_check(ns: list[int], policies: list[str]) -> Callable[[Any, str], None]:
+    """The check of a resumed VERIFY_UNIT (timed_rounds' state) of the rounds over `ns` and `policies`: its counts,
+    and in every kept round a positive time for each (n, policy), a reference read and a contention record."""
+    passes = {f"{n} {p}" for n in ns for p in policies}
+
+    def check(unit: Any, where: str) -> None:
+        require(isinstance(unit, dict) and isinstance(unit.get("rounds"), list), where, "no list of rounds")
+        require(all(is_count(unit.get(k)) for k in ("repeated", "off_level", "discarded")), where,
+                "repeated, off_level and discarded must be whole numbers >= 0")
+        require(is_number(unit.get("seconds")) and unit["seconds"] >= 0 and unit.get("stopped_by") in (None, *STOPS),
+                where, "seconds must be a time >= 0 and stopped_by null or one of " + ", ".join(STOPS))
+        for i, r in enumerate(unit["rounds"]):
+            times = r.get("times") if isinstance(r, dict) else None
+            require(isinstance(times, dict) and set(times) == passes and
+                    all(is_number(t) and t > 0 for t in times.values()) and
+                    is_number(r.get("reference_gbps")) and r["reference_gbps"] > 0, where,
+                    f"rounds[{i}] must time every pass size and policy of this run once, and read the reference")
+            check_contention_record(r.get("contention"), where, f"rounds[{i}].contention")
+    return check
 
 
 def verify_done(checkpoint: Checkpoint) -> bool:

@@ -50,7 +50,7 @@ from moespec.defaults import (
     THREADS_LIMIT,
 )
 from moespec.formats.checkpoint import Checkpoint, unit_rng
-from moespec.formats.files import check_output, holds_outputs, provenance, write_json
+from moespec.formats.files import check_output, holds_outputs, provenance, sha256_file, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
@@ -61,6 +61,7 @@ from moespec.measure.decoding import (
     expand_k0,
     measure_throughput,
     prompts,
+    run_unit_checks,
     throughput_cells,
 )
 from moespec.measure.level import LEVEL_BAND, Level, check_level, host_level, pin_wait
@@ -348,7 +349,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         say(f"[yellow]note[/]: {config.plan} plans {plan_info['moe_layers']} MoE layers, this model has "
             f"{lm.spec.L}: its AUTO policy applies, its verify times do not (score will refuse the pair)")
     if trace is not None:
-        trace.check_fits(lm.spec, config.replay, prefix=True)
+        trace.check_fits(lm.spec, config.replay, prefix=True, model=model_name(lm, config))  # as bench's
     policies = list(KERNELS) + (["auto"] if kernel_by_n else [])
     drafter = None
     if config.draft_model:
@@ -364,12 +365,13 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
-           "seed": config.seed, "draft_model": config.draft_model}
-    checkpoint = Checkpoint(config.out, key, "run", config.fresh)
+           "seed": config.seed, "draft_model": config.draft_model, "spec": lm.spec.to_dict(), "device": device,
+           "threads": config.threads, "replay_sha256": config.replay and sha256_file(config.replay)}
+    verify = policies + (["outside"] if config.outside else [])
+    checkpoint = Checkpoint(config.out, key, "run", config.fresh, run_unit_checks(ns, verify))
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; verify pass: {verify_pass(lm.model)}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
-    verify = policies + (["outside"] if config.outside else [])
     total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
     ceilings = {"before": measure_stream_read()}
     level = run_level(config, plan_info, checkpoint, say, device.split(":")[0])

@@ -22,11 +22,13 @@ Byte model (the contract of ModelSpec.byte_model, at the file's formats):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from moespec import MoespecError
-from moespec.model.spec import ModelSpec, resolve
+from moespec import MoespecError, printable
+from moespec.formats.files import check_input
+from moespec.model.spec import ModelSpec, check_size, resolve, shown
 
 # GGUF general.architecture -> Hugging Face model_type, for the MoE architectures moespec reads from a GGUF file
 ARCHITECTURES = {"olmoe": "olmoe", "qwen3moe": "qwen3_moe", "llama": "mixtral", "gpt-oss": "gpt_oss"}
@@ -68,6 +70,10 @@ class GgufModel:
                  gguf.MODEL_TENSOR.FFN_GATE_UP_EXP)
         return {f"{gguf.TENSOR_NAMES[k].format(bid=block)}.{part}" for k in kinds for part in ("weight", "bias")}
 
+    @cached_property
+    def _tensor_bytes(self) -> dict[str, int]:
+        return {t.name: t.bytes for t in self.tensors}
+
     def expert_tensor_names(self) -> set[str]:
         """The names of every routed-expert tensor of the file (all MoE layers)."""
         return set().union(*(self._expert_names(b) for b in self.spec.moe_layers))
@@ -83,8 +89,8 @@ class GgufModel:
         """w_l: bytes of one routed expert of MoE layer `layer` (0..L-1) as stored in the file."""
         if not 0 <= layer < self.spec.L:
             raise MoespecError(f"{self.path}: MoE layer {layer} outside 0..{self.spec.L - 1}")
-        names = self._expert_names(self.spec.moe_layers[layer])
-        return sum(t.bytes for t in self.tensors if t.name in names) // self.spec.N
+        sizes = self._tensor_bytes
+        return sum(sizes.get(name, 0) for name in self._expert_names(self.spec.moe_layers[layer])) // self.spec.N
 
     def W(self) -> int:  # noqa: N802 - the paper's symbol
         """W = sum over MoE layers of w_l."""
@@ -121,47 +127,76 @@ class GgufModel:
                 "D": self.dense_bytes(), "kv": [self.spec.kv_bytes(k, depth, kv_dtype) for k in range(kmax + 1)]}
 
 
+class _Metadata:
+    """Typed reads of a GGUF file's metadata, naming the file and the key in one line when one is missing, of
+    another type, or a size out of its ModelSpec range (spec.check_size). Strings come back printable."""
+
+    _REQUIRED = object()
+
+    def __init__(self, fields: dict[str, Any], path: Path) -> None:
+        self.fields, self.path = fields, path
+
+    def _value(self, key: str, default: Any) -> Any:
+        field = self.fields.get(key)
+        if field is None:
+            if default is self._REQUIRED:
+                raise MoespecError(f"{self.path}: metadata key {key!r} missing")
+            return None
+        try:
+            return field.contents()
+        except (ValueError, TypeError, IndexError) as e:  # bad UTF-8 (a ValueError) or a malformed array
+            raise MoespecError(f"{self.path}: metadata key {key!r} unreadable ({type(e).__name__})") from None
+
+    def size(self, key: str, size: str, default: Any = _REQUIRED, least: int | None = None) -> Any:
+        """metadata[key] as a size of the kind of ModelSpec field `size`; `default` where absent."""
+        value = self._value(key, default)
+        return default if value is None else check_size(value, f"{self.path}: {key}", size, least)
+
+    def text(self, key: str, default: Any = _REQUIRED) -> str:
+        """metadata[key] as a string, its control characters escaped (moespec.printable); `default` where absent."""
+        value = self._value(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise MoespecError(f"{self.path}: {key} = {shown(value)} must be a string")
+        return printable(value)
+
+
 def read_gguf(path: str | Path) -> GgufModel:
     """The spec and tensor table of a GGUF file; one-line errors name the file and what is wrong (not a GGUF or
-    truncated, an architecture moespec does not read, a dense model, a key or tensor missing or inconsistent)."""
+    truncated, an architecture moespec does not read, a dense model, a key or tensor missing, of another type, out
+    of range or inconsistent)."""
     gguf = gguf_module()
     path = Path(path)
-    if not path.is_file():
-        raise MoespecError(f"{path}: {'a directory, not' if path.is_dir() else 'no such'} GGUF file")
+    check_input(path, "GGUF")  # a FIFO is no GGUF file either (reading one would wait forever)
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as e:  # noqa: BLE001 - the reader raises many kinds on a damaged file
-        raise MoespecError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    fields = {name: field for name, field in reader.fields.items()}
-
-    def value(key: str, default: Any = None) -> Any:
-        field = fields.get(key)
-        if field is None:
-            if default is None:
-                raise MoespecError(f"{path}: metadata key {key!r} missing")
-            return default
-        return field.contents()
-
-    arch = value(gguf.Keys.General.ARCHITECTURE)
+        raise MoespecError(f"{path}: not a readable GGUF file ({type(e).__name__}: {shown(str(e), 200)})") from None
+    meta = _Metadata(dict(reader.fields), path)
+    arch = meta.text(gguf.Keys.General.ARCHITECTURE)
     if arch not in ARCHITECTURES:
         raise MoespecError(f"{path}: architecture {arch!r} is not one moespec reads from GGUF "
                            f"({', '.join(ARCHITECTURES)})")
     key = lambda k: k.format(arch=arch)  # noqa: E731
-    experts = value(key(gguf.Keys.LLM.EXPERT_COUNT), 0)
-    if not isinstance(experts, int) or experts < 2:
+    experts = meta.size(key(gguf.Keys.LLM.EXPERT_COUNT), "num_experts", 0, least=0)
+    if experts < 2:
         raise MoespecError(f"{path}: a dense model ({key(gguf.Keys.LLM.EXPERT_COUNT)} = {experts}): moespec plans "
                            "mixture-of-experts models")
-    tensors = tuple(GgufTensor(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_bytes))
+    tensors = tuple(GgufTensor(printable(t.name), t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_bytes))
                     for t in reader.tensors)
     by_name = {t.name: t for t in tensors}
     names = gguf.TENSOR_NAMES
-    embed = by_name.get(names[gguf.MODEL_TENSOR.TOKEN_EMBD] + ".weight")
+    embed_name = names[gguf.MODEL_TENSOR.TOKEN_EMBD] + ".weight"
+    embed = by_name.get(embed_name)
     if embed is None or len(embed.shape) != 2:
         raise MoespecError(f"{path}: no 2-D token embedding tensor")
-    hidden, vocab = value(key(gguf.Keys.LLM.EMBEDDING_LENGTH)), embed.shape[1]
-    layers = value(key(gguf.Keys.LLM.BLOCK_COUNT))
-    heads = value(key(gguf.Keys.Attention.HEAD_COUNT))
-    width = value(key(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), 0) or value(key(gguf.Keys.LLM.FEED_FORWARD_LENGTH))
+    vocab = check_size(embed.shape[1], f"{path}: rows of {embed_name}", "vocab")
+    hidden = meta.size(key(gguf.Keys.LLM.EMBEDDING_LENGTH), "hidden")
+    layers = meta.size(key(gguf.Keys.LLM.BLOCK_COUNT), "layers")
+    heads = meta.size(key(gguf.Keys.Attention.HEAD_COUNT), "heads")
+    width = meta.size(key(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), "expert_width", None) or \
+        meta.size(key(gguf.Keys.LLM.FEED_FORWARD_LENGTH), "expert_width")
     gate = names[gguf.MODEL_TENSOR.FFN_GATE_EXP] + ".weight"
     moe = [b for b in range(layers) if gate.format(bid=b) in by_name]
     if not moe:
@@ -169,28 +204,28 @@ def read_gguf(path: str | Path) -> GgufModel:
     for b in moe:
         shape = by_name[gate.format(bid=b)].shape
         if shape != (hidden, width, experts):
-            raise MoespecError(f"{path}: {gate.format(bid=b)} has shape {list(shape)}, the metadata says "
+            raise MoespecError(f"{path}: {gate.format(bid=b)} has shape {shown(list(shape))}, the metadata says "
                                f"[{hidden}, {width}, {experts}] (hidden, expert width, experts)")
     dense = tuple(b for b in range(layers) if b not in moe)
     extras: dict[str, Any] = {}
     if arch == "gpt-oss":  # biases everywhere, one sink logit per head, sliding window on even layers (llama.cpp's
         # swa pattern 2, as GptOssConfig's default layer_types)
-        window = value(key(gguf.Keys.Attention.SLIDING_WINDOW))
+        window = meta.size(key(gguf.Keys.Attention.SLIDING_WINDOW), "sliding_window")
         extras = dict(expert_bias=True, router_bias=True, attention_bias=True, attention_sinks=True,
                       sliding_window=window, sliding_layers=tuple(range(0, layers, 2)))
     up = names[gguf.MODEL_TENSOR.FFN_UP] + ".weight"
     dense_width = by_name[up.format(bid=dense[0])].shape[1] if dense and up.format(bid=dense[0]) in by_name else 0
     try:
         spec = ModelSpec(
-            name=value(gguf.Keys.General.NAME, path.stem), model_type=ARCHITECTURES[arch], hidden=hidden,
-            layers=layers, num_experts=experts,
-            top_k=value(key(gguf.Keys.LLM.EXPERT_USED_COUNT)), expert_width=width, vocab=vocab, heads=heads,
-            kv_heads=value(key(gguf.Keys.Attention.HEAD_COUNT_KV), heads),
-            head_dim=value(key(gguf.Keys.Attention.KEY_LENGTH), hidden // heads),
+            name=meta.text(gguf.Keys.General.NAME, printable(path.stem)), model_type=ARCHITECTURES[arch],
+            hidden=hidden, layers=layers, num_experts=experts,
+            top_k=meta.size(key(gguf.Keys.LLM.EXPERT_USED_COUNT), "top_k"), expert_width=width, vocab=vocab,
+            heads=heads, kv_heads=meta.size(key(gguf.Keys.Attention.HEAD_COUNT_KV), "kv_heads", heads),
+            head_dim=meta.size(key(gguf.Keys.Attention.KEY_LENGTH), "head_dim", hidden // heads),
             dense_layers=dense, dense_width=dense_width, qk_norm=QK_NORM.get(arch, "none"),
             tied_embeddings=names[gguf.MODEL_TENSOR.OUTPUT] + ".weight" not in by_name,
-            notes=f"GGUF {path.name}", **extras)
-    except (MoespecError, TypeError) as e:
+            notes=f"GGUF {printable(path.name)}", **extras)
+    except MoespecError as e:
         raise MoespecError(f"{path}: {e}") from None
     return GgufModel(str(path), arch, spec, tensors)
 

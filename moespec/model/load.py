@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from moespec import MoespecError
@@ -37,6 +38,8 @@ PUBLISHED_EXTRAS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"norm_topk_prob": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
     "deepseek_v2": {"topk_method": "greedy", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0},
 }
+# What transformers and safetensors raise on a checkpoint they cannot load (a missing, damaged or foreign file).
+_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)
 
 
 @dataclass
@@ -106,26 +109,42 @@ def load_draft(path: str, dtype: str = "bf16", device: str = "cpu") -> Any:
     if dtype not in DTYPES:
         raise MoespecError(f"load_draft: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     resolve_device(device)
+    _check_weights(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
                                                      dtype=getattr(torch, TORCH_DTYPES[dtype]))
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MoespecError(f"{path}: cannot load the draft model ({first})") from None
+    except _LOAD_ERRORS as e:
+        raise MoespecError(f"{path}: cannot load the draft model ({_first_line(e)})") from None
     return model.to(device).eval().requires_grad_(False)
+
+
+def _check_weights(folder: Path) -> None:
+    """Every safetensors file of a checkpoint folder opens (its header parses and its tensors lie inside the file),
+    so a truncated or damaged one is named in one line before transformers reads it."""
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise MoespecError(f"{file}: not a readable safetensors file ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _load_checkpoint(path: Path, dtype: torch.dtype) -> tuple[Any, Any, ModelSpec, str]:
     if not path.is_dir():
-        raise MoespecError(f"{path}: no such directory (a local Hugging Face checkpoint is needed)")
+        raise MoespecError(f"{path}: {'not a folder' if path.exists() else 'no such directory'} (a local Hugging Face "
+                           f"checkpoint is needed)")
     spec = ModelSpec.from_config(path)  # rejects configs that are not a supported MoE
+    _check_weights(path)
     try:
         tokenizer = (AutoTokenizer.from_pretrained(path, local_files_only=True)
                      if any((path / name).is_file() for name in TOKENIZER_FILES) else None)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MoespecError(f"{path}: cannot load the checkpoint ({first})") from None
+    except _LOAD_ERRORS as e:
+        raise MoespecError(f"{path}: cannot load the checkpoint ({_first_line(e)})") from None
     return model, tokenizer, spec, str(path)
 
 

@@ -28,15 +28,52 @@ with dense_bytes("bf16"). Layer arguments index the L MoE layers (0..L-1, the tr
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
+from moespec.defaults import LAYERS_LIMIT
+from moespec.formats.files import read_json
+from moespec.formats.trace import MAX_EXPERTS
 from moespec.model.weights import FORMATS, matrix_bytes, matrix_format, router_weight_bytes, vector_bytes
 
 SUPPORTED_MODEL_TYPES = ("olmoe", "qwen3_moe", "gpt_oss", "deepseek_v2", "mixtral")
+
+# Bounds on a model's sizes wherever they come from (a preset, config.json, a GGUF file, the spec in a bench or trace):
+# far past every public MoE, they keep a corrupt or hostile file from running for hours or exhausting memory.
+WIDTH_LIMIT = 1 << 17  # hidden size, FFN widths, heads, head and latent dims: 2.5x the widest (Llama 3.1 405B's FFN)
+VOCAB_LIMIT = 1 << 22  # 16x the largest public vocabulary (Gemma 3's 262,144)
+SLIDING_WINDOW_LIMIT = 2**32 - 1  # llama.cpp stores the window as a uint32
+# ModelSpec field -> (least, most). Layers: LAYERS_LIMIT, as the flags; experts: MAX_EXPERTS, what a trace can hold.
+SIZES: dict[str, tuple[int, int]] = {
+    "hidden": (1, WIDTH_LIMIT), "layers": (1, LAYERS_LIMIT), "num_experts": (2, MAX_EXPERTS),
+    "top_k": (1, MAX_EXPERTS), "expert_width": (1, WIDTH_LIMIT), "vocab": (1, VOCAB_LIMIT), "heads": (1, WIDTH_LIMIT),
+    "kv_heads": (1, WIDTH_LIMIT), "head_dim": (1, WIDTH_LIMIT), "dense_width": (0, WIDTH_LIMIT),
+    "shared_experts": (0, MAX_EXPERTS), "shared_width": (0, WIDTH_LIMIT), "q_lora_rank": (1, WIDTH_LIMIT),
+    "kv_lora_rank": (1, WIDTH_LIMIT), "qk_rope_head_dim": (0, WIDTH_LIMIT), "qk_nope_head_dim": (0, WIDTH_LIMIT),
+    "v_head_dim": (0, WIDTH_LIMIT), "sliding_window": (1, SLIDING_WINDOW_LIMIT),
+}
+_OPTIONAL_SIZES = ("q_lora_rank", "kv_lora_rank", "sliding_window")  # None: the feature is absent
+_FLAGS = ("gated", "expert_bias", "router_bias", "attention_bias", "attention_sinks", "tied_embeddings")
+_QK_NORMS = ("none", "head", "proj")
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """repr of a value read from a file, cut to `limit` characters (repr escapes control characters)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_size(value: Any, where: str, size: str, least: int | None = None) -> int:
+    """`value` as a size of the kind of ModelSpec field `size` (SIZES; `least` overrides its lower bound): an int,
+    not a bool, in range; else one line `where = value must be ...` (`where` names the file and key)."""
+    low, most = SIZES[size]
+    low = low if least is None else least
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= most:
+        raise MoespecError(f"{where} = {shown(value)} must be an integer in {low}..{most:,}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -76,29 +113,46 @@ class ModelSpec:
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        positive = ("hidden", "layers", "num_experts", "top_k", "expert_width", "vocab", "heads", "kv_heads",
-                    "head_dim")
-        for key in positive:
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise MoespecError(f"model spec {self.name!r}: {key} = {value!r} must be a positive integer")
-        if not 1 <= self.top_k < self.num_experts:
-            raise MoespecError(f"model spec {self.name!r}: need 1 <= top_k < num_experts, "
-                               f"got top_k={self.top_k}, num_experts={self.num_experts}")
+        where = f"model spec {shown(self.name)}"
+        if not isinstance(self.name, str) or not isinstance(self.notes, str):
+            raise MoespecError(f"{where}: name and notes must be strings")
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise MoespecError(f"{where}: model_type {shown(self.model_type)} not in "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        for key in SIZES:
+            if getattr(self, key) is not None or key not in _OPTIONAL_SIZES:
+                check_size(getattr(self, key), f"{where}: {key}", key)
+        for key in _FLAGS:
+            if not isinstance(getattr(self, key), bool):
+                raise MoespecError(f"{where}: {key} = {shown(getattr(self, key))} must be true or false")
+        if self.qk_norm not in _QK_NORMS:
+            raise MoespecError(f"{where}: qk_norm {shown(self.qk_norm)} not in {'/'.join(_QK_NORMS)}")
         for key in ("dense_layers", "sliding_layers"):
-            bad = [i for i in getattr(self, key) if not 0 <= i < self.layers]
-            if bad:
-                raise MoespecError(f"model spec {self.name!r}: {key} {bad} outside 0..{self.layers - 1}")
+            layers = getattr(self, key)
+            if not isinstance(layers, tuple) or not all(type(i) is int for i in layers) \
+                    or any(a >= b for a, b in zip(layers, layers[1:])):
+                raise MoespecError(f"{where}: {key} = {shown(layers)} must be a tuple of increasing layer indices")
+            if layers and (layers[0] < 0 or layers[-1] >= self.layers):
+                raise MoespecError(f"{where}: {key} {shown(layers)} outside 0..{self.layers - 1}")
+        if not 1 <= self.top_k < self.num_experts:
+            raise MoespecError(f"{where}: need 1 <= top_k < num_experts, "
+                               f"got top_k={self.top_k}, num_experts={self.num_experts}")
+        if self.heads % self.kv_heads:  # each kv head serves a whole group of query heads
+            raise MoespecError(f"{where}: heads = {self.heads} must be a multiple of kv_heads = {self.kv_heads}")
         if len(self.dense_layers) >= self.layers:
-            raise MoespecError(f"model spec {self.name!r}: no MoE layer left")
+            raise MoespecError(f"{where}: no MoE layer left")
         if self.dense_layers and self.dense_width < 1:
-            raise MoespecError(f"model spec {self.name!r}: dense layers need dense_width >= 1")
-        if self.qk_norm not in ("none", "head", "proj"):
-            raise MoespecError(f"model spec {self.name!r}: qk_norm {self.qk_norm!r} not in none/head/proj")
-        if self.kv_lora_rank is not None and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) < 1:
-            raise MoespecError(f"model spec {self.name!r}: MLA needs positive qk_rope/qk_nope/v head dims")
+            raise MoespecError(f"{where}: dense layers need dense_width >= 1")
+        if self.shared_experts and self.shared_width < 1:
+            raise MoespecError(f"{where}: shared experts need shared_width >= 1")
+        if self.kv_lora_rank is not None:
+            if min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) < 1:
+                raise MoespecError(f"{where}: MLA needs positive qk_rope/qk_nope/v head dims")
+            if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+                raise MoespecError(f"{where}: MLA needs head_dim = qk_nope_head_dim + qk_rope_head_dim, got "
+                                   f"{self.head_dim} != {self.qk_nope_head_dim} + {self.qk_rope_head_dim}")
         if self.sliding_layers and not self.sliding_window:
-            raise MoespecError(f"model spec {self.name!r}: sliding_layers given without sliding_window")
+            raise MoespecError(f"{where}: sliding_layers given without sliding_window")
 
     # -- symbols of the formula sheet --------------------------------------------------------------
     @property
@@ -109,10 +163,11 @@ class ModelSpec:
     def m(self) -> int:
         return self.top_k
 
-    @property
+    @cached_property
     def moe_layers(self) -> tuple[int, ...]:
         """Decoder-layer index of each MoE layer, in order (trace layer l is decoder layer moe_layers[l])."""
-        return tuple(i for i in range(self.layers) if i not in self.dense_layers)
+        dense = set(self.dense_layers)
+        return tuple(i for i in range(self.layers) if i not in dense)
 
     @property
     def L(self) -> int:  # noqa: N802
@@ -138,14 +193,9 @@ class ModelSpec:
         The spec is named after the preset it equals, else after the checkpoint folder."""
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
-        if not file.is_file():
+        if not file.exists():
             raise MoespecError(f"{file}: no such file (expected a Hugging Face config.json)")
-        try:
-            cfg = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise MoespecError(f"{file}: not readable JSON ({e})") from None
-        if not isinstance(cfg, dict):
-            raise MoespecError(f"{file}: expected a JSON object")
+        cfg = read_json(file, "Hugging Face config.json")
         spec = cls.from_config_dict(cfg, file.parent.name or None, source=str(file))
         for preset in PRESETS.values():
             if replace(spec, name=preset.name) == preset:
@@ -156,11 +206,9 @@ class ModelSpec:
     def from_config_dict(cls, cfg: dict[str, Any], name: str | None = None, source: str = "config") -> ModelSpec:
         """Build a spec from the keys of a config.json (or a transformers config's `to_dict()`), named `name`
         (default: the model_type); `source` names the config in error messages."""
-        model_type = cfg.get("model_type")
-        if model_type not in _CONFIG_READERS:
-            raise MoespecError(f"{source}: model_type {model_type!r} is not a supported MoE model "
-                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-        return _CONFIG_READERS[model_type](_Config(cfg, source), name or model_type)
+        from moespec.model.hf_config import read_config  # its readers build ModelSpecs: imported when called
+
+        return read_config(cfg, name, source)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (tuples become lists)."""
@@ -168,10 +216,14 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        """The spec of to_dict's fields (as a bench or trace stores it); one line for anything else."""
+        if not isinstance(data, dict):
+            raise MoespecError(f"model spec: expected an object of fields, got {shown(data)}")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
-        if unknown:
-            raise MoespecError(f"model spec: unknown fields {unknown}")
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
+        if unknown or missing:
+            raise MoespecError(f"model spec: {'unknown' if unknown else 'missing'} fields {shown(unknown or missing)}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     # -- bytes -------------------------------------------------------------------------------------
@@ -190,10 +242,11 @@ class ModelSpec:
         if tokens < 1:
             raise MoespecError(f"model {self.name}: tokens must be >= 1, got {tokens}")
         vec = vector_bytes(fmt)
+        dense = set(self.dense_layers)
         total = 0
         for i in range(self.layers):
             total += self._attention_bytes(i, fmt) + 2 * self.hidden * vec  # + input/post-attention norms
-            if i in self.dense_layers:
+            if i in dense:
                 total += self._ffn_bytes(self.dense_width, i, fmt, bias=False)
             else:
                 total += self.num_experts * self.hidden * router_weight_bytes(fmt)
@@ -218,11 +271,9 @@ class ModelSpec:
         else:  # K and V, one head_dim row per kv head
             per_token = 2 * matrix_bytes(self.kv_heads, self.head_dim, dtype)
         context = depth + k + 1
-        total = 0
-        for i in range(self.layers):
-            positions = min(context, self.sliding_window + k) if i in self.sliding_layers else context
-            total += positions * per_token
-        return total
+        sliding = len(self.sliding_layers)  # each reads at most its window + k positions, the others all of them
+        windowed = sliding * min(context, self.sliding_window + k) if sliding else 0
+        return ((self.layers - sliding) * context + windowed) * per_token
 
     def byte_model(self, fmt: str, depth: int, kmax: int, kv_dtype: str = "bf16") -> tuple[int, int, list[int]]:
         """(mW, D, kv) of the one-bandwidth byte model (16) at context depth d: mW bytes of one token's experts,
@@ -298,122 +349,13 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
-_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-
-
-class _Config:
-    """Read keys of one config.json, naming the file and key in every error."""
-
-    _REQUIRED = object()
-
-    def __init__(self, cfg: dict[str, Any], file: Path | str) -> None:
-        self.cfg, self.file = cfg, file
-
-    def __call__(self, key: str, default: Any = _REQUIRED, least: int | None = None) -> Any:
-        """cfg[key] (`default` where absent or null); with `least`, an integer >= least (a size or count)."""
-        value = self.cfg.get(key)
-        if value is None:
-            if default is self._REQUIRED:
-                raise MoespecError(f"{self.file}: missing key {key!r} for model_type {self.cfg['model_type']!r}")
-            value = default
-        if least is not None and value is not None and \
-                (isinstance(value, bool) or not isinstance(value, int) or value < least):
-            raise MoespecError(f"{self.file}: {key} = {value!r} must be an integer >= {least}")
-        return value
-
-    def items(self, key: str, default: list, kind: type) -> list:
-        """cfg[key] as a list whose every item is a `kind` (layer indices, layer types), naming the key if not."""
-        value = self(key, default)
-        if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
-            raise MoespecError(f"{self.file}: {key} = {value!r} must be a list of {kind.__name__}")
-        return value
-
-    def num_experts(self) -> int:
-        """Routed experts per layer, under whichever name the writer used: transformers v5 maps the names
-        onto each other (attribute_map) and saves its own, e.g. Qwen3 as num_local_experts."""
-        for key in _EXPERT_COUNT_KEYS:
-            if self.cfg.get(key) is not None:
-                return self(key, least=1)
-        return self(_EXPERT_COUNT_KEYS[0], least=1)
-
-    def attention(self) -> dict[str, Any]:
-        """heads, kv heads, head dim, vocab, tying: keys every supported config shares."""
-        heads = self("num_attention_heads", least=1)
-        hidden = self("hidden_size", least=1)
-        return dict(hidden=hidden, layers=self("num_hidden_layers", least=1), vocab=self("vocab_size", least=1),
-                    heads=heads, kv_heads=self("num_key_value_heads", heads, least=1),
-                    head_dim=self("head_dim", hidden // heads, least=1),
-                    tied_embeddings=bool(self("tie_word_embeddings", False)),
-                    attention_bias=bool(self("attention_bias", False)))
-
-
-def _build(c: _Config, name: str, **kw: Any) -> ModelSpec:
-    try:
-        return ModelSpec(name, c.cfg["model_type"], **kw)
-    except (MoespecError, TypeError) as e:
-        raise MoespecError(f"{c.file}: {e}") from None
-
-
-def _read_olmoe(c: _Config, name: str) -> ModelSpec:
-    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
-                  expert_width=c("intermediate_size", least=1), qk_norm="proj")
-
-
-def _read_qwen3_moe(c: _Config, name: str) -> ModelSpec:
-    layers, step = c("num_hidden_layers", least=1), c("decoder_sparse_step", 1, least=1)
-    only_mlp = set(c.items("mlp_only_layers", [], int))  # as Qwen3MoeDecoderLayer decides
-    dense = tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step)
-    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
-                  expert_width=c("moe_intermediate_size", least=1), dense_layers=dense,
-                  dense_width=c("intermediate_size", least=1) if dense else 0, qk_norm="head")
-
-
-def _read_gpt_oss(c: _Config, name: str) -> ModelSpec:
-    layers = c("num_hidden_layers", least=1)
-    # GptOssConfig default: sliding on even layers (0, 2, ...), full attention on odd ones
-    types = c.items("layer_types", ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)],
-                    str)
-    window = c("sliding_window", None, least=1)
-    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
-    attention = c.attention() | {"attention_bias": bool(c("attention_bias", True))}
-    return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
-                  expert_width=c("intermediate_size", least=1), expert_bias=True, router_bias=True,
-                  attention_sinks=True,
-                  sliding_window=window if sliding else None, sliding_layers=sliding)
-
-
-def _read_deepseek_v2(c: _Config, name: str) -> ModelSpec:
-    # DeepseekV2DecoderLayer in transformers: MoE from layer first_k_dense_replace on (moe_layer_freq unused)
-    first_dense = c("first_k_dense_replace", 0, least=0)
-    nope, rope = c("qk_nope_head_dim", least=1), c("qk_rope_head_dim", least=1)
-    attention = c.attention() | {"head_dim": nope + rope}
-    return _build(c, name, **attention, num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
-                  expert_width=c("moe_intermediate_size", least=1), dense_layers=tuple(range(first_dense)),
-                  dense_width=c("intermediate_size", least=1) if first_dense else 0,
-                  shared_experts=c("n_shared_experts", 0, least=0), shared_width=c("moe_intermediate_size", least=1),
-                  q_lora_rank=c("q_lora_rank", None, least=1), kv_lora_rank=c("kv_lora_rank", least=1),
-                  qk_rope_head_dim=rope,
-                  qk_nope_head_dim=nope, v_head_dim=c("v_head_dim", least=1))
-
-
-def _read_mixtral(c: _Config, name: str) -> ModelSpec:
-    layers, window = c("num_hidden_layers", least=1), c("sliding_window", None, least=1)
-    return _build(c, name, **c.attention(), num_experts=c.num_experts(), top_k=c("num_experts_per_tok", least=1),
-                  expert_width=c("intermediate_size", least=1), sliding_window=window,
-                  sliding_layers=tuple(range(layers)) if window else ())
-
-
-_CONFIG_READERS = {"olmoe": _read_olmoe, "qwen3_moe": _read_qwen3_moe, "gpt_oss": _read_gpt_oss,
-                   "deepseek_v2": _read_deepseek_v2, "mixtral": _read_mixtral}
-
-
 def resolve(model: str) -> ModelSpec:
     """A preset name, or else a path to a checkpoint folder or config.json."""
     if model.lower() in PRESETS:
         return ModelSpec.from_name(model)
     if Path(model).exists():
         return ModelSpec.from_config(model)
-    raise MoespecError(f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing path")
+    raise ArgumentError(f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing path")
 
 
 def summary(spec: ModelSpec, fmt: str, kv_dtype: str, depth: int, kmax: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
 
 # name -> (bytes per block, weights per block). Block layouts are llama.cpp's (ggml-common.h) and OCP MX.
 FORMATS: dict[str, tuple[int, int]] = {
@@ -49,7 +49,7 @@ _F32_BYTES = 4  # llama.cpp keeps 1-D tensors and the router (ffn_gate_inp) in F
 def check_format(fmt: str) -> str:
     """`fmt` if it names a weight format, else a one-line error."""
     if fmt not in ALL_FORMATS:
-        raise MoespecError(f"unknown weight format {fmt!r}; one of {', '.join(ALL_FORMATS)}")
+        raise ArgumentError(f"unknown weight format {fmt!r}; one of {', '.join(ALL_FORMATS)}")
     return fmt
 
 def matrix_bytes(rows: int, cols: int, fmt: str) -> int:

@@ -51,7 +51,7 @@ import numpy as np
 
 from moespec import MoespecError, theory
 from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
-from moespec.formats.benchfile import as_pair_roles, load_bench, too_small
+from moespec.formats.benchfile import as_pair_roles, check_pass_sizes, load_bench, too_small
 from moespec.formats.files import holds_outputs, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan, input_records
 from moespec.formats.runsfile import Runs, load_runs
@@ -269,12 +269,13 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
     found) join the verdict's input checks (moespec.predict.verdict)."""
     if runs is not None and not isinstance(runs, Runs):
         runs = Runs(dict(runs), runs_path)
-    on_runs = too_small(bench)["flag"] and has_both_kernels(runs)  # the basis of moespec.predict.measured
-    if not on_runs:
-        _check_timeable(bench, bench_path)
-    bench = as_pair_roles(bench)  # ggml's pair, where the bench timed it, plays slot and dedup
     if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
         raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
+    on_runs = too_small(bench)["flag"] and has_both_kernels(runs)  # the basis of moespec.predict.measured
+    if not on_runs:
+        check_pass_sizes(bench, bench_path, kmax)
+        _check_timeable(bench, bench_path)
+    bench = as_pair_roles(bench)  # ggml's pair, where the bench timed it, plays slot and dedup
     if tau1 is None and runs is None:
         raise MoespecError("the one-token pass time is needed: give --tau1 or --runs")
     spec = _spec_of(bench, bench_path, trace, trace_path)

@@ -65,7 +65,7 @@ def layer_times(bench: dict[str, Any], where: str, ns: Sequence[int]) -> dict[st
             raise MoespecError(f"{where}: per_layer has no slot and dedup op times for MoE layer {layer}")
         one = entry["one_token_s"]
         for version, key in (("predicted", "predicted_s"), ("measured", "measured_s")):
-            out.setdefault(f"{version}_one", []).append(one[key])
+            out.setdefault(f"{version}_one", []).append(_op_time(one, key, where, f"{layer}.one_token_s"))
         for kernel in KERNELS:
             times = entry["kernels"][kernel]
             absent = [n for n in ns if str(n) not in times]
@@ -74,9 +74,20 @@ def layer_times(bench: dict[str, Any], where: str, ns: Sequence[int]) -> dict[st
                 raise MoespecError(f"{where}: layer {layer} {kernel} times n = {timed[0]}..{timed[-1]}; "
                                    f"--kmax {ns[-1] - 1} needs n up to {ns[-1]}")
             for version in ("predicted", "measured"):
-                row = [times[str(n)][f"{version}_mean_s"] for n in ns]
+                row = [_op_time(times[str(n)], f"{version}_mean_s", where, f"{layer}.kernels.{kernel}.{n}")
+                       for n in ns]
                 out.setdefault(f"{version}_{kernel}", []).append(row)
     return {key: np.asarray(v, dtype=float) for key, v in out.items()}
+
+
+def _op_time(entry: Any, key: str, where: str, path: str) -> float:
+    """An operation time of bench.json's per_layer; a prediction is null where its kernel has no fit, which a
+    plan cannot use: one line naming the file and the key."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if value is None:
+        raise MoespecError(f"{where}: per_layer.{path}.{key} is null (no fit of that kernel: too few pass sizes "
+                           f"n >= 2 were timed); rerun `moespec bench` with --n 1-9")
+    return float(value)
 
 
 def expert_times(times: dict[str, np.ndarray], version: str, scale: float) -> dict[str, np.ndarray]:

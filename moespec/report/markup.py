@@ -13,6 +13,7 @@ import io
 import re
 from typing import Any, Iterable, Sequence
 
+from moespec import printable
 from moespec.report.figures import FIG_DPI, PAGE_PX
 
 CSS = f"""
@@ -44,9 +45,15 @@ VERDICT = {True: Markup('<span class="holds">holds</span>'), False: Markup('<spa
            None: Markup('<span>not applicable</span>')}
 
 
+# control characters HTML forbids (C0 but tab, newline and carriage return; DEL; C1): shown as their escapes
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def escape(value: Any) -> str:
-    """`value` as HTML text: Markup as it is, anything else escaped."""
-    return value if isinstance(value, Markup) else html.escape(str(value))
+    """`value` as HTML text: Markup as it is, anything else escaped, control characters as their escapes."""
+    if isinstance(value, Markup):
+        return value
+    return html.escape(_CONTROL.sub(lambda c: printable(c.group()), str(value)))
 
 
 def table(columns: Sequence[str] | None, rows: Iterable[Sequence[str]], caption: str | None = None,

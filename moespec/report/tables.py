@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rich.table import Table
+from rich.text import Text
+
+from moespec import printable
 
 Rows = tuple[list[str], list[list[str]]]  # (column names, rows of cells), for the terminal and the HTML report
 
@@ -54,12 +57,14 @@ def fits_table(doc: Any) -> Rows:
 
 def rich_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None) -> Table:
     """Rows of formatted cells as a rich table, numbers right-aligned; a cell too wide for its column folds onto
-    the next line instead of being cut."""
-    table = Table(title=title, caption=caption)
+    the next line instead of being cut. Every text is taken literally (a "[k]" is no rich markup) with its control
+    characters as escapes, so a name read from a file cannot colour or move the terminal."""
+    plain = lambda text: None if text is None else Text(printable(str(text)))  # noqa: E731
+    table = Table(title=plain(title), caption=plain(caption))
     for name in columns:
-        table.add_column(name, justify="right", overflow="fold")
+        table.add_column(plain(name), justify="right", overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*map(plain, row))
     return table
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError
-from moespec.formats.files import sha256_file
+from moespec.formats.files import check_input, parse_json, sha256_file
 
 HASH_CHARS = 16  # hex digits of sha256 kept in source and tokenizer ids: collisions are not a concern
 
@@ -43,10 +43,7 @@ def read_jsonl(path: Path, field: str) -> list[str]:
     for number, line in enumerate(_read_text(path, "--jsonl").splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MoespecError(f"--jsonl {path}:{number}: not JSON ({e.msg})") from None
+        record = parse_json(line.encode(), f"--jsonl {path}:{number}")
         value = record.get(field) if isinstance(record, dict) else None
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = "\n\n".join(value)
@@ -58,6 +55,8 @@ def read_jsonl(path: Path, field: str) -> list[str]:
 
 
 def _read_text(path: Path, flag: str) -> str:
+    if path.exists():
+        check_input(path, "text")  # a FIFO or a device is refused: reading one would wait forever
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:

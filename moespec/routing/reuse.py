@@ -32,11 +32,12 @@ between the offsets where windows of each length stop fitting in their document.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
+from moespec.arguments import real, reals, show, whole
 from moespec.console import progress
 from moespec.defaults import BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
 from moespec.formats.trace import Trace, chunk_masks, popcount
@@ -92,27 +93,30 @@ class ReuseStats:
         """One JSON-ready document; per-n lists are indexed by n (rho_bar by k), entry 0 null (unused)."""
         out: dict[str, Any] = {
             "n_max": self.n_max, "num_experts": self.num_experts, "m": self.m, "num_layers": self.num_layers,
-            "num_tokens": self.num_tokens, "num_documents": self.num_documents, "windows": _indexed(self.windows),
+            "num_tokens": self.num_tokens, "num_documents": self.num_documents, "windows": indexed(self.windows),
             "units": self.units, "expert_bytes": self.expert_bytes.tolist(), "W": float(self.expert_bytes.sum()),
-            "rho": _indexed(self.rho), "union": _indexed(self.union),
-            **{name: _indexed(getattr(self, name)) for name in DERIVED},
-            "uniform_rho": _indexed(uniform_rho(self.n_max, self.num_experts, self.m)),
+            "rho": indexed(self.rho), "union": indexed(self.union),
+            **{name: indexed(getattr(self, name)) for name in DERIVED},
+            "uniform_rho": indexed(uniform_rho(self.n_max, self.num_experts, self.m)),
             "bootstrap": self.bootstrap, "level": self.level, "seed": self.seed,
-            "intervals": {name: {"lo": _indexed(lo), "hi": _indexed(hi)} for name, (lo, hi) in self.ci.items()},
+            "intervals": {name: {"lo": indexed(lo), "hi": indexed(hi)} for name, (lo, hi) in self.ci.items()},
         }
         return out
 
 
-def _indexed(a: np.ndarray) -> list:
+def indexed(a: np.ndarray) -> list:
     """A per-n array (or a stack of them) as JSON lists with entry 0 replaced by null; NaN also becomes null."""
     a = np.asarray(a, dtype=float)
     if a.ndim > 1:
-        return [_indexed(row) for row in a]
+        return [indexed(row) for row in a]
     return [None] + [float(x) if np.isfinite(x) else None for x in a[1:]]
 
 
 def uniform_rho(n_max: int, num_experts: int, m: int) -> np.ndarray:
     """Reuse under independent uniform routing, 1 - q^(n-1) with q = 1 - m/N, for n = 0..n_max (entry 0 unused)."""
+    n_max = whole("n_max", n_max, 1, WINDOW_LIMIT)
+    num_experts = whole("num_experts", num_experts, 1)
+    m = whole("m", m, 1, num_experts)
     n = np.arange(n_max + 1)
     rho = 1.0 - (1.0 - m / num_experts) ** np.maximum(n - 1, 0)
     rho[0] = 0.0
@@ -144,8 +148,8 @@ def document_stats(trace: Trace, n_max: int, show_progress: bool = False) -> tup
     R_j(d, n) = Σ of repeat counts of the j-token windows that start where an n-token window of document d
     starts (j <= n). Then the repeats of n-token windows are R_n(d, n) and, since a window's union is m per
     token minus its repeats, the union sum is m n W_d(n) - Σ_{j=2..n} R_j(d, n)."""
-    if isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or not 1 <= n_max <= WINDOW_LIMIT:
-        raise MoespecError(f"n_max must be an integer in 1..{WINDOW_LIMIT}, got {n_max!r}")
+    _check_trace(trace)
+    n_max = whole("n_max", n_max, 1, WINDOW_LIMIT)
     num_t, num_l, m = trace.experts.shape
     starts, ends = trace.doc_starts[:-1], trace.doc_starts[1:]
     n_axis = np.arange(n_max + 1)
@@ -199,24 +203,32 @@ def _estimates(repeats: np.ndarray, union_sums: np.ndarray, windows: np.ndarray,
 
 
 # ---- the estimator ---------------------------------------------------------------------------------------
+def estimator_args(trace: Trace, bootstrap: int, seed: int, level: float, expert_bytes: Sequence[float] | None,
+                   units: str | None) -> tuple[int, int, float, np.ndarray, str]:
+    """The arguments every estimator over a trace's windows shares, checked: bootstrap, seed, level, w_l (default 1
+    per layer) and its units label; ArgumentError naming the argument otherwise."""
+    _check_trace(trace)
+    seed = whole("seed", seed, 0)
+    if units is not None and not isinstance(units, str):
+        raise ArgumentError(f"units must be a label or None, got {show(units)}")
+    bootstrap = whole("bootstrap", bootstrap, 0, BOOTSTRAP_LIMIT)
+    if not 0 < real("interval level", level) < 1:
+        raise ArgumentError(f"interval level must lie in (0, 1), got {level!r}")
+    if expert_bytes is None:
+        return bootstrap, seed, float(level), np.ones(trace.num_layers), units or "relative units (w_l = 1 per layer)"
+    w = np.array(reals("expert_bytes", expert_bytes, positive=True), dtype=float)
+    if w.shape != (trace.num_layers,):
+        raise ArgumentError(f"expert bytes must be {trace.num_layers} positive numbers (one per layer), "
+                            f"got shape {w.shape}")
+    return bootstrap, seed, float(level), w, units or "bytes"
+
+
 def reuse_stats(trace: Trace, n_max: int = N_MAX, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0,
                 level: float = DEFAULT_LEVEL, expert_bytes: Sequence[float] | None = None, units: str | None = None,
                 show_progress: bool = False) -> ReuseStats:
     """App. D.2 estimates of rho_l(n), U_l(n) for n = 1..n_max, byte quantities with w_l = expert_bytes (default 1
     per layer: relative units) and percentile bootstrap intervals over documents (`bootstrap` resamples)."""
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or \
-            not 0 <= bootstrap <= BOOTSTRAP_LIMIT:
-        raise MoespecError(f"bootstrap must be an integer in 0..{BOOTSTRAP_LIMIT:,}, got {bootstrap!r}")
-    if not 0 < level < 1:
-        raise MoespecError(f"interval level must lie in (0, 1), got {level!r}")
-    if expert_bytes is None:
-        w, units = np.ones(trace.num_layers), units or "relative units (w_l = 1 per layer)"
-    else:
-        w = np.asarray(expert_bytes, dtype=float)
-        if w.shape != (trace.num_layers,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
-            raise MoespecError(f"expert bytes must be {trace.num_layers} positive numbers (one per layer), "
-                               f"got shape {w.shape}")
-        units = units or "bytes"
+    bootstrap, seed, level, w, units = estimator_args(trace, bootstrap, seed, level, expert_bytes, units)
     repeats, union_sums, windows = document_stats(trace, n_max, show_progress)
     total_windows = windows.sum(axis=0)
     if total_windows[n_max] == 0:
@@ -232,6 +244,26 @@ def reuse_stats(trace: Trace, n_max: int = N_MAX, bootstrap: int = DEFAULT_BOOTS
     return stats
 
 
+def resample_counts(num_d: int, resamples: int, seed: int, columns: int) -> Iterator[np.ndarray]:
+    """Document resamples as count matrices [b, D] (how often each document is drawn), in blocks whose product with
+    per-document statistics [D, columns] stays near _BOOT_ENTRIES entries. The draws depend only on (D, resamples,
+    seed): every statistic bootstrapped with one seed sees the same resamples."""
+    rng = np.random.default_rng(seed)
+    per_block = max(1, _BOOT_ENTRIES // num_d)
+    rows = max(1, _BOOT_ENTRIES // max(columns, 1))
+    for lo in range(0, resamples, per_block):
+        b = min(per_block, resamples - lo)
+        picks = rng.integers(0, num_d, size=(b, num_d)) + num_d * np.arange(b)[:, None]
+        counts = np.bincount(picks.ravel(), minlength=b * num_d).reshape(b, num_d).astype(float)
+        for first in range(0, b, rows):
+            yield counts[first:first + rows]
+
+
+def _check_trace(trace: object) -> None:
+    if not isinstance(trace, Trace):
+        raise ArgumentError(f"trace must be a Trace (moespec.formats.trace), got {show(trace)}")
+
+
 def _bootstrap(repeats: np.ndarray, union_sums: np.ndarray, windows: np.ndarray, w: np.ndarray, m: int,
                resamples: int, seed: int, level: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Percentile intervals of rho, union and every derived quantity over document resamples."""
@@ -239,15 +271,7 @@ def _bootstrap(repeats: np.ndarray, union_sums: np.ndarray, windows: np.ndarray,
     # per-document statistics as one matrix [D, 2 L (n+1) + (n+1)]: a resample is counts @ stats
     stats = np.concatenate([repeats.transpose(1, 0, 2).reshape(num_d, -1),
                             union_sums.transpose(1, 0, 2).reshape(num_d, -1), windows], axis=1).astype(float)
-    rng = np.random.default_rng(seed)
-    per_block = max(1, _BOOT_ENTRIES // num_d)
-    sums = []
-    for lo in range(0, resamples, per_block):
-        b = min(per_block, resamples - lo)
-        picks = rng.integers(0, num_d, size=(b, num_d)) + num_d * np.arange(b)[:, None]
-        counts = np.bincount(picks.ravel(), minlength=b * num_d).reshape(b, num_d).astype(float)
-        sums.append(counts @ stats)
-    sums = np.concatenate(sums)
+    sums = np.concatenate([draws @ stats for draws in resample_counts(num_d, resamples, seed, stats.shape[1])])
     block = num_l * width
     rep_b = sums[:, :block].reshape(-1, num_l, width)
     uni_b = sums[:, block:2 * block].reshape(-1, num_l, width)
@@ -263,6 +287,9 @@ def _bootstrap(repeats: np.ndarray, union_sums: np.ndarray, windows: np.ndarray,
 def trace_expert_bytes(trace: Trace, fmt: str = FORMAT) -> tuple[np.ndarray | None, str]:
     """w_l of the model the trace names (its stored spec, else a preset of that name) in format `fmt`, with a
     units label; (None, reason) when the trace names no known model or its shape differs from the model's."""
+    _check_trace(trace)
+    if not isinstance(fmt, str):
+        raise ArgumentError(f"fmt must be a weight format's name, got {show(fmt)}")
     check_format(fmt)
     meta = trace.meta
     try:

@@ -41,8 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
+from moespec.arguments import real, show, whole
 from moespec.console import progress
+from moespec.defaults import TOKENS_LIMIT
 from moespec.formats.files import provenance
 from moespec.formats.trace import Trace, depth_map
 from moespec.model.spec import ModelSpec, resolve
@@ -168,17 +170,19 @@ class KeepPool:
     @classmethod
     def calibrate(cls, m: int, num_experts: int, rho2: float, rho9: float) -> "KeepPool":
         """Parameters with rho(2) = rho2 and rho(9) = rho9 exactly; MoespecError when no pool size fits in [2m, N]."""
-        if not 0 <= rho2 < rho9 < 1:
-            raise MoespecError(f"calibration targets need 0 <= rho(2) < rho(9) < 1, got {rho2}, {rho9}")
+        num_experts = whole("num_experts", num_experts, 2)
+        m = whole("m", m, 1, num_experts - 1)
+        if not 0 <= real("rho2", rho2) < real("rho9", rho9) < 1:
+            raise ArgumentError(f"calibration targets need 0 <= rho(2) < rho(9) < 1, got {rho2}, {rho9}")
         steps = TARGET_N[1] - TARGET_N[0]
         decay = ((1 - rho9) / (1 - rho2)) ** (1 / steps)  # p of a single pool size
         if decay >= 1:
-            raise MoespecError(f"rho(9) = {rho9} needs a pool larger than N = {num_experts}")
+            raise ArgumentError(f"rho(9) = {rho9} needs a pool larger than N = {num_experts}")
         pool_real = m + m * (1 - rho2) / (1 - decay)
         lo_rho9 = 1 - (1 - rho2) * (1 - m * (1 - rho2) / (num_experts - m)) ** steps
         hi_rho9 = 1 - (1 - rho2) * rho2 ** steps
         if not 2 * m <= pool_real <= num_experts:
-            raise MoespecError(f"targets rho(2) = {rho2}, rho(9) = {rho9} are out of reach of the calibrated process "
+            raise ArgumentError(f"targets rho(2) = {rho2}, rho(9) = {rho9} are out of reach of the calibrated process "
                                f"for N = {num_experts}, m = {m}: with this rho(2), rho(9) must lie in "
                                f"[{lo_rho9:.3f}, {hi_rho9:.3f}]")
         pool = min(math.floor(pool_real), num_experts - 1)
@@ -240,9 +244,10 @@ class KeepPool:
 
 # ---- synthesis -----------------------------------------------------------------------------------------------
 def document_lengths(tokens: int, docs: int) -> np.ndarray:
-    """`tokens` split into `docs` documents as evenly as possible."""
-    if tokens < 1 or docs < 1 or docs > tokens:
-        raise MoespecError(f"need 1 <= docs <= tokens, got tokens={tokens}, docs={docs}")
+    """`tokens` split into `docs` documents as evenly as possible; at most TOKENS_LIMIT tokens (their expert ids are
+    held in memory)."""
+    tokens = whole("tokens", tokens, 1, TOKENS_LIMIT)
+    docs = whole("docs", docs, 1, tokens)
     return np.full(docs, tokens // docs) + (np.arange(docs) < tokens % docs)
 
 
@@ -267,11 +272,22 @@ def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, 
     `targets` = (rho(2), rho(9)) for the calibrated process, one pair for every layer, or a list of one pair per MoE
     layer (layer_targets: each layer its own parameters; `fitted_to` names the trace they came from); default: the
     profile's values for the model."""
+    for name, value in (("model", model), ("process", process), ("profile", profile)):
+        if not isinstance(value, str):
+            raise ArgumentError(f"{name} must be a name, got {show(value)}")
+    if fitted_to is not None and not isinstance(fitted_to, str):
+        raise ArgumentError(f"fitted_to must be a trace's name or None, got {show(fitted_to)}")
+    seed = whole("seed", seed, 0)
+    if targets is not None and not (isinstance(targets, (tuple, list)) and (
+            len(targets) == 2 and not isinstance(targets[0], (tuple, list)) or
+            all(isinstance(t, (tuple, list)) and len(t) == 2 for t in targets))):
+        raise ArgumentError(f"targets must be one (rho(2), rho(9)) pair or a list of one per layer, got "
+                            f"{show(targets)}")
     spec = resolve(model)
     if process not in PROCESSES:
-        raise MoespecError(f"unknown process {process!r}; one of {', '.join(PROCESSES)}")
+        raise ArgumentError(f"unknown process {process!r}; one of {', '.join(PROCESSES)}")
     if targets is not None and process != "calibrated":
-        raise MoespecError("--rho2/--rho9 and --fit apply to --process calibrated only")
+        raise ArgumentError("--rho2/--rho9 and --fit apply to --process calibrated only")
     lengths = document_lengths(tokens, docs)
     rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {"model": spec.name, "spec": spec.to_dict(), "source": f"synthetic:{process}",
@@ -306,7 +322,7 @@ def synthesize(model: str, process: str, tokens: int, docs: int, seed: int = 0, 
 def _per_layer(spec: ModelSpec, targets: list[tuple[float, float]]) -> list[KeepPool]:
     """Each MoE layer's calibrated parameters (synthesize with a list of targets), the layer named on failure."""
     if len(targets) != spec.L:
-        raise MoespecError(f"{len(targets)} per-layer targets for the {spec.L} MoE layers of {spec.name}")
+        raise ArgumentError(f"{len(targets)} per-layer targets for the {spec.L} MoE layers of {spec.name}")
     params = []
     for layer, (rho2, rho9) in enumerate(targets):
         try:
@@ -330,9 +346,9 @@ def _independent(rng: np.random.Generator, spec: ModelSpec, weights: np.ndarray 
 
 def _profile_targets(profile: str, model: str) -> tuple[float, float]:
     if profile not in PROFILES:
-        raise MoespecError(f"unknown profile {profile!r}; one of {', '.join(PROFILES)}")
+        raise ArgumentError(f"unknown profile {profile!r}; one of {', '.join(PROFILES)}")
     if model not in PROFILES[profile]:
-        raise MoespecError(f"profile {profile} has no targets for {model} (it has {', '.join(PROFILES[profile])}); "
+        raise ArgumentError(f"profile {profile} has no targets for {model} (it has {', '.join(PROFILES[profile])}); "
                            f"give --rho2 and --rho9")
     return PROFILES[profile][model]
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from moespec.theory.core import Number, best_draft_length, check_acceptance, q, throughput
+from moespec import ArgumentError
+from moespec.arguments import real, show
+from moespec.theory.core import Number, best_draft_length, check_acceptance, check_step_times, q, throughput
 
 
 def _check_eps(eps: Number, limit: Number = 1) -> None:
-    if not 0 <= eps < limit:
-        raise ValueError(f"bandwidth error bound eps = {eps} must lie in [0, {limit})")
+    if not 0 <= real("bandwidth error bound eps", eps) < limit:
+        raise ArgumentError(f"bandwidth error bound eps = {show(eps)} must lie in [0, {limit})")
 
 
 EPS_LIMIT = 0.5  # (21) needs delta = eps/(1-eps) < 1, i.e. eps < 1/2
@@ -34,11 +36,14 @@ def delta_from_eps(eps: Number) -> Number:
 
 def verify_time_bound(eps: Number, memory_time: Number) -> Number:
     """(17): |tau_hat_p(n) - tau_p(n)| <= eps/(1-eps) M_p(n), M_p(n) = D(n)/beta_D + E_p(n)/beta_p(n)."""
+    real("memory_time", memory_time, least=0)
     return delta_from_eps(eps) * memory_time
 
 
 def saving_bound(eps: Number, expert_time_slot: Number, expert_time_dedup: Number) -> Number:
     """(18): |S_hat(n) - S(n)| <= eps/(1-eps) (M^e_slot(n) + M^e_dedup(n)), M^e_p = E_p(n)/beta_p(n)."""
+    real("expert_time_slot", expert_time_slot, least=0)
+    real("expert_time_dedup", expert_time_dedup, least=0)
     return delta_from_eps(eps) * (expert_time_slot + expert_time_dedup)
 
 
@@ -46,6 +51,7 @@ def kernel_margin(u: float, r: float, eps: float) -> float:
     """(19): |ln r(n) - ln u(n)| - ln((1+eps)/(1-eps)). Positive: the predicted and the true faster kernel
     agree (r may be the estimate or the truth: each is within that factor of the other)."""
     _check_eps(eps)
+    u, r = real("u", u, positive=True), real("r", r, positive=True)
     return abs(math.log(r) - math.log(u)) - math.log((1 + eps) / (1 - eps))
 
 
@@ -67,6 +73,7 @@ def separated(V: Sequence[Number], a: Number, delta: Number) -> bool:
     The condition is symmetric: checked on the predicted V_hat it equally guarantees that k_hat* is the true
     best, since T and T_hat are within the factors 1/(1+delta) and 1/(1-delta) of each other."""
     _check_eps(delta)
+    V = check_step_times(V)
     check_acceptance(a)
     best = best_draft_length(V, a)
     top = throughput(V, a, best)
@@ -77,5 +84,6 @@ def separated(V: Sequence[Number], a: Number, delta: Number) -> bool:
 def speedup_band(speedup_hat: Number, delta: Number) -> tuple[Number, Number]:
     """(21): the true best speedup T_a(k*)/T_a(0) lies in speedup_hat x [(1-delta)/(1+delta), (1+delta)/(1-delta)],
     where speedup_hat = T_hat_a(k_hat*)/T_hat_a(0)."""
+    real("speedup_hat", speedup_hat, positive=True)
     floor = throughput_floor(delta)
     return speedup_hat * floor, speedup_hat / floor

@@ -26,6 +26,10 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from moespec import ArgumentError
+from moespec.arguments import items, real, show, whole
+from moespec.defaults import DIGITS_LIMIT, DRAFT_LIMIT
+
 Number = Union[int, float, Fraction]
 
 # The paper's acceptance grid: 11 values from 0.2 to 0.98 (Section 4). The paper names the ends and the
@@ -50,16 +54,13 @@ def q(x):
 
 
 def check_step_times(V: Sequence[Number], min_len: int = 1) -> list[Number]:
-    """Return V as a list (ints as Fractions) after checking it holds at least `min_len` finite positive numbers."""
-    V = list(V)
-    if len(V) < min_len:
-        raise ValueError(f"need at least {min_len} step times (V(0), ..., V(kmax)), got {len(V)}")
-    for k, v in enumerate(V):
-        if isinstance(v, bool) or not isinstance(v, (int, float, Fraction, np.floating, np.integer)):
-            raise ValueError(f"V({k}) = {v!r} is not a number")
-        if not (float(v) > 0 and np.isfinite(float(v))):
-            raise ValueError(f"V({k}) = {v} is not a finite positive time")
-    return [q(v) for v in V]
+    """Return V as a list (ints as Fractions) after checking it holds min_len..DRAFT_LIMIT + 1 finite positive
+    numbers (moespec.arguments.real)."""
+    V = items("step times V", V)
+    min_len = whole("min_len", min_len, 0, DRAFT_LIMIT + 1)
+    if not min_len <= len(V) <= DRAFT_LIMIT + 1:
+        raise ArgumentError(f"need {min_len}..{DRAFT_LIMIT + 1} step times (V(0), ..., V(kmax)), got {len(V)}")
+    return [q(real(f"V({k})", v, positive=True)) for k, v in enumerate(V)]
 
 
 def check_acceptance(a: Number | np.ndarray, closed: bool = False) -> None:
@@ -67,26 +68,27 @@ def check_acceptance(a: Number | np.ndarray, closed: bool = False) -> None:
     with `closed` in [0, 1] (G_1(k) = k + 1: a draft that is always accepted); NaN lies in neither. Compared
     exactly on ints and Fractions, elementwise on arrays; raises ValueError naming the argument."""
     if isinstance(a, np.ndarray):
+        if a.dtype.kind not in "iuf":
+            raise ArgumentError(f"acceptance a: an array of {a.dtype}, not of numbers")
         ok = bool(np.all((a >= 0) & ((a <= 1) if closed else (a < 1))))
-    elif isinstance(a, bool) or not isinstance(a, (int, float, Fraction, np.floating, np.integer)):
-        raise ValueError(f"acceptance a = {a!r} is not a number")
     else:
+        a = real("acceptance a", a)
         ok = 0 <= a <= 1 if closed else 0 <= a < 1
     if not ok:
-        raise ValueError(f"acceptance a = {a} is outside [0, 1{']' if closed else ')'}")
+        raise ArgumentError(f"acceptance a = {a} is outside [0, 1{']' if closed else ')'}")
 
 
 def check_draft_length(k: int, V: Sequence[Number] | None = None) -> None:
-    """A draft length k: an integer >= 0 and, given the step times V(0..kmax), at most kmax."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 or (V is not None and k >= len(V)):
-        top = "" if V is None else f"..{len(V) - 1}"
-        raise ValueError(f"draft length k = {k!r} is outside 0{top}" + ("" if V is not None else " (k >= 0)"))
+    """A draft length k: an integer in 0..DRAFT_LIMIT and, given the step times V(0..kmax), at most kmax."""
+    top = DRAFT_LIMIT if V is None else min(len(V) - 1, DRAFT_LIMIT)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= top:
+        raise ArgumentError(f"draft length k = {show(k)} is outside 0..{top}")
 
 
 def geometric_sum(a: Number | np.ndarray, k: int) -> Number | np.ndarray:
     """G_a(k) = 1 + a + ... + a^k = (1 - a^(k+1))/(1 - a), the expected tokens a step emits (B.1).
 
-    Horner's form, so it is exact on Fractions and works elementwise on arrays. a in [0, 1], k >= 0."""
+    Horner's form, so it is exact on Fractions and works elementwise on arrays. a in [0, 1], k in 0..DRAFT_LIMIT."""
     check_acceptance(a, closed=True)
     check_draft_length(k)
     a = q(a)
@@ -109,14 +111,13 @@ def best_draft_length(V: Sequence[Number], a: Number | np.ndarray) -> int | np.n
 
     Exact ties on ints/Fractions; on floats (or a numpy array of acceptances) the first maximum wins."""
     V = check_step_times(V)
+    check_acceptance(a)
     if isinstance(a, np.ndarray) or not _exact(a, *V):
         acc = np.asarray(a, dtype=float)
-        check_acceptance(acc)
         powers = acc[..., None] ** np.arange(len(V))
         T = np.cumsum(powers, axis=-1) / np.asarray(V, dtype=float)
         k = np.argmax(T, axis=-1)
         return k if isinstance(a, np.ndarray) else int(k)
-    check_acceptance(a)
     T = [throughput(V, q(a), k) for k in range(len(V))]
     return T.index(max(T))
 
@@ -139,11 +140,14 @@ def beats_plain(V: Sequence[Number], a: Number, k: int) -> bool:
 
 def speculation_helps(V: Sequence[Number], a: Number) -> bool:
     """(B.3): k*(a) >= 1 <=> some k in 1..kmax satisfies (8)."""
+    V = check_step_times(V)
+    check_acceptance(a)
     return any(beats_plain(V, a, k) for k in range(1, len(V)))
 
 
 def first_draft_threshold(V: Sequence[Number]) -> Number:
     """a0 = V(1)/V(0) - 1 (B.4): one draft beats none exactly when a > a0 (a0 may fall outside [0, 1))."""
+    V = check_step_times(V, min_len=2)
     return V[1] / q(V[0]) - 1
 
 
@@ -191,6 +195,10 @@ class _Crossing:
         vi, vk = V[i], V[k]
         scale = lcm(vi.denominator, vk.denominator)
         ci, ck = int(vi * scale), int(vk * scale)
+        if max(ci, ck) >= 10**DIGITS_LIMIT:
+            raise ArgumentError(f"V({i}) and V({k}) on their common denominator are integers of more than "
+                                f"{DIGITS_LIMIT} digits, past what the exact step points take (DIGITS_LIMIT): round "
+                                f"the step times")
         # coefficients of Q, low degree first: V(i) - V(k) for s <= i, V(i) for i < s <= k
         coeffs = [ci - ck] * (i + 1) + [ci] * (k - i)
         g = 0
@@ -258,9 +266,9 @@ class _Crossing:
 
 def crossing_acceptance(V: Sequence[Number], k: int, i: int) -> Bracket:
     """alpha_{k,i} = inf{a in [0,1): T_a(k) > T_a(i)}, 1 if the set is empty, for i < k (Appendix B.3)."""
-    V = [_as_fraction(v) for v in check_step_times(V)]
-    if not 0 <= i < k < len(V):
-        raise ValueError(f"need 0 <= i < k <= kmax, got i={i}, k={k}")
+    V = [_as_fraction(v) for v in check_step_times(V, min_len=2)]
+    k = whole("draft length k", k, 1, len(V) - 1)
+    i = whole("draft length i", i, 0, k - 1)
     return _Crossing(V, k, i).bracket()
 
 
@@ -289,21 +297,26 @@ def step_points(V: Sequence[Number]) -> list[Bracket]:
 
 def convex_increments(V: Sequence[Number]) -> bool:
     """True when 0 <= c_1 <= c_2 <= ... (c_i = V(i) - V(i-1)): V convex and non-decreasing, the case of (10)."""
+    V = check_step_times(V)
     c = [V[i] - V[i - 1] for i in range(1, len(V))]
     return all(x >= 0 for x in c[:1]) and all(c[i] <= c[i + 1] for i in range(len(c) - 1))
 
 
 def convex_at_least(V: Sequence[Number], a: Number, j: int) -> bool:
     """(10): for convex non-decreasing V, k*(a) >= j <=> a^j V(j-1) > G_a(j-1) c_j."""
+    V = check_step_times(V, min_len=2)
+    check_acceptance(a)
+    j = whole("draft length j", j, 1, len(V) - 1)
     if not convex_increments(V):
-        raise ValueError("criterion (10) needs 0 <= c_1 <= c_2 <= ... (V convex and non-decreasing)")
+        raise ArgumentError("criterion (10) needs 0 <= c_1 <= c_2 <= ... (V convex and non-decreasing)")
     return a**j * V[j - 1] > geometric_sum(a, j - 1) * (V[j] - V[j - 1])
 
 
 def first_step_point_convex(V: Sequence[Number]) -> Number:
     """a_1 = min(c_1/V(0), 1) (B.36), valid when V is convex and non-decreasing."""
+    V = check_step_times(V, min_len=2)
     if not convex_increments(V):
-        raise ValueError("a_1 = min(c_1/V(0), 1) needs V convex and non-decreasing")
+        raise ArgumentError("a_1 = min(c_1/V(0), 1) needs V convex and non-decreasing")
     return min((V[1] - V[0]) / q(V[0]), 1)
 
 
@@ -318,7 +331,7 @@ class Step:
 
 def staircase(V: Sequence[Number], acceptances: Sequence[Number] = PAPER_ACCEPTANCES) -> list[tuple[Number, int]]:
     """k*(a) on a grid of acceptances (default: the paper's 11 values 0.2..0.98)."""
-    return [(a, best_draft_length(V, a)) for a in acceptances]
+    return [(a, best_draft_length(V, a)) for a in items("acceptances", acceptances)]
 
 
 def staircase_intervals(V: Sequence[Number]) -> tuple[int, list[Step]]:

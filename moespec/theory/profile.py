@@ -28,20 +28,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
+from moespec import ArgumentError
+from moespec.arguments import items, reals, show, whole
+from moespec.defaults import DRAFT_LIMIT
 from moespec.theory.core import Number, check_acceptance, check_draft_length, check_step_times, q
 
 
 def check_profile(profile: Sequence[Number], k: int | None = None) -> list[Number]:
     """The profile as a list (ints as Fractions), each a_j in [0, 1], at least `k` entries when given; raises
     ValueError naming the argument and position."""
-    profile = list(profile)
+    profile = items("profile", profile)
+    if k is not None:
+        check_draft_length(k)
     for j, a in enumerate(profile, start=1):
         try:
             check_acceptance(a, closed=True)
         except ValueError as e:
-            raise ValueError(f"profile: position {j}: {e}") from None
+            raise ArgumentError(f"profile: position {j}: {e}") from None
     if k is not None and len(profile) < k:
-        raise ValueError(f"profile: {len(profile)} positions, a draft of k = {k} needs {k}")
+        raise ArgumentError(f"profile: {len(profile)} positions, a draft of k = {k} needs {k}")
     return [q(a) for a in profile]
 
 
@@ -92,14 +97,18 @@ def estimate_profile(steps: Iterable[tuple[int, int]], kmax: int, prior: tuple[f
     + prior[1]), passed = steps that accepted >= j, tested = steps that drafted >= j and accepted >= j - 1 (the
     maximum-likelihood estimate with prior (0, 0); a Beta(alpha, beta) prior gives its posterior mean). None where
     no step tested the position and there is no prior."""
-    if isinstance(kmax, bool) or not isinstance(kmax, int) or kmax < 0:
-        raise ValueError(f"kmax: must be an integer >= 0, got {kmax!r}")
-    if len(prior) != 2 or min(prior) < 0:
-        raise ValueError(f"prior: two pseudo-counts >= 0 (alpha, beta), got {prior!r}")
+    kmax = whole("kmax", kmax, 0, DRAFT_LIMIT)
+    prior = reals("prior", prior, least=0)
+    if len(prior) != 2:
+        raise ArgumentError(f"prior: two pseudo-counts >= 0 (alpha, beta), got {show(prior)}")
     tested, passed = [0] * kmax, [0] * kmax
-    for drafted, accepted in steps:
+    for i, step in enumerate(items("steps", steps)):
+        step = items(f"steps[{i}]", step)
+        if len(step) != 2:
+            raise ArgumentError(f"steps[{i}] must be a pair (drafted, accepted), got {show(step)}")
+        drafted, accepted = whole(f"steps[{i}] drafted", step[0], 0), whole(f"steps[{i}] accepted", step[1], 0)
         if not 0 <= accepted <= drafted:
-            raise ValueError(f"steps: accepted {accepted} outside 0..drafted {drafted}")
+            raise ArgumentError(f"steps: accepted {accepted} outside 0..drafted {drafted}")
         for j in range(1, min(drafted, kmax) + 1):
             if accepted >= j - 1:
                 tested[j - 1] += 1
