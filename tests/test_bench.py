@@ -392,7 +392,7 @@ def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
 
     layer = SimpleNamespace(shape=(4, 8), run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
     timer = SimpleNamespace(flush=lambda: None, time=timed, ceiling=lambda repeats: [30.0])
-    inputs = [bench._inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
+    inputs = [bench.pass_inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
     rounds = [bench._time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0),
                                 Cores())
               for rep in range(reps)]

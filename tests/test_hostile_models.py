@@ -214,6 +214,14 @@ def test_commands_refuse_a_config_of_a_hundred_thousand_layers(tmp_path, capsys)
         assert str(path) in err and "num_hidden_layers = 100000" in err
 
 
+def test_bench_refuses_experts_larger_than_the_memory_before_drawing_them(tmp_path, capsys):
+    """Inside every size bound, yet 8 x 3 x 131072^2 bf16 weights (768 GiB) for one layer: one line, no allocation."""
+    path = write_config(tmp_path / "m", {"hidden_size": 131_072, "intermediate_size": 131_072,
+                                         "num_attention_heads": 1024})
+    err = refused(["bench", "--model", path.parent, "--out", tmp_path / "bench.json"], capsys, tmp_path)
+    assert "one MoE layer's experts take 768.0 GiB in bf16" in err and "free on cpu" in err
+
+
 @pytest.mark.parametrize("case", ["zero heads", "architecture as an array", "float block_count"])
 def test_spec_command_refuses_bad_gguf_metadata(case, tmp_path, capsys):
     path = write_gguf(tmp_path / "bad.gguf", GGUF_CASES[case][0])

@@ -340,7 +340,7 @@ def test_bench_repeats_a_round_off_the_level():
     # round 1: nothing pinned to settle at, after 30 (pins); round 2: settle 30, after 50 (off: again), settle's
     # window at 30, after 30
     level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
-    inputs = [bench._inputs(two, 8, torch.float32, "cpu")]
+    inputs = [bench.pass_inputs(two, 8, torch.float32, "cpu")]
     bench._warm_up(inputs, ["slot", "dedup"], layer)
     rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level, Cores())
               for rep in range(2)]

@@ -104,3 +104,15 @@ def test_softmax_topk_breaks_ties_as_torch_topk_does(N, k):
 def test_bad_arguments_are_refused_in_python_naming_them(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("eps", [True, float("inf"), float("nan"), -1.0, "1e-6", None])
+def test_rms_norm_refuses_an_eps_outside_its_domain(eps):
+    with pytest.raises(ValueError, match="eps"):
+        T.rms_norm(torch.randn(2, 4), torch.ones(4), eps)
+
+
+@pytest.mark.parametrize("k", [True, 0, 5, 2.0, None])
+def test_softmax_topk_refuses_a_k_outside_its_domain(k):
+    with pytest.raises(ValueError, match="k must be an integer in 1..4"):
+        T.softmax_topk(torch.randn(2, 4), k, True)

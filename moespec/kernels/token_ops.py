@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from moespec.arguments import real, whole
 from moespec.kernels import native
 
 
@@ -59,8 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"x {tuple(x.shape)} must have at least one row of at least one feature")
     if tuple(weight.shape) != (x.shape[-1],) or not weight.is_contiguous():
         raise ValueError(f"weight {tuple(weight.shape)} must be contiguous [d={x.shape[-1]}] for x {tuple(x.shape)}")
-    if not (isinstance(eps, (int, float)) and eps >= 0):
-        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    eps = real("eps", eps, least=0)
     return rms_norm_unchecked(x, weight, float(eps))
 
 
@@ -108,8 +108,7 @@ def softmax_topk(logits: torch.Tensor, k: int, renorm: bool,
     _cpu("logits", logits)
     if logits.dim() != 2 or min(logits.shape) < 1:
         raise ValueError(f"logits {tuple(logits.shape)} must be [n, N] with n, N >= 1")
-    if not (isinstance(k, int) and 1 <= k <= logits.shape[1]):
-        raise ValueError(f"k must be an integer in 1..N={logits.shape[1]}, got {k!r}")
+    k = whole("k", k, 1, logits.shape[1])
     if dtype not in native.DTYPE_CODE:
         raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     return softmax_topk_unchecked(logits, k, bool(renorm), dtype)

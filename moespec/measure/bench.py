@@ -41,7 +41,6 @@ bench.json: its keys are documented in moespec.formats.benchfile, which reads, v
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 import time
@@ -49,12 +48,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
-import numpy as np
-import torch
-from gguf import GGMLQuantizationType
-from gguf import quants as gguf_quants
 
-from moespec import MoespecError, kernels, theory
+from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import (
     BENCH_DTYPES,
@@ -66,7 +61,6 @@ from moespec.defaults import (
     QUANTIZED,
     REPS_LIMIT,
     SAMPLES_LIMIT,
-    TORCH_DTYPES,
     TRACE_DOCS,
     TRACE_TOKENS,
 )
@@ -81,13 +75,24 @@ from moespec.formats.files import (
     write_json,
 )
 from moespec.formats.trace import Trace, load_trace
-from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, implementation
-from moespec.kernels.peers import GGML_PEERS, ggml_quantized
+from moespec.kernels import implementation
+from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.contention import Cores, merge
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.level import LEVEL_UNIT, Level, check_level, host_level, pin_wait
 from moespec.measure.level import check_unit as check_level_unit
-from moespec.measure.passes import Pass, chosen_ids, plan_unit
+from moespec.measure.layer import (
+    WEIGHT_STD,
+    Inputs,
+    LayerWeights,
+    bench_kernels,
+    check_memory,
+    layer_weights,
+    parse_kernels,
+    pass_inputs,
+    torch_dtype,
+)
+from moespec.measure.passes import Pass, plan_unit
 from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
@@ -101,7 +106,6 @@ DEFAULT_KERNELS = ",".join(KERNELS)  # the hf-* peers run 10-20x slower on this 
 DEFAULT_REPS = 5
 DEFAULT_WINDOWS = 16  # recorded windows per layer and n: enough for a median and a median relative error
 DEFAULT_U_VALUES = 8  # chosen U per n (all when fewer reach): ~60 passes at n = 2..9 for each 3-coefficient fit
-WEIGHT_STD = 0.02  # random weights ~ a trained expert's entries: keeps activations finite; time is value-blind
 
 
 def bench_layers(layers: tuple[int, ...] | None, spec: ModelSpec) -> list[int]:
@@ -114,42 +118,6 @@ def bench_layers(layers: tuple[int, ...] | None, spec: ModelSpec) -> list[int]:
     if bad:
         raise MoespecError(f"--layers: layer {bad[0]} outside 0..{spec.L - 1} ({spec.name} has {spec.L} MoE layers)")
     return layers
-
-
-def bench_kernels() -> dict[str, str]:
-    """name -> kind of every kernel worth timing (the float64 reference is the tests' ground truth, not a kernel)."""
-    return {name: k.kind for name, k in kernels.KERNELS.items() if name != "reference"}  # the registry as it is now
-
-
-def parse_kernels(text: str, spec: ModelSpec, dtype: str, device: str = "cpu") -> tuple[list[str], dict[str, str]]:
-    """The kernels to time and, for `all`, those left out because they cannot run this layer at `dtype` on
-    `device` (with why); a kernel named explicitly that cannot run is an error, found before anything is timed."""
-    known = bench_kernels()
-    names = list(known) if text == "all" else list(dict.fromkeys(text.split(",")))
-    for name in names:
-        if name not in known:
-            raise MoespecError(f"unknown kernel {name!r}; choose from {', '.join(known)}, or all")
-    failing = _cannot_run(names, spec, dtype, device)
-    if failing and text != "all":
-        name, why = next(iter(failing.items()))
-        raise MoespecError(f"kernel {name} cannot run {spec.name} experts in {dtype} on {device}: {why}")
-    return [name for name in names if name not in failing], failing
-
-
-def _cannot_run(names: list[str], spec: ModelSpec, dtype: str, device: str) -> dict[str, str]:
-    """kernel -> why it fails on a tiny layer with this model's structure (N, m, biases, activation) at dtype
-    on device."""
-    size = 32  # a quantized format's block
-    layer = layer_weights(dataclasses.replace(spec, hidden=size, expert_width=size), 0, dtype, 0, device)
-    ids = chosen_ids(2, spec.m, spec.N, spec.m + 1, np.random.default_rng(0))
-    inputs = _inputs([Pass("chosen", ids, spec.m + 1)], size, layer.x_dtype, device)[0]
-    failing = {}
-    for name in names:
-        try:
-            layer.run(name, *inputs)
-        except Exception as e:  # noqa: BLE001 - a peer library may fail in its own ways; all mean "not here"
-            failing[name] = " ".join(str(e).split())[:200] or type(e).__name__
-    return failing
 
 
 def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, dict[str, Any]]:
@@ -171,82 +139,11 @@ def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, di
                    "note": note, "num_tokens": trace.num_tokens, "num_documents": trace.num_documents, "sha1": digest}
 
 
-@dataclass
-class LayerWeights:
-    """Random expert weights of one MoE layer in the kernels' layout (moespec.kernels shape legend); for a
-    quantized `fmt` (QUANTIZED) gate_up and down hold the GGUF blocks of those weights (uint8) and only
-    ggml's kernels run them."""
-
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down_bias: torch.Tensor | None
-    act: Activation
-    fmt: str = "bf16"
-    shape: tuple[int, int, int] = (0, 0, 0)  # (N, d, f)
-
-    @property
-    def x_dtype(self) -> torch.dtype:
-        """The dtype of the pass's inputs: the weights' own, fp32 for quantized weights (ggml's activations)."""
-        return torch.float32 if self.fmt in QUANTIZED else self.gate_up.dtype
-
-    def run(self, kernel: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if self.fmt in QUANTIZED:
-            return ggml_quantized(kernel, x, ids, weights, self.gate_up, self.down, self.fmt, self.shape)
-        return expert_op(kernel, x, ids, weights, self.gate_up, self.down, self.gate_up_bias, self.down_bias,
-                         self.act)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, TORCH_DTYPES["fp32" if name in QUANTIZED else name])  # quantized: fp32, then blocks
-
-
-def _quantized(t: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The GGUF blocks of t's rows (the last dimension) in `fmt`, quantized by the gguf package as llama.cpp's
-    converter does: uint8 [..., K / block x block bytes]."""
-    rows = gguf_quants.quantize(t.reshape(-1, t.shape[-1]).numpy(), GGMLQuantizationType[fmt.upper()])
-    return torch.from_numpy(rows).reshape(*t.shape[:-1], rows.shape[-1])
-
-
-def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: str = "cpu") -> LayerWeights:
-    """Seeded random weights of the layer's real shape and dtype on `device`; biases and the clamped SwiGLU for
-    gpt-oss. Drawn by the CPU generator whatever the device, so every device gets the same values. A quantized
-    dtype draws fp32 weights and stores their GGUF blocks (CPU only)."""
-    gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, layer]).generate_state(1)[0]))
-
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.empty(*shape, dtype=torch_dtype(dtype)).normal_(0.0, WEIGHT_STD, generator=gen).to(device)
-
-    N, d, f = spec.N, spec.hidden, spec.expert_width  # noqa: N806
-    biases = (normal(N, 2 * f), normal(N, d)) if spec.expert_bias else (None, None)
-    act = GPT_OSS if spec.model_type == "gpt_oss" else SILU
-    gate_up, down = normal(N, 2 * f, d), normal(N, d, f)
-    if dtype in QUANTIZED:
-        if device != "cpu":
-            raise MoespecError(f"--dtype {dtype}: quantized experts run on the CPU (ggml's kernels) only")
-        gate_up, down = _quantized(gate_up, dtype), _quantized(down, dtype)
-    return LayerWeights(gate_up, down, *biases, act, dtype, (N, d, f))
-
-
 # ---- timing ------------------------------------------------------------------------------------------------
 Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each round
-Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # one pass's (x [n, d], ids [n, m], router weights [n, m])
 # The checkpoint's units: one round of one layer over every pass size (a bench of units per (layer, n), from before
 # the rounds, is refused by this key rather than resumed).
 LAYOUT = "rounds over n"
-
-
-def _inputs(passes: list[Pass], d: int, dtype: torch.dtype, device: str | torch.device) -> list[Inputs]:
-    """(x, ids, router weights) per pass on `device`; values are seeded on the CPU (the same on every device)
-    and do not change a memory-bound time."""
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for p in passes:
-        n, m = p.ids.shape
-        x = torch.randn(n, d, generator=gen).to(dtype)
-        weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(dtype)
-        out.append((x.to(device), torch.from_numpy(p.ids).to(device), weights.to(device)))
-    return out
 
 
 def _warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights) -> None:
@@ -342,7 +239,7 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
     kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
     total, speeds = len(passes) * len(kinds) * timer.time(timer.flush), {}
-    inputs = [_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
+    inputs = [pass_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
     _warm_up(inputs, list(kinds), layer)
     probe = _time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0), Cores())
     for c, (kernel, kind) in enumerate(kinds.items()):
@@ -386,7 +283,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                       enabled=sys.stderr.isatty()) as advance:
             for layer in todo:
                 weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
-                inputs = [_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
+                inputs = [pass_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
                           for n in ns]
                 _warm_up(inputs, kernels, weights)
                 for _, rep in [key for key in pending if key[0] == layer]:
@@ -470,6 +367,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     device = resolve_device(config.device)
     spec = resolve_model(config.model)
     ns, layers = sorted(set(config.n)), bench_layers(config.layers, spec)
+    check_memory(spec, config.dtype, device)
     names, skipped = parse_kernels(config.kernel_list(), spec, config.dtype, device)
     kinds = {k: bench_kernels()[k] for k in names}
     trace, trace_info = bench_trace(spec, config.trace, config.seed)

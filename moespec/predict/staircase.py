@@ -46,7 +46,7 @@ def for_llama_cpp(intervals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def analyse(V: Sequence[Fraction], acceptances: Sequence[Fraction]) -> dict[str, Any]:
     """Everything `staircase` reports, as plain JSON-ready values."""
     points = theory.step_points(V)
-    k0, steps = theory.staircase_intervals(V)
+    k0, steps = theory.staircase_intervals(V, points)
     table = []
     for a in acceptances:
         k = theory.best_draft_length(V, a)

@@ -334,14 +334,20 @@ def staircase(V: Sequence[Number], acceptances: Sequence[Number] = PAPER_ACCEPTA
     return [(a, best_draft_length(V, a)) for a in items("acceptances", acceptances)]
 
 
-def staircase_intervals(V: Sequence[Number]) -> tuple[int, list[Step]]:
-    """The whole staircase from the step points: (k*(0), [Step(k, a_k, a_{k+1}) for each k that occurs]).
+def staircase_intervals(V: Sequence[Number], points: Sequence[Bracket] | None = None) -> tuple[int, list[Step]]:
+    """The whole staircase from the step points (`points`: step_points(V) when already computed, the costly part):
+    (k*(0), [Step(k, a_k, a_{k+1}) for each k that occurs]).
 
     With a_0 = 0 and a_{kmax+1} = 1, k*(a) = k on (a_k, a_{k+1}]; a k with a_k == a_{k+1} never occurs,
     so the staircase jumps by more than one there (Appendix B.3, "Jumps"); equal brackets count as equal
     (two distinct step points closer than 2^-50 would lose the sliver between them). k*(0) is the smallest
     argmin of V."""
     V = check_step_times(V, min_len=2)
-    pts = [Bracket(Fraction(0), Fraction(0)), *step_points(V), Bracket(Fraction(1), Fraction(1))]
+    if points is None:
+        points = step_points(V)
+    elif not isinstance(points, (list, tuple)) or len(points) != len(V) - 1 or \
+            not all(isinstance(p, Bracket) for p in points):
+        raise ArgumentError(f"points must be step_points(V): {len(V) - 1} brackets")
+    pts = [Bracket(Fraction(0), Fraction(0)), *points, Bracket(Fraction(1), Fraction(1))]
     steps = [Step(k, pts[k], pts[k + 1]) for k in range(len(V)) if pts[k] != pts[k + 1]]
     return best_draft_length(V, 0), steps
