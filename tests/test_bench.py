@@ -314,7 +314,7 @@ def test_bench_json_round_trips(smoke: dict[str, object], tmp_path: Path) -> Non
     (lambda d: d.update(dtype="int4"), "dtype 'int4'"),
     (lambda d: d.update(crossover="3"), "crossover has the wrong type"),
     (lambda d: d.update(crossover=7), "crossover 7 is not a timed pass size"),
-    (lambda d: d.update(n=[0, 1]), "pass sizes in 1..33"),
+    (lambda d: d.update(n=[0, 1]), "pass sizes B n, n in 1..33, for B = 1"),
     (lambda d: d.update(eps={"slot": -0.1}), "must be a finite number >= 0"),
     (lambda d: d.update(device_kind="tpu"), "device_kind 'tpu' is not one of cpu, cuda"),
     (lambda d: d.update(ceiling_kind=""), "ceiling_kind '' must name what the ceiling measures"),

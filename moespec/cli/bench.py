@@ -10,7 +10,17 @@ from rich.text import Text
 
 from moespec.cli.args import CHECKPOINT_FILES, add_checkpoint_flags, add_level_flags, bounded, parse_ints, seed
 from moespec.console import console
-from moespec.defaults import BENCH_DTYPES, LAYERS_LIMIT, MODEL, N_LIMIT, N_MAX, QUANTIZED, REPS_LIMIT, SAMPLES_LIMIT
+from moespec.defaults import (
+    BATCH_LIMIT,
+    BENCH_DTYPES,
+    LAYERS_LIMIT,
+    MODEL,
+    N_LIMIT,
+    N_MAX,
+    QUANTIZED,
+    REPS_LIMIT,
+    SAMPLES_LIMIT,
+)
 from moespec.formats.files import writing
 from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.bench import (
@@ -50,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "the calibrated default for the model)")
     p.add_argument("--n", default=f"1-{N_MAX}",
                    help=f"pass sizes, a range like 1-9 or a list like 1,2,9 (default 1-{N_MAX}; n <= {N_LIMIT})")
+    p.add_argument("--batch", type=bounded(1, BATCH_LIMIT), default=1,
+                   help=f"B sequences per pass (default 1): passes of B x n tokens, chosen ids up to U = N and "
+                        f"recorded passes of B windows from B documents; bench.json's n is then B n (B <= "
+                        f"{BATCH_LIMIT})")
     p.add_argument("--out", default="bench.json", help="results file (default bench.json)")
     p.add_argument("--reps", type=bounded(1, REPS_LIMIT), default=DEFAULT_REPS,
                    help=f"timed rounds, each over every pass size and kernel once (default {DEFAULT_REPS}, at most "
@@ -75,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                          n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
-                         fresh=args.fresh, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait)
+                         fresh=args.fresh, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait, batch=args.batch)
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
         bench = run_bench(config, say=out.print)

@@ -11,7 +11,9 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
                                           "device-to-device copy" (cuda; bytes read + written)
   ceiling_gbps, ceiling_iqr_gbps          the measured ceiling in GB/s (1e9 B/s): median and IQR over the
                                           samples before and after the timing; ceiling_before_after_gbps: each
-  layers, n                               MoE layers (trace layer index) and pass sizes timed
+  layers, n                               MoE layers (trace layer index) and pass sizes timed: tokens per pass
+  batch                                   B sequences per pass (`bench --batch`; 1 in version-1 files): each n is
+                                          then B times a sequence's tokens, and recorded passes hold B windows
   expert_bytes                            {layer: b}
   kernels  {name: {kind, implementation, beta_gbps: {n: v}, beta_iqr_gbps: {n: v}}}  on requested bytes;
            implementation: native or torch for ours (moespec.kernels.implementation), else the peer's engine
@@ -52,7 +54,7 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            `threads` because a core was taken; absent in version-1 files
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
 Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on
-the CPU against a streaming read, and load_bench fills in those two keys (LEGACY_KEYS).
+the CPU against a streaming read, and load_bench fills in those two keys and batch 1 (LEGACY_KEYS).
 """
 
 from __future__ import annotations
@@ -63,7 +65,16 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError, theory
-from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, LAYERS_LIMIT, N_LIMIT, REPS_LIMIT, SAMPLES_LIMIT
+from moespec.defaults import (
+    BATCH_LIMIT,
+    BENCH_DTYPES,
+    DEVICE_KINDS,
+    KERNELS,
+    LAYERS_LIMIT,
+    N_LIMIT,
+    REPS_LIMIT,
+    SAMPLES_LIMIT,
+)
 from moespec.formats.files import (
     Record,
     check_contention_record,
@@ -78,7 +89,7 @@ from moespec.formats.files import (
 FORMAT_NAME = "moespec-bench"
 FORMAT_VERSION = 2  # 2 writes device_kind, ceiling_kind, noisy, too_small, resumed_rounds, level, contention
 # what a file written before `bench --device` was measured on: every such bench ran on the CPU
-LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read"}
+LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read", "batch": 1}
 # per_layer's times of one kernel at one n: measured ones are positive; a fit's prediction is finite (a fit may
 # extrapolate below zero at a pass size it did not see)
 OP_TIMES = {"measured_mean_s": True, "measured_median_s": True, "predicted_mean_s": False}
@@ -268,9 +279,13 @@ def load_bench(path: str | Path) -> Bench:
         raise _fail(where, f"device_kind {doc['device_kind']!r} is not one of {', '.join(DEVICE_KINDS)}")
     if not isinstance(doc["ceiling_kind"], str) or not doc["ceiling_kind"]:
         raise _fail(where, f"ceiling_kind {doc['ceiling_kind']!r} must name what the ceiling measures")
+    batch = doc["batch"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= BATCH_LIMIT:
+        raise _fail(where, f"batch must be an integer in 1..{BATCH_LIMIT}, got {batch!r}")
     ns = doc["n"]
-    if not ns or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= N_LIMIT for n in ns):
-        raise _fail(where, f"n must list pass sizes in 1..{N_LIMIT}, got {ns!r}")
+    if not ns or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= batch * N_LIMIT or n % batch
+                     for n in ns):
+        raise _fail(where, f"n must list pass sizes B n, n in 1..{N_LIMIT}, for B = {batch}, got {ns!r}")
     if not doc["layers"] or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < LAYERS_LIMIT
                                 for i in doc["layers"]):
         raise _fail(where, f"layers must list MoE layer indices in 0..{LAYERS_LIMIT - 1}, got {doc['layers']!r}")

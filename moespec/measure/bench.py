@@ -52,6 +52,7 @@ from typing import Any, Callable
 from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import (
+    BATCH_LIMIT,
     BENCH_DTYPES,
     KERNELS,
     MODEL,
@@ -97,6 +98,7 @@ from moespec.measure.timing import Timer, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
 from moespec.model.spec import ModelSpec
+from moespec.routing.batch import batch_union
 from moespec.routing.reuse import reuse_stats
 from moespec.routing.synth import PROFILES, synthesize
 
@@ -324,6 +326,7 @@ class BenchConfig:
     fresh: bool = False
     level_gbps: float | None = None
     level_wait_s: float | None = None
+    batch: int = 1  # B sequences per pass: passes of B n tokens (moespec.measure.passes.plan_unit)
 
     def kernel_list(self) -> str:
         """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
@@ -341,6 +344,8 @@ class BenchConfig:
                 raise MoespecError(f"{flag} must lie in {least}..{most:,}, got {value}")
         if not self.n or not all(1 <= n <= N_LIMIT for n in self.n):
             raise MoespecError(f"--n: pass sizes must lie in 1..{N_LIMIT}, got {list(self.n)}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 1 <= self.batch <= BATCH_LIMIT:
+            raise MoespecError(f"--batch must be an integer in 1..{BATCH_LIMIT:,}, got {self.batch!r}")
         if self.dtype not in BENCH_DTYPES:
             raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(BENCH_DTYPES)}")
         check_level(self.level_gbps, self.level_wait_s)
@@ -371,24 +376,30 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     names, skipped = parse_kernels(config.kernel_list(), spec, config.dtype, device)
     kinds = {k: bench_kernels()[k] for k in names}
     trace, trace_info = bench_trace(spec, config.trace, config.seed)
-    plan = {(layer, n): plan_unit(trace, spec, layer, n, config.windows, config.u_values, config.seed)
+    batch = config.batch
+    plan = {(layer, batch * n): plan_unit(trace, spec, layer, n, config.windows, config.u_values, config.seed, batch)
             for layer in layers for n in ns}
+    w = [spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]
+    u = reuse_stats(trace, max(ns), bootstrap=0, expert_bytes=w).u if batch == 1 else \
+        batch_union(trace, [batch], max(ns), w).u[batch]
+    u = {batch * n: float(u[n]) for n in ns}  # keyed by the pass's token count, as every record below
+    ns = [batch * n for n in ns]
     timer = timer_for(device)
     key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
            "layout": LAYOUT,
            "level_gbps": config.level_gbps, "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
-           "trace_sha1": trace_info["sha1"], "n": ns, "layers": layers, "kernels": list(kinds), "device": timer.name}
+           "trace_sha1": trace_info["sha1"], "n": ns, "layers": layers, "kernels": list(kinds), "device": timer.name,
+           "batch": batch}
     checks = {f"layer {layer} round ": round_check([len(plan[layer, n]) for n in ns], list(kinds)) for layer in layers}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh, checks | {LEVEL_UNIT: check_level_unit})
     resumed = sum(round_key(layer, rep, list(kinds)) in checkpoint.units for layer in layers
                   for rep in range(config.reps))  # bench.json says so: --fresh times them again
-    u = reuse_stats(trace, max(ns), bootstrap=0,
-                    expert_bytes=[spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]).u
     impl = {k: implementation(k, torch_dtype(config.dtype), device) if engine_of(k) == "moespec" else engine_of(k)
             for k in kinds}
     say(f"moespec bench: {spec.name} {config.dtype} on {timer.name}; MoE layers {', '.join(map(str, layers))}; "
-        f"n = {', '.join(map(str, ns))}; kernels {', '.join(f'{k} ({impl[k]})' for k in kinds)}")
+        f"{'n' if batch == 1 else f'B = {batch} sequences x n tokens ='} {', '.join(map(str, ns))}; "
+        f"kernels {', '.join(f'{k} ({impl[k]})' for k in kinds)}")
     for name, why in skipped.items():
         say(f"skipped {name}: it cannot run {config.dtype} on {device} ({why})")
     say(f"trace: {trace_info['note']}")
@@ -413,8 +424,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "device": timer.name, "device_kind": timer.kind, "dtype": config.dtype, "ceiling_kind": timer.ceiling_kind,
            "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
            "ceiling_before_after_gbps": [first, median_iqr(after)[0]],
-           "layers": layers, "n": ns, "expert_bytes": {str(layer): b[layer] for layer in layers},
-           **analyze(units, kinds, spec.m, b, layers, ns, {n: float(u[n]) for n in ns},
+           "layers": layers, "n": ns, "batch": batch, "expert_bytes": {str(layer): b[layer] for layer in layers},
+           **analyze(units, kinds, spec.m, b, layers, ns, u,
                      slot_flops=2 * 3 * spec.hidden * spec.expert_width),
            "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
            "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,

@@ -60,11 +60,16 @@ class Pass:
 
 
 def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u_values: int,
-              seed: int) -> list[Pass]:
-    """Chosen passes over the U grid, then up to `windows` recorded windows sampled without replacement."""
-    rng = np.random.default_rng([seed, layer, n])
-    passes = [Pass("chosen", chosen_ids(n, spec.m, spec.N, U, rng), U)
-              for U in union_grid(n, spec.m, spec.N, u_values)]
+              seed: int, batch: int = 1) -> list[Pass]:
+    """Chosen passes over the U grid, then up to `windows` recorded windows sampled without replacement. At
+    `batch` B > 1 a pass carries B n tokens: chosen ids over B n tokens (U up to N), and recorded passes of B
+    windows of n tokens, each from another document (B sequences verified together)."""
+    rng = np.random.default_rng([seed, layer, n] if batch == 1 else [seed, layer, n, batch])
+    total = batch * n
+    passes = [Pass("chosen", chosen_ids(total, spec.m, spec.N, U, rng), U)
+              for U in union_grid(total, spec.m, spec.N, u_values)]
+    if batch > 1:
+        return passes + _batched_windows(trace, layer, n, batch, windows, rng)
     starts = trace.window_starts(n)
     if starts.size == 0:
         raise MoespecError(f"the trace has no window of {n} tokens inside one document (longest document: "
@@ -72,4 +77,22 @@ def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u
     for start in np.sort(rng.choice(starts, size=min(windows, starts.size), replace=False)).tolist():
         ids = trace.experts[start:start + n, layer].astype(np.int64)
         passes.append(Pass("window", ids, int(np.unique(ids).size), start))
+    return passes
+
+
+def _batched_windows(trace: Trace, layer: int, n: int, batch: int, windows: int,
+                     rng: np.random.Generator) -> list[Pass]:
+    """`windows` passes of `batch` windows of n tokens at `layer`, each window from another document (drawn among
+    the documents that hold one), at a uniform start inside it; ids [batch n, m] in document order."""
+    lengths = trace.document_lengths
+    holding = np.flatnonzero(lengths >= n)
+    if holding.size < batch:
+        raise MoespecError(f"--batch {batch}: the trace has {holding.size} document(s) holding a window of {n} "
+                           f"tokens; B sequences need B documents (trace more documents or lower --batch)")
+    passes = []
+    for _ in range(windows):
+        docs = np.sort(rng.choice(holding, size=batch, replace=False))
+        starts = trace.doc_starts[docs] + rng.integers(0, lengths[docs] - n + 1)
+        ids = np.concatenate([trace.experts[s:s + n, layer] for s in starts.tolist()]).astype(np.int64)
+        passes.append(Pass("window", ids, int(np.unique(ids).size), int(starts[0])))
     return passes

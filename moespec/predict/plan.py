@@ -271,6 +271,9 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         runs = Runs(dict(runs), runs_path)
     if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
         raise MoespecError(f"--kmax must be an integer in 1..{KMAX_LIMIT}, got {kmax!r}")
+    if bench.get("batch", 1) != 1:
+        raise MoespecError(f"{bench_path}: a bench of B = {bench['batch']} sequences per pass (`bench --batch`); a "
+                           f"plan reads the passes of one sequence: give a bench made without --batch")
     on_runs = too_small(bench)["flag"] and has_both_kernels(runs)  # the basis of moespec.predict.measured
     if not on_runs:
         check_pass_sizes(bench, bench_path, kmax)

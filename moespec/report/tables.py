@@ -70,8 +70,10 @@ def rich_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]
 
 def bench_tables(doc: Any) -> list[Table]:
     """Table 1 (table1) and the fits per layer (fits_table) of a bench as rich tables."""
+    batch = doc.get("batch", 1)
     titles = (f"Table 1: effective bandwidth on requested bytes, GB/s (% of ceiling): {doc['model']} {doc['dtype']}, "
-              f"MoE layers {', '.join(map(str, doc['layers']))}",
+              f"MoE layers {', '.join(map(str, doc['layers']))}"
+              + (f"; passes of B = {batch} sequences, n = B x a sequence's tokens" if batch > 1 else ""),
               "Fits on chosen ids, n >= 2: (4) t = t_op + c_u U b + c_re (nm - U) b;  (E.1) t = t_op + c_g U b + c_t n")
     return [rich_table(title, *rows, caption=caption)
             for title, caption, rows in zip(titles, (TABLE1_CAPTION, FITS_CAPTION), (table1(doc), fits_table(doc)))]
