@@ -129,6 +129,16 @@ ENTRIES: dict[str, Entry] = {
        for i in range(1, 6)},
     "contention/quiet.json": Entry(
         "on a quiet machine fitting the threads costs nothing: fitted over whole team 0.995-1.009 (paired)"),
+    # batch: passes of B sequences
+    "batch/README.md": Entry("write-up of the four benches at batch B = 1, 2, 4, 8",
+                             source="batch/bench-olmoe-bf16-B8.json"),
+    **{f"batch/bench-olmoe-bf16-B{b}.json": Entry(
+        f"CPU, OLMoE-1B-7B bf16 layer 0, passes of B = {b} sequences x n = 1..9 tokens: " + claim)
+       for b, claim in ((1, "r(9) 0.84, u 0.48, dedup 85 GFLOP/s"), (2, "r(9) 0.86, u_B 0.34"),
+                        (4, "r(9) 0.65, u_B 0.20, dedup 102 GFLOP/s"),
+                        (8, "dedup falls to 12 GB/s at 72 tokens (114 GFLOP/s), r(9) 0.32, u_B 0.11"))},
+    **{f"batch/log-B{b}.txt": Entry(f"console output of the B = {b} bench", source=f"batch/bench-olmoe-bf16-B{b}.json")
+       for b in (1, 2, 4, 8)},
     # GPU (H200)
     "gpu-h200/run2/bench-olmoe-1b-7b.json": Entry(
         "current H200 run: Triton kernels on OLMoE-1B-7B bf16, r(n) = 0.87-0.98 at n = 2..9, crossover n = 2"),
