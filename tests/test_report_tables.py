@@ -58,6 +58,11 @@ def test_table1_cells() -> None:
     ]
 
 
+def test_table1_shows_the_flop_rate_as_a_share_of_the_matmul_peak() -> None:
+    columns, rows = table1({**_bench_doc(), "matmul_peak_gflops": 2000.0})
+    assert [row[-1] for row in rows] == ["1234 (62%)", "100 (5%)", "7 (0%)"]
+
+
 def test_table1_without_flops_or_r_and_with_a_pair_of_other_kernels() -> None:
     doc = _bench_doc(gflops=False)
     del doc["r"]["3"]

@@ -82,3 +82,18 @@ def test_cuda_timer_flushes_times_and_measures_a_ceiling() -> None:
     assert timer.time(lambda: a.mul_(1.0)) > 0
     samples = timer.ceiling(nbytes=SMALL_CEILING_BYTES, repeats=3)
     assert len(samples) == 3 and all(s > 0 for s in samples)
+
+
+def test_the_matmul_peak_counts_two_flops_a_multiply_add(monkeypatch):
+    """Each sample is 2 M K N FLOPs over the timer's time of one product; the product really runs in the dtype."""
+    calls = []
+
+    class Fixed(timing.CpuTimer):
+        def time(self, fn):
+            calls.append(fn())
+            return 0.5
+
+    monkeypatch.setattr(timing, "MATMUL_SHAPE", (4, 6, 8))
+    samples = timing.matmul_peak(Fixed(), torch.bfloat16, repeats=3)
+    assert samples == [2 * 4 * 6 * 8 / 0.5 / 1e9] * 3
+    assert [tuple(c.shape) for c in calls] == [(4, 8)] * 3 and all(c.dtype == torch.bfloat16 for c in calls)

@@ -20,6 +20,8 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            (kind 'slot': n m b, kind 'dedup': U b), median and IQR over recorded windows of all layers
            gflops: {n: v} (newer files): 2 x 3 d f FLOPs per token-slot over the kernel's time, median over windows
   ceiling_by_n_gbps {n: median of the ceiling samples taken between the rounds of that n} (newer files)
+  matmul_peak_gflops  the compute ceiling: GFLOP/s of a torch.matmul in the bench's dtype (moespec.measure.timing
+           matmul_peak), median of the samples before the timing; absent in version-1 files
   pair     [per-slot kernel, dedup kernel]: the engine pair timed (moespec.kernels.PAIRS: ours, or ggml's), or
            null (version-1 files timed ours)
   r        {n: beta_dedup/beta_slot} of the pair (empty if none was timed)
@@ -291,6 +293,9 @@ def load_bench(path: str | Path) -> Bench:
         raise _fail(where, f"layers must list MoE layer indices in 0..{LAYERS_LIMIT - 1}, got {doc['layers']!r}")
     if not (is_number(doc["ceiling_gbps"]) and doc["ceiling_gbps"] > 0):
         raise _fail(where, f"ceiling_gbps = {doc['ceiling_gbps']!r} must be positive")
+    peak = doc.get("matmul_peak_gflops")
+    if peak is not None and not (is_number(peak) and peak > 0):
+        raise _fail(where, f"matmul_peak_gflops = {peak!r} must be a positive number")
     for name, entry in doc["kernels"].items():
         if not isinstance(entry, dict):
             raise _fail(where, f"kernels.{name} must be an object")

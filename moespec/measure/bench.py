@@ -94,7 +94,7 @@ from moespec.measure.layer import (
     torch_dtype,
 )
 from moespec.measure.passes import Pass, plan_unit
-from moespec.measure.timing import Timer, median_iqr, timer_for
+from moespec.measure.timing import MATMUL_SHAPE, Timer, matmul_peak, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
 from moespec.model.spec import ModelSpec
@@ -408,6 +408,9 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     before = timer.ceiling()
     first, first_iqr = median_iqr(before)
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
+    peak, peak_iqr = median_iqr(matmul_peak(timer, torch_dtype(config.dtype)))
+    say(f"compute ceiling: torch.matmul {' x '.join(map(str, MATMUL_SHAPE))} in {torch_dtype(config.dtype)} "
+        f"{peak:.0f} GFLOP/s (IQR {peak_iqr:.0f})")
     level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     level.restore(checkpoint)
     cores = Cores()
@@ -423,7 +426,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
            "device": timer.name, "device_kind": timer.kind, "dtype": config.dtype, "ceiling_kind": timer.ceiling_kind,
            "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
-           "ceiling_before_after_gbps": [first, median_iqr(after)[0]],
+           "ceiling_before_after_gbps": [first, median_iqr(after)[0]], "matmul_peak_gflops": peak,
            "layers": layers, "n": ns, "batch": batch, "expert_bytes": {str(layer): b[layer] for layer in layers},
            **analyze(units, kinds, spec.m, b, layers, ns, u,
                      slot_flops=2 * 3 * spec.hidden * spec.expert_width),

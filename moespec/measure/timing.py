@@ -47,6 +47,9 @@ __all__ = [
 
 STREAM_READ_BYTES = 256 << 20  # the CPU ceiling's buffer: 8x a 32 MiB L3, so nearly every byte comes from DRAM
 CEILING_REPEATS = 7  # ceiling samples per measurement: a median and an IQR that shows drift
+# The compute ceiling's product [M, K] x [K, N]: 8.6 GFLOP a call, large enough for a GEMM library's peak on a CPU
+# or a GPU, small enough (12 MiB of bf16 operands) to time in well under a second.
+MATMUL_SHAPE = (1024, 2048, 2048)
 FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the last-level cache, so no expert byte survives in it ...
 FLUSH_MIN_BYTES = 64 << 20  # ... and at least 64 MiB when the CPU's cache size cannot be read
 GPU_L2_FALLBACK_BYTES = 50 << 20  # an H100's L2, for a torch that does not report L2_cache_size
@@ -243,6 +246,17 @@ class CudaTimer(Timer):
         dst = torch.empty_like(src)
         dst.copy_(src)  # untimed: pages in both buffers
         return [2 * nbytes / self.time(lambda: dst.copy_(src)) / 1e9 for _ in range(repeats)]
+
+
+def matmul_peak(timer: Timer, dtype: torch.dtype, repeats: int = CEILING_REPEATS) -> list[float]:
+    """GFLOP/s of `repeats` timed torch.matmul products of MATMUL_SHAPE in `dtype` on the timer's device, after one
+    warm-up call: the compute ceiling a compute-bound pass is judged against (2 M K N FLOPs a product)."""
+    m, k, n = MATMUL_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(dtype).to(timer.device)
+    b = torch.randn(k, n, generator=gen).to(dtype).to(timer.device)
+    torch.matmul(a, b)
+    return [2 * m * k * n / timer.time(lambda: torch.matmul(a, b)) / 1e9 for _ in range(repeats)]
 
 
 def timer_for(device: str) -> Timer:

@@ -14,7 +14,7 @@ Rows = tuple[list[str], list[list[str]]]  # (column names, rows of cells), for t
 
 TABLE1_CAPTION = ("median over recorded windows; slot kind on n m b, dedup kind on U b; % of the ceiling sampled "
                   "between the rounds of that n; dedup faster where u(n) < r(n) (7); GFLOP/s: 2 x 3 d f per "
-                  "token-slot")
+                  "token-slot (% of the measured matrix-multiply peak)")
 
 FITS_CAPTION = ("eps: median relative error on the recorded windows; no fit: chosen ids at fewer than two pass "
                 "sizes n >= 2")
@@ -30,13 +30,15 @@ def table1(doc: Any) -> Rows:
     kernels = doc["kernels"]
     labels = [k if k == v["kind"] else f"{k} ({v['kind']})" for k, v in kernels.items()]
     flops = kernels.get("dedup", {}).get("gflops")
+    peak = doc.get("matmul_peak_gflops")
+    rate = lambda v: f"{v:.0f}" + (f" ({v / peak:.0%})" if peak else "")  # noqa: E731
     rows = []
     for n in map(str, doc["n"]):
         ceiling = doc.get("ceiling_by_n_gbps", {}).get(n, doc["ceiling_gbps"])
         r, u = doc["r"].get(n), doc["u"][n]
         faster = "same kernel" if n == "1" else "-" if r is None else "dedup" if u < r else "slot"
         rows.append([n, f"{ceiling:.1f}", *[_gbps(v["beta_gbps"][n], ceiling) for v in kernels.values()],
-                     "-" if r is None else f"{r:.3f}", f"{u:.3f}", faster, *([f"{flops[n]:.0f}"] if flops else [])])
+                     "-" if r is None else f"{r:.3f}", f"{u:.3f}", faster, *([rate(flops[n])] if flops else [])])
     return ["n", "ceiling", *labels, "r(n)", "u(n)", "faster", *(["dedup GFLOP/s"] if flops else [])], rows
 
 def fits_table(doc: Any) -> Rows:
