@@ -16,6 +16,20 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
 
 
+def contents(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes: compare before and after a command that must change nothing."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line(err: str, *words: str) -> str:
+    """`err` is one line, no traceback, holding every one of `words`; returns it stripped."""
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
 def run_cli(argv: list[str]) -> tuple[int, str]:
     """`moespec argv`'s exit code (argparse's too) and stderr, stdout dropped."""
     err = io.StringIO()
@@ -36,9 +50,8 @@ def refused(argv: list[str], capsys, folder: Path | None = None) -> str:
     except SystemExit as e:  # argparse's own one-line errors
         code = e.code
     captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, (code, err)
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert code == 2, (code, captured.err)
+    err = one_line(captured.err)
     assert captured.out == ""
     if folder is not None:
         assert snapshot(folder) == before

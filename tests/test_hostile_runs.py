@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_cases import contents, one_line
 from cli_cases import run_cli as main
 
 from moespec import MoespecError, cli
@@ -29,16 +30,11 @@ RUN = ["run", "--depth", "8", "--reps", "2", "--max-reps", "2", "--no-throughput
 
 def refused(argv: list[str], folder: Path, *words: str) -> None:
     """`argv` ends with exit 2 and one line holding `words`, and leaves every file under `folder` as it was."""
-    before = snapshot(folder)
+    before = contents(folder)
     code, err = main(argv)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
-    assert snapshot(folder) == before
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    assert code == 2, err
+    one_line(err, *words)
+    assert contents(folder) == before
 
 
 # ---- checkpoints -------------------------------------------------------------------------------------------

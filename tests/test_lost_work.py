@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import contents as snapshot
+from cli_cases import one_line
 from cli_cases import run_cli as main
 
 from moespec import MoespecError, cli
@@ -28,15 +30,6 @@ RUN = ["run", "--depth", "8", "--reps", "2", "--max-reps", "2", "--no-throughput
 
 
 
-
-def one_line(err: str, *words: str) -> None:
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # ---- resuming --------------------------------------------------------------------------------------------

@@ -59,6 +59,14 @@ def test_batch_one_is_the_reuse_union_and_its_bytes():
         np.testing.assert_allclose(getattr(found, name)[1], getattr(stats, name), rtol=1e-12)
 
 
+def test_the_inclusion_rates_sum_to_the_union():
+    """Σ_e pi_{l,e}(n) = U_l(n): each window's union counts each expert it holds once."""
+    trace = random_trace(9, [30, 25, 41], num_experts=13, m=3)
+    found = batch_union(trace, [1], 5)
+    np.testing.assert_allclose(found.inclusion.sum(axis=-1), found.union[1], rtol=1e-12)
+    assert np.all((found.inclusion >= 0) & (found.inclusion <= 1))
+
+
 def test_all_tokens_on_the_same_experts_union_is_m_at_every_batch():
     experts = np.tile(np.array([[0, 3, 5]]), (100, 2, 1))  # m = 3 of N = 11, every token, both layers
     trace = Trace.from_arrays(experts, [0, 40, 100], 11)

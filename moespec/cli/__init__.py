@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser([]).print_help()
         return 2
     from moespec.cli.args import check_paths  # here, not above: `moespec --help` imports neither numpy nor rich
-    from moespec.console import checked_stdout, discard_stdout
+    from moespec.cli.stdout import checked_stdout, discard_stdout
 
     module = importlib.import_module(args._module)
     try:

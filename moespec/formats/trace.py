@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from moespec import MoespecError, printable
-from moespec.formats.files import atomic_write, check_input
+from moespec.formats.files import atomic_write, check_input, parse_json
 
 FORMAT_NAME = "moespec-trace"
 FORMAT_VERSION = 1
@@ -277,10 +277,7 @@ def _check_member(name: str, array: Any, where: str) -> None:
 def _parse_header(arr: np.ndarray, where: str) -> dict[str, Any]:
     if arr.dtype != np.uint8 or arr.ndim != 1:
         raise MoespecError(f"{where}: not a moespec trace (header is not utf-8 JSON bytes)")
-    try:
-        header = json.loads(arr.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise MoespecError(f"{where}: header is not valid JSON") from None
+    header = parse_json(arr.tobytes(), f"{where}: header")
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise MoespecError(f"{where}: not a moespec trace (header format is not {FORMAT_NAME!r})")
     if header.get("version") != FORMAT_VERSION:

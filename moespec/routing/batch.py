@@ -44,7 +44,7 @@ from moespec.arguments import items, whole
 from moespec.console import progress
 from moespec.defaults import BATCH_LIMIT, WINDOW_LIMIT
 from moespec.formats.trace import Trace, chunk_masks
-from moespec.routing.reuse import DEFAULT_LEVEL, estimator_args, indexed, resample_counts
+from moespec.routing.reuse import DEFAULT_LEVEL, estimator_args, indexed, resample_counts, union_bytes
 
 # Tokens per chunk of one document: its [words, chunk, L, 64] unpacked bits stay within tens of MB.
 _CHUNK_TOKENS = 1024
@@ -137,40 +137,34 @@ def inclusion_counts(trace: Trace, n_max: int, per_document: bool,
     return counts, windows
 
 
-def batch_unions(counts: np.ndarray, windows: np.ndarray, batches: Sequence[int]) -> dict[int, np.ndarray]:
+def per_length(reduce: np.ufunc, a: np.ndarray, n_max: int, axis: int = -1) -> np.ndarray:
+    """`a` with its class axis (class_offsets) reduced over each window length's classes by `reduce` (np.add,
+    np.minimum): [..., n_max + 1, ...] with entry 0 (no windows of 0 tokens) 0."""
+    found = reduce.reduceat(a, class_offsets(n_max)[1:-1], axis=axis)
+    zero = np.zeros_like(np.take(found, [0], axis=axis))
+    return np.concatenate([zero, found], axis=axis)
+
+
+def batch_unions(counts: np.ndarray, windows: np.ndarray, batches: Sequence[int], n_max: int) -> dict[int, np.ndarray]:
     """U^B [..., L, n_max + 1] from per-class inclusion counts [..., L, K, N] and window counts W_r [..., K]: per
     class Σ_e [1 - Π_{i<B} (M_e - i)/(W_r - i)] (M_e = W_r - count), averaged over n's classes with weights W_r.
     NaN where a class has fewer than B windows; entry 0 unused (0)."""
     total = windows[..., None, :, None].astype(float)
     missed = total - counts
-    n_max = int(round((np.sqrt(8 * windows.shape[-1] - 7) - 1) / 2))
-    offsets = class_offsets(n_max)
     weights = windows[..., None, :].astype(float)  # [..., 1, K]
+    fewest = per_length(np.minimum, windows, n_max)[..., None, :]  # [..., 1, n_max + 1]
     found = {}
     for b in batches:
         chance = np.ones(np.broadcast_shapes(missed.shape, total.shape))
         with np.errstate(divide="ignore", invalid="ignore"):
             for i in range(b):
                 chance *= np.clip(missed - i, 0.0, None) / (total - i)
-        per_class = (1.0 - chance).sum(axis=-1) * weights  # [..., L, K]
-        union = np.zeros(per_class.shape[:-1] + (n_max + 1,))
-        for n in range(1, n_max + 1):
-            part = slice(offsets[n], offsets[n] + n)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                union[..., n] = per_class[..., part].sum(axis=-1) / weights[..., part].sum(axis=-1)
-            short = np.broadcast_to((windows[..., None, part] < b).any(axis=-1), union[..., n].shape)
-            union[..., n][short] = np.nan
+            per_class = (1.0 - chance).sum(axis=-1) * weights  # [..., L, K]
+            union = per_length(np.add, per_class, n_max) / per_length(np.add, weights, n_max)
+        union = np.where(fewest < b, np.nan, union)
+        union[..., 0] = 0.0
         found[b] = union
     return found
-
-
-def _derive(union: np.ndarray, w: np.ndarray, m: int, b: int) -> dict[str, np.ndarray]:
-    """Layer mean, E_slot^B, E_dedup^B and u_B [..., n_max + 1] from U^B [..., L, n_max + 1]; entry 0 unused (0)."""
-    n = np.arange(union.shape[-1])
-    e_slot = np.broadcast_to(b * n * m * float(w.sum()), union.shape[:-2] + n.shape).astype(float)
-    e_dedup = np.einsum("...ln,l->...n", union, w)
-    u = np.divide(e_dedup, e_slot, out=np.zeros_like(e_dedup), where=e_slot > 0)
-    return {"union_mean": union.mean(axis=-2), "E_slot": e_slot, "E_dedup": e_dedup, "u": u}
 
 
 def batch_union(trace: Trace, batches: Sequence[int], n_max: int, expert_bytes: Sequence[float] | None = None,
@@ -183,28 +177,24 @@ def batch_union(trace: Trace, batches: Sequence[int], n_max: int, expert_bytes: 
     bootstrap, seed, level, w, _ = estimator_args(trace, bootstrap, seed, level, expert_bytes, None)
     counts, windows = inclusion_counts(trace, n_max, per_document=bootstrap > 0, show_progress=show_progress)
     total = windows.sum(axis=0)
-    fewest = int(total[class_offsets(n_max)[n_max]:].min())  # the last class of the longest windows
+    fewest = int(per_length(np.minimum, total, n_max)[1:].min())  # the smallest class of any window length
     if fewest < batches[-1]:
-        raise MoespecError(f"{fewest} disjoint window(s) of {n_max} tokens fit in one class of the trace's windows; "
-                           f"B = {batches[-1]} needs as many (lower n_max or the batch, or trace more tokens)")
+        raise MoespecError(f"{fewest} disjoint window(s) of up to {n_max} tokens fit in one class of the trace's "
+                           f"windows; B = {batches[-1]} needs as many (lower n_max or the batch, or trace more tokens)")
     summed = counts.sum(axis=0)
-    unions = batch_unions(summed, total, batches)
-    derived = {b: _derive(unions[b], w, trace.m, b) for b in batches}
-    offsets = class_offsets(n_max)
-    rates = np.zeros((trace.num_layers, n_max + 1, trace.num_experts))
-    for n in range(1, n_max + 1):
-        part = slice(offsets[n], offsets[n] + n)
-        rates[:, n] = summed[:, part].sum(axis=1) / total[part].sum()
+    unions = batch_unions(summed, total, batches, n_max)
+    derived = {b: union_bytes(unions[b], w, trace.m, b) for b in batches}
+    rates = per_length(np.add, summed, n_max, axis=1) / np.maximum(per_length(np.add, total, n_max), 1)[:, None]
     result = BatchUnion(batches=batches, n_max=int(n_max), m=trace.m, expert_bytes=w, inclusion=rates,
                         union=unions, **{name: {b: derived[b][name] for b in batches}
                                          for name in ("union_mean", "E_slot", "E_dedup", "u")})
     if bootstrap:
-        result.ci = _bootstrap(counts, windows, w, trace.m, batches, int(bootstrap), seed, level, derived)
+        result.ci = _bootstrap(counts, windows, w, trace.m, batches, n_max, bootstrap, seed, level, derived)
     return result
 
 
-def _bootstrap(counts: np.ndarray, windows: np.ndarray, w: np.ndarray, m: int, batches: list[int], resamples: int,
-               seed: int, level: float, estimates: dict[int, dict[str, np.ndarray]]
+def _bootstrap(counts: np.ndarray, windows: np.ndarray, w: np.ndarray, m: int, batches: list[int], n_max: int,
+               resamples: int, seed: int, level: float, estimates: dict[int, dict[str, np.ndarray]]
                ) -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Percentile intervals of union_mean, E_dedup and u per batch size over document resamples, moved onto the
     `estimates` for B >= 2 (module docstring)."""
@@ -214,8 +204,8 @@ def _bootstrap(counts: np.ndarray, windows: np.ndarray, w: np.ndarray, m: int, b
                                                          for b in batches}
     for draws in resample_counts(num_d, resamples, seed, stats.shape[1]):
         resampled = (draws @ stats).reshape((-1,) + counts.shape[1:])
-        for b, union in batch_unions(resampled, draws @ windows.astype(float), batches).items():
-            derived = _derive(union, w, m, b)
+        for b, union in batch_unions(resampled, draws @ windows.astype(float), batches, n_max).items():
+            derived = union_bytes(union, w, m, b)
             for name, kept in replicates[b].items():
                 kept.append(derived[name])
     tail = 100 * (1 - level) / 2

@@ -123,22 +123,27 @@ def uniform_rho(n_max: int, num_experts: int, m: int) -> np.ndarray:
     return rho
 
 
+def union_bytes(union: np.ndarray, w: np.ndarray, m: int, batch: int = 1) -> dict[str, np.ndarray]:
+    """Layer mean, E_slot = B n m W, E_dedup = Σ_l w_l U_l and u [..., n_max + 1] of a pass of `batch` sequences of
+    n tokens with union U [..., L, n_max + 1] (leading axes broadcast: one per bootstrap resample); entry 0 unused."""
+    n = np.arange(union.shape[-1])
+    e_slot = np.broadcast_to(batch * n * m * float(w.sum()), union.shape[:-2] + n.shape).astype(float)
+    e_dedup = np.einsum("...ln,l->...n", union, w)
+    u = np.divide(e_dedup, e_slot, out=np.zeros_like(e_dedup), where=e_slot > 0)
+    return {"union_mean": union.mean(axis=-2), "E_slot": e_slot, "E_dedup": e_dedup, "u": u}
+
+
 def derive(rho: np.ndarray, union: np.ndarray, w: np.ndarray, m: int) -> dict[str, np.ndarray]:
     """Layer means and byte quantities from rho, union [..., L, n_max + 1] and w_l [L]; leading axes broadcast
     (one per bootstrap resample). Entry 0 of every result is unused (0)."""
     n_max = rho.shape[-1] - 1
-    n = np.arange(n_max + 1)
     total_w = float(w.sum())
     weighted = np.einsum("...ln,l->...n", rho, w)  # Σ_l w_l rho_l(n)
     cum = np.cumsum(weighted, axis=-1)  # Σ_{j<=n} Σ_l w_l rho_l(j)  (rho(0) = 0 unused, rho(1) = 0)
-    e_slot = np.broadcast_to(m * n * total_w, weighted.shape).astype(float)
-    e_dedup = np.einsum("...ln,l->...n", union, w)
-    u = np.divide(e_dedup, e_slot, out=np.zeros_like(e_dedup), where=e_slot > 0)
     k = np.arange(n_max)  # rho_bar_k for k = 1..n_max-1 uses rho up to k + 1
     rho_bar = np.zeros(weighted.shape[:-1] + (n_max,))
     rho_bar[..., 1:] = cum[..., 2:] / (k[1:] * total_w)
-    return {"rho_mean": rho.mean(axis=-2), "union_mean": union.mean(axis=-2), "E_slot": e_slot,
-            "E_dedup": e_dedup, "u": u, "gap": m * cum, "rho_bar": rho_bar}
+    return {"rho_mean": rho.mean(axis=-2), **union_bytes(union, w, m), "gap": m * cum, "rho_bar": rho_bar}
 
 
 # ---- per-document sufficient statistics ------------------------------------------------------------------
