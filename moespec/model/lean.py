@@ -54,6 +54,7 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # the attribute that says whether the top k are renormalized (None: always).
 ROUTERS = {"OlmoeTopKRouter": (True, "norm_topk_prob"), "Qwen3MoeTopKRouter": (True, "norm_topk_prob"),
            "MixtralTopKRouter": (False, None)}
+Part = tuple[slice, torch.Tensor, torch.Tensor, Any]  # one sequence of a pass: its rows, cos, sin, cache
 MIN_TABLE = 1024  # positions of the first rotary table (doubled when a pass goes past it)
 _CALL_KEYS = {"input_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}  # what a verify call passes
 
@@ -161,10 +162,11 @@ class Lean:
         self.linear_calls += 1
         return y
 
-    def attention_block(self, a: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        cache: Any) -> torch.Tensor:
-        """o_proj(attention) of one layer for x [n, d]; the layer's new keys and values go into the cache."""
-        n, D = x.shape[0], a.head_dim
+    def attention_block(self, a: Any, x: torch.Tensor, parts: list[Part]) -> torch.Tensor:
+        """o_proj(attention) of one layer for x [T, d], the rows of one or more sequences: each part (its rows,
+        cos and sin [n_b, D] of its positions, its cache) attends over its own cache, which receives its new keys
+        and values; every projection runs once over all T rows (moespec.model.batched)."""
+        T, D = x.shape[0], a.head_dim
         q, k, v = self.linear(x, a.q_proj), self.linear(x, a.k_proj), self.linear(x, a.v_proj)
         if self.qk_norm == "full":
             q, k = _rms(a.q_norm, q), _rms(a.k_norm, k)
@@ -172,17 +174,21 @@ class Lean:
         if clip is not None:
             for t in (q, k, v):
                 t.clamp_(min=-clip, max=clip)
-        q, k, v = q.view(n, -1, D), k.view(n, -1, D), v.view(n, -1, D)
+        q, k, v = q.view(T, -1, D), k.view(T, -1, D), v.view(T, -1, D)
         if self.qk_norm == "head":
             q, k = _rms(a.q_norm, q), _rms(a.k_norm, k)
-        token_ops.rope_unchecked(q, cos, sin)
-        token_ops.rope_unchecked(k, cos, sin)
-        keys, values = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], a.layer_idx)
-        out = attention.attention_if_taken(q.transpose(0, 1)[None], keys, values, None, a.scaling)
-        if out is None:
-            raise RuntimeError("the native attention kernel did not take a verification pass it was installed for")
-        self.attention_calls += 1
-        return self.linear(out.view(n, -1), a.o_proj)
+        outs = []
+        for rows, cos, sin, cache in parts:
+            q_b, k_b, v_b = q[rows], k[rows], v[rows]  # [n_b, heads, D] views
+            token_ops.rope_unchecked(q_b, cos, sin)
+            token_ops.rope_unchecked(k_b, cos, sin)
+            keys, values = cache.update(k_b.transpose(0, 1)[None], v_b.transpose(0, 1)[None], a.layer_idx)
+            out = attention.attention_if_taken(q_b.transpose(0, 1)[None], keys, values, None, a.scaling)
+            if out is None:
+                raise RuntimeError("the native attention kernel did not take a verification pass it was installed for")
+            self.attention_calls += 1
+            outs.append(out.view(q_b.shape[0], -1))
+        return self.linear(outs[0] if len(outs) == 1 else torch.cat(outs), a.o_proj)
 
     def fused_args(self, i: int, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    cache: Any) -> layer_kernel.LayerArgs | None:
@@ -225,11 +231,26 @@ class Lean:
                 self.linear_calls += 5 * len(run)  # q, k, v, o and the router of each
                 i += len(run)
                 continue
-            layer = layers[i]
-            h = h + self.attention_block(layer.self_attn, _rms(layer.input_layernorm, h), cos, sin, cache)
-            h = h + layer.mlp(_rms(layer.post_attention_layernorm, h).unsqueeze(0))[0]
+            h = self.decoder_layer(layers[i], h, [(slice(0, n), cos, sin, cache)])
             i += 1
         return h
+
+    def decoder_layer(self, layer: Any, h: torch.Tensor, parts: list[Part]) -> torch.Tensor:
+        """One decoder layer through `attention_block` and the model's MLP module, on the rows h [T, d] of the
+        sequences `parts` (the MLP, experts included, runs once over all T rows)."""
+        h = h + self.attention_block(layer.self_attn, _rms(layer.input_layernorm, h), parts)
+        return h + layer.mlp(_rms(layer.post_attention_layernorm, h).unsqueeze(0))[0]
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [T, vocab] of the final hidden states h [T, d]: the final norm and the output head."""
+        return self.linear(_rms(self.model.model.norm, h), self.model.lm_head)
+
+    def rotary(self, h: torch.Tensor, past: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, D] (contiguous) of positions past .. past + n - 1; h: any rows of the pass (dtype)."""
+        if self.table is not None:
+            return self.table.rows(past, n)
+        cos, sin = self.model.model.rotary_emb(h, torch.arange(past, past + n).unsqueeze(0))
+        return cos[0].contiguous(), sin[0].contiguous()
 
     def verify(self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits [n, vocab] (the last `logits_to_keep` rows when > 0) of the n = input_ids.shape[1] tokens after
@@ -239,14 +260,9 @@ class Lean:
         n = input_ids.shape[1]
         past = cache.get_seq_length()
         h = body.embed_tokens(input_ids)[0]
-        if self.table is not None:
-            cos, sin = self.table.rows(past, n)
-        else:
-            cos, sin = body.rotary_emb(h, torch.arange(past, past + n).unsqueeze(0))
-            cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        cos, sin = self.rotary(h, past, n)
         h = self.layers(h, cos, sin, cache)
-        h = _rms(body.norm, h if logits_to_keep <= 0 else h[-logits_to_keep:])
-        return self.linear(h, self.model.lm_head)
+        return self.head(h if logits_to_keep <= 0 else h[-logits_to_keep:])
 
 
 class _RouterForward:

@@ -41,7 +41,7 @@ from moespec.model.dense import lean_pass
 from moespec.model.load import cache_argument
 
 __all__ = ["StepRecord", "Draft", "Greedy", "TorchGreedy", "OracleDraft", "GreedyDraft", "ModelDraft", "NO_DRAFT",
-           "Prefill", "prefill", "forward_logits", "timed_forward", "plain_decode", "speculative_decode",
+           "Prefill", "prefill", "forward_logits", "sync_device", "timed_forward", "plain_decode", "speculative_decode",
            "decode_steps", "realized_acceptance", "acceptance_rate"]
 
 
@@ -108,7 +108,7 @@ class TorchGreedy:
 
     def forward(self, tokens: list[int], last_only: bool = False) -> list[int]:
         out = forward_logits(self.model, tokens, self.cache, keep=1 if last_only else 0).argmax(-1).tolist()
-        _sync(self.model.device)
+        sync_device(self.model.device)
         return out
 
     def forward_top(self, tokens: list[int]) -> tuple[int, float]:
@@ -116,14 +116,15 @@ class TorchGreedy:
         confidence, which a confidence-aware draft-length policy reads (moespec.model.adaptive.Online.more)."""
         probability, token = torch.softmax(forward_logits(self.model, tokens, self.cache, keep=1)[-1].float(),
                                            -1).max(-1)
-        _sync(self.model.device)
+        sync_device(self.model.device)
         return int(token), float(probability)
 
     def rollback(self, tokens: int) -> None:
         _rollback(self.cache, tokens)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA; nothing on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -159,10 +160,10 @@ def timed_forward(model: Any, tokens: list[int], state: Prefill) -> float:
     """Seconds of one forward of `tokens` (a verify pass) after the prefilled context, every logit computed;
     the cache is cropped back to the context afterwards, so passes can be timed again and again."""
     with torch.inference_mode():
-        _sync(model.device)
+        sync_device(model.device)
         start = time.perf_counter()
         forward_logits(model, tokens, state.cache)
-        _sync(model.device)
+        sync_device(model.device)
         seconds = time.perf_counter() - start
         _rollback(state.cache, len(tokens))
     return seconds
