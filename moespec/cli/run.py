@@ -24,6 +24,7 @@ from moespec.cli.args import (
 )
 from moespec.console import console
 from moespec.defaults import (
+    BATCH_LIMIT,
     DEPTH,
     DEPTH_LIMIT,
     DTYPES,
@@ -157,6 +158,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                         "throughput grid drafts with it (greedy) over --k instead of the oracle")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=RunConfig.threads,
                    help=f"threads of a pass, either engine (default {RunConfig.threads}, torch's)")
+    p.add_argument("--batch", metavar="B,..",
+                   help=f"also measure verify passes and oracle throughput of B sequences at once for each B > 1 "
+                        f"(1..{BATCH_LIMIT}; runs.json `batch`; a plan's per-B AUTO policy where it has one)")
     p.add_argument("--replay", help="trace (.npz) whose windows the MoE layers select during verify passes")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, prompts, windows and drafts (default 0)")
     p.add_argument("--out", default=RunConfig.out, help=f"results file (default {RunConfig.out})")
@@ -183,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
                        prompts=args.prompts, tokens=args.tokens, throughput=not args.no_throughput,
                        draft_model=args.draft_model, replay=args.replay, seed=args.seed, fresh=args.fresh,
                        dense=args.dense, engine=args.engine, gguf=args.gguf, draft_gguf=args.draft_gguf,
-                       threads=args.threads, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait)
+                       threads=args.threads, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait,
+                       batch=tuple(parse_ints(args.batch, "--batch", 1, BATCH_LIMIT, "batch sizes"))
+                       if args.batch is not None else ())
+    if config.batch and config.engine != "moespec":
+        raise MoespecError("--batch runs moespec's engine (llama.cpp at batch: benchmarks/batch_pass.py)")
     out = console()
     runs = (run_llama_cpp if config.engine == "llama.cpp" else run_engine)(config, say=out.print)
     report(runs, args.out, out)

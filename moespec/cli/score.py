@@ -1,4 +1,5 @@
-"""`moespec score`: a plan against an engine's runs by the six rules of Table 8 (moespec.predict.score)."""
+"""`moespec score`: a plan against an engine's runs by the six rules of Table 8 (moespec.predict.score), and where
+both were made at several batch sizes, its batch map by the batch rules (moespec.predict.batch_score)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from rich.table import Table
 
 from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
+from moespec.formats.planfile import load_plan
+from moespec.predict.batch_score import score_batches
 from moespec.predict.score import DEFAULT_VERSION, VERSIONS, Score, score_files
 
 
@@ -25,11 +28,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = score_files(args.plan, args.runs, args.version)
+    plan = load_plan(args.plan)
+    batch = score_batches(plan, result.runs) if "batch" in plan and "batch" in result.runs else None
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps(result.to_json() | ({"batch": batch} if batch else {})))
     else:
         print_score(result)
+        if batch:
+            print_batch_score(batch)
     return 0
+
+
+def print_batch_score(batch: dict) -> None:
+    """The batch rules per batch size: k_hat*(a, B) against the measured best per acceptance, the crossover, and
+    B_stop(a) over the grid."""
+    con = console_(NARROW)
+    verdict = {True: "[green]holds[/]", False: "[red]fails[/]"}
+    t = Table(title=f"Batch rules ({batch['policy']}): k_hat*(a, B) / measured best per acceptance")
+    for name in ("B", *(f"{a:g}" for a in batch["acceptances"]), "within one", "crossover"):
+        t.add_column(name, overflow="fold")
+    for b, e in batch["per_batch"].items():
+        t.add_row(b, *(f"{k}/{'-' if m is None else m}" for k, m in zip(e["k_hat"], e["measured_best"])),
+                  f"{e['k_hat_within_one']} of {e['acceptances']} {verdict[e['k_hat_holds']]}",
+                  f"{e['crossover']} / {e['measured_crossover']} {verdict[e['crossover_holds']]}")
+    t.add_row("B_stop", *(f"{p}/{m}" for p, m in zip(batch["b_stop"], batch["measured_b_stop"])),
+              verdict[batch["b_stop_holds"]], "")
+    con.print(t)
+    con.print(f"batch rules hold: {'yes' if batch['all_hold'] else 'no'}")
 
 
 def print_score(result: Score) -> None:

@@ -55,6 +55,10 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
                dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
                (moespec.predict.plan.llama_cpp_flags; absent in version-1 plans)
+  batch        with --batch (absent otherwise): {batches, kmax, policy: "auto", source, acceptances (the paper's
+               11), per_batch: {B: {step_time_s: {policy: [V_B(0..kmax)]}, kernel_by_n: {n: kernel}, crossover,
+               k_hat: [per acceptance], tokens_per_s: [B G_a(k)/V_B(k)], speedup: [per acceptance]}}, b_stop:
+               [the least B at which k_hat = 0, or null, per acceptance]} (moespec.predict.batch_map)
   provenance   who made the plan and how (moespec.formats.files.provenance), and
     inputs     {role: {path, sha256}} of each file the plan was made from (INPUT_ROLES: bench, trace, runs of
                --runs, draft_time where --draft-time named a runs.json): the path as given to `moespec plan`, the
@@ -196,8 +200,42 @@ def _check_plan(doc: Any) -> str | None:
     if not isinstance(basis, dict) or basis.get("kind") not in ("bench", "runs") or \
             not isinstance(basis.get("why"), (str, type(None))):
         return f"basis must be {{kind: \"bench\" or \"runs\", why: a line or null}}, got {basis!r}"
+    if "batch" in doc:
+        problem = _check_batch(doc["batch"])
+        if problem:
+            return problem
     if "inputs" in doc["provenance"]:
         return _check_inputs(doc["provenance"]["inputs"])
+    return None
+
+
+def _check_batch(block: Any) -> str | None:
+    """The first problem with a plan's batch block, or None."""
+    batches = block.get("batches") if isinstance(block, dict) else None
+    if not isinstance(batches, list) or not batches or not all(type(b) is int and b >= 1 for b in batches) or \
+            batches != sorted(set(batches)):
+        return "batch.batches must be batch sizes >= 1, ascending and distinct"
+    kmax, acceptances = block.get("kmax"), block.get("acceptances")
+    if type(kmax) is not int or not 1 <= kmax <= KMAX_LIMIT or not isinstance(acceptances, list) or \
+            not all(is_number(a) and 0 <= a <= 1 for a in acceptances):
+        return f"batch.kmax must lie in 1..{KMAX_LIMIT} and batch.acceptances in [0, 1]"
+    per_batch = block.get("per_batch")
+    if not isinstance(per_batch, dict) or set(per_batch) != {str(b) for b in batches}:
+        return "batch.per_batch must hold one entry per batch size"
+    for b, entry in per_batch.items():
+        steps = entry.get("step_time_s") if isinstance(entry, dict) else None
+        if not isinstance(steps, dict) or set(steps) != set(POLICIES) or not all(
+                isinstance(V, list) and len(V) == kmax + 1 and all(is_number(v) and v > 0 for v in V)
+                for V in steps.values()):
+            return f"batch.per_batch.{b}.step_time_s must give kmax + 1 positive step times per policy"
+        if any(not isinstance(entry.get(key), list) or len(entry[key]) != len(acceptances)
+               for key in ("k_hat", "tokens_per_s", "speedup")) or \
+                not all(type(k) is int and 0 <= k <= kmax for k in entry["k_hat"]):
+            return f"batch.per_batch.{b}: k_hat (0..kmax), tokens_per_s and speedup must have one entry per acceptance"
+    stops = block.get("b_stop")
+    if not isinstance(stops, list) or len(stops) != len(acceptances) or not all(s is None or s in batches
+                                                                                   for s in stops):
+        return "batch.b_stop must give a batch size of the grid or null per acceptance"
     return None
 
 

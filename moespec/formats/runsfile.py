@@ -71,6 +71,13 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
                       `contention` is the verify one; absent in version-1 files
   ceiling_gbps        {before, between, after}: the streaming-read ceiling before the verify rounds, between them
                       and the throughput grid, and after
+  batch               with --batch (moespec.measure.batch_run; absent otherwise, where a reader takes batch one):
+                      {batches: [B > 1 ascending], per_batch: {B: {verify_time_s, verify_time_ci_s, saving_s,
+                      crossover, noise {n: {rounds, met, stopped_by, reference_gbps}}, kernel_by_n (the AUTO
+                      policy per n at this B, or null), throughput: [BATCH_ROW_KEYS rows]}}}: the keys above, of
+                      passes of B sequences x n tokens; throughput rows per (policy, k, a): step_time_s V_B(k),
+                      tokens_per_s B G_a(k) / V_B(k), counted_tokens_per_s every emitted token of the B sequences
+                      over the steps' time, steps, greedy_exact
   provenance          device, dtype, versions, timestamp (the start of the run), command
 """
 
@@ -124,6 +131,7 @@ CLOSED = {"verify_time_s": BY_POLICY_N, "verify_time_ci_s": BY_POLICY_N, "verify
 INTEGERS = {"depth": (0, DEPTH_LIMIT), "moe_layers": (1, LAYERS_LIMIT), "prompts": (1, SAMPLES_LIMIT),
             "tokens": (1, GENERATED_LIMIT)}
 SHA256_DIGITS = 64
+BATCH_ROW_KEYS = ("policy", "k", "a", "step_time_s", "tokens_per_s", "counted_tokens_per_s", "steps", "greedy_exact")
 
 
 class Runs(Record):
@@ -239,6 +247,37 @@ def _check_closed(doc: Mapping[str, Any], path: str) -> None:
         raise MoespecError(f"{path}: auto_reference must name {' or '.join(KERNELS)} at each n")
 
 
+def _check_batch(block: Any, path: str) -> None:
+    """The `batch` block, where present: its batch sizes, and per B the verify times and throughput rows."""
+    if block is None:
+        return
+    batches = block.get("batches") if isinstance(block, Mapping) else None
+    if not isinstance(batches, list) or not batches or not all(type(b) is int and b > 1 for b in batches) \
+            or batches != sorted(set(batches)):
+        raise MoespecError(f"{path}: batch.batches must be batch sizes > 1, ascending and distinct")
+    per_batch = block.get("per_batch")
+    if not isinstance(per_batch, Mapping) or set(per_batch) != {str(b) for b in batches}:
+        raise MoespecError(f"{path}: batch.per_batch must hold one entry per batch size {batches}")
+    for b, entry in per_batch.items():
+        where = f"batch.per_batch.{b}"
+        if not isinstance(entry, Mapping):
+            raise MoespecError(f"{path}: {where} must be an object")
+        _check_closed(entry, f"{path}: {where}")
+        times = entry.get("verify_time_s")
+        if not isinstance(times, Mapping) or not all(p in times for p in KERNELS) or not all(
+                is_number(t) and t > 0 for per_n in times.values() for t in per_n.values()):
+            raise MoespecError(f"{path}: {where}.verify_time_s must give positive slot and dedup times per n")
+        rows = entry.get("throughput")
+        if not isinstance(rows, list) or not all(isinstance(r, Mapping) and tuple(r) == BATCH_ROW_KEYS for r in rows):
+            raise MoespecError(f"{path}: {where}.throughput must be rows of the keys {', '.join(BATCH_ROW_KEYS)}")
+        for i, r in enumerate(rows):
+            if r["policy"] not in POLICIES or type(r["k"]) is not int or not 0 <= r["k"] <= KMAX_LIMIT or \
+                    not is_number(r["a"]) or not 0 <= r["a"] <= 1 or not all(
+                    is_number(r[key]) and r[key] > 0 for key in ("step_time_s", "tokens_per_s", "counted_tokens_per_s")):
+                raise MoespecError(f"{path}: {where}.throughput[{i}]: a policy, k in 0..{KMAX_LIMIT}, a in [0, 1] and "
+                                   f"positive times and rates")
+
+
 def load_runs(path: str | Path) -> Runs:
     """Read a runs.json and check what every reader needs: a JSON object of this format and version, naming its
     model, device kind and dtype, with an integer depth >= 0. Raises MoespecError naming the file."""
@@ -264,6 +303,7 @@ def load_runs(path: str | Path) -> Runs:
         raise MoespecError(f"{path}: contention must be an object, got {type(contention).__name__}")
     for part in ("verify", "throughput"):
         check_contention_record((contention or {}).get(part), str(path), f"contention.{part}")
+    _check_batch(doc.get("batch"), str(path))
     runs.plan_sha256  # noqa: B018 - checked here, read by score
     if "throughput" in doc:
         runs.throughput()

@@ -92,9 +92,9 @@ def verify_unit_check(ns: list[int], policies: list[str]) -> Callable[[Any, str]
     return check
 
 
-def verify_done(checkpoint: Checkpoint) -> bool:
-    """The checkpoint holds finished verify rounds (a resumed run times no pass, warm-up included)."""
-    return bool((checkpoint.units.get(VERIFY_UNIT) or {}).get("stopped_by"))
+def verify_done(checkpoint: Checkpoint, unit: str = VERIFY_UNIT) -> bool:
+    """The checkpoint holds finished verify rounds `unit` (a resumed run times no pass, warm-up included)."""
+    return bool((checkpoint.units.get(unit) or {}).get("stopped_by"))
 
 
 def _round_order(ns: list[int], policies: list[str], rep: int) -> list[tuple[int, str]]:
@@ -106,7 +106,7 @@ def _round_order(ns: list[int], policies: list[str], rep: int) -> list[tuple[int
 
 def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], policies: list[str],
                  config: RoundLimits, rng: np.random.Generator, advance: Any, level: Level,
-                 checkpoint: Checkpoint, cores: Cores) -> dict[int, dict[str, Any]]:
+                 checkpoint: Checkpoint, cores: Cores, unit: str = VERIFY_UNIT) -> dict[int, dict[str, Any]]:
     """Rounds over every pass size: each round times every (n, policy) once (`time_pass(n, policy, round)`:
     seconds of one pass, its inputs set up outside the clock) in _round_order, so drift and the host's changes of
     level hit every n and policy alike instead of the sizes measured last; before each timed pass the level's
@@ -122,10 +122,10 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
     interval within +-config.target of it, or config.max_reps rounds are kept, or config.budget_s per pass size is
     spent, or more than config.max_reps rounds were dropped (once reps are kept; before that the level stops
     waiting and follows the host, Level.follow). The rounds so far are checkpointed after each round
-    (VERIFY_UNIT): a resumed run continues them.
+    (`unit`, VERIFY_UNIT unless the run has several sets of rounds): a resumed run continues them.
     Returns, per n, the samples per policy and the noise record (rounds, repeated, off_level, discarded, met,
     seconds, reference_gbps, stopped_by, contention: the kept rounds' passes)."""
-    state = checkpoint.units.get(VERIFY_UNIT) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
+    state = checkpoint.units.get(unit) or {"rounds": [], "repeated": 0, "off_level": 0, "discarded": 0,
                                                     "seconds": 0.0, "stopped_by": None}
     rounds, budget = state["rounds"], config.budget_s * len(ns)
     started = time.perf_counter() - state["seconds"]
@@ -170,7 +170,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
                 state["stopped_by"] = "disturbed"
             else:  # dropped before reps were kept: the host has left the level for good (seen: pinned at
                 level.follow()  # 7.8 GB/s, the host at 16-21, 41 rounds dropped and none kept), so follow it
-        checkpoint.save(VERIFY_UNIT, state)
+        checkpoint.save(unit, state)
         level.save(checkpoint)
     if not rounds:
         raise MoespecError(f"verify rounds: none kept of {state['repeated']} (each dropped as disturbed or off the "

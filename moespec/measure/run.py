@@ -36,6 +36,7 @@ import torch
 from moespec import MoespecError, theory
 from moespec.console import progress
 from moespec.defaults import (
+    BATCH_LIMIT,
     DEPTH,
     DEPTH_LIMIT,
     ENGINES,
@@ -54,6 +55,7 @@ from moespec.formats.files import check_output, holds_outputs, provenance, sha25
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
+from moespec.measure.batch_run import batch_unit_checks, check_trace, measure_batches, plan_kernels
 from moespec.measure.contention import Cores, describe, merge
 from moespec.measure.decoding import (
     PREFILL_POLICY,
@@ -260,6 +262,7 @@ class RunConfig:
     gguf: str | None = None
     draft_gguf: str | None = None
     threads: int = torch.get_num_threads()
+    batch: tuple[int, ...] = ()
 
     def check(self) -> None:
         """Every number in its domain and the output a writable place, before any work."""
@@ -289,6 +292,10 @@ class RunConfig:
             raise MoespecError(f"--n: pass sizes must lie in 1..{N_MAX}, got {list(self.n)}")
         if not self.k or not all(0 <= k <= KMAX for k in self.k):
             raise MoespecError(f"--k: draft lengths must lie in 0..{KMAX}, got {list(self.k)}")
+        if not all(1 <= b <= BATCH_LIMIT for b in self.batch):
+            raise MoespecError(f"--batch: batch sizes must lie in 1..{BATCH_LIMIT}, got {list(self.batch)}")
+        if self.batch and self.draft_model is not None:
+            raise MoespecError("--batch measures the oracle draft; leave out --draft-model")
         if len(self.acceptances) > SAMPLES_LIMIT:
             raise MoespecError(f"--a: {len(self.acceptances)} acceptances, at most {SAMPLES_LIMIT:,}")
         for a in self.acceptances:
@@ -338,6 +345,8 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     # inputs are checked before the model loads
     plan_info, kernel_by_n = load_plan_kernels(config.plan, config.dtype, device.split(":")[0])
     trace = None if config.replay is None else load_trace(config.replay)
+    batches = [b for b in sorted(set(config.batch)) if b > 1]
+    check_trace(trace, config.replay, batches, max(ns))
     layers = config.layers if config.layers is not None or config.model else DEFAULT_LAYERS
     lm = load_model(path=config.model, preset=None if config.model else config.preset or MODEL,
                     layers=layers, dtype=config.dtype, device=device, seed=config.seed)
@@ -366,13 +375,17 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
            "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model, "spec": lm.spec.to_dict(), "device": device,
-           "threads": config.threads, "replay_sha256": config.replay and sha256_file(config.replay)}
+           "threads": config.threads, "replay_sha256": config.replay and sha256_file(config.replay),
+           "batch": sorted(set(config.batch))}
     verify = policies + (["outside"] if config.outside else [])
-    checkpoint = Checkpoint(config.out, key, "run", config.fresh, run_unit_checks(ns, verify))
+    kernels = plan_kernels(config.plan, batches, kernel_by_n)
+    checkpoint = Checkpoint(config.out, key, "run", config.fresh,
+                            run_unit_checks(ns, verify) | batch_unit_checks(ns, policies))
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; verify pass: {verify_pass(lm.model)}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
-    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts
+    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts + \
+        len(batches) * (len(ns) * config.reps * len(policies) + len(ks) * len(acceptances) * config.throughput)
     ceilings = {"before": measure_stream_read()}
     level = run_level(config, plan_info, checkpoint, say, device.split(":")[0])
     if note := checkpoint.describe():
@@ -385,12 +398,16 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
             ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
             measured = measure_throughput(lm, cells, kernel_by_n, ps, None if drafter else acceptances, checkpoint,
                                           drafter, advance, level, cores)
+            batch = measure_batches(lm, batches, ns, ks, acceptances, config, kernels, trace, config.throughput,
+                                    checkpoint, advance, level, cores) if batches else None
     finally:
         cores.release()
     ceilings["after"] = measure_stream_read()
     doc = summarize(identity(lm, config), config, units, verify, measured, acceptances, plan_info, kernel_by_n,
                     started, ceilings, level)
     doc["dense"], doc["verify_pass"] = dense_path, verify_pass(lm.model)
+    if batch is not None:
+        doc["batch"] = batch
     say_contention(doc, say)
     write_json(config.out, doc)
     checkpoint.remove()

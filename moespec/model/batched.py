@@ -203,16 +203,19 @@ class BatchGreedy:
 
 
 def batch_decode_steps(target: BatchGreedy, histories: list[list[int]], firsts: list[int], drafts: Sequence[Draft],
-                       k: int, max_new: int, route: BatchRoute | None = None
+                       k: int, max_new: int, route: BatchRoute | None = None, until_first: bool = False
                        ) -> tuple[list[list[int]], list[BatchStep]]:
     """The speculative loop of moespec.model.speculative.decode_steps for B sequences at once: target's cache b
     holds histories[b], firsts[b] is the greedy token after it; each step every draft proposes k tokens, one pass
     verifies all B proposals, each sequence keeps its agreeing prefix and the target's token after it and rolls back
-    the rest. Returns max_new tokens per sequence (its first included) and the steps' records."""
+    the rest. Returns max_new tokens per sequence (its first included) and the steps' records; `until_first`:
+    stop when the first sequence has max_new tokens (the others then have fewer: a measurement keeps every
+    sequence inside its known continuation)."""
     tokens = [[first] for first in firsts]
     histories = [history + [first] for history, first in zip(histories, firsts)]
     records = []
-    while min(len(t) for t in tokens) < max_new:
+    done = max if until_first else min
+    while done(len(t) for t in tokens) < max_new:
         if route is not None:  # outside the step's time
             route([len(t) - 1 for t in tokens], k + 1)
         start = time.perf_counter()

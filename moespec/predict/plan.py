@@ -68,6 +68,7 @@ from moespec.predict.measured import (
     saving_intervals,
     saving_row,
 )
+from moespec.predict.batch_map import batch_block
 from moespec.predict.staircase import for_llama_cpp
 from moespec.predict.verdict import build_verdict
 from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
@@ -82,8 +83,9 @@ class PlanConfig:
     """What `make_plan` plans from: a bench (its path), a trace, the one-token pass time `tau1` (seconds) or an
     engine's runs (their dedup-off verify times calibrate the plan and supply tau1, the MoE layers and the depth),
     the largest draft `kmax`, the draft + host time per step `draft_time` (one number, kmax + 1 numbers, or a
-    runs.json path), the context depth, the MoE layers covered and the device the plan is for (the bench's);
-    written to `out` when given."""
+    runs.json path), the context depth, the MoE layers covered and the device the plan is for (the bench's), and
+    the batch sizes of the plan's batch map (moespec.predict.batch_map; they need runs measured at them); written
+    to `out` when given."""
 
     bench: str
     trace: str
@@ -95,6 +97,7 @@ class PlanConfig:
     moe_layers: int | None = None
     device: str | None = None
     out: str | None = None
+    batch: tuple[int, ...] = ()
 
 
 def _spec_of(bench: Mapping[str, Any], bench_path: str, trace: Trace, trace_path: str) -> ModelSpec:
@@ -396,6 +399,9 @@ def make_plan(config: PlanConfig) -> Plan:
                            f"bench run with --device {config.device}")
     trace = load_trace(config.trace)
     runs = None
+    if config.batch and config.runs is None:
+        raise MoespecError("--batch plans from verify times measured at each batch size: give --runs, a runs.json "
+                           f"of `moespec run --batch {','.join(map(str, config.batch))} --no-throughput`")
     if config.runs is not None:
         runs = load_runs(config.runs)
         runs.check_identity(bench, config.bench, RUNS_CALIBRATE)
@@ -405,6 +411,8 @@ def make_plan(config: PlanConfig) -> Plan:
     doc = build_plan(bench, trace, config.tau1, config.kmax, h, config.depth, bench_path=config.bench,
                      trace_path=config.trace, runs=runs, runs_path=config.runs or "runs", moe_layers=config.moe_layers)
     doc["provenance"]["inputs"] = inputs  # what a reader checks the files beside the plan against
+    if config.batch:
+        doc["batch"] = batch_block(runs, config.runs, sorted(set(config.batch)), config.kmax, h)
     if config.out:
         write_json(config.out, doc)
     return Plan(doc, config.out)

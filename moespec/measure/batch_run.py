@@ -1,0 +1,252 @@
+"""`moespec run --batch`: the engine's verify times and throughput at batch sizes B > 1 (moespec.model.batched),
+measured after the run's own batch-one measurements and written as runs.json's `batch` block.
+
+Physics. A server's step verifies B sequences' drafts in one pass of B (k + 1) tokens: V_B(k) = tau_p(B, k + 1) +
+h_B(k). Each sequence accepts on its own, so a step emits B G_a(k) tokens on average and the throughput is
+B G_a(k) / V_B(k) (DESIGN "Batch B > 1"). The pass's expert bytes are the union U^B(n) of the experts its B n tokens
+select, so the kernel AUTO runs is the plan's for the pass's total token count.
+
+1. verify time at batch B: B contexts of the run's depth, each prefilled once in a cache of its own; per sample,
+   n random tokens for each sequence in one pass (`batch_logits`), timed, and every sequence's n positions rolled
+   back. Routing replayed from the trace is B windows of n tokens from B distinct documents (sequences are
+   independent). The rounds, their reference reads, the level and the stopping rule are the run's
+   (moespec.measure.rounds.timed_rounds), one set of rounds per B.
+2. throughput at batch B: per cell (policy, k) and acceptance a of the grid, B prompts of the run's depth decoded
+   together (`batch_decode_steps`, until the first reaches the run's tokens) with the oracle draft at a, each
+   sequence on its own seed. Recorded: the median step time V_B(k) over the cell's steps (a step's time does not
+   depend on a), the computed rate B G_a(k) / V_B(k) (`tokens_per_s`, the statistic of the batch-one rows) and the
+   counted rate, every emitted token of every sequence over the steps' time (`counted_tokens_per_s`), and whether
+   each sequence's tokens are its plain greedy decoding's.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from moespec import MoespecError, theory
+from moespec.defaults import KERNELS
+from moespec.formats.checkpoint import Checkpoint, UnitChecks, require, unit_rng
+from moespec.formats.files import is_number
+from moespec.formats.planfile import load_plan
+from moespec.formats.runsfile import BATCH_ROW_KEYS
+from moespec.formats.trace import Trace
+from moespec.measure.contention import Cores
+from moespec.measure.decoding import PREFILL_POLICY, prompts
+from moespec.measure.level import Level
+from moespec.measure.decoding import replay_documents
+from moespec.measure.rounds import bootstrap_median, bootstrap_saving, timed_rounds, verify_done, verify_unit_check
+from moespec.model import speculative
+from moespec.model.batched import BatchGreedy, batch_decode_steps, batch_logits
+from moespec.model.load import LoadedModel
+from moespec.model.policies import set_policy, set_replay
+
+BATCH_UNIT = "batch verify rounds {}"  # the checkpoint unit of batch B's verify rounds
+CELL_UNIT = "batch cell {} {} {}"  # (B, policy, k): a finished throughput cell
+
+
+def batch_unit_checks(ns: list[int], policies: list[str]) -> UnitChecks:
+    """The checks of a resumed run's batch units (moespec.formats.checkpoint): verify rounds and finished cells."""
+    def check_cell(unit: Any, where: str) -> None:
+        rows = unit.get("rows") if isinstance(unit, dict) else None
+        require(isinstance(rows, list) and all(isinstance(r, dict) and tuple(r) == BATCH_ROW_KEYS for r in rows),
+                where, f"rows must be a list of objects with the keys {', '.join(BATCH_ROW_KEYS)}")
+        require(all(is_number(r["step_time_s"]) and r["step_time_s"] > 0 for r in rows), where,
+                "step_time_s must be positive times")
+    return {BATCH_UNIT.format(""): verify_unit_check(ns, policies), CELL_UNIT.format("", "", "").rstrip(): check_cell}
+
+
+def pass_kernels(kernel_by_n: dict[int, str] | None, batch: int) -> dict[int, str] | None:
+    """The AUTO table of batch B for the engine, keyed by the pass's token count B n (kernel_by_n: per n)."""
+    return None if kernel_by_n is None else {batch * n: kernel for n, kernel in kernel_by_n.items()}
+
+
+def check_trace(trace: Trace | None, path: str | None, batches: list[int], n: int) -> None:
+    """Before any work: the trace holds a window of n tokens in as many documents as the largest batch."""
+    if trace is not None and batches:
+        holding = int(np.count_nonzero(trace.document_lengths >= n))
+        if holding < max(batches):
+            raise MoespecError(f"--batch {max(batches)}: {path} has {holding} document(s) holding a window of {n} "
+                               f"tokens; B sequences replay B documents (trace more documents or lower --batch)")
+
+
+def batch_windows(trace: Trace | None, L: int, n: int, batch: int, count: int, seed: int  # noqa: N803
+                  ) -> list[np.ndarray] | None:
+    """`count` replays [B n, L, m] of a pass of B sequences: B windows of n tokens, each from another document."""
+    if trace is None:
+        return None
+    holding = np.flatnonzero(trace.document_lengths >= n)
+    if holding.size < batch:
+        raise MoespecError(f"--batch {batch}: the trace has {holding.size} document(s) holding a window of {n} "
+                           f"tokens; B sequences need B documents")
+    rng = np.random.default_rng([seed, n, batch])
+    out = []
+    for _ in range(count):
+        docs = rng.choice(holding, size=batch, replace=False)
+        starts = trace.doc_starts[docs] + rng.integers(0, trace.document_lengths[docs] - n + 1)
+        out.append(np.concatenate([trace.experts[s:s + n, :L] for s in starts.tolist()]).astype(np.int64))
+    return out
+
+
+def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: list[str], config: Any,
+                         kernel_by_n: dict[int, str] | None, trace: Trace | None, checkpoint: Checkpoint,
+                         advance: Any, level: Level, cores: Cores) -> dict[int, dict[str, Any]]:
+    """timed_rounds' units of batch B: samples per policy and n of a pass of B sequences x n tokens at depth."""
+    unit = BATCH_UNIT.format(batch)
+    vocab = lm.model.config.vocab_size
+    contexts = prompts(batch, config.depth, vocab, config.seed + batch)
+    target = None
+    if not verify_done(checkpoint, unit):
+        set_policy(lm.model, PREFILL_POLICY)
+        states = [speculative.prefill(lm.model, torch.tensor([c], device=lm.device)) for c in contexts]
+        target = BatchGreedy(lm.model, [s.cache for s in states])
+    windows = {n: batch_windows(trace, lm.spec.L, n, batch, config.max_reps, config.seed) for n in ns}
+    tokens = {n: unit_rng(config.seed, f"batch {batch} verify n {n}").integers(3, vocab, size=(config.max_reps,
+                                                                                                batch, n)) for n in ns}
+    table = pass_kernels(kernel_by_n, batch)
+
+    def time_pass(n: int, policy: str, rep: int) -> float:
+        set_policy(lm.model, policy, table)
+        set_replay(lm.model, None if windows[n] is None else windows[n][rep % config.max_reps])
+        feed = tokens[n][rep % config.max_reps].tolist()
+        with torch.inference_mode():
+            speculative.sync_device(lm.model.device)
+            start = time.perf_counter()
+            batch_logits(lm.model, feed, target.caches)
+            speculative.sync_device(lm.model.device)
+            seconds = time.perf_counter() - start
+            target.rollback([n] * batch)
+        return seconds
+
+    for n in ns if target is not None else []:  # untimed: first-call costs stay out of the samples
+        for policy in policies:
+            time_pass(n, policy, 0)
+    units = timed_rounds(time_pass, ns, policies, config, unit_rng(config.seed, unit), advance, level, checkpoint,
+                         cores, unit=unit)
+    set_replay(lm.model, None)
+    return units
+
+
+def verify_summary(units: dict[int, dict[str, Any]], policies: list[str], seed: int) -> dict[str, Any]:
+    """The verify part of one batch's entry: medians, 95% intervals, the saving and the crossover, the noise."""
+    rng = np.random.default_rng(seed)
+    ns = sorted(units)
+    samples = {p: {n: units[n]["samples"][p] for n in ns} for p in policies}
+    stats = {p: {n: bootstrap_median(samples[p][n], rng) for n in ns} for p in policies}
+    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns}
+    return {"verify_time_s": {p: {str(n): stats[p][n][0] for n in ns} for p in policies},
+            "verify_time_ci_s": {p: {str(n): [stats[p][n][1], stats[p][n][2]] for n in ns} for p in policies},
+            "saving_s": {str(n): v for n, v in saving.items()},
+            "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}),
+            "noise": {str(n): {k: units[n]["noise"][k] for k in ("rounds", "met", "stopped_by", "reference_gbps")}
+                      for n in ns}}
+
+
+def measure_batch_cell(lm: LoadedModel, batch: int, policy: str, k: int, acceptances: list[float], config: Any,
+                       kernel_by_n: dict[int, str] | None, prompts_: BatchPrompts, checkpoint: Checkpoint,
+                       advance: Any) -> dict[str, Any]:
+    """One throughput cell at batch B: per acceptance, B prompts decoded together with the oracle at a (k = 0:
+    plain decoding of the batch, once); its step times, computed and counted rates (module docstring)."""
+    key = CELL_UNIT.format(batch, policy, k)
+    if key in checkpoint.units:
+        return checkpoint.units[key]
+    states, want = prompts_.plain(policy, kernel_by_n)
+    set_policy(lm.model, policy, pass_kernels(kernel_by_n, batch))
+    vocab, steps, per_a, exact = lm.model.config.vocab_size, [], {}, True
+    with torch.inference_mode():
+        for a in (acceptances if k else [None]):
+            drafts = [speculative.OracleDraft(w, a, seed=config.seed + 97 * b + k, vocab_size=vocab,
+                                              prompt_len=s.length) if k else speculative.NO_DRAFT
+                      for b, (w, s) in enumerate(zip(want, states))]
+            target = BatchGreedy(lm.model, [copy.deepcopy(s.cache) for s in states])
+            tokens, records = batch_decode_steps(target, prompts_.contexts, [s.first for s in states], drafts, k,
+                                                 config.tokens, prompts_.route, until_first=True)
+            exact &= all(t == w[:len(t)] for t, w in zip(tokens, want))
+            emitted = sum(sum(j + 1 for j in r.accepted) for r in records)
+            per_a["plain" if a is None else str(a)] = {"emitted": emitted, "seconds": sum(r.step_s for r in records),
+                                                        "steps": len(records)}
+            steps += [r.step_s for r in records]
+            advance(1)
+    set_replay(lm.model, None)
+    V = float(np.median(steps))
+    rows = []
+    for a in acceptances:
+        counted = per_a["plain" if k == 0 else str(a)]
+        rows.append({"policy": policy, "k": k, "a": a, "step_time_s": V,
+                     "tokens_per_s": batch * float(theory.geometric_sum(a, k)) / V,
+                     "counted_tokens_per_s": counted["emitted"] / counted["seconds"],
+                     "steps": counted["steps"], "greedy_exact": exact})
+    cell = {"rows": rows}
+    checkpoint.save(key, cell)
+    return cell
+
+
+def plan_kernels(path: str | None, batches: list[int], kernel_by_n: dict[int, str] | None
+                 ) -> dict[int, dict[int, str] | None]:
+    """The AUTO policy (kernel per n) at each B: the plan's for that B where its `batch` block has one, else the
+    plan's batch-one policy (None without a plan)."""
+    per_batch = {} if path is None else (load_plan(path).get("batch") or {}).get("per_batch", {})
+    return {b: {int(n): v for n, v in per_batch[str(b)]["kernel_by_n"].items()} if str(b) in per_batch
+            else kernel_by_n for b in batches}
+
+
+def measure_batches(lm: LoadedModel, batches: list[int], ns: list[int], ks: list[int], acceptances: list[float],
+                    config: Any, kernels: dict[int, dict[int, str] | None], trace: Trace | None, throughput: bool,
+                    checkpoint: Checkpoint, advance: Any, level: Level, cores: Cores) -> dict[str, Any]:
+    """runs.json's `batch` block (moespec.formats.runsfile) for the batch sizes B > 1 of `batches`; kernels: the
+    AUTO policy per B (plan_kernels)."""
+    per_batch = {}
+    for batch in batches:
+        kernel_by_n = kernels[batch]
+        policies = list(KERNELS) + (["auto"] if kernel_by_n else [])
+        cell_policies = ["auto"] if kernel_by_n else list(KERNELS)
+        units = measure_batch_verify(lm, batch, ns, policies, config, kernel_by_n, trace, checkpoint, advance,
+                                     level, cores)
+        entry = verify_summary(units, policies, config.seed + batch)
+        entry["kernel_by_n"] = None if kernel_by_n is None else {str(n): v for n, v in sorted(kernel_by_n.items())}
+        entry["throughput"] = []
+        if throughput:
+            batch_prompts = BatchPrompts(lm, batch, config, trace)
+            for policy in cell_policies:
+                for k in ks:
+                    cell = measure_batch_cell(lm, batch, policy, k, acceptances, config, kernel_by_n, batch_prompts,
+                                              checkpoint, advance)
+                    entry["throughput"] += cell["rows"]
+        per_batch[str(batch)] = entry
+    return {"batches": batches, "per_batch": per_batch}
+
+
+class BatchPrompts:
+    """The B prompts of a batch's throughput cells (the run's depth each), their prefills, each policy's plain greedy
+    decoding of them (the oracle's continuations, long enough for a sequence that accepts every draft while the
+    first reaches the run's tokens), and the replay of B trace documents by generated position."""
+
+    def __init__(self, lm: LoadedModel, batch: int, config: Any, trace: Trace | None) -> None:
+        self.lm, self.length = lm, config.tokens + max(config.k) + 1
+        self.contexts = prompts(batch, config.depth, lm.model.config.vocab_size, config.seed + 1 + batch)
+        self.rows = None if trace is None else replay_documents(trace, config.replay, lm.spec, batch,
+                                                                 self.length + max(config.k) + 1, config.seed + batch)
+        self.made: dict[str, tuple[list, list[list[int]]]] = {}
+
+    def route(self, positions: list[int], n: int) -> None:
+        """Replay sequence b's document rows positions[b] .. + n - 1, the pass's rows in sequence order."""
+        if self.rows is not None:
+            set_replay(self.lm.model, np.concatenate([r[p:p + n] for r, p in zip(self.rows, positions)]))
+
+    def plain(self, policy: str, kernel_by_n: dict[int, str] | None) -> tuple[list, list[list[int]]]:
+        if policy not in self.made:
+            model = self.lm.model
+            set_policy(model, PREFILL_POLICY)
+            ids = [torch.tensor([c], device=self.lm.device) for c in self.contexts]
+            states = [speculative.prefill(model, i) for i in ids]
+            set_policy(model, policy, kernel_by_n)
+            routes = [None if self.rows is None else
+                      (lambda p, n, r=r: set_replay(model, r[p:p + n])) for r in (self.rows or [None] * len(ids))]
+            self.made[policy] = states, [speculative.plain_decode(model, i, self.length, prefilled=s, route=route)
+                                         for i, s, route in zip(ids, states, routes)]
+            set_replay(model, None)
+        return self.made[policy]

@@ -1,0 +1,83 @@
+"""Score a plan's batch map against a run at the same batch sizes: per batch size B, k_hat*(a, B) against the best k
+the run measured, the crossover against the run's, and B_stop(a) against the batch at which the run's best k first
+is 0 (issue rules beyond the paper's Table 8, which is at batch one).
+
+Rules per B (the plan's batch block, moespec.predict.batch_map; the run's, moespec.measure.batch_run):
+- k_hat: k_hat*(a, B) within one of the measured best draft length at >= 9 of 11 acceptances (the same share of
+  another grid): the measured best is the k of the largest throughput among the run's rows of the plan's policy;
+- crossover: the plan's crossover at B within one of the run's (both none also holds);
+and over the grid:
+- b_stop: at every acceptance, the plan's B_stop(a) within one grid step of the measured one (no B_stop counts as
+  one step past the largest B).
+The measured rate scored is the computed one, B G_a(k) / V_B(k) with the measured V_B (the statistic of the run's
+batch-one rows); the counted rate, emitted tokens over the steps' time, is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from moespec import MoespecError
+
+SHARE = 9 / 11  # k_hat rule: acceptances within one of the measured best, at least this share of the grid
+RATES = ("tokens_per_s", "counted_tokens_per_s")
+
+
+def measured_rows(runs: Mapping[str, Any], batch: int, policy: str) -> list[Mapping[str, Any]]:
+    """The run's throughput rows of `policy` at batch B (B = 1: its own rows; B > 1: its batch block's)."""
+    if batch == 1:
+        return [r for r in runs.get("throughput") or [] if r.get("policy") == policy and r.get("a") is not None]
+    entry = ((runs.get("batch") or {}).get("per_batch") or {}).get(str(batch))
+    return [] if entry is None else [r for r in entry["throughput"] if r["policy"] == policy]
+
+
+def measured_best(rows: list[Mapping[str, Any]], acceptances: list[float], rate: str = "tokens_per_s"
+                  ) -> list[int | None]:
+    """Per acceptance: the k of the largest `rate` among the rows at that a (the smallest k on ties), or None."""
+    best = []
+    for a in acceptances:
+        at = [r for r in rows if math.isclose(r["a"], a, abs_tol=1e-9) and r.get(rate) is not None]
+        best.append(None if not at else min(at, key=lambda r: (-r[rate], r["k"]))["k"])
+    return best
+
+
+def _step(batches: list[int], b: int | None) -> int:
+    return len(batches) if b is None else batches.index(b)
+
+
+def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str, Any]:
+    """The batch rules (module docstring) of the plan's batch block on the run, per B and over the grid."""
+    block = plan.get("batch")
+    if block is None:
+        raise MoespecError("the plan has no batch block: make it with `moespec plan --batch`")
+    batches, acceptances, policy = block["batches"], block["acceptances"], block["policy"]
+    run_batches = [1] + ((runs.get("batch") or {}).get("batches") or [])
+    scored = [b for b in batches if b in run_batches and measured_rows(runs, b, policy)]
+    if not scored:
+        raise MoespecError(f"the run measured no throughput of policy {policy} at the plan's batch sizes {batches} "
+                           f"(run with --batch {','.join(map(str, batches))} --plan PLAN)")
+    per_batch, measured_k = {}, {}
+    for b in scored:
+        entry, rows = block["per_batch"][str(b)], measured_rows(runs, b, policy)
+        best = measured_best(rows, acceptances)
+        measured_k[b] = best
+        near = [k is not None and abs(k - kh) <= 1 for k, kh in zip(best, entry["k_hat"])]
+        crossover = runs.get("crossover") if b == 1 else runs["batch"]["per_batch"][str(b)]["crossover"]
+        planned = entry["crossover"]
+        per_batch[str(b)] = {
+            "k_hat": entry["k_hat"], "measured_best": best,
+            "measured_best_counted": measured_best(rows, acceptances, "counted_tokens_per_s"),
+            "k_hat_within_one": sum(near), "acceptances": len(acceptances),
+            "k_hat_holds": sum(near) >= math.ceil(SHARE * len(acceptances) - 1e-9),
+            "crossover": planned, "measured_crossover": crossover,
+            "crossover_holds": planned == crossover or (planned is not None and crossover is not None
+                                                        and abs(planned - crossover) <= 1)}
+    stops = [next((b for b in scored if measured_k[b][i] == 0), None) for i in range(len(acceptances))]
+    planned_stops = [s if s is None or s in scored else None for s in block["b_stop"]]
+    b_stop_holds = [abs(_step(scored, p) - _step(scored, m)) <= 1 for p, m in zip(planned_stops, stops)]
+    return {"batches": scored, "policy": policy, "acceptances": acceptances, "per_batch": per_batch,
+            "b_stop": planned_stops, "measured_b_stop": stops, "b_stop_holds": all(b_stop_holds),
+            "all_hold": all(b_stop_holds) and all(e["k_hat_holds"] and e["crossover_holds"]
+                                                 for e in per_batch.values())}

@@ -1,0 +1,101 @@
+"""`moespec run --batch` (moespec.measure.batch_run) on a tiny checkpoint, and the batch rules
+(moespec.predict.batch_score) on hand-made plans and runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cli_cases import refused, run_cli
+
+from moespec import MoespecError
+from moespec.formats.runsfile import BATCH_ROW_KEYS, load_runs
+from moespec.formats.trace import Trace, load_trace
+from moespec.measure import rounds
+from moespec.measure.batch_run import batch_windows, pass_kernels
+from moespec.predict.batch_score import measured_best, score_batches
+
+SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
+         "--prompts", "1", "--tokens", "5", "--dtype", "fp32"]
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    experts = np.stack([np.stack([rng.choice(8, 2, replace=False) for _ in range(2)]) for _ in range(160)])
+    path = tmp_path_factory.mktemp("trace") / "t.npz"
+    Trace.from_arrays(experts, [0, 40, 80, 120, 160], num_experts=8).save(path)
+    return path
+
+
+def test_run_batch_writes_the_documented_block(tiny_checkpoints, trace_path, tmp_path, monkeypatch):
+    monkeypatch.setattr(rounds, "DISTURBED", 0.0)  # no round dropped as disturbed, however busy the machine
+    out = tmp_path / "runs.json"
+    code, err = run_cli(["run", "--model", tiny_checkpoints["olmoe"], *SMALL, "--batch", "1,2,3", "--replay",
+                         trace_path, "--out", out])
+    assert code == 0, err
+    block = load_runs(out)["batch"]
+    assert block["batches"] == [2, 3] and set(block["per_batch"]) == {"2", "3"}
+    for entry in block["per_batch"].values():
+        assert set(entry["verify_time_s"]) == {"slot", "dedup"} and set(entry["verify_time_s"]["slot"]) == {"1", "2",
+                                                                                                           "3"}
+        rows = entry["throughput"]
+        assert len(rows) == 2 * 3 * 2 and all(tuple(r) == BATCH_ROW_KEYS for r in rows)  # policies x k x a
+        assert all(r["greedy_exact"] for r in rows)  # each sequence's tokens are its plain decoding's
+        for r in rows:
+            assert r["tokens_per_s"] > 0 and r["counted_tokens_per_s"] > 0 and r["steps"] >= 1
+    doc = json.loads(out.read_text())
+    doc["batch"]["per_batch"]["2"]["throughput"][0]["a"] = 1.5
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(MoespecError, match="batch.per_batch.2.throughput"):
+        load_runs(tmp_path / "bad.json")
+
+
+def test_run_batch_bad_input_is_one_line(tiny_checkpoints, trace_path, tmp_path, capsys):
+    base = ["run", "--model", tiny_checkpoints["olmoe"], *SMALL, "--out", tmp_path / "r.json"]
+    for bad in ("0", "2000", "x"):
+        assert "--batch" in refused([*base, "--batch", bad], capsys, tmp_path)
+    assert "4 document(s)" in refused([*base, "--batch", "8", "--replay", trace_path], capsys, tmp_path)
+
+
+def test_batch_windows_come_from_distinct_documents(trace_path):
+    trace = load_trace(trace_path)
+    windows = batch_windows(trace, 2, 3, 4, 5, seed=0)
+    assert len(windows) == 5 and all(w.shape == (12, 2, 2) for w in windows)
+    with pytest.raises(MoespecError, match="4 document"):
+        batch_windows(trace, 2, 3, 5, 1, seed=0)
+    assert pass_kernels({1: "slot", 3: "dedup"}, 4) == {4: "slot", 12: "dedup"} and pass_kernels(None, 2) is None
+
+
+def _row(policy, k, a, rate, batch=True):
+    row = {"policy": policy, "k": k, "a": a, "step_time_s": 1.0, "tokens_per_s": rate}
+    return row | ({"counted_tokens_per_s": rate, "steps": 3, "greedy_exact": True} if batch else {})
+
+
+def test_batch_rules_by_hand():
+    acceptances = [0.5, 0.9]
+    plan = {"batch": {"batches": [1, 2, 4], "policy": "auto", "acceptances": acceptances, "b_stop": [2, None],
+                      "per_batch": {"1": {"k_hat": [1, 3], "crossover": 3}, "2": {"k_hat": [0, 2], "crossover": 2},
+                                    "4": {"k_hat": [0, 2], "crossover": None}}}}
+    best = {1: [1, 4], 2: [1, 2], 4: [0, 0]}  # measured best k per acceptance and B
+
+    def rows(b, batch):
+        return [_row("auto", k, a, 10.0 - abs(k - best[b][i]), batch) for i, a in enumerate(acceptances)
+                for k in range(5)]
+    runs = {"throughput": rows(1, False), "crossover": 4,
+            "batch": {"batches": [2, 4], "per_batch": {"2": {"throughput": rows(2, True), "crossover": 4},
+                                                       "4": {"throughput": rows(4, True), "crossover": None}}}}
+    result = score_batches(plan, runs)
+    per = result["per_batch"]
+    assert [per[b]["measured_best"] for b in ("1", "2", "4")] == [best[1], best[2], best[4]]
+    assert per["1"]["k_hat_holds"] and per["1"]["crossover_holds"]  # |3 - 4| = 1 both
+    assert per["2"]["k_hat_holds"] and not per["2"]["crossover_holds"]  # 2 against 4
+    assert not per["4"]["k_hat_holds"] and per["4"]["crossover_holds"]  # k 2 against 0; both none
+    assert result["measured_b_stop"] == [4, 4] and result["b_stop"] == [2, None]
+    assert result["b_stop_holds"] and not result["all_hold"]  # 2 vs 4 one step; none vs 4 one step
+    assert measured_best([_row("auto", 0, 0.5, 2.0), _row("auto", 1, 0.5, 2.0)], [0.5, 0.9]) == [0, None]
+    with pytest.raises(MoespecError, match="no batch block"):
+        score_batches({}, runs)
+    with pytest.raises(MoespecError, match="no throughput"):
+        score_batches(plan | {"batch": plan["batch"] | {"policy": "slot"}}, runs)

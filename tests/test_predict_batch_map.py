@@ -1,0 +1,100 @@
+"""moespec.predict.batch_map: the plan's batch block on verify times of linear growth, whose k*(a, B), B_stop(a) and
+crossovers follow by hand: with tau(n) = 1 + c (n - 1) and h = 0, V(k) = 1 + c k, and drafting one token beats plain
+decoding iff 1 + a > 1 + c; for c >= 1/2 no longer draft beats it where that one does not (G_a(k) <= 1/(1 - a))."""
+
+from __future__ import annotations
+
+import pytest
+import json
+
+from cli_cases import refused, run_cli
+from plan_cases import make_bench, make_runs, uniform_trace
+
+from moespec import MoespecError, theory
+from moespec.formats.planfile import load_plan
+from moespec.predict.batch_map import b_stop, batch_block, batch_entry
+from moespec.predict.plan import build_plan
+
+KMAX = 4
+NS = range(1, KMAX + 2)
+GROWTH = {1: 0.05, 2: 0.25, 4: 0.55, 8: 1.0}  # c per batch size: the first drafted token's price grows with B
+A = [float(a) for a in theory.PAPER_ACCEPTANCES]
+
+
+def per_n(c: float, scale: float = 1.0) -> dict[str, float]:
+    return {str(n): scale * (1 + c * (n - 1)) for n in NS}
+
+
+def verify(c: float, dedup_from: int) -> dict:
+    """slot 1 + c (n - 1); dedup 0.1% slower below n = dedup_from and 0.1% faster from it."""
+    slot = per_n(c)
+    return {"slot": slot, "dedup": {n: t * (0.999 if int(n) >= dedup_from else 1.001) for n, t in slot.items()}}
+
+
+def runs_doc() -> dict:
+    crossovers = {2: 2, 4: 3, 8: 5}
+    batch = {"batches": [2, 4, 8], "per_batch": {str(b): {"verify_time_s": verify(GROWTH[b], crossovers[b]),
+                                                          "throughput": []} for b in (2, 4, 8)}}
+    return make_runs(verify_time_s=verify(GROWTH[1], 4), batch=batch)
+
+
+def test_the_batch_block_by_hand():
+    block = batch_block(runs_doc(), "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))
+    assert block["batches"] == [1, 2, 4, 8] and block["acceptances"] == A and block["policy"] == "auto"
+    per = block["per_batch"]
+    assert [per[str(b)]["crossover"] for b in (1, 2, 4, 8)] == [4, 2, 3, 5]
+    assert per["4"]["kernel_by_n"] == {"1": "slot", "2": "slot", "3": "dedup", "4": "dedup", "5": "dedup"}
+    for b in (1, 2, 4, 8):
+        V = per[str(b)]["step_time_s"]["auto"]
+        auto = per[str(b)]["kernel_by_n"]
+        assert V == pytest.approx([verify(GROWTH[b], per[str(b)]["crossover"])[auto[str(k + 1)]][str(k + 1)]
+                                   for k in range(KMAX + 1)])
+        for i, a in enumerate(A):
+            k = per[str(b)]["k_hat"][i]
+            assert (k == 0) == (a < GROWTH[b]), (b, a)  # no acceptance within dedup's 0.1% of a c
+            assert per[str(b)]["tokens_per_s"][i] == pytest.approx(b * theory.throughput(V, a, k))
+            assert per[str(b)]["speedup"][i] == pytest.approx(theory.speedup(V, a, k))
+    # B_stop: the first B of the grid whose c reaches a
+    assert block["b_stop"] == [next((b for b in (1, 2, 4, 8) if a < GROWTH[b]), None) for a in A]
+    assert block["b_stop"][:4] == [2, 4, 4, 4] and block["b_stop"][-1] == 8  # a = 0.2 stops at B = 2
+
+
+def test_b_stop_and_entry_rules():
+    assert b_stop([1, 2, 4], {1: [2, 0, 1], 2: [1, 0, 0], 4: [0, 0, 3]}, 3) == [4, 1, 2]
+    entry = batch_entry({"slot": [1.0, 1.1], "dedup": [1.0, 1.0]}, [0.5, 0.5], 2, [0.5])
+    assert entry["kernel_by_n"] == {"1": "slot", "2": "dedup"} and entry["step_time_s"]["auto"] == [1.5, 1.5]
+
+
+def test_a_plan_carries_its_batch_block_and_refuses_missing_batches():
+    trace = uniform_trace()
+    plan = build_plan(make_bench(), trace, runs=make_runs(), draft_time=[0.0] * 9)
+    assert "batch" not in plan  # only a plan asked for batches holds one
+    with pytest.raises(MoespecError, match="no verify times at batch 16"):
+        batch_block(runs_doc(), "runs.json", [1, 16], KMAX, [0.0] * (KMAX + 1))
+    with pytest.raises(MoespecError, match="n = 6"):
+        batch_block(runs_doc(), "runs.json", [1, 2], KMAX + 1, [0.0] * (KMAX + 2))
+
+
+@pytest.mark.parametrize("batches, h, match", [([], [0.0] * 5, "batches"), ([2, 1], [0.0] * 5, "batches"),
+                                               ([0], [0.0] * 5, "batches"), ([1], [0.0], "h must")])
+def test_bad_arguments(batches, h, match):
+    with pytest.raises(ValueError, match=match):
+        batch_block(runs_doc(), "runs.json", batches, KMAX, h)
+
+
+def test_plan_batch_on_the_command_line(tmp_path, capsys):
+    paths = {name: tmp_path / f"{name}.json" for name in ("bench", "runs", "partial")}
+    paths["bench"].write_text(json.dumps(make_bench()))
+    paths["runs"].write_text(json.dumps(runs_doc()))
+    paths["partial"].write_text(json.dumps(make_runs()))
+    uniform_trace().save(tmp_path / "trace.npz")
+    common = ["plan", "--bench", paths["bench"], "--trace", tmp_path / "trace.npz", "--kmax", KMAX]
+    code, err = run_cli([*common, "--runs", paths["runs"], "--batch", "1,2,4,8", "--out", tmp_path / "plan.json"])
+    assert code == 0, err
+    block = load_plan(tmp_path / "plan.json")["batch"]
+    assert block == json.loads(json.dumps(batch_block(runs_doc(), str(paths["runs"]), [1, 2, 4, 8], KMAX,
+                                                      [0.0] * (KMAX + 1))))
+    assert "--runs" in refused([*common, "--batch", "1,2"], capsys, tmp_path)
+    assert "batch 2" in refused([*common, "--runs", paths["partial"], "--batch", "1,2"], capsys, tmp_path)
+    for bad in ("0", "1,x", "2000"):
+        assert "--batch" in refused([*common, "--runs", paths["runs"], "--batch", bad], capsys, tmp_path)
