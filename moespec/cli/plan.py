@@ -6,19 +6,26 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
-from moespec.cli.args import MAGNITUDES, bounded, check_number
+from moespec import MoespecError
+from moespec.cli.args import MAGNITUDES, bounded, check_number, parse_ints
+from moespec.cli.staircase import parse_numbers
 from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
-from moespec.defaults import DEPTH, DEPTH_LIMIT, DEVICE_KINDS, KERNELS, KMAX, KMAX_LIMIT, LAYERS_LIMIT, POLICIES
+from moespec.defaults import (BATCH_LIMIT, DEPTH, DEPTH_LIMIT, DEVICE_KINDS, DRAFT_LIMIT, KERNELS, KMAX, KMAX_LIMIT,
+                              LAYERS_LIMIT, POLICIES)
+from moespec.formats.files import check_output
 from moespec.formats.planfile import TABLES, VERSION_SUFFIX
+from moespec.predict.engines import FORMS, engine_form, write_engine_config
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.report.tables import rich_table
 
 
 # the path flags kept apart before any work (moespec.cli.args.check_paths)
-OUTPUTS = ("--out",)
+OUTPUTS = ("--out", "--engine-out")
+BATCH_ENGINES = ("vllm", "tensorrt-llm", "sglang")  # engines whose form is per batch size: they need --batch
 INPUTS = {"--bench": (), "--trace": (), "--runs": (), "--draft-time": ()}
 
 
@@ -45,9 +52,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=bounded(0, DEPTH_LIMIT),
                         help=f"context depth for kv(k) in (16) (default: --runs' depth, else {DEPTH}; at most "
                              f"{DEPTH_LIMIT:,})")
-    parser.add_argument("--for", dest="engine", choices=["llama.cpp"],
-                        help="also print the answer as the engine's flags: llama.cpp's draft settings per "
-                             "acceptance, from its dedup staircase (plan.json always holds them)")
+    parser.add_argument("--batch", metavar="B,..",
+                        help=f"also plan each batch size B (1..{BATCH_LIMIT}): the step times V_B(k) of B sequences, "
+                             f"k_hat*(a, B), the crossover per B and B_stop(a), from --runs' verify times at each B "
+                             f"(`moespec run --batch`); plan.json `batch`")
+    parser.add_argument("--for", dest="engine", choices=list(FORMS),
+                        help="also print the answer in the engine's form: llama.cpp's draft settings per acceptance "
+                             "from its dedup staircase (plan.json always holds them), with --batch also its "
+                             "--parallel slots per batch size; vllm (num_speculative_tokens_per_batch_size), "
+                             "tensorrt-llm (draft_len_schedule) and sglang (--speculative-adaptive-config) need "
+                             "--batch: k*(a, B) per batch size B of its grid (moespec.predict.engines)")
+    acceptance = parser.add_mutually_exclusive_group()
+    acceptance.add_argument("--acceptance", metavar="A",
+                            help="with --for and --batch: the engine's form at this acceptance, 0 <= A <= 1 "
+                                 "(default: one row per acceptance of the batch grid; --engine-out needs one)")
+    acceptance.add_argument("--acceptance-profile", metavar="A1,A2,...",
+                            help="instead of --acceptance: a measured per-position acceptance profile a_1..a_m, "
+                                 "m >= --kmax, each in [0, 1]")
+    parser.add_argument("--engine-out", metavar="FILE",
+                        help="with --for, --batch and --acceptance or --acceptance-profile: write the engine's "
+                             "config JSON here (vllm: keys for --speculative-config; tensorrt-llm: an "
+                             "--extra_llm_api_options file; sglang: the --speculative-adaptive-config file; "
+                             "llama.cpp: the --parallel and draft arguments per batch size)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -83,17 +109,85 @@ def check_flags(args: argparse.Namespace) -> None:
         check_number("--draft-time", h, "time", positive=False)
 
 
+def check_engine_flags(args: argparse.Namespace) -> Fraction | list[Fraction] | None:
+    """Before any work: --for, --acceptance, --acceptance-profile and --engine-out fit together (an engine form per
+    batch size needs the plan's batch block, --batch; --engine-out writes one config, at one acceptance), and the
+    acceptance or profile lies in [0, 1]. Returns it (None: the form at every acceptance of the batch grid)."""
+    given = [flag for flag, value in (("--acceptance", args.acceptance), ("--acceptance-profile",
+                                      args.acceptance_profile), ("--engine-out", args.engine_out)) if value]
+    if given and args.engine is None:
+        raise MoespecError(f"{given[0]} needs --for ENGINE ({', '.join(FORMS)})")
+    if args.batch is None and (args.engine in BATCH_ENGINES or (args.engine and given)):
+        raise MoespecError(f"--for {args.engine}{f' with {given[0]}' if given else ''} answers per batch size: give "
+                           f"--batch, so the plan holds the step times of B sequences per batch size B")
+    if args.engine_out:
+        if not (args.acceptance or args.acceptance_profile):
+            raise MoespecError("--engine-out writes one config: give --acceptance A or --acceptance-profile A1,A2,...")
+        check_output(args.engine_out, "--engine-out")
+    if not (args.acceptance or args.acceptance_profile):
+        return None
+    flag, text = ("--acceptance", args.acceptance) if args.acceptance else \
+        ("--acceptance-profile", args.acceptance_profile)
+    values = parse_numbers(text, flag, 1 if flag == "--acceptance" else DRAFT_LIMIT)
+    if not all(0 <= a <= 1 for a in values):
+        raise MoespecError(f"{flag} {text}: every acceptance must lie in [0, 1]")
+    if flag == "--acceptance":
+        return values[0]
+    if len(values) < args.kmax:
+        raise MoespecError(f"{flag} {text}: {len(values)} positions, drafts up to --kmax {args.kmax} need {args.kmax}")
+    return values
+
+
+def print_engine_forms(forms: list[Mapping[str, Any]]) -> None:
+    """Engine forms (moespec.predict.engines) of one engine and batch block, one row each: the acceptance (or
+    profile), k*(a, B) per batch size B and the config the engine takes; then how to pass it, the notes and the
+    source followed."""
+    first = forms[0]
+    acceptance = lambda a: ",".join(f"{x:g}" for x in a) if isinstance(a, list) else f"{a:g}"  # noqa: E731
+    notes = dict.fromkeys(note for form in forms for note in form["notes"])
+    con = console_(NARROW)
+    con.print(rich_table(f"{first['engine']}: k*(a, B) per acceptance a and batch size B, and the engine's config "
+                         f"({first['policy']} step times)", ("a", *(f"B={b}" for b in first["k_by_batch"]), "config"),
+                         [[acceptance(form["acceptance"]), *map(str, form["k_by_batch"].values()),
+                           json.dumps(form["config"], separators=(",", ":"))] for form in forms],
+                         first["step_times_from"]))
+    print_plain(con, [f"usage: {first['usage']}", *(f"note: {note}" for note in notes), f"source: {first['source']}"])
+
+
+def answer_engine(plan: Mapping[str, Any], args: argparse.Namespace, acceptance: Fraction | list[Fraction] | None
+                  ) -> None:
+    """The plan's batch block in the engine's form (--for), at the given acceptance or else at every acceptance of
+    the block's grid: printed unless --json, its config written to --engine-out. A plan without the block has
+    nothing here (llama.cpp's staircase form is print_llama_cpp's)."""
+    if args.engine is None or plan.get("batch") is None or (args.json and not args.engine_out):
+        return
+    batch = plan["batch"]
+    forms = [engine_form(args.engine, batch, a) for a in (batch["acceptances"] if acceptance is None
+                                                          else [acceptance])]
+    if not args.json:
+        print_engine_forms(forms)
+    if args.engine_out:  # check_engine_flags made sure of one acceptance
+        write_engine_config(args.engine_out, forms[0])
+
+
+def batch_sizes(text: str | None) -> tuple[int, ...]:
+    """--batch as batch sizes (none when not given)."""
+    return () if text is None else tuple(parse_ints(text, "--batch", 1, BATCH_LIMIT, "batch sizes"))
+
+
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
+    acceptance = check_engine_flags(args)
     plan = make_plan(PlanConfig(bench=args.bench, trace=args.trace, tau1=args.tau1, runs=args.runs, kmax=args.kmax,
                                 draft_time=args.draft_time, depth=args.depth, moe_layers=args.moe_layers,
-                                device=args.device, out=args.out))
+                                device=args.device, out=args.out, batch=batch_sizes(args.batch)))
     if args.json:
         print(json.dumps(plan.doc))
     else:
         print_summary(plan, args.out)
         if args.engine == "llama.cpp":
             print_llama_cpp(plan)
+    answer_engine(plan, args, acceptance)
     return 0
 
 

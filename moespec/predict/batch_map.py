@@ -11,8 +11,9 @@ k*(a, B) = 0. Dedup is faster at batch B where u_B(n) < r(B n) (7), so each B ha
 
 The step times here are the engine's verify times measured at each B (`moespec run --batch`, verify-only: the
 times of passes of B x n tokens with each kernel), the plan's measured version at batch; the scored run that the
-plan is compared with measures the throughput afterwards (pre-registered). Each B's AUTO runs dedup at n >= 2 where
-the measured saving's median is positive.
+plan is compared with measures the throughput afterwards (pre-registered). Each B's AUTO runs dedup where the
+measured saving's median is positive: at n >= 2 at batch one (one token reads the same experts with either kernel),
+at every n at B > 1 (a pass carries B tokens even at n = 1).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def batch_entry(tau: Mapping[str, np.ndarray], h: Sequence[float], batch: int,
     B G_a(k)/V_B(k) and the speedup over plain decoding at the same B (plan.json `batch.per_batch`)."""
     tau = {kernel: np.asarray(tau[kernel], dtype=float) for kernel in KERNELS}
     saving = tau["slot"] - tau["dedup"]
-    auto = {n: "dedup" if n > 1 and saving[n - 1] > 0 else "slot" for n in range(1, len(saving) + 1)}
+    # one token reads the same experts with either kernel; a pass of B > 1 sequences carries B tokens even at n = 1
+    auto = {n: "dedup" if (n > 1 or batch > 1) and saving[n - 1] > 0 else "slot" for n in range(1, len(saving) + 1)}
     times = {**tau, POLICY: np.array([tau[auto[n]][n - 1] for n in sorted(auto)])}
     steps = {p: (v + np.asarray(h, dtype=float)).tolist() for p, v in times.items()}
     V = steps[POLICY]

@@ -23,6 +23,8 @@ whether the prediction made before the engine ran held up against it:
   Tables 3, 8   per n the saving error and the verify-time error; the six scoring rules (moespec.predict.score)
   engine        verify times per n and kernel, AUTO ratio, engine overhead, greedy agreement and the top-2
                 logit gap of every mismatch                                        runs.json, runs-verify.json
+  batch map     k_hat*(a, B) per acceptance and batch size with B_stop(a), the crossover and V_B(k) per B, and the
+                batch rules where the runs measured at batch (moespec.report.batch)   plan.json (+ runs.json)
 
 A section whose artifact is missing or unreadable says so in one line and the rest of the page is still made,
 so a folder holding only bench.json gives a report of the bench; a folder with no artifact is an error. The
@@ -51,6 +53,7 @@ from moespec.report.figures import (
     saving_figure,
     staircase_figure,
 )
+from moespec.report.batch import batch_section
 from moespec.report.folder import DEFAULT_NAME, RUNS, RUNS_VERIFY, Folder, load_folder
 from moespec.report.inputs import inputs_section, warnings_html
 from moespec.report.markup import CSS, VERDICT, Markup
@@ -427,6 +430,9 @@ SECTIONS: tuple[tuple[str, str, str, tuple[str, ...], Callable[[Folder], str]], 
     ("engine", "engine", "The engine: verify times, AUTO, overhead, greedy agreement", (), engine_section),
     ("drafting", "drafting", "Drafting on the trained pair: the acceptance profile, constant k, heuristic, online",
      (DRAFTING_FILE,), drafting_section),
+    ("batch", "batch map", "Batch sizes: k_hat*(a, B), B_stop(a) and the step times V_B(k)", ("plan.json",),
+     lambda f: batch_section(f.docs["plan.json"], f.docs.get(RUNS)) if "batch" in f.docs["plan.json"]
+     else _missing("the plan has no batch map (moespec plan --batch)")),
 )
 
 

@@ -1,0 +1,26 @@
+"""moespec.report.batch: the batch map's table, crossovers and figure, with the measured best k and the batch rules
+where the runs measured at batch."""
+
+from __future__ import annotations
+
+from test_predict_batch_map import KMAX, runs_doc
+
+from moespec.predict.batch_map import batch_block
+from moespec.report.batch import batch_section
+
+
+def test_the_batch_section_shows_the_map_and_b_stop():
+    runs = runs_doc()
+    plan = {"batch": batch_block(runs, "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))}
+    html = batch_section(plan, None)
+    assert "<th>B = 8</th>" in html and "B_stop" in html and "data:image/png;base64" in html
+    assert "<td>0.2</td><td>1</td><td>0</td><td>0</td><td>0</td><td>2</td>" in html  # a = 0.2 stops at B = 2
+    assert "measured best" not in html  # no run at batch: the plan's map alone
+    best = {1: 1, 2: 0, 4: 0, 8: 0}
+    for b, entry in [(1, runs)] + [(b, runs["batch"]["per_batch"][str(b)]) for b in (2, 4, 8)]:
+        entry["throughput"] = [{"policy": "auto", "k": k, "a": a, "step_time_s": 1.0, "tokens_per_s": 5.0 - abs(
+            k - best[b]), "counted_tokens_per_s": 1.0, "steps": 1, "greedy_exact": True} for a in
+            plan["batch"]["acceptances"] for k in range(KMAX + 1)]
+        entry["crossover"] = plan["batch"]["per_batch"][str(b)]["crossover"]
+    html = batch_section(plan, runs)
+    assert "<td>0.2</td><td>1 / 1</td><td>0 / 0</td>" in html and "B_stop within one grid step" in html
