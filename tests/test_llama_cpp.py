@@ -291,3 +291,71 @@ def test_each_engine_has_its_own_entry_point(tmp_path):
     with pytest.raises(MoespecError, match="run_llama_cpp runs llama.cpp"):
         run_engine(RunConfig(out=str(tmp_path / "runs.json"), engine="llama.cpp", gguf=str(tmp_path / "m.gguf")))
     assert not (tmp_path / "runs.json").exists()
+
+
+# ---- several sequences in one decode (moespec.model.llama_cpp.LlamaSequences) ---------------------------------
+@needs_llama
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_one_decode_of_several_sequences_equals_each_alone(model_type, exported):
+    from moespec.model.llama_cpp import LlamaContext, LlamaSequences
+
+    rng = np.random.default_rng(3)
+    contexts = [rng.integers(3, VOCAB, size=length).tolist() for length in (20, 7, 33)]  # each at its own length
+    tokens = [rng.integers(3, VOCAB, size=n).tolist() for n in (4, 1, 9)]
+    path = str(exported[model_type])
+    batch = LlamaSequences(path, 4, 48, 2)  # sequence 3 stays empty
+    try:
+        for seq, ids in enumerate(contexts):
+            batch.prefill(seq, ids)
+        got = batch.forward(tokens)
+        assert batch.lengths == [24, 8, 42, 0]
+        for ids, new, logits in zip(contexts, tokens, got):
+            alone = LlamaContext(path, 64, 2)
+            try:
+                alone.forward(ids, last_only=True)
+                alone.fill(new, every_logit=True)
+                alone.decode()
+                want = alone.logits(len(new))
+            finally:
+                alone.close()
+            assert logits.shape == (len(new), VOCAB)
+            assert np.abs(logits - want).max() <= 1e-5 * np.abs(want).max()  # one graph either way: f32 order only
+        batch.rollback([4, 1, 9])
+        assert batch.lengths == [20, 7, 33, 0]
+        again = batch.forward(tokens[:2])  # fewer sequences than the context holds: the others untouched
+        assert batch.lengths == [24, 8, 33, 0]
+        for a, b in zip(again, got):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        batch.close()
+
+
+@needs_llama
+def test_several_sequences_bad_arguments_name_them(exported):
+    from moespec.model.llama_cpp import LlamaSequences
+
+    path = str(exported["olmoe"])
+    for kwargs, name in (({"sequences": 0}, "sequences"), ({"sequences": True}, "sequences"),
+                         ({"sequences": 10**6}, "sequences"), ({"room": 0}, "room"), ({"threads": 0}, "threads")):
+        with pytest.raises(ValueError, match=name):
+            LlamaSequences(path, **({"sequences": 2, "room": 8, "threads": 2} | kwargs))
+    batch = LlamaSequences(path, 2, 8, 2)
+    try:
+        batch.prefill(0, [5, 6])
+        for call, needle in ((lambda: batch.forward([]), r"^tokens must"),
+                             (lambda: batch.forward([[1], [2], [3]]), r"^tokens must"),
+                             (lambda: batch.forward([[1], []]), r"^tokens\[1\]"),
+                             (lambda: batch.forward([[VOCAB]]), r"^tokens\[0\]"),
+                             (lambda: batch.forward([[-1]]), r"^tokens\[0\]"),
+                             (lambda: batch.forward([[True]]), r"^tokens\[0\]"),
+                             (lambda: batch.forward([[1] * 7]), r"^tokens\[0\]: 7 tokens after 2"),
+                             (lambda: batch.prefill(2, [1]), r"^seq"),
+                             (lambda: batch.prefill(1, []), r"^tokens"),
+                             (lambda: batch.rollback([3]), r"^counts"),
+                             (lambda: batch.rollback([0, 0, 0]), r"^counts")):
+            with pytest.raises(ValueError, match=needle):
+                call()
+        assert batch.lengths == [2, 0]  # nothing refused changed the caches
+        assert len(batch.forward([[1] * 6, [2] * 8])[1]) == 8  # the room is each sequence's own
+    finally:
+        batch.close()

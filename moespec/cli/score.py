@@ -40,21 +40,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_batch_score(batch: dict) -> None:
-    """The batch rules per batch size: k_hat*(a, B) against the measured best per acceptance, the crossover, and
-    B_stop(a) over the grid."""
+    """The batch rules: per acceptance (rows) and batch size (columns) k_hat*(a, B) against the measured best k,
+    B_stop(a) planned and measured; then per B the share within one and the crossovers."""
     con = console_(NARROW)
     verdict = {True: "[green]holds[/]", False: "[red]fails[/]"}
-    t = Table(title=f"Batch rules ({batch['policy']}): k_hat*(a, B) / measured best per acceptance")
-    for name in ("B", *(f"{a:g}" for a in batch["acceptances"]), "within one", "crossover"):
+    t = Table(title=f"Batch rules ({batch['policy']}): k_hat*(a, B) / measured best k; B_stop planned / measured")
+    for name in ("a", *(f"B={b}" for b in batch["batches"]), "B_stop"):
         t.add_column(name, overflow="fold")
-    for b, e in batch["per_batch"].items():
-        t.add_row(b, *(f"{k}/{'-' if m is None else m}" for k, m in zip(e["k_hat"], e["measured_best"])),
-                  f"{e['k_hat_within_one']} of {e['acceptances']} {verdict[e['k_hat_holds']]}",
-                  f"{e['crossover']} / {e['measured_crossover']} {verdict[e['crossover_holds']]}")
-    t.add_row("B_stop", *(f"{p}/{m}" for p, m in zip(batch["b_stop"], batch["measured_b_stop"])),
-              verdict[batch["b_stop_holds"]], "")
+    show = lambda x: "-" if x is None else str(x)  # noqa: E731
+    for i, a in enumerate(batch["acceptances"]):
+        t.add_row(f"{a:g}", *(f"{e['k_hat'][i]}/{show(e['measured_best'][i])}" for e in batch["per_batch"].values()),
+                  f"{show(batch['b_stop'][i])}/{show(batch['measured_b_stop'][i])}")
     con.print(t)
-    con.print(f"batch rules hold: {'yes' if batch['all_hold'] else 'no'}")
+    for b, e in batch["per_batch"].items():
+        con.print(f"B = {b}: k_hat within one at {e['k_hat_within_one']} of {e['acceptances']} "
+                  f"{verdict[e['k_hat_holds']]}; crossover {show(e['crossover'])} / measured "
+                  f"{show(e['measured_crossover'])} {verdict[e['crossover_holds']]}")
+    con.print(f"B_stop within one grid step at every acceptance: {verdict[batch['b_stop_holds']]}; batch rules hold: "
+              f"{'yes' if batch['all_hold'] else 'no'}")
 
 
 def print_score(result: Score) -> None:

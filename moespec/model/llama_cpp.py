@@ -15,6 +15,7 @@ GGML_MAX_NAME 64) of the llama.cpp that llama-cpp-python 0.3.36 vendors.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -95,10 +96,12 @@ class LlamaContext:
     the model's default buffer types) unless given; a batch longer than n_batch goes in n_batch pieces."""
 
     def __init__(self, path: str, n_ctx: int, threads: int, n_batch: int = 2048, n_ubatch: int = 512,
-                 cb_eval: Any = None, model: Any = None) -> None:
-        if n_ctx < 1 or threads < 1 or n_batch < 1 or n_ubatch < 1:
-            raise ValueError(f"n_ctx, threads, n_batch, n_ubatch: each must be >= 1, got {n_ctx}, {threads}, "
-                             f"{n_batch}, {n_ubatch}")
+                 cb_eval: Any = None, model: Any = None, sequences: int = 1) -> None:
+        """`sequences`: llama.cpp's n_seq_max, the sequence ids the context holds (LlamaSequences uses more than
+        one; each then has n_ctx / sequences cells of its own)."""
+        if n_ctx < 1 or threads < 1 or n_batch < 1 or n_ubatch < 1 or sequences < 1:
+            raise ValueError(f"n_ctx, threads, n_batch, n_ubatch, sequences: each must be >= 1, got {n_ctx}, "
+                             f"{threads}, {n_batch}, {n_ubatch}, {sequences}")
         self.path, self.api = path, backend()
         api = self.api
         self.owns_model = model is None
@@ -108,6 +111,7 @@ class LlamaContext:
         params = api.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, min(n_ubatch, n_batch)
         params.n_threads = params.n_threads_batch = threads
+        params.n_seq_max = sequences
         if cb_eval is not None:
             params.cb_eval, params.cb_eval_user_data = cb_eval, None
         self.ctx = api.llama_init_from_model(self.model, params)
@@ -182,3 +186,115 @@ class LlamaContext:
             self.api.llama_free(self.ctx)
             self.ctx = None
         self._free_model()
+
+
+class LlamaSequences:
+    """B sequences of a GGUF model in one llama.cpp context, as a server holds its batch: sequence b has sequence
+    id b and KV cells of its own, `lengths[b]` positions of them filled. `prefill` feeds one sequence's context;
+    `forward` decodes ONE llama_batch holding the n_b tokens of every sequence b given (each token with its sequence
+    id, its position after that sequence's cache and its logits requested), which is a batched verify pass; and
+    `rollback` drops each sequence's last positions (llama_memory_seq_rm per sequence id), as rejected drafts are.
+
+    This follows llama.cpp's tools/batched-bench/batched-bench.cpp (ggml-org/llama.cpp, commit 0a1f017): n_seq_max
+    set to the most sequences a pass holds, one llama_batch whose every token carries its sequence id and position
+    (common_batch_add), one llama_decode, then llama_synchronize. The KV cache is llama.cpp's default, one stream
+    per sequence (kv_unified false): each sequence gets llama_n_ctx_seq = n_ctx / sequences cells and its
+    attention reads them alone, as moespec's one cache per sequence (moespec.model.batched) does.
+
+    Shapes: tokens[b] the n_b >= 1 token ids fed after sequence b's cache (b = 0..B-1, B <= sequences); the batch's
+    rows in sequence order; `forward` returns logits [n_b, vocab] per sequence."""
+
+    def __init__(self, path: str, sequences: int, room: int, threads: int, n_batch: int = 2048) -> None:
+        """`room`: the positions each sequence may hold (its context plus the longest pass fed after it)."""
+        for name, value in (("sequences", sequences), ("room", room), ("threads", threads), ("n_batch", n_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        most = backend().llama_max_parallel_sequences()
+        if sequences > most:
+            raise ValueError(f"sequences must be at most llama.cpp's {most}, got {sequences}")
+        self.context = LlamaContext(path, sequences * room, threads, n_batch=n_batch, sequences=sequences)
+        api, ctx = self.context.api, self.context.ctx
+        given = api.llama_n_seq_max(ctx), api.llama_n_ctx_seq(ctx)
+        if given[0] < sequences or given[1] < room:
+            self.context.close()
+            raise MoespecError(f"{path}: llama.cpp made {given[0]} sequences of {given[1]} positions where "
+                               f"{sequences} of {room} were asked for")
+        self.path, self.room, self.vocab_size = path, room, self.context.vocab_size
+        self.lengths = [0] * sequences
+        self.filled: list[int] = []  # tokens per sequence in the filled batch
+
+    def _check_ids(self, seq: int, ids: Sequence[int], name: str) -> None:
+        """`ids` (the argument `name`) are token ids that fit after sequence `seq`'s cache."""
+        if not isinstance(ids, Sequence) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"{name} must be a non-empty list of token ids in 0..{self.vocab_size - 1}")
+        if self.lengths[seq] + len(ids) > self.room:
+            raise ValueError(f"{name}: {len(ids)} tokens after {self.lengths[seq]} pass the room of {self.room} "
+                             "positions")
+
+    def _check(self, tokens: Sequence[Sequence[int]]) -> None:
+        if not isinstance(tokens, Sequence) or not 1 <= len(tokens) <= len(self.lengths):
+            raise ValueError(f"tokens must be a list of 1..{len(self.lengths)} sequences' token lists")
+        for b, ids in enumerate(tokens):
+            self._check_ids(b, ids, f"tokens[{b}]")
+        if sum(len(ids) for ids in tokens) > self.context.n_batch:
+            raise ValueError(f"tokens: {sum(len(ids) for ids in tokens)} tokens in all pass n_batch "
+                             f"{self.context.n_batch}")
+
+    def _fill(self, parts: list[tuple[int, Sequence[int]]], every_logit: bool) -> None:
+        """Put each (sequence id, tokens) after that sequence's cache into the batch."""
+        b, i = self.context.batch, 0
+        self.filled = [0] * len(self.lengths)
+        for seq, ids in parts:
+            for j, token in enumerate(ids):
+                b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = token, self.lengths[seq] + j, 1, seq
+                b.logits[i] = every_logit or j == len(ids) - 1
+                i += 1
+            self.filled[seq] = len(ids)
+        b.n_tokens = i
+
+    def fill(self, tokens: Sequence[Sequence[int]]) -> None:
+        """Put every sequence's tokens into one batch, every logit requested (outside any timed interval)."""
+        self._check(tokens)
+        self._fill(list(enumerate(tokens)), every_logit=True)
+
+    def decode(self) -> None:
+        """Evaluate the filled batch in one llama_decode, up to llama_synchronize; its tokens join the caches."""
+        api = self.context.api
+        rc = api.llama_decode(self.context.ctx, self.context.batch)
+        api.llama_synchronize(self.context.ctx)
+        if rc != 0:
+            raise MoespecError(f"{self.path}: llama_decode failed (code {rc}) on a batch of {self.filled} tokens "
+                               f"per sequence after {self.lengths}")
+        self.lengths = [length + n for length, n in zip(self.lengths, self.filled)]
+
+    def prefill(self, seq: int, tokens: Sequence[int]) -> None:
+        """Feed `tokens` after sequence `seq`'s cache, n_batch at a time, the last token's logits only."""
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < len(self.lengths):
+            raise ValueError(f"seq must be a sequence id in 0..{len(self.lengths) - 1}, got {seq!r}")
+        self._check_ids(seq, tokens, "tokens")
+        for start in range(0, len(tokens), self.context.n_batch):
+            self._fill([(seq, tokens[start:start + self.context.n_batch])], every_logit=False)
+            self.decode()
+
+    def forward(self, tokens: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Logits [n_b, vocab] of each sequence's tokens fed after its cache, in one decode of all of them."""
+        self.fill(tokens)
+        self.decode()
+        logits = self.context.logits(sum(len(ids) for ids in tokens))
+        ends = np.cumsum([len(ids) for ids in tokens])
+        return np.split(logits, ends[:-1])
+
+    def rollback(self, counts: Sequence[int]) -> None:
+        """Drop the last counts[b] positions of sequence b (b = 0..len(counts)-1)."""
+        if not isinstance(counts, Sequence) or len(counts) > len(self.lengths) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= length
+                for c, length in zip(counts, self.lengths)):
+            raise ValueError(f"counts must give each of up to {len(self.lengths)} sequences 0..its length "
+                             f"{self.lengths} positions to drop, got {counts!r}")
+        for seq, count in enumerate(counts):
+            self.lengths[seq] -= count
+            self.context.api.llama_memory_seq_rm(self.context.memory, seq, self.lengths[seq], -1)
+
+    def close(self) -> None:
+        self.context.close()

@@ -5,6 +5,7 @@ is 0 (issue rules beyond the paper's Table 8, which is at batch one).
 Rules per B (the plan's batch block, moespec.predict.batch_map; the run's, moespec.measure.batch_run):
 - k_hat: k_hat*(a, B) within one of the measured best draft length at >= 9 of 11 acceptances (the same share of
   another grid): the measured best is the k of the largest throughput among the run's rows of the plan's policy;
+  the acceptances scored are the plan's that the run measured at every batch size;
 - crossover: the plan's crossover at B within one of the run's (both none also holds);
 and over the grid:
 - b_stop: at every acceptance, the plan's B_stop(a) within one grid step of the measured one (no B_stop counts as
@@ -58,16 +59,22 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str,
     if not scored:
         raise MoespecError(f"the run measured no throughput of policy {policy} at the plan's batch sizes {batches} "
                            f"(run with --batch {','.join(map(str, batches))} --plan PLAN)")
+    index = [i for i, a in enumerate(acceptances)
+             if all(any(math.isclose(r["a"], a, abs_tol=1e-9) for r in measured_rows(runs, b, policy)) for b in scored)]
+    if not index:
+        raise MoespecError(f"the run measured none of the plan's acceptances {acceptances} at every batch size")
+    acceptances = [acceptances[i] for i in index]
     per_batch, measured_k = {}, {}
     for b in scored:
         entry, rows = block["per_batch"][str(b)], measured_rows(runs, b, policy)
         best = measured_best(rows, acceptances)
         measured_k[b] = best
-        near = [k is not None and abs(k - kh) <= 1 for k, kh in zip(best, entry["k_hat"])]
+        k_hat = [entry["k_hat"][i] for i in index]
+        near = [k is not None and abs(k - kh) <= 1 for k, kh in zip(best, k_hat)]
         crossover = runs.get("crossover") if b == 1 else runs["batch"]["per_batch"][str(b)]["crossover"]
         planned = entry["crossover"]
         per_batch[str(b)] = {
-            "k_hat": entry["k_hat"], "measured_best": best,
+            "k_hat": k_hat, "measured_best": best,
             "measured_best_counted": measured_best(rows, acceptances, "counted_tokens_per_s"),
             "k_hat_within_one": sum(near), "acceptances": len(acceptances),
             "k_hat_holds": sum(near) >= math.ceil(SHARE * len(acceptances) - 1e-9),
@@ -75,7 +82,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str,
             "crossover_holds": planned == crossover or (planned is not None and crossover is not None
                                                         and abs(planned - crossover) <= 1)}
     stops = [next((b for b in scored if measured_k[b][i] == 0), None) for i in range(len(acceptances))]
-    planned_stops = [s if s is None or s in scored else None for s in block["b_stop"]]
+    planned_stops = [s if s is None or s in scored else None for s in (block["b_stop"][i] for i in index)]
     b_stop_holds = [abs(_step(scored, p) - _step(scored, m)) <= 1 for p, m in zip(planned_stops, stops)]
     return {"batches": scored, "policy": policy, "acceptances": acceptances, "per_batch": per_batch,
             "b_stop": planned_stops, "measured_b_stop": stops, "b_stop_holds": all(b_stop_holds),
