@@ -17,9 +17,11 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    this machine (moespec.measure.bench with fewer repetitions), which replaces the one-bandwidth assumption by the
    measured bandwidth ratio r(n): dedup is faster where u(n) < r(n) (7), and the crossover is printed.
 4. Engine: verify times tau_p(n) of a shape-faithful model (2 of the 16 layers, random weights, the trace's
-   routing replayed) with dedup off and on (moespec.measure.run, no throughput).
+   routing replayed) with dedup off and on (moespec.measure.run, no throughput), and of passes of B = 4 sequences
+   x n tokens (moespec.measure.batch_run).
 5. Plan: (22) from the bench and the trace, calibrated by the measured verify times; the AUTO kernel per n,
-   k_hat*(a) and the speedup band (21) (moespec.predict.plan).
+   k_hat*(a) and the speedup band (21) (moespec.predict.plan); and the batch map k_hat*(a, B), B_stop(a) at
+   B = 1 and 4 from the verify times at each (moespec.predict.batch_map).
 6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; the paper's 11 acceptances) and the six
    scoring rules (moespec.measure.run with the plan, moespec.predict.score): the plan is written before that run,
    so pre-registered.
@@ -76,6 +78,8 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # 24 prompts of 6 tokens per (policy, k) cell in interleaved rounds: a cell's V(k) to ~2.5% (results/demo-cpu.md).
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 24, 6
+# The batch map's grid: batch one and one B > 1, whose verify rounds step 4 measures too (~45 s here).
+DEMO_BATCHES = (1, 4)
 # All of the demo's waiting for the host's bandwidth level: ~5 min of measuring here plus at most this keeps the
 # demo under 8 minutes on a slow host (moespec.measure.level; results/demo-cpu.md).
 DEMO_WAIT_CAP_S = 90.0
@@ -341,8 +345,9 @@ def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig
     engine = dict(preset=config.model, layers=config.engine_layers, dtype=config.format, depth=config.depth,
                   reps=ENGINE_REPS, max_reps=ENGINE_MAX_REPS, budget_s=ENGINE_BUDGET_S, replay=trace)
     verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False,
-                       level_wait_s=wait_share("runs-verify.json"), **engine)
-    planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan)
+                       level_wait_s=wait_share("runs-verify.json"), batch=DEMO_BATCHES, **engine)
+    planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan,
+                         batch=DEMO_BATCHES)
     # the scored run needs no outside time: the plan read it from the verify-only run
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
                        prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False,
@@ -416,4 +421,7 @@ def engine_summary(out_dir: Path) -> dict[str, Any]:
             "greedy_exact": runs["greedy_exact"], "verify_time_s": runs["verify_time_s"],
             "auto_ratio": runs["auto_ratio"], "auto": per_a,
             "rules_hold": {v: [r.name for r in sc.rules if r.holds] for v, sc in scores.items()},
+            "batch": {"batches": plan["batch"]["batches"], "acceptances": plan["batch"]["acceptances"],
+                      "b_stop": plan["batch"]["b_stop"],
+                      "k_hat": {b: e["k_hat"] for b, e in plan["batch"]["per_batch"].items()}},
             "pre_registered": scores["prediction"].pre_registered}

@@ -140,6 +140,23 @@ ENTRIES: dict[str, Entry] = {
                             "0.36, u_B 0.11"))},
     **{f"batch/log-B{b}.txt": Entry(f"console output of the B = {b} bench", source=f"batch/bench-olmoe-bf16-B{b}.json")
        for b in (1, 2, 4, 8)},
+    # batch-engine: B sequences verified in one pass
+    "batch-engine/README.md": Entry("write-up: the batched pass beside llama.cpp, the batch plan scored, its fidelity",
+                                    source="batch-engine/batch-pass.json"),
+    "batch-engine/batch-pass.json": Entry(
+        "B sequences x n tokens in one pass, B 1-8, n 1-9: moespec dedup / llama.cpp 0.74-1.01, no cell slower; "
+        "roofline share 30-84% (both engines ~30% at B = 8 x 9)"),
+    "batch-engine/batch-pass.txt": Entry("console output of benchmarks/batch_pass.py",
+                                         source="batch-engine/batch-pass.json"),
+    "batch-engine/bench-demo.json": Entry("the demo's bench (layer 7, OLMoE-1B-7B bf16) the batch plans are made with"),
+    "batch-engine/runs-verify.json": Entry("verify times at B = 1, 2, 4, 8 (both kernels): V_B(1)/V_B(0) 1.31-1.53 "
+                                           "at B > 1, dedup from n = 2"),
+    "batch-engine/plan.json": Entry("the pre-registered batch plan: k_hat*(a, B), B_stop(0.2) = 2, B_stop(0.5) = 8"),
+    "batch-engine/runs.json": Entry("the scored run at B = 1, 2, 4, 8: k_hat within one at 3-4 of 4 acceptances per "
+                                    "B, B_stop within a grid step, greedy tokens exact"),
+    "batch-engine/fidelity.json": Entry("the batch chain five times (benchmarks/batch_fidelity.py)"),
+    "batch-engine/fidelity.txt": Entry("console output of benchmarks/batch_fidelity.py",
+                                       source="batch-engine/fidelity.json"),
     # GPU (H200)
     "gpu-h200/run2/bench-olmoe-1b-7b.json": Entry(
         "current H200 run: Triton kernels on OLMoE-1B-7B bf16, r(n) = 0.87-0.98 at n = 2..9, crossover n = 2"),

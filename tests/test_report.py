@@ -30,7 +30,7 @@ from moespec.routing.synth import synthesize
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MIN_PIXELS = 200  # every figure is at least 5.5 inches wide and 3.8 high at 110 dpi
-SECTIONS = ["reuse", "bandwidth", "staircase", "saving", "acceptance", "score", "engine", "drafting"]
+SECTIONS = ["reuse", "bandwidth", "staircase", "saving", "acceptance", "score", "engine", "drafting", "batch"]
 FIGURES = 5  # Figure 1, Figure 2, the staircase, Figure 4, Figure 5
 MISMATCH_GAP = 0.0123  # plain decoding's top-2 logit gap at the one mismatch of the fixture runs
 MIN_TEXT_PX = 10  # the smallest text a figure may show on the page, in CSS pixels
@@ -165,7 +165,8 @@ def table_with(page: Page, column: str) -> list[list[str]]:
 def test_full_report(job: Path, capsys: pytest.CaptureFixture) -> None:
     page = report(job, capsys)
     assert page.sections == SECTIONS  # drafting.json (the demo's drafting step) is not in this job
-    assert len(page.missing) == 1 and "drafting.json is missing" in page.missing[0]
+    assert len(page.missing) == 2 and "drafting.json is missing" in page.missing[0]  # and the batch map
+    assert "no batch map" in page.missing[1]
     check_figures(page, FIGURES)
     check_tables(page)
     facts = {row[0][1]: row[1][1] for table in page.tables for row in table if len(row) == 2}
@@ -194,7 +195,7 @@ def test_without_runs_the_other_sections_remain(job: Path, tmp_path: Path, capsy
     assert page.sections == SECTIONS
     check_figures(page, FIGURES - 1)  # Figure 5 compares with the runs
     check_tables(page)
-    assert len(page.missing) == 5  # Figure 4's measured saving, Figure 5, Tables 3 and 8, the engine, drafting
+    assert len(page.missing) == 6  # Figure 4's measured saving, Figure 5, Tables 3 and 8, engine, drafting, batch
     assert sum(f"runs.json is missing from {tmp_path}" in line for line in page.missing) == 4
 
 
