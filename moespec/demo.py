@@ -21,7 +21,7 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
    x n tokens (moespec.measure.batch_run).
 5. Plan: (22) from the bench and the trace, calibrated by the measured verify times; the AUTO kernel per n,
    k_hat*(a) and the speedup band (21) (moespec.predict.plan); and the batch map k_hat*(a, B), B_stop(a) at
-   B = 1 and 4 from the verify times at each (moespec.predict.batch_map).
+   B = 1 and 4 from the verify times at each, beside its prediction from the bench (moespec.predict.batch_map).
 6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; the paper's 11 acceptances) and the six
    scoring rules (moespec.measure.run with the plan, moespec.predict.score): the plan is written before that run,
    so pre-registered.
@@ -423,5 +423,7 @@ def engine_summary(out_dir: Path) -> dict[str, Any]:
             "rules_hold": {v: [r.name for r in sc.rules if r.holds] for v, sc in scores.items()},
             "batch": {"batches": plan["batch"]["batches"], "acceptances": plan["batch"]["acceptances"],
                       "b_stop": plan["batch"]["b_stop"],
-                      "k_hat": {b: e["k_hat"] for b, e in plan["batch"]["per_batch"].items()}},
+                      "k_hat": {b: e["k_hat"] for b, e in plan["batch"]["per_batch"].items()},
+                      "k_hat_predicted": {b: e["k_hat"] for b, e in
+                                          ((plan["batch"].get("predicted") or {}).get("per_batch") or {}).items()}},
             "pre_registered": scores["prediction"].pre_registered}

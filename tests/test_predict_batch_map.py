@@ -92,9 +92,38 @@ def test_plan_batch_on_the_command_line(tmp_path, capsys):
     code, err = run_cli([*common, "--runs", paths["runs"], "--batch", "1,2,4,8", "--out", tmp_path / "plan.json"])
     assert code == 0, err
     block = load_plan(tmp_path / "plan.json")["batch"]
-    assert block == json.loads(json.dumps(batch_block(runs_doc(), str(paths["runs"]), [1, 2, 4, 8], KMAX,
-                                                      [0.0] * (KMAX + 1))))
+    assert block.pop("predicted") is None  # hand-made runs without outside times: no prediction to anchor
+    expected = batch_block(runs_doc(), str(paths["runs"]), [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))
+    assert expected.pop("predicted") is None and block == json.loads(json.dumps(expected))
     assert "--runs" in refused([*common, "--batch", "1,2"], capsys, tmp_path)
     assert "batch 2" in refused([*common, "--runs", paths["partial"], "--batch", "1,2"], capsys, tmp_path)
     for bad in ("0", "1,x", "2000"):
         assert "--batch" in refused([*common, "--runs", paths["runs"], "--batch", bad], capsys, tmp_path)
+
+
+def test_the_prediction_from_the_bench_by_hand():
+    """(22)'s whole pass at B n tokens: the fits at (B n, U^B(n)) of the trace, the outside line, the one-token
+    anchor; checked against the formula written out with the trace's own unions."""
+    from moespec.predict.batch_map import predicted_block, predicted_times
+    from moespec.routing.batch import batch_union
+
+    trace = uniform_trace()
+    b, m, scale = 12_582_912.0, trace.m, 8.0
+    fits = {"slot": {"t_op_s": 1e-4, "c_u_s_per_byte": 2e-11, "c_re_s_per_byte": 1e-11},
+            "dedup": {"t_op_s": 2e-4, "c_g_s_per_byte": 1.5e-11, "c_t_s_per_token": 3e-4}}
+    bench = {"fits": {"7": fits}, "layers": [7], "expert_bytes": {"7": b}}
+    outside = {str(n): 0.01 + 0.002 * n for n in NS}
+    runs = make_runs(verify_time_s={"slot": per_n(0.1), "dedup": per_n(0.1), "outside": outside})
+    times = predicted_times(bench, trace, runs, "runs.json", [1, 4], KMAX, scale)
+    union = batch_union(trace, [1, 4], KMAX + 1).union
+    anchor = scale * (1e-4 + 2e-11 * m * b)
+    for B in (1, 4):
+        for n in NS:
+            T, U = B * n, union[B][7, n]
+            slot = 1.0 + 0.002 * (T - 1) + scale * (1e-4 + 2e-11 * U * b + 1e-11 * (T * m - U) * b) - anchor
+            dedup = 1.0 + 0.002 * (T - 1) + scale * (2e-4 + 1.5e-11 * U * b + 3e-4 * T) - anchor
+            assert times[B]["slot"][n - 1] == pytest.approx(slot) and times[B]["dedup"][n - 1] == pytest.approx(dedup)
+    block = predicted_block(bench, trace, runs, "runs.json", [1, 4], KMAX, [0.0] * (KMAX + 1), scale)
+    assert set(block["per_batch"]) == {"1", "4"} and len(block["b_stop"]) == len(A)
+    with pytest.raises(MoespecError, match="outside the expert operation"):
+        predicted_times(bench, trace, make_runs(), "runs.json", [1, 4], KMAX, scale)

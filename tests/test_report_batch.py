@@ -24,3 +24,13 @@ def test_the_batch_section_shows_the_map_and_b_stop():
         entry["crossover"] = plan["batch"]["per_batch"][str(b)]["crossover"]
     html = batch_section(plan, runs)
     assert "<td>0.2</td><td>1 / 1</td><td>0 / 0</td>" in html and "B_stop within one grid step" in html
+
+
+def test_the_prediction_shows_beside_the_measured_map():
+    runs = runs_doc()
+    block = batch_block(runs, "runs.json", [1, 2], KMAX, [0.0] * (KMAX + 1))
+    predicted = {"per_batch": {b: dict(e, k_hat=[k + 1 for k in e["k_hat"]]) for b, e in block["per_batch"].items()},
+                 "b_stop": [None] * len(block["acceptances"])}
+    html = batch_section({"batch": block | {"predicted": predicted}}, None)
+    assert "<td>0.2</td><td>1 [2]</td><td>0 [1]</td><td>2 [-]</td>" in html
+    assert "predicted V_B(kmax) error" in html and "<td>+0.0%</td>" in html

@@ -156,14 +156,15 @@ def print_engine_summary(engine: dict[str, Any], bench: dict[str, Any]) -> None:
         c.print(f"scoring rules holding, {version}: {len(names)} of 6 ({', '.join(names) or 'none'})")
     batch = engine.get("batch")
     if batch:  # absent in demos made before the batch map
-        t = Table(title="batch map: k_hat*(a, B) from verify times measured at each B; B_stop: no draft pays from "
-                        "this B on", title_justify="left")
+        predicted = batch.get("k_hat_predicted") or {}
+        t = Table(title="batch map: k_hat*(a, B) from verify times measured at each B [predicted from the bench]; "
+                        "B_stop: no draft pays from this B on", title_justify="left")
         for col in ("a", *(f"B = {b}" for b in batch["batches"]), "B_stop"):
             t.add_column(col, justify="right")
         for i, a in enumerate(batch["acceptances"]):
             stop = batch["b_stop"][i]
-            t.add_row(f"{a:g}", *(str(batch["k_hat"][str(b)][i]) for b in batch["batches"]),
-                      "-" if stop is None else str(stop))
+            t.add_row(f"{a:g}", *(str(batch["k_hat"][str(b)][i]) + (f" [{predicted[str(b)][i]}]" if predicted else "")
+                                  for b in batch["batches"]), "-" if stop is None else str(stop))
         c.print(t)
     c.print(f"pre-registered: {'yes' if engine['pre_registered'] else 'no'}; report: {engine['report']}")
 

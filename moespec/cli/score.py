@@ -11,6 +11,7 @@ from rich.table import Table
 from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
 from moespec.formats.planfile import load_plan
+from moespec.predict.batch_score import VERSIONS as BATCH_VERSIONS
 from moespec.predict.batch_score import score_batches
 from moespec.predict.score import DEFAULT_VERSION, VERSIONS, Score, score_files
 
@@ -29,13 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     result = score_files(args.plan, args.runs, args.version)
     plan = load_plan(args.plan)
-    batch = score_batches(plan, result.runs) if "batch" in plan and "batch" in result.runs else None
+    batch = []
+    if "batch" in plan and "batch" in result.runs:
+        batch = [score_batches(plan, result.runs, version) for version in BATCH_VERSIONS
+                 if version == "measured" or plan["batch"].get("predicted") is not None]
     if args.json:
         print(json.dumps(result.to_json() | ({"batch": batch} if batch else {})))
     else:
         print_score(result)
-        if batch:
-            print_batch_score(batch)
+        for version in batch:
+            print_batch_score(version)
     return 0
 
 
@@ -44,7 +48,8 @@ def print_batch_score(batch: dict) -> None:
     B_stop(a) planned and measured; then per B the share within one and the crossovers."""
     con = console_(NARROW)
     verdict = {True: "[green]holds[/]", False: "[red]fails[/]"}
-    t = Table(title=f"Batch rules ({batch['policy']}): k_hat*(a, B) / measured best k; B_stop planned / measured")
+    t = Table(title=f"Batch rules, {batch['version']} version ({batch['policy']}): k_hat*(a, B) / measured best k; "
+                    f"B_stop planned / measured")
     for name in ("a", *(f"B={b}" for b in batch["batches"]), "B_stop"):
         t.add_column(name, overflow="fold")
     show = lambda x: "-" if x is None else str(x)  # noqa: E731

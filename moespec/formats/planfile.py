@@ -58,7 +58,9 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   batch        with --batch (absent otherwise): {batches, kmax, policy: "auto", source, acceptances (the paper's
                11), per_batch: {B: {step_time_s: {policy: [V_B(0..kmax)]}, kernel_by_n: {n: kernel}, crossover,
                k_hat: [per acceptance], tokens_per_s: [B G_a(k)/V_B(k)], speedup: [per acceptance]}}, b_stop:
-               [the least B at which k_hat = 0, or null, per acceptance]} (moespec.predict.batch_map)
+               [the least B at which k_hat = 0, or null, per acceptance], predicted: null or {per_batch, b_stop} of
+               the prediction from the bench} (moespec.predict.batch_map): per_batch from the verify times measured
+               at each B
   provenance   who made the plan and how (moespec.formats.files.provenance), and
     inputs     {role: {path, sha256}} of each file the plan was made from (INPUT_ROLES: bench, trace, runs of
                --runs, draft_time where --draft-time named a runs.json): the path as given to `moespec plan`, the
@@ -219,23 +221,32 @@ def _check_batch(block: Any) -> str | None:
     if type(kmax) is not int or not 1 <= kmax <= KMAX_LIMIT or not isinstance(acceptances, list) or \
             not all(is_number(a) and 0 <= a <= 1 for a in acceptances):
         return f"batch.kmax must lie in 1..{KMAX_LIMIT} and batch.acceptances in [0, 1]"
-    per_batch = block.get("per_batch")
+    problem = _check_map(block, batches, kmax, acceptances, "batch")
+    if problem or block.get("predicted") is None:
+        return problem
+    return _check_map(block["predicted"], batches, kmax, acceptances, "batch.predicted")
+
+
+def _check_map(block: Any, batches: list[int], kmax: int, acceptances: list, where: str) -> str | None:
+    """The first problem with one version of the batch map (per_batch and b_stop), or None."""
+    per_batch = block.get("per_batch") if isinstance(block, dict) else None
     if not isinstance(per_batch, dict) or set(per_batch) != {str(b) for b in batches}:
-        return "batch.per_batch must hold one entry per batch size"
+        return f"{where}.per_batch must hold one entry per batch size"
     for b, entry in per_batch.items():
         steps = entry.get("step_time_s") if isinstance(entry, dict) else None
         if not isinstance(steps, dict) or set(steps) != set(POLICIES) or not all(
                 isinstance(V, list) and len(V) == kmax + 1 and all(is_number(v) and v > 0 for v in V)
                 for V in steps.values()):
-            return f"batch.per_batch.{b}.step_time_s must give kmax + 1 positive step times per policy"
+            return f"{where}.per_batch.{b}.step_time_s must give kmax + 1 positive step times per policy"
         if any(not isinstance(entry.get(key), list) or len(entry[key]) != len(acceptances)
                for key in ("k_hat", "tokens_per_s", "speedup")) or \
                 not all(type(k) is int and 0 <= k <= kmax for k in entry["k_hat"]):
-            return f"batch.per_batch.{b}: k_hat (0..kmax), tokens_per_s and speedup must have one entry per acceptance"
+            return f"{where}.per_batch.{b}: k_hat (0..kmax), tokens_per_s and speedup must have one entry per " \
+                   f"acceptance"
     stops = block.get("b_stop")
     if not isinstance(stops, list) or len(stops) != len(acceptances) or not all(s is None or s in batches
                                                                                    for s in stops):
-        return "batch.b_stop must give a batch size of the grid or null per acceptance"
+        return f"{where}.b_stop must give a batch size of the grid or null per acceptance"
     return None
 
 

@@ -9,9 +9,17 @@ sequences' experts, which grows toward all N with B n, while the dense weights a
 first drafted token's price V_B(1) / V_B(0) rises with B and k* falls; B_stop(a) is the least B of the grid at which
 k*(a, B) = 0. Dedup is faster at batch B where u_B(n) < r(B n) (7), so each B has its own crossover and AUTO policy.
 
-The step times here are the engine's verify times measured at each B (`moespec run --batch`, verify-only: the
-times of passes of B x n tokens with each kernel), the plan's measured version at batch; the scored run that the
-plan is compared with measures the throughput afterwards (pre-registered). Each B's AUTO runs dedup where the
+Two versions of V_B:
+- measured (the map's, `per_batch`): the engine's verify times at each B (`moespec run --batch`, verify-only: passes
+  of B x n tokens with each kernel); the scored run measures the throughput afterwards (pre-registered);
+- prediction (`predicted`, from the bench, every B of the grid): (22)'s whole pass at B n tokens. The fits (4) and
+  (E.1) of each timed layer at the pass's B n tokens and its expected union U_l^B(n) of the trace
+  (moespec.routing.batch; both fits are linear in U, so the fit at the mean union is the mean time), scaled to the
+  plan's MoE layers as (22) is; the time outside the expert operation grows along the line through the batch-one
+  run's outside times tau_out(n) (least squares over n), taken to B n tokens:
+      tau_p(B, n) = tau_meas(1) + beta_out (B n - 1) + M_p(B n, U^B(n)) - M_slot(1, m).
+  Past the bench's largest pass the fits extrapolate (a CPU turns compute-bound at some tens of tokens: E.1's
+  per-token term carries that); the measured version at the B it was run shows how far. Each B's AUTO runs dedup where the
 measured saving's median is positive: at n >= 2 at batch one (one token reads the same experts with either kernel),
 at every n at B > 1 (a pass carries B tokens even at n = 1).
 """
@@ -25,6 +33,8 @@ import numpy as np
 
 from moespec import MoespecError, theory
 from moespec.defaults import BATCH_LIMIT, KERNELS
+from moespec.formats.trace import Trace
+from moespec.routing.batch import batch_union
 
 POLICY = "auto"  # the policy whose step times the map reads: the kernel the plan runs at each pass
 
@@ -68,9 +78,10 @@ def b_stop(batches: Sequence[int], k_hat: Mapping[int, Sequence[int]], count: in
 
 
 def batch_block(runs: Mapping[str, Any], runs_path: str, batches: Sequence[int], kmax: int,
-                h: Sequence[float]) -> dict[str, Any]:
+                h: Sequence[float], predicted: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """plan.json's `batch` block from a runs.json measured at these batch sizes (B = 1: its own verify times;
-    B > 1: its `batch` block), h(k) the draft and host time per step (module docstring)."""
+    B > 1: its `batch` block), h(k) the draft and host time per step, and the prediction version beside it
+    (`predicted_block`, or None where the runs lack what it needs) (module docstring)."""
     if not batches or any(type(b) is not int or not 1 <= b <= BATCH_LIMIT for b in batches) \
             or list(batches) != sorted(set(batches)):
         raise ValueError(f"batches must be batch sizes in 1..{BATCH_LIMIT}, ascending and distinct, got {batches!r}")
@@ -90,4 +101,61 @@ def batch_block(runs: Mapping[str, Any], runs_path: str, batches: Sequence[int],
     return {"batches": list(batches), "kmax": kmax, "policy": POLICY,
             "source": f"verify times measured at each batch size in {runs_path} (moespec run --batch)",
             "acceptances": acceptances, "per_batch": per_batch,
+            "b_stop": b_stop(batches, {b: per_batch[str(b)]["k_hat"] for b in batches}, len(acceptances)),
+            "predicted": None if predicted is None else dict(predicted)}
+
+
+def _fit_time(fit: Mapping[str, Any], kind: str, tokens: np.ndarray, U: np.ndarray, m: int,  # noqa: N803
+              b: float) -> np.ndarray:
+    """A layer's fit (4) ('slot') or (E.1) ('dedup') as bench.json records it, at passes of `tokens` tokens naming U
+    distinct experts of b bytes each."""
+    if kind == "slot":
+        return fit["t_op_s"] + fit["c_u_s_per_byte"] * U * b + fit["c_re_s_per_byte"] * (tokens * m - U) * b
+    return fit["t_op_s"] + fit["c_g_s_per_byte"] * U * b + fit["c_t_s_per_token"] * tokens
+
+
+def predictable(runs: Mapping[str, Any], kmax: int) -> bool:
+    """The runs hold what the prediction anchors on: the one-token pass and the outside times at n = 1..kmax + 1."""
+    times = runs.get("verify_time_s") or {}
+    return "1" in (times.get("slot") or {}) and all(str(n) in (times.get("outside") or {}) for n in range(1, kmax + 2))
+
+
+def predicted_times(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, Any], runs_path: str,
+                    batches: Sequence[int], kmax: int, scale: float) -> dict[int, dict[str, np.ndarray]]:
+    """tau_p(B, n) of the prediction version (module docstring) per B and kernel over n = 1..kmax + 1."""
+    ns = np.arange(1, kmax + 2)
+    outside = (runs.get("verify_time_s") or {}).get("outside") or {}
+    if not predictable(runs, kmax):
+        raise MoespecError(f"{runs_path}: the batch prediction needs the one-token pass and the time outside the "
+                           f"expert operation at n = 1..{kmax + 1} (a verify-only `moespec run`, which measures both)")
+    beta = float(np.polyfit(ns, [float(outside[str(n)]) for n in ns], 1)[0])
+    tau1 = float(runs["verify_time_s"]["slot"]["1"])
+    union = batch_union(trace, batches, kmax + 1)
+    m = trace.m
+    fits, layers = bench["fits"], [int(layer) for layer in bench["layers"]]
+    b = {layer: float(bench["expert_bytes"][str(layer)]) for layer in layers}
+    anchor = scale * sum(_fit_time(fits[str(layer)]["slot"], "slot", np.array(1.0), np.array(float(m)), m, b[layer])
+                         for layer in layers)
+    out = {}
+    for batch in batches:
+        tokens = batch * ns.astype(float)
+        tau = {}
+        for kind in KERNELS:
+            M = scale * sum(_fit_time(fits[str(layer)][kind], kind, tokens, union.union[batch][layer, 1:], m,
+                                      b[layer]) for layer in layers)
+            tau[kind] = tau1 + beta * (tokens - 1) + M - anchor
+        out[batch] = tau
+    return out
+
+
+def predicted_block(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, Any], runs_path: str,
+                    batches: Sequence[int], kmax: int, h: Sequence[float], scale: float) -> dict[str, Any]:
+    """The batch block's `predicted`: per B the entry of batch_entry on the prediction's verify times, and B_stop."""
+    acceptances = [float(a) for a in theory.PAPER_ACCEPTANCES]
+    times = predicted_times(bench, trace, runs, runs_path, batches, kmax, scale)
+    if min(float(t.min()) for tau in times.values() for t in tau.values()) <= 0:
+        raise MoespecError(f"{runs_path}: a predicted batch verify time is not positive: the runs timed a smaller "
+                           f"model than the bench's fits cover (check --moe-layers)")
+    per_batch = {str(b): batch_entry(times[b], h, b, acceptances) for b in batches}
+    return {"per_batch": per_batch,
             "b_stop": b_stop(batches, {b: per_batch[str(b)]["k_hat"] for b in batches}, len(acceptances))}

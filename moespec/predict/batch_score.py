@@ -48,11 +48,20 @@ def _step(batches: list[int], b: int | None) -> int:
     return len(batches) if b is None else batches.index(b)
 
 
-def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str, Any]:
-    """The batch rules (module docstring) of the plan's batch block on the run, per B and over the grid."""
+VERSIONS = ("measured", "prediction")  # the batch map's versions: per_batch, and predicted (from the bench)
+
+
+def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str = "measured") -> dict[str, Any]:
+    """The batch rules (module docstring) of one version of the plan's batch map on the run, per B and over the
+    grid."""
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {', '.join(VERSIONS)}, got {version!r}")
     block = plan.get("batch")
     if block is None:
         raise MoespecError("the plan has no batch block: make it with `moespec plan --batch`")
+    source = block if version == "measured" else block.get("predicted")
+    if source is None:
+        raise MoespecError("the plan's batch block has no prediction (its runs lacked the outside times)")
     batches, acceptances, policy = block["batches"], block["acceptances"], block["policy"]
     run_batches = [1] + ((runs.get("batch") or {}).get("batches") or [])
     scored = [b for b in batches if b in run_batches and measured_rows(runs, b, policy)]
@@ -66,7 +75,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str,
     acceptances = [acceptances[i] for i in index]
     per_batch, measured_k = {}, {}
     for b in scored:
-        entry, rows = block["per_batch"][str(b)], measured_rows(runs, b, policy)
+        entry, rows = source["per_batch"][str(b)], measured_rows(runs, b, policy)
         best = measured_best(rows, acceptances)
         measured_k[b] = best
         k_hat = [entry["k_hat"][i] for i in index]
@@ -82,9 +91,9 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str,
             "crossover_holds": planned == crossover or (planned is not None and crossover is not None
                                                         and abs(planned - crossover) <= 1)}
     stops = [next((b for b in scored if measured_k[b][i] == 0), None) for i in range(len(acceptances))]
-    planned_stops = [s if s is None or s in scored else None for s in (block["b_stop"][i] for i in index)]
+    planned_stops = [s if s is None or s in scored else None for s in (source["b_stop"][i] for i in index)]
     b_stop_holds = [abs(_step(scored, p) - _step(scored, m)) <= 1 for p, m in zip(planned_stops, stops)]
-    return {"batches": scored, "policy": policy, "acceptances": acceptances, "per_batch": per_batch,
+    return {"version": version, "batches": scored, "policy": policy, "acceptances": acceptances, "per_batch": per_batch,
             "b_stop": planned_stops, "measured_b_stop": stops, "b_stop_holds": all(b_stop_holds),
             "all_hold": all(b_stop_holds) and all(e["k_hat_holds"] and e["crossover_holds"]
                                                  for e in per_batch.values())}

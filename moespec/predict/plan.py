@@ -68,7 +68,7 @@ from moespec.predict.measured import (
     saving_intervals,
     saving_row,
 )
-from moespec.predict.batch_map import batch_block
+from moespec.predict.batch_map import batch_block, predictable, predicted_block
 from moespec.predict.staircase import for_llama_cpp
 from moespec.predict.verdict import build_verdict
 from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
@@ -412,7 +412,10 @@ def make_plan(config: PlanConfig) -> Plan:
                      trace_path=config.trace, runs=runs, runs_path=config.runs or "runs", moe_layers=config.moe_layers)
     doc["provenance"]["inputs"] = inputs  # what a reader checks the files beside the plan against
     if config.batch:
-        doc["batch"] = batch_block(runs, config.runs, sorted(set(config.batch)), config.kmax, h)
+        batches = sorted(set(config.batch))
+        predicted = predicted_block(bench, trace, runs, config.runs, batches, config.kmax, h,
+                                    doc["coverage"]["scale"]) if predictable(runs, config.kmax) else None
+        doc["batch"] = batch_block(runs, config.runs, batches, config.kmax, h, predicted)
     if config.out:
         write_json(config.out, doc)
     return Plan(doc, config.out)
