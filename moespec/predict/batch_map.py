@@ -19,9 +19,9 @@ Two versions of V_B:
   run's outside times tau_out(n) (least squares over n), taken to B n tokens:
       tau_p(B, n) = tau_meas(1) + beta_out (B n - 1) + M_p(B n, U^B(n)) - M_slot(1, m).
   Past the bench's largest pass the fits extrapolate (a CPU turns compute-bound at some tens of tokens: E.1's
-  per-token term carries that); the measured version at the B it was run shows how far. Each B's AUTO runs dedup where the
-measured saving's median is positive: at n >= 2 at batch one (one token reads the same experts with either kernel),
-at every n at B > 1 (a pass carries B tokens even at n = 1).
+  per-token term carries that); the measured version at the B it was run shows how far.
+Each version's AUTO runs dedup where its saving is positive: at n >= 2 at batch one (one token reads the same
+experts with either kernel), at every n at B > 1 (a pass carries B tokens even at n = 1).
 """
 
 from __future__ import annotations
