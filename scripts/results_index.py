@@ -144,10 +144,14 @@ ENTRIES: dict[str, Entry] = {
     "batch-engine/README.md": Entry("write-up: the batched pass beside llama.cpp, the batch plan scored, its fidelity",
                                     source="batch-engine/batch-pass.json"),
     "batch-engine/batch-pass.json": Entry(
-        "B sequences x n tokens in one pass, B 1-8, n 1-9: moespec dedup / llama.cpp 0.74-1.01, no cell slower; "
-        "roofline share 30-84% (both engines ~30% at B = 8 x 9)"),
+        "B sequences x n tokens in one pass, B 1-8, n 1-9: moespec dedup / llama.cpp 0.74-1.01 (run 1 of 5; over "
+        "five no cell slower in median); roofline share 30-84% (both engines ~30% at B = 8 x 9)"),
     "batch-engine/batch-pass.txt": Entry("console output of benchmarks/batch_pass.py",
                                          source="batch-engine/batch-pass.json"),
+    **{f"batch-engine/batch-pass-{i}.json": Entry(f"run {i} of 5 of benchmarks/batch_pass.py (the medians over the five "
+                                                  f"in batch-engine/README.md)") for i in range(2, 6)},
+    **{f"batch-engine/batch-pass-{i}.txt": Entry(f"console output of run {i} of benchmarks/batch_pass.py",
+                                                 source=f"batch-engine/batch-pass-{i}.json") for i in range(2, 6)},
     "batch-engine/bench-demo.json": Entry("the demo's bench (layer 7, OLMoE-1B-7B bf16) the batch plans are made with"),
     "batch-engine/runs-verify.json": Entry("verify times at B = 1, 2, 4, 8 (both kernels): V_B(1)/V_B(0) 1.31-1.53 "
                                            "at B > 1, dedup from n = 2"),
