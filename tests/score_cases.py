@@ -28,6 +28,12 @@ def dedup_time(n: int) -> float:
     return slot_time(n) if n == 1 else 0.25 + 1 / 32 + n / 128
 
 
+def step_time(policy: str, k: int) -> float:
+    """The measured step time V(k) of a cell: the plan's predicted one exactly (h = 0), so rule 6's delta is 0."""
+    times = {"slot": slot_time(k + 1), "dedup": dedup_time(k + 1)}
+    return times.get(policy, min(times.values()))
+
+
 def make_plan() -> dict[str, Any]:
     """A plan.json document that passes load_plan."""
     tau = {"slot": {str(n): slot_time(n) for n in NS}, "dedup": {str(n): dedup_time(n) for n in NS}}
@@ -39,7 +45,8 @@ def make_plan() -> dict[str, Any]:
             "kmax": 8, "crossover": 5,
             "kernel_by_n": {str(n): "dedup" if n >= 5 else "slot" for n in NS}, "tau_hat": tau,
             "saving": {str(n): {"predicted_s": slot_time(n) - dedup_time(n)} for n in NS[1:]},
-            "staircase": {}, "table": table, "provenance": {"timestamp": "2026-10-01T12:00:00+00:00"}}
+            "staircase": {}, "table": table, "provenance": {"timestamp": "2026-10-01T12:00:00+00:00"},
+            "step_times": {p: [tau[p][str(k + 1)] for k in range(9)] for p in POLICIES}}
 
 
 def curve(k_hat: int) -> dict[int, float]:
@@ -53,7 +60,8 @@ def make_runs() -> dict[str, Any]:
     return {"format": "moespec-runs", "format_version": 1, **IDENTITY, "depth": 512,
             "verify_time_s": {"slot": {str(n): slot_time(n) for n in NS}, "dedup": {str(n): dedup_time(n) for n in NS}},
             "saving_s": {n: {"median": s, "lo": s - 0.001, "hi": s + 0.001} for n, s in saving.items()},
-            "throughput": [{"policy": p, "k": k, "a": a, "tokens_per_s": t, "realized_acceptance": None}
+            "throughput": [{"policy": p, "k": k, "a": a, "tokens_per_s": t, "realized_acceptance": None,
+                            "step_time_s": step_time(p, k)}
                            for p in POLICIES for a in ACCEPTANCES for k, t in curve(k_hat_of(a)).items()],
             "provenance": {"timestamp": "2026-10-02T08:00:00+00:00"}}
 

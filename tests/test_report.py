@@ -96,6 +96,7 @@ def engine_runs(plan: dict[str, Any]) -> dict[str, Any]:
             for k in range(plan["kmax"] + 1):
                 rows.append({"policy": p, "k": k, "a": a, "realized_acceptance": a if k else None,
                              "tokens_per_s": float(theory.throughput(V, a, k)) / (1 + 0.02 * k),
+                             "step_time_s": V[k] * (1 + 0.02 * k),
                              "overhead_share": 0.01, "greedy_match": True, "mismatches": []})
     rows[-1].update(greedy_match=False, mismatches=[{"prompt": 1, "position": 7, "plain_top2_gap": MISMATCH_GAP}])
     runs.update(

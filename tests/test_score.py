@@ -36,6 +36,7 @@ def with_calibrated(plan: dict[str, Any]) -> dict[str, Any]:
         plan[f"crossover{suffix}"] = plan["crossover"]
         plan["delta_steps"][version] = {"slot": 0.04, "dedup": 0.05, "auto": 0.045}
         plan[f"table{suffix}"] = [{**row, "version": version} for row in plan["table"]]
+        plan[f"step_times{suffix}"] = copy.deepcopy(plan["step_times"])
         for entry in plan["saving"].values():
             entry[f"{suffix[1:]}_s"] = entry["predicted_s"]
     return plan
@@ -46,7 +47,7 @@ def scored(tmp_path: Path, plan: dict[str, Any], runs: dict[str, Any], version: 
     write_json(tmp_path / "plan.json", plan)
     write_json(tmp_path / "runs.json", {"plan": ran(tmp_path / "plan.json"), **runs})
     doc = score_files(str(tmp_path / "plan.json"), str(tmp_path / "runs.json"), version).to_json()
-    doc["by_name"] = {r["name"]: r for r in doc["rules"]}
+    doc["by_name"] = {r["name"]: r for r in doc["rules"] + doc["variants"]}
     return doc
 
 
@@ -73,7 +74,8 @@ def test_a_plan_that_matches_its_runs_holds_everywhere(tmp_path: Path, plan, run
     assert rules["throughput_loss"]["value"] == 0.0
     assert (rules["saving_sign"]["value"], rules["saving_sign"]["of"]) == (7, 7)  # n = 4: interval holds 0
     assert rules["verify_time"]["value"] == pytest.approx(0, abs=1e-12)
-    assert (rules["speedup_band"]["value"], rules["speedup_band"]["delta"]) == (11, 0.07)
+    assert (rules["speedup_band"]["value"], rules["speedup_band"]["delta"]) == (11, 0.0)  # the paper's delta
+    assert (rules["speedup_band_eps"]["value"], rules["speedup_band_eps"]["delta"]) == (11, 0.07)  # the variant
     assert doc["pre_registered"] and doc["depth"] == 512 and doc["model"] == IDENTITY["model"]
     assert doc["version"] == "prediction"
 
@@ -177,7 +179,7 @@ def test_verify_time_leaves_out_n_1(tmp_path: Path, plan, runs) -> None:
 def test_best_speedup_inside_21(tmp_path: Path, plan, runs, peak: float, holds: bool) -> None:
     a = 0.9  # k_hat* = 7; band [1.2, 1.8] around the predicted 1.5, T(0) = 100
     set_throughput(runs, a, {k: t * peak / PEAK for k, t in curve(7).items() if k})
-    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band_eps"]
     row = next(r for r in rule["per_policy"]["auto"]["per_acceptance"] if r["a"] == a)
     assert row["speedup"] == pytest.approx(peak / T0) and row["inside"] is holds
     assert (rule["value"], rule["of"], rule["holds"]) == (11 if holds else 10, 11, holds)
@@ -185,10 +187,10 @@ def test_best_speedup_inside_21(tmp_path: Path, plan, runs, peak: float, holds: 
 
 def test_auto_decides_when_measured_else_every_fixed_policy(tmp_path: Path, plan, runs) -> None:
     set_throughput(runs, 0.9, {k: t * 2 for k, t in curve(7).items() if k}, policies=("slot",))
-    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band_eps"]
     assert rule["holds"] and rule["policy"] == ["auto"] and not rule["per_policy"]["slot"]["holds"]
     runs["throughput"] = [row for row in runs["throughput"] if row["policy"] != "auto"]
-    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band_eps"]
     assert not rule["holds"] and rule["policy"] == ["slot", "dedup"] and rule["value"] == 10
 
 
@@ -241,9 +243,9 @@ def test_calibrated_crossover_and_delta_are_reported(tmp_path: Path, plan, runs)
     plan["crossover_calibrated"] = 6
     plan["delta_steps"]["calibrated"] = {"slot": 0.09, "dedup": None, "auto": 0.08}
     rules = scored(tmp_path, plan, runs, "calibrated")["by_name"]
-    assert rules["crossover"]["plan_crossover"] == 6 and rules["speedup_band"]["delta"] == 0.09
+    assert rules["crossover"]["plan_crossover"] == 6 and rules["speedup_band_eps"]["delta"] == 0.09
     rules = scored(tmp_path, plan, runs)["by_name"]
-    assert rules["crossover"]["plan_crossover"] == 5 and rules["speedup_band"]["delta"] == 0.07
+    assert rules["crossover"]["plan_crossover"] == 5 and rules["speedup_band_eps"]["delta"] == 0.07
 
 
 def _no_band(plan: dict[str, Any], acceptances) -> None:
@@ -256,12 +258,12 @@ def test_rows_without_a_band_are_not_decidable(tmp_path: Path, plan, runs) -> No
     """Acceptances with no band count neither way; the rest must all be inside."""
     plan = with_calibrated(plan)
     _no_band(plan, ACCEPTANCES[8:])  # a = 0.9, 0.95, 0.98
-    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band"]
+    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band_eps"]
     assert (rule["value"], rule["of"], rule["no_band"], rule["holds"]) == (8, 8, 3, True)
     rows = rule["per_policy"]["auto"]["per_acceptance"]
     assert [r["inside"] for r in rows] == [True] * 8 + [None] * 3 and rows[-1]["lo"] is rows[-1]["hi"] is None
     set_throughput(runs, 0.5, {k: t * 2 for k, t in curve(4).items() if k})  # decidable and outside
-    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band"]
+    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band_eps"]
     assert (rule["value"], rule["of"], rule["no_band"], rule["holds"]) == (7, 8, 3, False)
 
 
@@ -269,7 +271,7 @@ def test_no_band_anywhere_does_not_hold(tmp_path: Path, plan, runs, capsys) -> N
     plan = with_calibrated(plan)
     _no_band(plan, ACCEPTANCES)
     plan["delta_steps"]["calibrated"] = {p: None for p in POLICIES}
-    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band"]
+    rule = scored(tmp_path, plan, runs, "calibrated")["by_name"]["speedup_band_eps"]
     assert (rule["value"], rule["of"], rule["no_band"], rule["holds"], rule["delta"]) == (0, 0, 11, False, None)
     assert cli.main(["score", "--plan", str(tmp_path / "plan.json"), "--runs", str(tmp_path / "runs.json"),
                      "--version", "calibrated"]) == 0
@@ -428,8 +430,9 @@ def test_one_kernel_runs_leave_the_saving_rules_out(tmp_path: Path, plan, runs, 
 
 
 def draft_rows(rate: float, curve_: dict[int, float]) -> list[dict[str, Any]]:
+    """Draft-model rows whose step times are the tests' planned V(k) = 0.01 (1 + 0.1 k): rule 6's delta is 0."""
     return [{"policy": "dedup", "k": k, "a": None, "tokens_per_s": t, "realized_acceptance": rate if k else None,
-             "steps": 10} for k, t in curve_.items()]
+             "steps": 10, "step_time_s": 0.01 * (1 + 0.1 * k)} for k, t in curve_.items()]
 
 
 def test_draft_model_runs_are_scored_at_the_drafts_acceptance(tmp_path: Path, plan, runs) -> None:
@@ -498,3 +501,25 @@ def test_cli_prints_the_verdict_first_within_100_columns(tmp_path: Path, plan, r
                                                                  "dedup"]
     assert verdict["lines"][0] == lines[0] and [row["measured_k"] for row in verdict["draft"]] == \
         [k_hat_of(a) for a in ACCEPTANCES]
+
+
+def test_rule_6_takes_delta_from_the_measured_step_times(tmp_path: Path, plan, runs) -> None:
+    """The paper's delta: the largest relative error of the predicted step time over the measured k. Measured step
+    times 10% below the prediction at k = 3 (and exact elsewhere) give delta = 1/9; a best speedup of 1.5 x 1.2 at
+    a = 0.9 then lies inside 1.5 (1 + d)/(1 - d) = 1.875 ... but 1.5 x 1.3 = 1.95 does not."""
+    for row in runs["throughput"]:
+        if row["k"] == 3:
+            row["step_time_s"] *= 0.9
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    assert rule["delta"] == pytest.approx(1 / 9) and rule["holds"]
+    assert rule["delta_by_policy"] == pytest.approx({p: 1 / 9 for p in POLICIES})
+    for factor, holds in ((1.2, True), (1.3, False)):
+        set_throughput(runs, 0.9, {k: t * factor for k, t in curve(7).items() if k})
+        rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+        row = next(r for r in rule["per_policy"]["auto"]["per_acceptance"] if r["a"] == 0.9)
+        assert row["hi"] == pytest.approx(1.5 * (1 + 1 / 9) / (1 - 1 / 9)) and row["inside"] is holds
+        assert rule["holds"] is holds
+    for row in runs["throughput"]:
+        row.pop("step_time_s")
+    rule = scored(tmp_path, plan, runs)["by_name"]["speedup_band"]
+    assert rule["holds"] is None  # no step times measured: not applicable, the variant still scores

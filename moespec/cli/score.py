@@ -78,6 +78,9 @@ def print_score(result: Score) -> None:
         t.add_column(name, overflow="fold")
     for rule in result.rules:
         t.add_row(rule.rule, *rule.shown, {True: "[green]holds[/]", False: "[red]fails[/]", None: "n/a"}[rule.holds])
+    for rule in result.variants:  # reported beside the six, not counted
+        t.add_row(f"variant: {rule.rule}", *rule.shown,
+                  {True: "[green]holds[/]", False: "[red]fails[/]", None: "n/a"}[rule.holds])
     con.print(t)
     which = "all six" if result.applicable == 6 else f"all {result.applicable} applicable"
     con.print(f"{which} hold: {'yes' if result.all_hold else 'no'}")

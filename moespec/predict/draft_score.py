@@ -71,7 +71,7 @@ def draft_model_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
         lo, hi = (None, None) if d is None else map(float, theory.speedup_band(planned, d))
         out[policy] = [{"a": a, "profile": profile, "k_hat": k_hat, "k_star": k_star,
                         "loss": 1 - curve[k_hat] / curve[k_star],
-                        "speedup": best, "lo": lo, "hi": hi,
+                        "speedup": best, "planned_speedup": float(planned), "lo": lo, "hi": hi,
                         "inside": None if lo is None else lo - slack <= best <= hi + slack}]
     if not out:
         raise MoespecError(f"{runs_path}: no draft-model throughput row matches a policy of the plan")

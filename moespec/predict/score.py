@@ -20,14 +20,15 @@ before any whole-model run, decide whether the prediction holds:
     when no interval excludes 0 (reported as "vacuous").
  5. verify time within 15% for both kernels: max over kernel and n = 2..n_top of |tau_hat - tau_meas| / tau_meas.
     n = 1 is left out, as in the paper: tau_hat(1) is the measured one-token time the plan starts from.
- 6. best speedup inside (21): measured best speedup max_k T(k)/T(0) inside the plan's band
-    [speedup_lo, speedup_hi] at k_hat* at every acceptance (the plan built each band with its step-time delta,
-    plan.json delta_steps; the largest over policies is reported, null when no policy has one). A calibrated
-    row may have no band (speedup_lo, speedup_hi null: the plan could not bound the speedup there); such an
-    acceptance is not decidable and is reported as "no band", neither inside nor outside. The rule then holds
-    when every decidable acceptance is inside and at least one is decidable: a band the plan did not give
-    cannot count for it, and a rule with nothing to decide does not hold (unlike rule 4, whose vacuous case
-    is the paper's).
+ 6. best speedup inside (21), as the paper scores it: measured best speedup max_k T(k)/T(0) inside the band (21)
+    of the planned speedup at k_hat* at every acceptance, with delta the largest relative error of the version's
+    predicted step time against the measured one over the measured k (Table 8; moespec.predict.step_error; per
+    policy, the largest reported; not applicable where the runs recorded no step times). An acceptance whose
+    delta is >= 1 has no band and is not decidable, reported as "no band". The rule holds when every decidable
+    acceptance is inside and at least one is decidable (a rule with nothing to decide does not hold, unlike rule
+    4, whose vacuous case is the paper's).
+    Variant `speedup_band_eps` (reported under `variants`, not one of the six): the same with the plan's own
+    bands, delta fixed in advance from the bench's eps (plan.json delta_steps; a calibrated row may have none).
 
 Rules 2, 3 and 6 compare throughput per policy. Each policy both files hold is scored and reported; the verdict
 is AUTO's when the runs measured it (the policy the plan recommends: at each n the kernel with the smaller
@@ -71,8 +72,10 @@ From plan.json (moespec.formats.planfile): model, device_kind, dtype, provenance
                     throughput_loss  value: largest loss (fraction); at_a, limit, policy, per_policy
                     saving_sign      value: right signs; of (intervals excluding 0), vacuous, per_n
                     verify_time      value: largest relative error; at {kernel, n}, limit, errors {kernel: {n: e}}
-                    speedup_band     value: acceptances inside; of (decidable ones), no_band (count), delta
-                                     (null: no band), policy, per_policy; per acceptance inside is null at no band
+                    speedup_band     value: acceptances inside; of (decidable ones), no_band (count), delta (the
+                                     largest measured step-time error), delta_by_policy, policy, per_policy; per
+                                     acceptance inside is null at no band
+  variants        [speedup_band_eps]: rule 6 with the plan's bands (delta from eps, null: no band), same keys
                   per_policy: {policy: {value, holds, per_acceptance: [...]}}, policy: the policies the verdict uses
   version         "prediction" or "calibrated": the plan version scored
   all_hold        all six hold
@@ -102,6 +105,7 @@ from moespec.formats.files import field as _field
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import Runs, load_runs
 from moespec.predict.draft_score import draft_model_rows
+from moespec.predict.step_error import measured_step_times, paper_rows
 from moespec.predict.verdict import Verdict as PlainVerdict
 from moespec.predict.verdict import build_verdict
 
@@ -310,7 +314,7 @@ def acceptance_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
             best = curve[k_star] / curve[0]
             lo, hi = planned["speedup_lo"], planned["speedup_hi"]
             rows.append({"a": a, "k_hat": k_hat, "k_star": k_star, "loss": 1 - curve[k_hat] / curve[k_star],
-                         "speedup": best, "lo": lo, "hi": hi,
+                         "speedup": best, "planned_speedup": planned["speedup"], "lo": lo, "hi": hi,
                          "inside": None if lo is None or hi is None else lo - SLACK <= best <= hi + SLACK})
         if rows:
             out[policy] = rows
@@ -358,6 +362,26 @@ def _inside(rows: list[dict]) -> tuple[int, bool, dict[str, Any], str]:
     return inside, bool(decidable) and inside == len(decidable), {"of": len(decidable), "no_band": no_band}, text
 
 
+BAND_KEYS = ("k_star", "speedup", "planned_speedup", "lo", "hi", "inside")  # what rule 6 lists per acceptance
+
+
+def speedup_rule(plan: Mapping[str, Any], runs: Runs, runs_path: str, keys: Keys,
+                 per_policy: dict[str, list[dict]]) -> Verdict:
+    """Rule 6 as the paper scores it (moespec.predict.step_error): the band (21) of the planned speedup at delta, the
+    largest relative error of the version's predicted step time against the measured one; not applicable where
+    the runs recorded no step times."""
+    rows = runs["throughput"] or runs.get("throughput_draft_model") or []
+    suffix = keys.table.removeprefix("table")
+    scored, deltas = paper_rows(per_policy, plan.get(f"step_times{suffix}") or {},
+                                measured_step_times(rows, runs_path), SLACK)
+    rule = "best speedup inside (21), delta the largest relative error of the predicted step time"
+    if not scored:
+        return not_applicable("speedup_band", rule, runs)
+    worst = max(deltas.values())
+    return _by_policy("speedup_band", rule, scored, BAND_KEYS, _inside, f"band (21), delta = {worst:.3g} measured",
+                      {"delta": worst, "delta_by_policy": deltas})
+
+
 @dataclass
 class Score:
     """The six verdicts and what makes them honest: which plan (sha256), written when, against runs started when."""
@@ -370,6 +394,7 @@ class Score:
     runs_plan_sha256: str | None = None  # the plan the runs ran (run --plan), None when they ran none
     plan_ceiling_gbps: dict[str, float] | None = None  # the plan's inputs_ceiling_gbps (absent in older plans)
     verdict: PlainVerdict | None = None  # the plain answer from the plan and these runs (moespec.predict.verdict)
+    variants: list[Verdict] = field(default_factory=list)  # named variants of the rules, reported, not counted
 
     @property
     def machine(self) -> dict[str, Any] | None:
@@ -429,6 +454,7 @@ class Score:
                 "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
                 "pre_registration": self.pre_registration, "runs_plan_sha256": self.runs_plan_sha256,
                 "machine": self.machine, "verdict": None if self.verdict is None else self.verdict.to_json(),
+                "variants": [v.to_json() for v in self.variants],
                 **{key: self.runs[key] for key in ("model", "device_kind", "dtype", "depth")}}
 
 
@@ -454,12 +480,12 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
                    ("k_hat", "k_star", "loss"), _loss, "at most 6%"),
         sign_rule(plan, runs, ns, plan_path, runs_path, keys),
         verify_rule(plan, runs, ns, plan_path, runs_path, keys),
-        _by_policy("speedup_band", "best speedup inside (21)", per_policy, ("k_star", "speedup", "lo", "hi",
-                                                                            "inside"),
-                   _inside, band, {"delta": delta}),
+        speedup_rule(plan, runs, runs_path, keys, per_policy),
     ]
+    variant = _by_policy("speedup_band_eps", "best speedup inside (21), delta fixed in advance from eps", per_policy,
+                         BAND_KEYS, _inside, band, {"delta": delta})
     result = Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256,
-                   plan.get("inputs_ceiling_gbps"))
+                   plan.get("inputs_ceiling_gbps"), variants=[variant])
     result.verdict = build_verdict(plan, runs, result, warnings, plan_path=plan_path, runs_path=runs_path)
     return result
 
