@@ -542,3 +542,18 @@ def test_a_plan_on_contended_measurements_says_so(trace: Trace, tmp_path: Path,
         named = [w for w in warnings if "contention: 30 of 40" in w]
         assert (len(named) == 2) == expected and ("quiet" in text) == expected
         assert all("--fresh" in w for w in named)
+
+
+def test_the_measured_time_version_is_scoreable(trace: Trace) -> None:
+    """(22) with the bench's measured per-window op times in place of the fits: its own verify times (AUTO
+    included), step times, staircase and table, the bound of the prediction's delta; plan_cases' measured times
+    are the predicted ones x (1 + e), so with e = 0 the version equals the prediction."""
+    from plan_cases import make_bench
+
+    plan = build_plan(make_bench(), trace, TAU1)
+    assert {"tau_measured", "step_times_measured", "staircase_measured", "table_measured"} <= set(plan)
+    assert set(plan["tau_measured"]) == {"slot", "dedup", "auto"} and plan["delta_steps"]["measured-time"] is not None
+    assert plan["tau_measured"] == plan["tau_hat"] and plan["table_measured"] == [
+        {**row, "version": "measured-time"} for row in plan["table"]]
+    slow = build_plan(make_bench(errors=lambda kernel, n: 0.1 if kernel == "dedup" else 0.0), trace, TAU1)
+    assert slow["tau_measured"]["dedup"]["5"] > slow["tau_hat"]["dedup"]["5"]

@@ -27,11 +27,12 @@ def set_throughput(runs: dict[str, Any], a: float, values: dict[int, float], pol
 
 
 def with_calibrated(plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan as made with --runs that also timed the pass with the expert operation taken out: a calibrated and
-    a whole-pass version equal to the prediction (the tests then change one)."""
+    """The plan as made with --runs that also timed the pass with the expert operation taken out: a measured-time,
+    a calibrated and a whole-pass version equal to the prediction (the tests then change one)."""
     plan = copy.deepcopy(plan)
     plan["runs"] = {"path": "runs0.json", "moe_layers": 26, "depth": 512}
-    for version, suffix in (("calibrated", "_calibrated"), ("whole-pass", "_whole_pass")):
+    for version, suffix in (("measured-time", "_measured"), ("calibrated", "_calibrated"),
+                            ("whole-pass", "_whole_pass")):
         plan[f"tau{suffix}"] = copy.deepcopy(plan["tau_hat"])
         plan[f"crossover{suffix}"] = plan["crossover"]
         plan["delta_steps"][version] = {"slot": 0.04, "dedup": 0.05, "auto": 0.045}
@@ -196,6 +197,7 @@ def test_auto_decides_when_measured_else_every_fixed_policy(tmp_path: Path, plan
 
 # plan keys of each version (as moespec.score.VERSIONS) and, per rule, a change to one version that breaks it
 KEYS = {"prediction": ("tau_hat", "predicted_s", "table"),
+        "measured-time": ("tau_measured", "measured_s", "table_measured"),
         "calibrated": ("tau_calibrated", "calibrated_s", "table_calibrated"),
         "whole-pass": ("tau_whole_pass", "whole_pass_s", "table_whole_pass")}
 

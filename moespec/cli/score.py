@@ -21,9 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan.json from `moespec plan`")
     parser.add_argument("--runs", required=True, help="runs.json from `moespec run` (same model, device, dtype)")
     parser.add_argument("--version", choices=tuple(VERSIONS), default=DEFAULT_VERSION,
-                        help="the plan version to score: its prediction (default) or, for a plan made with "
-                             "--runs, its calibrated version, or its whole-pass version (runs that timed the pass "
-                             "with the expert operation taken out)")
+                        help="the plan version to score: its prediction (default), its measured-time version "
+                             "(the bench's measured op times in place of the fits, the paper's primary one) or, for "
+                             "a plan made with --runs, its calibrated version, or its whole-pass version (runs that "
+                             "timed the pass with the expert operation taken out)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 

@@ -16,7 +16,11 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   kernel_by_n  {n: "slot"|"dedup"} for n = 1..kmax+1 (the AUTO policy)
   kernels      {slot: name, dedup: name}: the bench kernels the plan's slot and dedup are (newer files): ours,
                or ggml's pair (ggml-per-slot, ggml-mul_mat_id) for a plan of llama.cpp from ggml's own times
-  tau_hat      {slot|dedup|auto: {n: s}} prediction (22);  tau_measured: {slot|dedup: {n: s}}
+  tau_hat      {slot|dedup|auto: {n: s}} prediction (22);  tau_measured: the same of the measured-time version
+               (slot and dedup only in plans before it was scorable)
+  step_times_measured, staircase_measured, table_measured (version "measured-time")   the measured-time version:
+               (22) with the bench's measured per-window op times in place of the fits (the paper's primary
+               version); plans on runs (basis "runs") and older plans have none
   saving       {n: {predicted_s, measured_s, band_s, lo_s, hi_s, u, r, margin, decided, byte_model, two_bandwidth}}
   delta_steps  {version: {policy: d}}: (1-d) V <= V_hat <= (1+d) V, the delta of the version's bands (21); d
                is null where the error bound reaches half of V(k) (a noisy bench, a calibration): no band, and
@@ -102,7 +106,8 @@ ROW_KEYS = ("a", "policy", "k_hat", "speedup", "speedup_lo", "speedup_hi")
 # table key -> the version of its rows, and the verify times they come from
 # version -> the suffix of its keys: tau<suffix> (the prediction's are tau_hat), table<suffix>, staircase<suffix>,
 # step_times<suffix>, crossover<suffix>, saving.{n}.<suffix without _>_s
-VERSION_SUFFIX = {"prediction": "", "calibrated": "_calibrated", "whole-pass": "_whole_pass"}
+VERSION_SUFFIX = {"prediction": "", "measured-time": "_measured", "calibrated": "_calibrated",
+                  "whole-pass": "_whole_pass"}
 # table key -> the version of its rows, and the verify times they come from
 TABLES = {f"table{s}": (v, f"tau{s or '_hat'}") for v, s in VERSION_SUFFIX.items()}
 
@@ -181,8 +186,9 @@ def _check_plan(doc: Any) -> str | None:
     if set(doc["kernel_by_n"]) != ns or not all(v in KERNELS for v in doc["kernel_by_n"].values()):
         return f"kernel_by_n must map every n = 1..{kmax + 1} to one of {', '.join(KERNELS)}"
     for table, (version, times) in TABLES.items():
-        if table not in doc and times not in doc:
-            continue  # a plan made without --runs has no calibrated version (nor a whole-pass one)
+        if table not in doc and (times not in doc or version == "measured-time"):
+            continue  # a plan made without --runs has no calibrated version (nor a whole-pass one); plans before
+            # the measured-time version was scorable hold its tau_measured (slot and dedup) without a table
         by_policy = doc.get(times, {})
         if not isinstance(by_policy, dict) or not set(by_policy) <= set(POLICIES):
             return f"{times} must be keyed by the policies {', '.join(POLICIES)}"
@@ -255,6 +261,8 @@ def _check_numbers(doc: dict[str, Any], where: str) -> None:
     for suffix in VERSION_SUFFIX.values():
         key = f"step_times{suffix}"
         if key in doc:
+            if not isinstance(doc[key], dict):
+                raise MoespecError(f"{where}: {key} must be an object of step times per policy")
             check_numbers(doc, where, key, positive=True)
             bad = [p for p, v in doc[key].items()
                    if p not in POLICIES or not isinstance(v, list) or len(v) != doc["kmax"] + 1]

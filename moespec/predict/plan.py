@@ -232,12 +232,15 @@ def llama_cpp_flags(step: Mapping[str, Any], version: str) -> dict[str, Any]:
 def _bench_versions(bench: Mapping[str, Any], bench_path: str, ns: range, scale: float, tau1: float, tau1_from: str,
                     delta: float, runs: Runs | None, runs_path: str, tau_runs: np.ndarray | None,
                     tau_outside: np.ndarray | None, measured: str) -> tuple[dict, np.ndarray, np.ndarray, dict, dict]:
-    """The versions on the bench's expert-op times (22): the prediction, and with runs the calibrated and the
-    whole-pass ones; returns (measured-time version's tau, predicted saving, its band (18), AUTO policy, versions)."""
+    """The versions on the bench's expert-op times (22): the prediction, the measured-time version (the bench's
+    measured per-window op times in place of the fits, the paper's primary version; its bound is the prediction's,
+    delta (M_p(n) + M_slot(1))), and with runs the calibrated and the whole-pass ones; returns (measured-time
+    version's tau, predicted saving, its band (18), AUTO policy, versions)."""
     times = layer_times(bench, bench_path, ns)
     M = expert_times(times, "predicted", scale)
     pred = anchored(tau1, M, delta, per_n=False)
-    meas = anchored(tau1, expert_times(times, "measured", scale), 0.0, per_n=False).tau
+    measured_time = anchored(tau1, expert_times(times, "measured", scale), delta, per_n=False)
+    meas = measured_time.tau
     if min(v.min() for v in (*pred.tau.values(), *meas.values())) <= 0:
         whose = "give (in seconds)" if tau1_from == "--tau1" else "time"
         raise MoespecError(f"{tau1_from} = {tau1} s is shorter than the time the expert operations of "
@@ -247,7 +250,7 @@ def _bench_versions(bench: Mapping[str, Any], bench_path: str, ns: range, scale:
     s_pred = pred.tau["slot"] - pred.tau["dedup"]
     band = delta * (M["slot"] + M["dedup"])  # (18)
     policy = kernel_by_n(s_pred)
-    versions = {"prediction": with_auto(pred, policy)}
+    versions = {"prediction": with_auto(pred, policy), "measured-time": with_auto(measured_time, policy)}
     if tau_runs is not None:
         cal = anchored(tau_runs, M, delta, per_n=True, measured=measured)
         short = [p for p in KERNELS if cal.tau[p].min() <= 0]

@@ -133,6 +133,8 @@ class Keys(NamedTuple):
 
 
 VERSIONS = {"prediction": Keys("tau_hat", "predicted_s", "crossover", "table", "prediction"),
+            "measured-time": Keys("tau_measured", "measured_s", "crossover_measured", "table_measured",
+                                  "measured-time"),
             "calibrated": Keys("tau_calibrated", "calibrated_s", "crossover_calibrated", "table_calibrated",
                                "calibrated"),
             "whole-pass": Keys("tau_whole_pass", "whole_pass_s", "crossover_whole_pass", "table_whole_pass",
@@ -158,7 +160,7 @@ def _keys(plan: dict[str, Any], version: str, plan_path: str) -> Keys:
     if version not in VERSIONS:
         raise MoespecError(f"version {version!r} is not one of {', '.join(VERSIONS)}")
     keys = VERSIONS[version]
-    if keys.tau not in plan and keys.table not in plan:
+    if keys.table not in plan:
         raise MoespecError(f"{plan_path} has no {version} version (the plan was made without --runs, or from runs "
                            f"that did not time the pass with the expert operation taken out); score "
                            f"--version prediction, or make the plan with --runs")
@@ -175,7 +177,7 @@ def _delta(plan: dict[str, Any], keys: Keys, plan_path: str) -> float | None:
     return max(known) if known else None
 
 
-def _scored_n(plan: dict[str, Any], runs: Runs, runs_path: str) -> list[int]:
+def _scored_n(plan: dict[str, Any], runs: Runs, runs_path: str, plan_path: str = "plan") -> list[int]:
     """n = 2..n_top: n_top <= N_MAX the largest n up to which both files hold the saving at every n (the verify
     times, for runs of one kernel)."""
     measured = _field(runs, runs_path, "saving_s", dict)
@@ -190,7 +192,7 @@ def _scored_n(plan: dict[str, Any], runs: Runs, runs_path: str) -> list[int]:
             break
         ns.append(n)
     if not ns:
-        raise MoespecError(f"{runs_path} and the plan share no saving at n = 2: nothing to score")
+        raise MoespecError(f"{runs_path} and {plan_path} share no saving at n = 2: nothing to score")
     return ns
 
 
@@ -365,15 +367,20 @@ def _inside(rows: list[dict]) -> tuple[int, bool, dict[str, Any], str]:
 BAND_KEYS = ("k_star", "speedup", "planned_speedup", "lo", "hi", "inside")  # what rule 6 lists per acceptance
 
 
-def speedup_rule(plan: Mapping[str, Any], runs: Runs, runs_path: str, keys: Keys,
+def speedup_rule(plan: Mapping[str, Any], runs: Runs, plan_path: str, runs_path: str, keys: Keys,
                  per_policy: dict[str, list[dict]]) -> Verdict:
     """Rule 6 as the paper scores it (moespec.predict.step_error): the band (21) of the planned speedup at delta, the
     largest relative error of the version's predicted step time against the measured one; not applicable where
     the runs recorded no step times."""
     rows = runs["throughput"] or runs.get("throughput_draft_model") or []
     suffix = keys.table.removeprefix("table")
-    scored, deltas = paper_rows(per_policy, plan.get(f"step_times{suffix}") or {},
-                                measured_step_times(rows, runs_path), SLACK)
+    steps = plan.get(f"step_times{suffix}")
+    for policy in per_policy:
+        V = steps.get(policy) if isinstance(steps, Mapping) else None
+        if not isinstance(V, list) or len(V) != plan["kmax"] + 1 or \
+                not all(isinstance(v, NUMBER) and not isinstance(v, bool) and 0 < v < math.inf for v in V):
+            raise MoespecError(f"{plan_path}: step_times{suffix}.{policy} must be kmax + 1 positive step times")
+    scored, deltas = paper_rows(per_policy, steps, measured_step_times(rows, runs_path), SLACK)
     rule = "best speedup inside (21), delta the largest relative error of the predicted step time"
     if not scored:
         return not_applicable("speedup_band", rule, runs)
@@ -468,7 +475,7 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
     runs.throughput()  # every row valid before any rule reads one
     keys = _keys(plan, version, plan_path)
     _check_pair(plan, runs, plan_path, runs_path)
-    ns = _scored_n(plan, runs, runs_path)
+    ns = _scored_n(plan, runs, runs_path, plan_path)
     delta = _delta(plan, keys, plan_path)
     per_policy = acceptance_rows(plan, runs, runs_path, keys)
     band = "band (21), delta = " + ("none (no band)" if delta is None else f"{delta:.3g}")
@@ -480,7 +487,7 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
                    ("k_hat", "k_star", "loss"), _loss, "at most 6%"),
         sign_rule(plan, runs, ns, plan_path, runs_path, keys),
         verify_rule(plan, runs, ns, plan_path, runs_path, keys),
-        speedup_rule(plan, runs, runs_path, keys, per_policy),
+        speedup_rule(plan, runs, plan_path, runs_path, keys, per_policy),
     ]
     variant = _by_policy("speedup_band_eps", "best speedup inside (21), delta fixed in advance from eps", per_policy,
                          BAND_KEYS, _inside, band, {"delta": delta})
