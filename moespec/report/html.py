@@ -42,7 +42,8 @@ from moespec.defaults import N_MAX, POLICIES
 from moespec.formats.demofile import DRAFTING_FILE
 from moespec.formats.files import atomic_write, check_output, writing
 from moespec.predict.checks import bench_checks, runs_checks
-from moespec.predict.score import ACCEPTANCE_DIGITS, LOSS_LIMIT, VERSIONS, acceptance_rows, score_files
+from moespec.predict.acceptance import ACCEPTANCE_DIGITS, VERSIONS, acceptance_rows
+from moespec.predict.score import LOSS_LIMIT, score_files
 from moespec.predict.verdict import build_verdict, measured_crossover
 from moespec.report.figures import (
     MS,
