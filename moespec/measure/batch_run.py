@@ -22,7 +22,6 @@ select, so the kernel AUTO runs is the plan's for the pass's total token count.
 from __future__ import annotations
 
 import copy
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -38,10 +37,11 @@ from moespec.formats.trace import Trace
 from moespec.measure.contention import Cores
 from moespec.measure.decoding import PREFILL_POLICY, prompts
 from moespec.measure.level import Level
+from moespec.measure.passes import documents_holding, starts_apart
 from moespec.measure.decoding import replay_documents
-from moespec.measure.rounds import bootstrap_median, bootstrap_saving, timed_rounds, verify_done, verify_unit_check
+from moespec.measure.rounds import timed_rounds, verify_done, verify_statistics, verify_unit_check
 from moespec.model import speculative
-from moespec.model.batched import BatchGreedy, batch_decode_steps, batch_logits
+from moespec.model.batched import BatchGreedy, batch_decode_steps
 from moespec.model.load import LoadedModel
 from moespec.model.policies import set_policy, set_replay
 
@@ -68,28 +68,19 @@ def pass_kernels(kernel_by_n: dict[int, str] | None, batch: int) -> dict[int, st
 def check_trace(trace: Trace | None, path: str | None, batches: list[int], n: int) -> None:
     """Before any work: the trace holds a window of n tokens in as many documents as the largest batch."""
     if trace is not None and batches:
-        holding = int(np.count_nonzero(trace.document_lengths >= n))
-        if holding < max(batches):
-            raise MoespecError(f"--batch {max(batches)}: {path} has {holding} document(s) holding a window of {n} "
-                               f"tokens; B sequences replay B documents (trace more documents or lower --batch)")
+        documents_holding(trace, n, max(batches), str(path))
 
 
 def batch_windows(trace: Trace | None, L: int, n: int, batch: int, count: int, seed: int  # noqa: N803
                   ) -> list[np.ndarray] | None:
-    """`count` replays [B n, L, m] of a pass of B sequences: B windows of n tokens, each from another document."""
+    """`count` replays [B n, L, m] of a pass of B sequences: B windows of n tokens, each from another document
+    (moespec.measure.passes.starts_apart, as the bench draws them)."""
     if trace is None:
         return None
-    holding = np.flatnonzero(trace.document_lengths >= n)
-    if holding.size < batch:
-        raise MoespecError(f"--batch {batch}: the trace has {holding.size} document(s) holding a window of {n} "
-                           f"tokens; B sequences need B documents")
+    holding = documents_holding(trace, n, batch)
     rng = np.random.default_rng([seed, n, batch])
-    out = []
-    for _ in range(count):
-        docs = rng.choice(holding, size=batch, replace=False)
-        starts = trace.doc_starts[docs] + rng.integers(0, trace.document_lengths[docs] - n + 1)
-        out.append(np.concatenate([trace.experts[s:s + n, :L] for s in starts.tolist()]).astype(np.int64))
-    return out
+    return [np.concatenate([trace.experts[s:s + n, :L] for s in starts_apart(trace, holding, n, batch, rng)])
+            .astype(np.int64) for _ in range(count)]
 
 
 def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: list[str], config: Any,
@@ -112,15 +103,7 @@ def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: l
     def time_pass(n: int, policy: str, rep: int) -> float:
         set_policy(lm.model, policy, table)
         set_replay(lm.model, None if windows[n] is None else windows[n][rep % config.max_reps])
-        feed = tokens[n][rep % config.max_reps].tolist()
-        with torch.inference_mode():
-            speculative.sync_device(lm.model.device)
-            start = time.perf_counter()
-            batch_logits(lm.model, feed, target.caches)
-            speculative.sync_device(lm.model.device)
-            seconds = time.perf_counter() - start
-            target.rollback([n] * batch)
-        return seconds
+        return target.timed(tokens[n][rep % config.max_reps].tolist())
 
     for n in ns if target is not None else []:  # untimed: first-call costs stay out of the samples
         for policy in policies:
@@ -133,17 +116,11 @@ def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: l
 
 def verify_summary(units: dict[int, dict[str, Any]], policies: list[str], seed: int) -> dict[str, Any]:
     """The verify part of one batch's entry: medians, 95% intervals, the saving and the crossover, the noise."""
-    rng = np.random.default_rng(seed)
     ns = sorted(units)
     samples = {p: {n: units[n]["samples"][p] for n in ns} for p in policies}
-    stats = {p: {n: bootstrap_median(samples[p][n], rng) for n in ns} for p in policies}
-    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns}
-    return {"verify_time_s": {p: {str(n): stats[p][n][0] for n in ns} for p in policies},
-            "verify_time_ci_s": {p: {str(n): [stats[p][n][1], stats[p][n][2]] for n in ns} for p in policies},
-            "saving_s": {str(n): v for n, v in saving.items()},
-            "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}),
-            "noise": {str(n): {k: units[n]["noise"][k] for k in ("rounds", "met", "stopped_by", "reference_gbps")}
-                      for n in ns}}
+    return verify_statistics(samples, np.random.default_rng(seed)) | {
+        "noise": {str(n): {k: units[n]["noise"][k] for k in ("rounds", "met", "stopped_by", "reference_gbps")}
+                  for n in ns}}
 
 
 def measure_batch_cell(lm: LoadedModel, batch: int, policy: str, k: int, acceptances: list[float], config: Any,

@@ -32,6 +32,9 @@ from moespec import MoespecError, theory
 from moespec.kernels import PAIRS
 
 EQUATIONS = {"slot": "(4)", "dedup": "(E.1)"}
+# bench.json's names of each fit's coefficients, in `design`'s column order
+COEF_KEYS = {"slot": ("t_op_s", "c_u_s_per_byte", "c_re_s_per_byte"),
+             "dedup": ("t_op_s", "c_g_s_per_byte", "c_t_s_per_token")}
 _COEFFICIENTS = 3  # t_op and two slopes in both fits
 
 
@@ -68,13 +71,19 @@ class Fit:
         t_op, c1, c2 = self.coef
         per_gb = 1e-9 / c1 if c1 > 0 else None  # 1/c in GB/s; a non-positive slope has no bandwidth
         out: dict[str, float | int | str | None] = {"equation": EQUATIONS[self.kind], "passes": self.passes,
-                                                    "t_op_s": t_op}
+                                                    **dict(zip(COEF_KEYS[self.kind], self.coef))}
         if self.kind == "slot":
-            out |= {"c_u_s_per_byte": c1, "c_re_s_per_byte": c2, "re_read_cost": c2 / c1 if c1 > 0 else None,
-                    "first_read_gbps": per_gb}
+            out |= {"re_read_cost": c2 / c1 if c1 > 0 else None, "first_read_gbps": per_gb}
         else:
-            out |= {"c_g_s_per_byte": c1, "c_t_s_per_token": c2, "union_gbps": per_gb}
+            out |= {"union_gbps": per_gb}
         return out
+
+
+def recorded_time(record: dict[str, Any], kind: str, n: np.ndarray, U: np.ndarray, m: int,  # noqa: N803
+                  b: float) -> np.ndarray:
+    """The operation time [s] a fit as bench.json records it (Fit.to_json) predicts for passes of n tokens naming
+    U distinct experts of b bytes."""
+    return design(kind, n, U, m, b) @ np.array([record[key] for key in COEF_KEYS[kind]], dtype=float)
 
 
 def fit_time(kind: str, n: np.ndarray, U: np.ndarray, t: np.ndarray, m: int, b: float) -> Fit | None:  # noqa: N803

@@ -80,19 +80,30 @@ def plan_unit(trace: Trace, spec: ModelSpec, layer: int, n: int, windows: int, u
     return passes
 
 
+def documents_holding(trace: Trace, n: int, batch: int, where: str = "the trace") -> np.ndarray:
+    """The documents holding a window of n tokens; one line when fewer than `batch` do (B sequences verified together
+    come from B documents)."""
+    holding = np.flatnonzero(trace.document_lengths >= n)
+    if holding.size < batch:
+        raise MoespecError(f"--batch {batch}: {where} has {holding.size} document(s) holding a window of {n} "
+                           f"tokens; B sequences need B documents (trace more documents or lower --batch)")
+    return holding
+
+
+def starts_apart(trace: Trace, holding: np.ndarray, n: int, batch: int, rng: np.random.Generator) -> list[int]:
+    """First tokens of `batch` windows of n tokens, each in another of the documents `holding`, at a uniform start
+    inside it, in document order."""
+    docs = np.sort(rng.choice(holding, size=batch, replace=False))
+    return (trace.doc_starts[docs] + rng.integers(0, trace.document_lengths[docs] - n + 1)).tolist()
+
+
 def _batched_windows(trace: Trace, layer: int, n: int, batch: int, windows: int,
                      rng: np.random.Generator) -> list[Pass]:
-    """`windows` passes of `batch` windows of n tokens at `layer`, each window from another document (drawn among
-    the documents that hold one), at a uniform start inside it; ids [batch n, m] in document order."""
-    lengths = trace.document_lengths
-    holding = np.flatnonzero(lengths >= n)
-    if holding.size < batch:
-        raise MoespecError(f"--batch {batch}: the trace has {holding.size} document(s) holding a window of {n} "
-                           f"tokens; B sequences need B documents (trace more documents or lower --batch)")
+    """`windows` passes of `batch` windows of n tokens at `layer` (starts_apart); ids [batch n, m]."""
+    holding = documents_holding(trace, n, batch)
     passes = []
     for _ in range(windows):
-        docs = np.sort(rng.choice(holding, size=batch, replace=False))
-        starts = trace.doc_starts[docs] + rng.integers(0, lengths[docs] - n + 1)
-        ids = np.concatenate([trace.experts[s:s + n, layer] for s in starts.tolist()]).astype(np.int64)
-        passes.append(Pass("window", ids, int(np.unique(ids).size), int(starts[0])))
+        starts = starts_apart(trace, holding, n, batch, rng)
+        ids = np.concatenate([trace.experts[s:s + n, layer] for s in starts]).astype(np.int64)
+        passes.append(Pass("window", ids, int(np.unique(ids).size), starts[0]))
     return passes

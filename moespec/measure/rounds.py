@@ -20,7 +20,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from moespec import MoespecError
+from moespec import MoespecError, theory
+from moespec.defaults import KERNELS
 from moespec.formats.checkpoint import Checkpoint, is_count, require
 from moespec.formats.files import check_contention_record, is_number
 from moespec.measure.contention import Cores, merge
@@ -57,6 +58,20 @@ def bootstrap_saving(slot: list[float], dedup: list[float], rng: np.random.Gener
              - np.median(rng.choice(b, size=(BOOTSTRAP, b.size)), axis=1))
     lo, hi = np.quantile(diffs, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
     return {"median": float(np.median(a) - np.median(b)), "lo": float(lo), "hi": float(hi)}
+
+
+def verify_statistics(samples: dict[str, dict[int, list[float]]], rng: np.random.Generator) -> dict[str, Any]:
+    """runs.json's verify keys from the samples per policy and n: verify_time_s (medians), verify_time_ci_s (95%
+    bootstrap intervals), and where both kernels were timed saving_s (S(n) with its interval) and the crossover
+    (moespec.formats.runsfile)."""
+    stats = {p: {n: bootstrap_median(v, rng) for n, v in by_n.items()} for p, by_n in samples.items()}
+    both = all(k in samples for k in KERNELS)
+    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in samples["slot"]} \
+        if both else {}
+    return {"verify_time_s": {p: {str(n): m for n, (m, _, _) in by_n.items()} for p, by_n in stats.items()},
+            "verify_time_ci_s": {p: {str(n): [lo, hi] for n, (_, lo, hi) in by_n.items()} for p, by_n in stats.items()},
+            "saving_s": {str(n): v for n, v in saving.items()},
+            "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}) if both else None}
 
 
 def _interval_ok(samples: list[float], rng: np.random.Generator, target: float) -> bool:

@@ -67,7 +67,7 @@ from moespec.measure.decoding import (
     throughput_cells,
 )
 from moespec.measure.level import LEVEL_BAND, Level, check_level, host_level, pin_wait
-from moespec.measure.rounds import VERIFY_UNIT, bootstrap_median, bootstrap_saving, timed_rounds, verify_done
+from moespec.measure.rounds import VERIFY_UNIT, bootstrap_median, timed_rounds, verify_done, verify_statistics
 from moespec.measure.timing import measure_stream_read, median_iqr
 from moespec.model import speculative
 from moespec.model.dense import DEFAULT_DENSE, DENSE, set_dense, verify_pass
@@ -180,10 +180,8 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
     MUL_MAT_ID deduplicates) records none."""
     rng = np.random.default_rng(config.seed)
     samples = {p: {n: unit["samples"][p] for n, unit in units.items()} for p in policies}
-    stats = {p: {n: bootstrap_median(v, rng) for n, v in samples[p].items()} for p in policies}
+    verify = verify_statistics(samples, rng)
     ns = sorted(units)
-    both = all(p in policies for p in KERNELS)
-    saving = {n: bootstrap_saving(samples["slot"][n], samples["dedup"][n], rng) for n in ns} if both else {}
     reference = {n: auto_reference(samples, kernel_by_n, n, rng) for n in ns} if "auto" in policies else {}
     draft = config.draft_model or config.draft_gguf  # a draft model drafted the cells instead of the oracle
     rows = [] if draft else expand_k0(cells, acceptances)
@@ -195,11 +193,8 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
         "device_kind": started["device"].split(":")[0], "dtype": config.dtype, "depth": config.depth,
         "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
         "kernel_by_n": None if kernel_by_n is None else {str(n): k for n, k in sorted(kernel_by_n.items())},
-        "verify_time_s": {p: {str(n): stats[p][n][0] for n in ns} for p in policies},
-        "verify_time_ci_s": {p: {str(n): [stats[p][n][1], stats[p][n][2]] for n in ns} for p in policies},
+        **verify,
         "verify_samples_s": {p: {str(n): samples[p][n] for n in ns} for p in policies},
-        "saving_s": {str(n): v for n, v in saving.items()},
-        "crossover": theory.crossover({n: v["median"] for n, v in saving.items()}) if both else None,
         "auto_ratio": None if "auto" not in policies else {str(n): paired_ratio(samples, reference[n], n) for n in ns},
         "auto_reference": None if "auto" not in policies else {str(n): reference[n] for n in ns},
         "throughput": rows, "draft_model": draft,

@@ -195,6 +195,18 @@ class BatchGreedy:
         sync_device(self.model.device)
         return out
 
+    def timed(self, tokens: Sequence[Sequence[int]]) -> float:
+        """Seconds of one pass of the sequences' tokens (a verify pass of B sequences, every logit computed); the
+        caches are rolled back afterwards, so passes can be timed again and again (as speculative.timed_forward)."""
+        with torch.inference_mode():
+            sync_device(self.model.device)
+            start = time.perf_counter()
+            batch_logits(self.model, tokens, self.caches)
+            sync_device(self.model.device)
+            seconds = time.perf_counter() - start
+            self.rollback([len(t) for t in tokens])
+        return seconds
+
     def rollback(self, counts: Sequence[int]) -> None:
         """Drop the last counts[b] positions of sequence b's cache (crop(0) still trims sliding layers)."""
         for cache, count in zip(self.caches, counts):

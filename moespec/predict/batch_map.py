@@ -34,6 +34,7 @@ import numpy as np
 from moespec import MoespecError, theory
 from moespec.defaults import BATCH_LIMIT, KERNELS
 from moespec.formats.trace import Trace
+from moespec.measure.fits import recorded_time
 from moespec.routing.batch import batch_union
 
 POLICY = "auto"  # the policy whose step times the map reads: the kernel the plan runs at each pass
@@ -105,15 +106,6 @@ def batch_block(runs: Mapping[str, Any], runs_path: str, batches: Sequence[int],
             "predicted": None if predicted is None else dict(predicted)}
 
 
-def _fit_time(fit: Mapping[str, Any], kind: str, tokens: np.ndarray, U: np.ndarray, m: int,  # noqa: N803
-              b: float) -> np.ndarray:
-    """A layer's fit (4) ('slot') or (E.1) ('dedup') as bench.json records it, at passes of `tokens` tokens naming U
-    distinct experts of b bytes each."""
-    if kind == "slot":
-        return fit["t_op_s"] + fit["c_u_s_per_byte"] * U * b + fit["c_re_s_per_byte"] * (tokens * m - U) * b
-    return fit["t_op_s"] + fit["c_g_s_per_byte"] * U * b + fit["c_t_s_per_token"] * tokens
-
-
 def predictable(runs: Mapping[str, Any], kmax: int) -> bool:
     """The runs hold what the prediction anchors on: the one-token pass and the outside times at n = 1..kmax + 1."""
     times = runs.get("verify_time_s") or {}
@@ -134,15 +126,15 @@ def predicted_times(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, A
     m = trace.m
     fits, layers = bench["fits"], [int(layer) for layer in bench["layers"]]
     b = {layer: float(bench["expert_bytes"][str(layer)]) for layer in layers}
-    anchor = scale * sum(_fit_time(fits[str(layer)]["slot"], "slot", np.array(1.0), np.array(float(m)), m, b[layer])
-                         for layer in layers)
+    anchor = scale * sum(recorded_time(fits[str(layer)]["slot"], "slot", np.array(1.0), np.array(float(m)), m,
+                                       b[layer]) for layer in layers)
     out = {}
     for batch in batches:
         tokens = batch * ns.astype(float)
         tau = {}
         for kind in KERNELS:
-            M = scale * sum(_fit_time(fits[str(layer)][kind], kind, tokens, union.union[batch][layer, 1:], m,
-                                      b[layer]) for layer in layers)
+            M = scale * sum(recorded_time(fits[str(layer)][kind], kind, tokens, union.union[batch][layer, 1:], m,
+                                          b[layer]) for layer in layers)
             tau[kind] = tau1 + beta * (tokens - 1) + M - anchor
         out[batch] = tau
     return out

@@ -11,11 +11,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from moespec.predict.batch_score import VERSIONS, score_batches
-from moespec.report.figures import FULL_WIDTH_IN, PANEL_IN, _style
+from moespec.report.figures import FULL_WIDTH_IN, MS, PANEL_IN, _style
 from moespec.report.markup import figure as figure_html
 from moespec.report.markup import note, table
 
-MS = 1e3
 
 
 def step_time_figure(block: dict[str, Any]) -> Figure:
