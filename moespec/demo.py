@@ -59,12 +59,13 @@ from moespec.formats.benchfile import Bench, load_bench
 from moespec.formats.demofile import DRAFTING_FILE, STEPS_FILE, Demo, Steps, load_drafting
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.planfile import Plan, load_plan
-from moespec.formats.runsfile import Runs, load_runs
+from moespec.formats.runsfile import RATES, Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.measure.bench import BenchConfig, run_bench
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model.spec import ModelSpec
 from moespec.predict.plan import PlanConfig, inputs_level, make_plan
+from moespec.predict.acceptance import plan_rate
 from moespec.predict.score import VERSIONS, Score, score_files
 from moespec.report.figures import bandwidth_figure, save_figure
 from moespec.report.html import write_report
@@ -89,6 +90,10 @@ WAIT_SHARES = {"bench.json": 1.0, "runs-verify.json": 2.5, "runs.json": 2.5}
 # The scored grid: the paper's 11 acceptances (theory.PAPER_ACCEPTANCES), as rule 2 is written (>= 9 of 11); every
 # a reads its cell's one V(k), so 11 cost no more decoding than 4 (results/demo-cpu.md).
 ENGINE_A = None
+# The throughput the demo's plan is scored on: computed, G_a(k) over V(k). Its cells of 2-3 prompts of 6 tokens per
+# acceptance count 2-15 steps, where the counted rate (the paper's, `moespec plan`'s default) spreads by tens of
+# percent and would rank k by chance; `moespec score --rate counted` scores the same files on it.
+DEMO_RATE = "computed"
 OUTPUTS = ("trace.npz", DRAFTING_FILE, "bench.json", "fig2.png", "runs-verify.json", "plan.json", "runs.json",
            "report.html", STEPS_FILE, "demo.json")  # every file the demo writes in its folder
 # The drafting step on the trained pair (moespec/data/pair): 2 calibration + 4 scored prompts of 48 tokens sampled
@@ -347,7 +352,7 @@ def engine_configs(config: DemoConfig) -> tuple[RunConfig, PlanConfig, RunConfig
     verify = RunConfig(out=str(out_dir / "runs-verify.json"), throughput=False,
                        level_wait_s=wait_share("runs-verify.json"), batch=DEMO_BATCHES, **engine)
     planned = PlanConfig(bench=str(out_dir / "bench.json"), trace=trace, runs=verify.out, kmax=config.kmax, out=plan,
-                         batch=DEMO_BATCHES)
+                         batch=DEMO_BATCHES, rate=DEMO_RATE)
     # the scored run needs no outside time: the plan read it from the verify-only run
     scored = RunConfig(out=str(out_dir / "runs.json"), plan=plan, k=tuple(range(config.kmax + 1)), a=ENGINE_A,
                        prompts=ENGINE_PROMPTS, tokens=ENGINE_TOKENS, outside=False,
@@ -402,11 +407,12 @@ def engine_summary(out_dir: Path) -> dict[str, Any]:
     each version of the plan (prediction, calibrated, whole-pass), and the six verdicts of each."""
     runs = load_runs(out_dir / "runs.json")
     plan = load_plan(out_dir / "plan.json")
-    rows = [r for r in runs["throughput"] if r["policy"] == "auto"]
+    rate = plan_rate(plan)
+    rows = [r for r in runs["throughput"] if r["policy"] == "auto" and r[RATES[rate]] is not None]
     versions = {v: keys for v, keys in VERSIONS.items() if keys.table in plan}
     per_a = {}
     for a in sorted({r["a"] for r in rows}):
-        T = {r["k"]: r["tokens_per_s"] for r in rows if r["a"] == a}
+        T = {r["k"]: r[RATES[rate]] for r in rows if r["a"] == a}
         best = max(T, key=lambda k: (T[k], -k))
         planned = {v: next(r for r in plan[keys.table] if r["policy"] == "auto" and abs(r["a"] - a) < 1e-9)
                    for v, keys in versions.items()}
@@ -419,7 +425,7 @@ def engine_summary(out_dir: Path) -> dict[str, Any]:
             "report": str(out_dir / "report.html"), "crossover_predicted": plan["crossover"],
             "crossover_measured": runs["crossover"], "greedy_match": runs["greedy_match"],
             "greedy_exact": runs["greedy_exact"], "verify_time_s": runs["verify_time_s"],
-            "auto_ratio": runs["auto_ratio"], "auto": per_a,
+            "auto_ratio": runs["auto_ratio"], "auto": per_a, "throughput_rate": rate,
             "rules_hold": {v: [r.name for r in sc.rules if r.holds] for v, sc in scores.items()},
             "batch": {"batches": plan["batch"]["batches"], "acceptances": plan["batch"]["acceptances"],
                       "b_stop": plan["batch"]["b_stop"],

@@ -94,7 +94,15 @@ def test_batch_rules_by_hand():
     assert not per["4"]["k_hat_holds"] and per["4"]["crossover_holds"]  # k 2 against 0; both none
     assert result["measured_b_stop"] == [4, 4] and result["b_stop"] == [2, None]
     assert result["b_stop_holds"] and not result["all_hold"]  # 2 vs 4 one step; none vs 4 one step
-    assert measured_best([_row("auto", 0, 0.5, 2.0), _row("auto", 1, 0.5, 2.0)], [0.5, 0.9]) == [0, None]
+    assert measured_best([_row("auto", 0, 0.5, 2.0), _row("auto", 1, 0.5, 2.0)], [0.5, 0.9],
+                         "tokens_per_s") == [0, None]
+    assert result["rate"] == "computed"  # the plan names none
+    for entry in runs["batch"]["per_batch"].values():  # the counted rate peaks at k = 4 everywhere
+        for row in entry["throughput"]:
+            row["counted_tokens_per_s"] = 10.0 - abs(row["k"] - 4)
+    counted = score_batches(plan | {"throughput_rate": "counted"}, runs)
+    assert counted["rate"] == "counted" and counted["per_batch"]["4"]["measured_best"] == [4, 4]
+    assert counted["per_batch"]["4"]["measured_best_by_rate"] == {"counted": [4, 4], "computed": [0, 0]}
     with pytest.raises(MoespecError, match="no batch block"):
         score_batches({}, runs)
     with pytest.raises(MoespecError, match="no throughput"):

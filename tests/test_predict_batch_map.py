@@ -114,8 +114,9 @@ def test_the_prediction_from_the_bench_by_hand():
     bench = {"fits": {"7": fits}, "layers": [7], "expert_bytes": {"7": b}}
     outside = {str(n): 0.01 + 0.002 * n for n in NS}
     runs = make_runs(verify_time_s={"slot": per_n(0.1), "dedup": per_n(0.1), "outside": outside})
-    times = predicted_times(bench, trace, runs, "runs.json", [1, 4], KMAX, scale)
-    union = batch_union(trace, [1, 4], KMAX + 1).union
+    found = batch_union(trace, [1, 4], KMAX + 1)
+    times = predicted_times(bench, found, runs, "runs.json", KMAX, scale)
+    union = found.union
     anchor = scale * (1e-4 + 2e-11 * m * b)
     for B in (1, 4):
         for n in NS:
@@ -126,4 +127,113 @@ def test_the_prediction_from_the_bench_by_hand():
     block = predicted_block(bench, trace, runs, "runs.json", [1, 4], KMAX, [0.0] * (KMAX + 1), scale)
     assert set(block["per_batch"]) == {"1", "4"} and len(block["b_stop"]) == len(A)
     with pytest.raises(MoespecError, match="outside the expert operation"):
-        predicted_times(bench, trace, make_runs(), "runs.json", [1, 4], KMAX, scale)
+        predicted_times(bench, found, make_runs(), "runs.json", KMAX, scale)
+
+
+# a two-layer bench of known fits for rule (7) at batch B: dedup's negative t_op makes its time at one token negative
+RATIO_FITS = {"slot": {"t_op_s": 1e-4, "c_u_s_per_byte": 2e-11, "c_re_s_per_byte": 1e-11},
+              "dedup": {"t_op_s": -3e-4, "c_g_s_per_byte": 1.5e-11, "c_t_s_per_token": 1e-4}}
+RATIO_BYTES = {0: 1e6, 1: 3e6}
+
+
+def two_layer_trace(tokens: int = 40, m: int = 2):
+    """Layer 0 routes every token to the same m experts (U_0^B(n) = m); layer 1 gives each token m experts no other
+    token selects (U_1^B(n) = B n m): both unions known by hand, one document."""
+    import numpy as np
+    from moespec.formats.trace import Trace
+
+    experts = np.zeros((tokens, 2, m), dtype=np.int64)
+    experts[:, 0] = np.arange(m)
+    experts[:, 1] = np.arange(tokens * m).reshape(tokens, m)
+    return Trace.from_arrays(experts, [0, tokens], tokens * m)
+
+
+def test_union_share_and_r_at_batch_by_hand():
+    """u_B(n) = Σ_l w_l U_l^B(n) / (B n m Σ_l w_l) and r(B n) = (E_dedup / M_dedup) / (E_slot / M_slot) with each
+    kernel's fit summed over the timed layers at the pass's B n tokens; null where a fitted time is not positive."""
+    from moespec.predict.batch_map import byte_ratios, expert_times, predicted_block
+    from moespec.routing.batch import batch_union
+
+    trace, m = two_layer_trace(), 2
+    bench = {"fits": {str(layer): RATIO_FITS for layer in RATIO_BYTES}, "layers": list(RATIO_BYTES),
+             "expert_bytes": {str(layer): w for layer, w in RATIO_BYTES.items()}}
+    union = batch_union(trace, [1, 2, 4], KMAX + 1)
+    w0, w1 = RATIO_BYTES[0], RATIO_BYTES[1]
+    for B in (1, 2, 4):
+        found = byte_ratios(bench, union, B, KMAX)
+        assert len(found["union_share"]) == len(found["r"]) == KMAX + 1
+        for n in NS:
+            T, U = B * n, {0: m, 1: B * n * m}
+            assert found["union_share"][n - 1] == pytest.approx((w0 * m + w1 * T * m) / (T * m * (w0 + w1)))
+            slot = sum(1e-4 + 2e-11 * U[l] * w + 1e-11 * (T * m - U[l]) * w for l, w in RATIO_BYTES.items())
+            dedup = sum(-3e-4 + 1.5e-11 * U[l] * w + 1e-4 * T for l, w in RATIO_BYTES.items())
+            assert expert_times(bench, union, B, KMAX)["dedup"][n - 1] == pytest.approx(dedup)
+            e_dedup, e_slot = w0 * U[0] + w1 * U[1], T * m * (w0 + w1)
+            expected = (e_dedup / dedup) / (e_slot / slot) if dedup > 0 else None
+            assert found["r"][n - 1] == pytest.approx(expected), (B, n)
+    # r at the pass's B n tokens: one token's dedup time is negative, two tokens' (B = 2, n = 1) is not
+    assert byte_ratios(bench, union, 1, KMAX)["r"][0] is None and byte_ratios(bench, union, 2, KMAX)["r"][0] > 0
+    runs = make_runs(verify_time_s={"slot": per_n(0.1), "dedup": per_n(0.1),
+                                    "outside": {str(n): 0.01 for n in NS}})
+    block = predicted_block(bench, trace, runs, "runs.json", [1, 2, 4], KMAX, [0.0] * (KMAX + 1), 1.0)
+    for B in (1, 2, 4):
+        entry = block["per_batch"][str(B)]
+        assert {"union_share": entry["union_share"], "r": entry["r"]} == byte_ratios(bench, union, B, KMAX)
+    for bad in ({"batch": 3}, {"kmax": KMAX + 1}, {"kmax": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            byte_ratios(bench, union, **{"batch": 1, "kmax": KMAX, **bad})
+
+
+def test_union_share_at_batch_one_is_the_plans_u_and_falls_with_b():
+    """At B = 1 u_B(n) is the plan's batch-one u(n) when the timed layers route as the others (every layer of this
+    trace routes alike); at fixed n, u_B(n) does not rise with B (U^B / B falls: one more window adds no more new
+    experts than the one before it)."""
+    import numpy as np
+    from moespec.formats.trace import Trace
+    from moespec.predict.batch_map import byte_ratios
+    from moespec.routing.batch import batch_union
+
+    uniform = uniform_trace()
+    alike = np.repeat(uniform.experts[:, :1], uniform.num_layers, axis=1)
+    trace = Trace.from_arrays(alike, uniform.doc_starts, uniform.num_experts, meta={"model": "olmoe-1b-7b"})
+    bench = make_bench()
+    plan = build_plan(bench, trace, kmax=KMAX, runs=make_runs(), draft_time=[0.0] * (KMAX + 1))
+    timed = {str(layer): 12_582_912.0 for layer in bench["layers"]}
+    bench |= {"fits": {layer: RATIO_FITS for layer in timed}, "expert_bytes": timed}
+    union = batch_union(trace, [1, 2, 4, 8], KMAX + 1)
+    share = {B: byte_ratios(bench, union, B, KMAX)["union_share"] for B in (1, 2, 4, 8)}
+    assert share[1][0] == pytest.approx(1.0)  # one token reads its m experts with either kernel
+    assert share[1][1:] == pytest.approx([plan["saving"][str(n)]["u"] for n in NS if n > 1])
+    for n in NS:
+        assert all(share[a][n - 1] >= share[b][n - 1] - 1e-12 for a, b in ((1, 2), (2, 4), (4, 8))), n
+    assert share[8][-1] < share[1][-1]  # a uniform trace's windows overlap: strictly
+
+
+def with_ratios(block: dict, share: list, r: list) -> dict:
+    """The batch block with a prediction (the measured map's entries) holding `share` and `r` at every B."""
+    return block | {"predicted": {"per_batch": {b: e | {"union_share": share, "r": r}
+                                                for b, e in block["per_batch"].items()}, "b_stop": block["b_stop"]}}
+
+
+def test_the_plan_loader_checks_union_share_and_r(tmp_path):
+    """Older plans lack the keys and load; present, they must list kmax + 1 ratios >= 0 (r: or null), together."""
+    plan = build_plan(make_bench(), uniform_trace(), kmax=KMAX, runs=make_runs(), draft_time=[0.0] * (KMAX + 1))
+    block = batch_block(runs_doc(), "runs.json", [1, 2], KMAX, [0.0] * (KMAX + 1))
+    good_share, good_r = [1.0, 0.8, 0.6, 0.5, 0.4], [None, 0.7, 0.7, 0.7, 0.7]
+    path = tmp_path / "plan.json"
+    for predicted, problem in [(block | {"predicted": None}, None), (with_ratios(block, good_share, good_r), None),
+                               (with_ratios(block, good_share[:-1], good_r), "union_share must give"),
+                               (with_ratios(block, good_share, [*good_r[:-1], -0.1]), "r must give"),
+                               (with_ratios(block, good_share, [*good_r[:-1], "0.7"]), "r must give"),
+                               (with_ratios(block, [None, *good_share[1:]], good_r), "union_share must give")]:
+        path.write_text(json.dumps(plan | {"batch": predicted}))
+        if problem is None:
+            assert load_plan(path)["batch"] == json.loads(json.dumps(predicted))
+        else:
+            with pytest.raises(MoespecError, match=f"batch.predicted.per_batch.1.{problem}"):
+                load_plan(path)
+    alone = with_ratios(block, good_share, good_r)
+    del alone["predicted"]["per_batch"]["2"]["r"]
+    path.write_text(json.dumps(plan | {"batch": alone}))
+    with pytest.raises(MoespecError, match="union_share and r come together"):
+        load_plan(path)

@@ -183,6 +183,9 @@ def test_full_report(job: Path, capsys: pytest.CaptureFixture) -> None:
     assert [row[0] for row in per_n] == [str(n) for n in range(2, 10)]
     per_a = table_with(page, "k* measured")
     assert len(per_a) == len(POLICIES) * len(theory.PAPER_ACCEPTANCES)
+    # version-1 runs count what they emitted in tokens_per_s: both rates are that one, without an interval
+    assert all(row[11] == row[12] and row[13] == "1.000" for row in per_a)
+    assert facts["throughput scored"] == "the computed rate (rules 2, 3 and 6)"  # the plan names none
     staircase = table_with(page, "V_hat(k) slot, ms")
     assert [row[0] for row in staircase] == [str(k) for k in range(9)]
     assert len(table_with(page, "layer")) == 2  # the fit of layer 0's slot kernel, and its dedup kernel's "no fit"

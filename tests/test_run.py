@@ -69,9 +69,9 @@ def test_run_writes_the_documented_keys(tiny_run):
         assert r["tokens_per_s"] == pytest.approx(r["G_a"] / r["step_time_s"]) and r["draft"] == "oracle"
         assert r["G_a"] == pytest.approx(float(theory.geometric_sum(r["a"], r["k"])) if r["k"] else 1.0)
         if not r["prompts"]:
-            assert r["k"] and r["steps"] == 0 and r["tokens"] == 0 and r["realized_tokens_per_s"] is None
+            assert r["k"] and r["steps"] == 0 and r["tokens"] == 0 and r["counted_tokens_per_s"] is None
             continue
-        assert r["steps"] >= 1 and r["realized_tokens_per_s"] > 0
+        assert r["steps"] >= 1 and r["counted_tokens_per_s"] > 0
         assert (r["realized_acceptance"] is None) == (r["k"] == 0)
         # steady state: each step emits its accepted drafts plus one, the last one in full (it may overshoot the 5)
         assert r["tokens_per_step"] * r["steps"] >= 5 - 1 and (r["k"] or r["tokens_per_step"] == 1.0)
@@ -242,7 +242,7 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
         row = by["slot", 2, a]
         assert row["step_time_s"] == pytest.approx(V) and row["prompts"] == prompts and row["steps"] == steps
         assert row["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(a, 2)) / V)
-        assert row["realized_tokens_per_s"] == pytest.approx(4 / 0.04 if a == 0.5 else 4 / 0.44)
+        assert row["counted_tokens_per_s"] == pytest.approx(4 / 0.04 if a == 0.5 else 4 / 0.44)
     assert by["slot", 0, None]["step_time_s"] == pytest.approx(V) and by["slot", 0, None]["prompts"] == 3
 
 
@@ -254,7 +254,7 @@ def test_an_acceptance_no_prompt_met_keeps_its_row():
     assert [r["prompts"] for r in rows] == [1, 0]
     empty = rows[1]
     assert empty["tokens_per_s"] == pytest.approx(float(theory.geometric_sum(0.9, 3)) / 0.03)
-    assert empty["realized_tokens_per_s"] is None and empty["tokens_per_step"] is None
+    assert empty["counted_tokens_per_s"] is None and empty["tokens_per_step"] is None
     assert empty["realized_acceptance"] is None and empty["steps"] == 0 and empty["greedy_exact"]
     model = D.cell_rows("dedup", 3, [unit | {"a": None}], None)
     assert len(model) == 1 and model[0]["a"] is None and model[0]["draft"] == "model"

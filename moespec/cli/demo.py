@@ -154,6 +154,10 @@ def print_engine_summary(engine: dict[str, Any], bench: dict[str, Any]) -> None:
     c.print(t)
     for version, names in engine["rules_hold"].items():
         c.print(f"scoring rules holding, {version}: {len(names)} of 6 ({', '.join(names) or 'none'})")
+    rate = engine.get("throughput_rate", UNNAMED_RATE)  # demos before the plan named its rate
+    c.print(f"throughput scored (rules 2, 3, 6): the {rate} rate"
+            + (", G_a(k) over the median step time: the demo's cells are too short to count tokens by"
+               if rate == "computed" else ""))
     batch = engine.get("batch")
     if batch:  # absent in demos made before the batch map
         predicted = batch.get("k_hat_predicted") or {}

@@ -18,6 +18,8 @@ from moespec.defaults import (BATCH_LIMIT, DEPTH, DEPTH_LIMIT, DEVICE_KINDS, DRA
                               LAYERS_LIMIT, POLICIES)
 from moespec.formats.files import check_output
 from moespec.formats.planfile import TABLES, VERSION_SUFFIX
+from moespec.formats.runsfile import RATES
+from moespec.predict.acceptance import DEFAULT_RATE
 from moespec.predict.engines import FORMS, engine_form, write_engine_config
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.report.tables import rich_table
@@ -56,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also plan each batch size B (1..{BATCH_LIMIT}): the step times V_B(k) of B sequences, "
                              f"k_hat*(a, B), the crossover per B and B_stop(a), from --runs' verify times at each B "
                              f"(`moespec run --batch`); plan.json `batch`")
+    parser.add_argument("--rate", choices=list(RATES), default=DEFAULT_RATE,
+                        help="the throughput `moespec score` reads for this plan: counted (default, the paper's: "
+                             "every emitted token over the steps' time; needs cells of many steps per acceptance) "
+                             "or computed (G_a(k) over the median step time: ranks k on short cells)")
     parser.add_argument("--for", dest="engine", choices=list(FORMS),
                         help="also print the answer in the engine's form: llama.cpp's draft settings per acceptance "
                              "from its dedup staircase (plan.json always holds them), with --batch also its "
@@ -180,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     acceptance = check_engine_flags(args)
     plan = make_plan(PlanConfig(bench=args.bench, trace=args.trace, tau1=args.tau1, runs=args.runs, kmax=args.kmax,
                                 draft_time=args.draft_time, depth=args.depth, moe_layers=args.moe_layers,
-                                device=args.device, out=args.out, batch=batch_sizes(args.batch)))
+                                device=args.device, out=args.out, batch=batch_sizes(args.batch),
+                                rate=args.rate))
     if args.json:
         print(json.dumps(plan.doc))
     else:

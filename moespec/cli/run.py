@@ -36,6 +36,7 @@ from moespec.defaults import (
     SAMPLES_LIMIT,
     THREADS_LIMIT,
 )
+from moespec.formats.runsfile import RATES
 from moespec.measure.level import describe as describe_level
 from moespec.measure.llama_run import run_llama_cpp
 from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
@@ -78,20 +79,23 @@ def report(doc: Mapping[str, Any], path: str, out: Console) -> None:
     for row in doc["throughput_draft_model"]:
         rate = "-" if row["realized_acceptance"] is None else f"{row['realized_acceptance']:.2f}"
         out.print(f"draft model, {row['policy']} k = {row['k']}: {row['tokens_per_s']:.1f} tokens/s, acceptance {rate}")
-    best = {}
-    for row in doc["throughput"]:
-        key = (row["policy"], row["a"])
-        if key not in best or row["tokens_per_s"] > best[key]["tokens_per_s"]:
-            best[key] = row
-    if best:
-        table = Table(title="best measured draft length per acceptance (oracle draft): k* (tokens/s)")
-        grid = sorted({a for _, a in best})
-        table.add_column("policy")
-        for a in grid:
-            table.add_column(f"a={a:g}", justify="right")
-        for policy in dict.fromkeys(p for p, _ in best):
-            table.add_row(policy, *(f"{best[policy, a]['k']} ({best[policy, a]['tokens_per_s']:.1f})" for a in grid))
-        out.print(table)
+    for name, key in RATES.items():
+        best = {}
+        for row in doc["throughput"]:
+            at = (row["policy"], row["a"])
+            if row.get(key) is not None and (at not in best or row[key] > best[at][key]):
+                best[at] = row
+        if best:
+            table = Table(title=f"best measured draft length per acceptance (oracle draft), {name} rate: k* "
+                                f"(tokens/s)")
+            grid = sorted({a for _, a in best})
+            table.add_column("policy")
+            for a in grid:
+                table.add_column(f"a={a:g}", justify="right")
+            for policy in dict.fromkeys(p for p, _ in best):
+                table.add_row(policy, *(f"{best[policy, a]['k']} ({best[policy, a][key]:.1f})" if (policy, a) in best
+                                        else "-" for a in grid))
+            out.print(table)
     rows = doc["throughput"] + doc["throughput_draft_model"]
     gaps = [m["plain_top2_gap"] for r in rows for m in r["mismatches"]]
     where = sorted({(r["policy"], r["k"]) for r in rows if not r["greedy_exact"]})

@@ -11,6 +11,7 @@ from rich.table import Table
 from moespec.console import NARROW, print_plain
 from moespec.console import console as console_
 from moespec.formats.planfile import load_plan
+from moespec.formats.runsfile import RATES
 from moespec.predict.batch_score import VERSIONS as BATCH_VERSIONS
 from moespec.predict.batch_score import score_batches
 from moespec.predict.score import DEFAULT_VERSION, VERSIONS, Score, score_files
@@ -25,11 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the bench's measured op times in place of the fits, the paper's primary one) or, for "
                              "a plan made with --runs, its calibrated version, or its whole-pass version (runs that "
                              "timed the pass with the expert operation taken out)")
+    parser.add_argument("--rate", choices=list(RATES),
+                        help="score rules 2, 3 and 6 on this throughput instead of the one the plan names "
+                             "(plan --rate); the score is then not pre-registered")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def run(args: argparse.Namespace) -> int:
-    result = score_files(args.plan, args.runs, args.version)
+    result = score_files(args.plan, args.runs, args.version, rate=args.rate)
     plan = load_plan(args.plan)
     batch = []
     if "batch" in plan and "batch" in result.runs:
@@ -49,8 +53,8 @@ def print_batch_score(batch: dict) -> None:
     B_stop(a) planned and measured; then per B the share within one and the crossovers."""
     con = console_(NARROW)
     verdict = {True: "[green]holds[/]", False: "[red]fails[/]"}
-    t = Table(title=f"Batch rules, {batch['version']} version ({batch['policy']}): k_hat*(a, B) / measured best k; "
-                    f"B_stop planned / measured")
+    t = Table(title=f"Batch rules, {batch['version']} version ({batch['policy']}, {batch['rate']} rate): "
+                    f"k_hat*(a, B) / measured best k; B_stop planned / measured")
     for name in ("a", *(f"B={b}" for b in batch["batches"]), "B_stop"):
         t.add_column(name, overflow="fold")
     show = lambda x: "-" if x is None else str(x)  # noqa: E731
@@ -85,6 +89,7 @@ def print_score(result: Score) -> None:
     con.print(t)
     which = "all six" if result.applicable == 6 else f"all {result.applicable} applicable"
     con.print(f"{which} hold: {'yes' if result.all_hold else 'no'}")
+    con.print(f"throughput scored (rules 2, 3, 6): the {result.rate} rate ({RATES[result.rate]})")
     con.print(result.pre_registration)
     if result.machine_note:
         con.print(f"[yellow]{result.machine_note}[/]")

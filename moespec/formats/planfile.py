@@ -59,12 +59,16 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
                dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
                (moespec.predict.plan.llama_cpp_flags; absent in version-1 plans)
+  throughput_rate  the throughput rate the plan is scored on, a name of moespec.formats.runsfile.RATES: "counted"
+               (the paper's) or "computed" (absent in older plans, scored on the computed rate)
   batch        with --batch (absent otherwise): {batches, kmax, policy: "auto", source, acceptances (the paper's
                11), per_batch: {B: {step_time_s: {policy: [V_B(0..kmax)]}, kernel_by_n: {n: kernel}, crossover,
                k_hat: [per acceptance], tokens_per_s: [B G_a(k)/V_B(k)], speedup: [per acceptance]}}, b_stop:
                [the least B at which k_hat = 0, or null, per acceptance], predicted: null or {per_batch, b_stop} of
                the prediction from the bench} (moespec.predict.batch_map): per_batch from the verify times measured
-               at each B
+               at each B; the prediction's per_batch entries also hold, in newer plans, union_share [u_B(n)] and r
+               [r(B n), or null where a kernel's fitted time is not positive] over n = 1..kmax+1 on the bench's
+               timed layers, rule (7) at batch B: dedup faster where u_B(n) < r(B n)
   provenance   who made the plan and how (moespec.formats.files.provenance), and
     inputs     {role: {path, sha256}} of each file the plan was made from (INPUT_ROLES: bench, trace, runs of
                --runs, draft_time where --draft-time named a runs.json): the path as given to `moespec plan`, the
@@ -82,6 +86,7 @@ from typing import Any
 
 from moespec import MoespecError, theory
 from moespec.defaults import KERNELS, KMAX_LIMIT, LAYERS_LIMIT, POLICIES
+from moespec.formats.runsfile import RATES
 from moespec.formats.files import (
     Record,
     check_numbers,
@@ -173,6 +178,8 @@ def _check_plan(doc: Any) -> str | None:
             return f"missing key {key!r}"
         if isinstance(doc[key], bool) or not isinstance(doc[key], kind):
             return f"{key} has the wrong type ({type(doc[key]).__name__})"
+    if "throughput_rate" in doc and doc["throughput_rate"] not in RATES:
+        return f"throughput_rate must be one of {', '.join(RATES)}"
     kmax = doc["kmax"]
     if not 1 <= kmax <= KMAX_LIMIT or not 0 <= doc["eps"] < theory.EPS_LIMIT:
         return f"kmax = {kmax} must lie in 1..{KMAX_LIMIT} and eps = {doc['eps']} in [0, 1/2)"
@@ -249,10 +256,29 @@ def _check_map(block: Any, batches: list[int], kmax: int, acceptances: list, whe
                 not all(type(k) is int and 0 <= k <= kmax for k in entry["k_hat"]):
             return f"{where}.per_batch.{b}: k_hat (0..kmax), tokens_per_s and speedup must have one entry per " \
                    f"acceptance"
+        problem = _check_ratios(entry, kmax, f"{where}.per_batch.{b}")
+        if problem:
+            return problem
     stops = block.get("b_stop")
     if not isinstance(stops, list) or len(stops) != len(acceptances) or not all(s is None or s in batches
                                                                                    for s in stops):
         return f"{where}.b_stop must give a batch size of the grid or null per acceptance"
+    return None
+
+
+def _check_ratios(entry: dict[str, Any], kmax: int, where: str) -> str | None:
+    """The first problem with a batch entry's union_share and r (rule (7) at batch B; absent in older plans, and
+    then both), or None."""
+    present = [key for key in ("union_share", "r") if key in entry]
+    if not present:
+        return None
+    if len(present) == 1:
+        return f"{where}: union_share and r come together, got {present[0]} alone"
+    share, r = entry["union_share"], entry["r"]
+    if not isinstance(share, list) or len(share) != kmax + 1 or not all(is_number(u) and u >= 0 for u in share):
+        return f"{where}.union_share must give kmax + 1 byte ratios u_B(n) >= 0"
+    if not isinstance(r, list) or len(r) != kmax + 1 or not all(v is None or (is_number(v) and v >= 0) for v in r):
+        return f"{where}.r must give kmax + 1 bandwidth ratios r(B n) >= 0 or null"
     return None
 
 

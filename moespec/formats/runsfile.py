@@ -17,25 +17,28 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   auto_reference      {n: "slot" | "dedup"}: the kernel auto_ratio divides by, the better one where the paired
                       slot / dedup interval excludes 1, else the one AUTO runs at n (moespec.measure.run.auto_reference;
                       version-1 files: the smaller median)
-  throughput          [{policy, k, a, tokens_per_s, realized_tokens_per_s, tokens, prompts, realized_acceptance,
-                        tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share, greedy_exact,
-                        greedy_match, mismatches}]
-                      tokens_per_s: the steady state T_a(k) = G_a(k) / V(k) (B.1), V = step_time_s the measured median
-                      step time (version-1 files may hold the mean); and G_a(k) for the
+  throughput          [{policy, k, a, tokens_per_s, counted_tokens_per_s, counted_tokens_per_s_ci, tokens, prompts,
+                        realized_acceptance, tokens_per_step, G_a, steps, step_time_s, verify_time_s, overhead_share,
+                        greedy_exact, greedy_match, mismatches}]
+                      tokens_per_s, the COMPUTED rate: the steady state T_a(k) = G_a(k) / V(k) (B.1), V = step_time_s
+                      the measured median step time (version-1 files may hold the mean); and G_a(k) for the
                       oracle draft (geometric at rate a by construction) at the nominal a; for a draft model, the
-                      realized rate below (files without realized_tokens_per_s: the realized rate for both)
+                      counted rate below
                       oracle rows: the cell (policy, k) decodes each prompt once, its prompts taking the grid's
                       acceptances in turn (moespec.measure.decoding.prompt_acceptance); step_time_s,
                       verify_time_s, draft_host_s and overhead_share are the cell's over all its prompts (a step's
                       time does not depend on a), the other keys the `prompts` prompts decoded at a (0 of them, with
-                      realized_tokens_per_s, tokens_per_step and realized_acceptance null, where the grid has more
+                      counted_tokens_per_s, tokens_per_step and realized_acceptance null, where the grid has more
                       acceptances than the run prompts; files without `prompts`: every prompt at every a)
                       acceptance_profile: [a_1..a_k] the per-position acceptance the steps measured
                       (moespec.theory.profile.estimate_profile; null where no step tested a position; absent in
                       version-1 files)
-                      realized_tokens_per_s, tokens_per_step: what the steps emitted, every step's accepted drafts
-                      plus one over the steps' time (the last step counted in full where it overshoots the
-                      generated length, the prompt's first token left out; absent in version-1 files);
+                      counted_tokens_per_s, tokens_per_step, the COUNTED rate (the paper's): what the steps emitted,
+                      every step's accepted drafts plus one over the steps' time (the last step counted in full
+                      where it overshoots the generated length, the prompt's first token left out);
+                      counted_tokens_per_s_ci: its 95% interval over the steps resampled (null under 2 steps);
+                      files that name it realized_tokens_per_s are read as counted, version-1 files, which
+                      lack it, as their tokens_per_s;
                       tokens: generated
                       greedy_exact: the tokens equal plain decoding's; greedy_match: they do, or they first differ
                       where plain decoding's two largest logits are exactly equal (a tie in the model's dtype,
@@ -108,12 +111,15 @@ from moespec.formats.files import (
     check_level_record,
     check_numbers,
     field,
+    is_interval,
     is_number,
     read_json,
     timestamp,
     version_problem,
 )
 
+# A throughput row's two rates by name (module docstring), as plan.json's throughput_rate names the scored one.
+RATES = {"counted": "counted_tokens_per_s", "computed": "tokens_per_s"}
 FORMAT_NAME = "moespec-runs"
 FORMAT_VERSION = 2  # 2 writes noise, level and contention
 IDENTITY = ("model", "device_kind", "dtype")  # runs speak only for their own model, device kind and dtype
@@ -211,6 +217,12 @@ class Runs(Record):
         for i, row in enumerate(rows):
             if not isinstance(row, dict) or row.get("policy") not in POLICIES:
                 raise MoespecError(f"{self.where}: throughput[{i}] needs a policy, one of {', '.join(POLICIES)}")
+            counted, interval = row.get("counted_tokens_per_s"), row.get("counted_tokens_per_s_ci")
+            if not (counted is None or is_number(counted) and counted > 0):
+                raise MoespecError(f"{self.where}: throughput[{i}] needs counted_tokens_per_s > 0 or null")
+            if not (interval is None or is_interval(interval) and interval[0] <= interval[1]):
+                raise MoespecError(f"{self.where}: throughput[{i}] needs counted_tokens_per_s_ci [lo, hi] with "
+                                   f"lo <= hi, or null")
             k, a, t = (field(row, f"{self.where}: throughput[{i}]", key, kind)
                        for key, kind in (("k", int), ("a", NUMBER), ("tokens_per_s", NUMBER)))
             if not 0 <= k <= KMAX_LIMIT or not 0 <= a < 1 or t <= 0:
@@ -287,6 +299,10 @@ def load_runs(path: str | Path) -> Runs:
     problem = version_problem(doc, "runs", FORMAT_VERSION)
     if problem:
         raise MoespecError(f"{path}: {problem}")
+    rows = doc.get("throughput")
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and "counted_tokens_per_s" not in row:  # its older names (module docstring)
+            row["counted_tokens_per_s"] = row.pop("realized_tokens_per_s", row.get("tokens_per_s"))
     runs = Runs(doc, path)
     for key in IDENTITY:
         field(runs, str(path), key, str)

@@ -22,12 +22,12 @@ select, so the kernel AUTO runs is the plan's for the pass's total token count.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from moespec import MoespecError, theory
+from moespec import theory
 from moespec.defaults import KERNELS
 from moespec.formats.checkpoint import Checkpoint, UnitChecks, require, unit_rng
 from moespec.formats.files import is_number

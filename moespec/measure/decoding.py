@@ -29,7 +29,7 @@ from moespec.formats.trace import Trace
 from moespec.measure.contention import Cores, merge
 from moespec.measure.level import LEVEL_UNIT, Level
 from moespec.measure.level import check_unit as check_level_unit
-from moespec.measure.rounds import VERIFY_UNIT, verify_unit_check
+from moespec.measure.rounds import VERIFY_UNIT, bootstrap_rate, verify_unit_check
 from moespec.model import speculative
 from moespec.model.load import LoadedModel
 from moespec.model.policies import set_policy, set_replay
@@ -189,18 +189,21 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     clock = _records(clock_units)
     mismatches = [unit["mismatch"] for unit in prompts if unit["mismatch"] is not None]
     steps = len(records)
-    # Steady-state throughput, T_a(k) = G_a(k) / V(k) (B.1). The realized rate counts every step's accepted drafts
-    # plus one token, in full even where the last step overshoots the generated length (a finite run's truncation,
-    # which would count against long drafts), the prompt's first token left out (no step emits it). For the oracle
-    # draft, whose acceptance is geometric at rate a by construction, tokens_per_s takes G_a(k) exactly instead of
-    # the realized tokens per step (a Rao-Blackwellized estimate: the same expectation, without the spread of a few
-    # hundred Bernoulli draws, which at a = 0.6 is +-0.05 in a and up to 10% in T per cell), over the measured V(k).
+    # Two rates. COUNTED (the paper's): every step's accepted drafts plus one token over the steps' measured time,
+    # the last step in full even where it overshoots the generated length (a finite run's truncation, which would
+    # count against long drafts), the prompt's first token left out (no step emits it); its 95% interval resamples
+    # the steps. COMPUTED, the steady state T_a(k) = G_a(k) / V(k) (B.1): for the oracle draft, geometric at rate a
+    # by construction, G_a(k) exactly instead of the counted tokens per step (the same expectation without the
+    # spread of a few hundred Bernoulli draws, +-0.05 in a and up to 10% in T per cell at a = 0.6), over the
+    # measured V(k); blind to time the steps lose outside V(k). Which one a score reads, the plan names.
     # V(k) is the MEDIAN step time, the statistic of every verify time here: the steps of a cell are one pass size
     # each, so they sample one time, and a step the host disturbed (2-10x slower while another job holds the memory
     # bus) moves a mean V, and with it k*, by a few percent at a few dozen steps a cell (per-pass spread
     # 10% on the 2-core machine), where it moves the median by one rank.
     emitted = sum(r.accepted + 1 for r in records)
-    wall = sum(r.step_s for r in records)
+    counted = emitted / sum(r.step_s for r in records) if steps else None
+    interval = bootstrap_rate([r.accepted + 1 for r in records], [r.step_s for r in records],
+                              np.random.default_rng(steps))[1:] if steps >= 2 else None
     clock_wall = sum(r.step_s for r in clock)
     V = float(np.median([r.step_s for r in clock]))
     rate = speculative.acceptance_rate(records) if records else float("nan")
@@ -209,8 +212,9 @@ def cell_record(policy: str, k: int, a: float | None, prompts: list[dict], oracl
     g = float(theory.geometric_sum(rate if a is None else a, k)) if k and (a is not None or rate is not None) else 1.0
     host = sum(r.host_s + r.draft_s for r in clock)
     return {"policy": policy, "k": k, "a": a if k else None, "draft": "oracle" if oracle else "model",
-            "tokens_per_s": g / V if oracle else emitted / wall,
-            "realized_tokens_per_s": emitted / wall if steps else None, "tokens": sum(u["tokens"] for u in prompts),
+            "tokens_per_s": g / V if oracle else counted, "counted_tokens_per_s": counted,
+            "counted_tokens_per_s_ci": None if interval is None else list(interval),
+            "tokens": sum(u["tokens"] for u in prompts),
             "prompts": len(prompts), "realized_acceptance": rate, "acceptance_profile": profile,
             "accepted_per_drafted": speculative.realized_acceptance(records) if k and steps else None,
             "tokens_per_step": emitted / steps if steps else None, "G_a": g, "steps": steps, "step_time_s": V,

@@ -51,6 +51,17 @@ def bootstrap_median(samples: list[float], rng: np.random.Generator) -> tuple[fl
     return float(np.median(x)), float(lo), float(hi)
 
 
+def bootstrap_rate(counts: list[float], seconds: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
+    """(rate, lo, hi): sum(counts) / sum(seconds) over steps, with the 95% percentile-bootstrap interval of that
+    ratio over the steps resampled in pairs (a step's count and its time)."""
+    c, t = np.asarray(counts, dtype=float), np.asarray(seconds, dtype=float)
+    if c.size < 2 or c.size != t.size or not (t > 0).all():
+        raise ValueError(f"counts and seconds must pair at least 2 steps of positive time, got {c.size} and {t.size}")
+    picks = rng.integers(0, c.size, size=(BOOTSTRAP, c.size))
+    lo, hi = np.quantile(c[picks].sum(axis=1) / t[picks].sum(axis=1), [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return float(c.sum() / t.sum()), float(lo), float(hi)
+
+
 def bootstrap_saving(slot: list[float], dedup: list[float], rng: np.random.Generator) -> dict[str, float]:
     """S = median(slot) - median(dedup) with the 95% bootstrap interval (both sample sets resampled)."""
     a, b = np.asarray(slot, dtype=float), np.asarray(dedup, dtype=float)

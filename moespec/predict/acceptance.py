@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from moespec import MoespecError
+from moespec.formats.runsfile import RATES
 from moespec.predict.draft_score import draft_model_rows
 
 # A value at its limit to float precision counts as within: 1 - 0.94/1 is 0.06000000000000005 in floats.
@@ -34,30 +35,48 @@ VERSIONS = {"prediction": Keys("tau_hat", "predicted_s", "crossover", "table", "
                                "whole-pass")}
 DEFAULT_VERSION = "prediction"
 
+# The throughput rules 2, 3 and 6 read (moespec.formats.runsfile.RATES), by default the paper's: COUNTED, every
+# emitted token over the steps' measured time, where the oracle's own shortfall shows; COMPUTED, G_a(k) over the
+# median step time (B.1), ranks k on short cells, blind to what the steps lose outside V(k).
+DEFAULT_RATE = "counted"
+# Plans that name no rate were scored on the computed one.
+UNNAMED_RATE = "computed"
 
-def _curves(rows: list[dict[str, Any]], runs_path: str) -> dict[str, dict[float, dict[int, float]]]:
-    """policy -> a -> k -> measured tokens per second (one row per policy, k and a)."""
+
+def plan_rate(plan: dict[str, Any]) -> str:
+    """The throughput rate a plan pre-registered (a key of RATES)."""
+    return plan.get("throughput_rate", UNNAMED_RATE)
+
+
+def _curves(rows: list[dict[str, Any]], runs_path: str, rate: str) -> dict[str, dict[float, dict[int, float]]]:
+    """policy -> a -> k -> measured tokens per second at `rate` (a key of RATES; one row per policy, k and a; a
+    row without that rate, an acceptance no prompt decoded, is left out)."""
     out: dict[str, dict[float, dict[int, float]]] = {}
     for row in rows:
+        if row.get(RATES[rate]) is None:
+            continue
         curve = out.setdefault(row["policy"], {}).setdefault(round(row["a"], ACCEPTANCE_DIGITS), {})
         if row["k"] in curve:
             raise MoespecError(f"{runs_path}: two throughput rows for policy {row['policy']}, k = {row['k']}, "
                                f"a = {row['a']}")
-        curve[row["k"]] = row["tokens_per_s"]
+        curve[row["k"]] = row[RATES[rate]]
     return out
 
 
 def acceptance_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
-                    keys: Keys = VERSIONS[DEFAULT_VERSION]) -> dict[str, list[dict]]:
-    """Per policy both files hold and per acceptance both hold: k_hat* (the version's table), k* (measured,
-    smallest on ties), the throughput lost at k_hat*, the measured best speedup and the plan's band (21);
-    inside is None where the row has no band. Runs drafted by a draft model are scored at its acceptance
-    (draft_model_rows)."""
+                    keys: Keys = VERSIONS[DEFAULT_VERSION], rate: str | None = None) -> dict[str, list[dict]]:
+    """Per policy both files hold and per acceptance both hold: k_hat* (the version's table), k* (measured at
+    `rate`, a key of RATES, default the plan's; smallest on ties), the throughput lost at k_hat*, the measured best
+    speedup and the plan's band (21); inside is None where the row has no band. Runs drafted by a draft model are
+    scored at its acceptance (draft_model_rows), on its counted rate (the only one it has)."""
+    rate = plan_rate(plan) if rate is None else rate
+    if rate not in RATES:
+        raise ValueError(f"rate must be one of {', '.join(RATES)}, got {rate!r}")
     if not runs["throughput"] and runs.get("throughput_draft_model"):
         return draft_model_rows(plan, runs, runs_path, keys.table, keys.delta, SLACK)
     table = {(row["policy"], round(row["a"], ACCEPTANCE_DIGITS)): row for row in plan[keys.table]}
     out = {}
-    for policy, by_a in _curves(runs["throughput"], runs_path).items():
+    for policy, by_a in _curves(runs["throughput"], runs_path, rate).items():
         rows = []
         for a, curve in sorted(by_a.items()):
             planned = table.get((policy, a))

@@ -22,6 +22,17 @@ Two versions of V_B:
   per-token term carries that); the measured version at the B it was run shows how far.
 Each version's AUTO runs dedup where its saving is positive: at n >= 2 at batch one (one token reads the same
 experts with either kernel), at every n at B > 1 (a pass carries B tokens even at n = 1).
+
+Rule (7) at batch B (the prediction's `union_share` and `r`, byte_ratios): on the bench's timed layers, the ones
+the prediction times and scales, u_B(n) = E_dedup^B(n) / E_slot^B(n) of their union U_l^B(n) with w_l their expert
+bytes (moespec.routing.reuse.union_bytes), and r(B n) the ratio of the two kernels' effective bandwidths on
+requested bytes, as the bench's r (moespec.measure.fits.analyze), with each kernel's time from the fits at the
+pass's B n tokens and U_l^B(n) (expert_times, the times of tau_p(B, n) above): r = (E_dedup / M_dedup) / (E_slot /
+M_slot). So u_B(n) < r(B n) exactly where the prediction's dedup saving is positive. r is null where a kernel's
+fitted time is not positive (no bandwidth to speak of: the fits extrapolate far past the bench). At B = 1 u_B(n) is
+the batch-one u(n) (the plan's saving.{n}.u, the bench's u) wherever the timed layers route as the layers that one
+covers, and r(n) differs from the bench's measured r(n), a ratio of medians over recorded windows, by the fits'
+error.
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ from moespec import MoespecError, theory
 from moespec.defaults import BATCH_LIMIT, KERNELS
 from moespec.formats.trace import Trace
 from moespec.measure.fits import recorded_time
-from moespec.routing.batch import batch_union
+from moespec.routing.batch import BatchUnion, batch_union
+from moespec.routing.reuse import union_bytes
 
 POLICY = "auto"  # the policy whose step times the map reads: the kernel the plan runs at each pass
 
@@ -112,9 +124,37 @@ def predictable(runs: Mapping[str, Any], kmax: int) -> bool:
     return "1" in (times.get("slot") or {}) and all(str(n) in (times.get("outside") or {}) for n in range(1, kmax + 2))
 
 
-def predicted_times(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, Any], runs_path: str,
-                    batches: Sequence[int], kmax: int, scale: float) -> dict[int, dict[str, np.ndarray]]:
-    """tau_p(B, n) of the prediction version (module docstring) per B and kernel over n = 1..kmax + 1."""
+def _timed(bench: Mapping[str, Any]) -> tuple[list[int], np.ndarray]:
+    """The bench's timed layers and their expert bytes b_l."""
+    layers = [int(layer) for layer in bench["layers"]]
+    return layers, np.array([float(bench["expert_bytes"][str(layer)]) for layer in layers])
+
+
+def _check_reach(union: BatchUnion, batch: int, kmax: int) -> None:
+    """ValueError naming the argument unless `union` holds `batch` and windows of up to kmax + 1 tokens."""
+    if batch not in union.union:
+        raise ValueError(f"batch must be one of the union's batch sizes {union.batches}, got {batch!r}")
+    if type(kmax) is not int or not 1 <= kmax < union.n_max:
+        raise ValueError(f"kmax must lie in 1..{union.n_max - 1} (the union's windows reach {union.n_max} tokens), "
+                         f"got {kmax!r}")
+
+
+def expert_times(bench: Mapping[str, Any], union: BatchUnion, batch: int, kmax: int) -> dict[str, np.ndarray]:
+    """Per kernel over n = 1..kmax + 1, the timed layers' expert-operation time [s] on a pass of B n tokens: the sum
+    over them of their fit (4) or (E.1) at (B n, U_l^B(n)) (recorded_time), before (22)'s scaling to the plan's MoE
+    layers."""
+    _check_reach(union, batch, kmax)
+    layers, b = _timed(bench)
+    tokens = batch * np.arange(1, kmax + 2, dtype=float)
+    unions = union.union[batch][:, 1:kmax + 2]
+    return {kind: sum(recorded_time(bench["fits"][str(layer)][kind], kind, tokens, unions[layer], union.m, w)
+                      for layer, w in zip(layers, b)) for kind in KERNELS}
+
+
+def predicted_times(bench: Mapping[str, Any], union: BatchUnion, runs: Mapping[str, Any], runs_path: str,
+                    kmax: int, scale: float) -> dict[int, dict[str, np.ndarray]]:
+    """tau_p(B, n) of the prediction version (module docstring) per B of `union` (the trace's U_l^B, windows of up
+    to kmax + 1 tokens or more) and kernel over n = 1..kmax + 1."""
     ns = np.arange(1, kmax + 2)
     outside = (runs.get("verify_time_s") or {}).get("outside") or {}
     if not predictable(runs, kmax):
@@ -122,32 +162,42 @@ def predicted_times(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, A
                            f"expert operation at n = 1..{kmax + 1} (a verify-only `moespec run`, which measures both)")
     beta = float(np.polyfit(ns, [float(outside[str(n)]) for n in ns], 1)[0])
     tau1 = float(runs["verify_time_s"]["slot"]["1"])
-    union = batch_union(trace, batches, kmax + 1)
-    m = trace.m
-    fits, layers = bench["fits"], [int(layer) for layer in bench["layers"]]
-    b = {layer: float(bench["expert_bytes"][str(layer)]) for layer in layers}
-    anchor = scale * sum(recorded_time(fits[str(layer)]["slot"], "slot", np.array(1.0), np.array(float(m)), m,
-                                       b[layer]) for layer in layers)
+    m = union.m
+    layers, b = _timed(bench)
+    anchor = scale * sum(recorded_time(bench["fits"][str(layer)]["slot"], "slot", np.array(1.0), np.array(float(m)),
+                                       m, w) for layer, w in zip(layers, b))
     out = {}
-    for batch in batches:
+    for batch in union.batches:
         tokens = batch * ns.astype(float)
-        tau = {}
-        for kind in KERNELS:
-            M = scale * sum(recorded_time(fits[str(layer)][kind], kind, tokens, union.union[batch][layer, 1:], m,
-                                          b[layer]) for layer in layers)
-            tau[kind] = tau1 + beta * (tokens - 1) + M - anchor
-        out[batch] = tau
+        M = expert_times(bench, union, batch, kmax)
+        out[batch] = {kind: tau1 + beta * (tokens - 1) + scale * M[kind] - anchor for kind in KERNELS}
     return out
+
+
+def byte_ratios(bench: Mapping[str, Any], union: BatchUnion, batch: int, kmax: int) -> dict[str, list]:
+    """u_B(n) (`union_share`) and r(B n) (`r`, None where a kernel's fitted time is not positive) over n = 1..kmax + 1
+    on the bench's timed layers: rule (7) at batch B (module docstring)."""
+    _check_reach(union, batch, kmax)
+    layers, b = _timed(bench)
+    found = union_bytes(union.union[batch][layers, :kmax + 2], b, union.m, batch)
+    times = expert_times(bench, union, batch, kmax)
+    r = [float((e_dedup / t_dedup) / (e_slot / t_slot)) if t_dedup > 0 and t_slot > 0 else None
+         for e_slot, e_dedup, t_slot, t_dedup in zip(found["E_slot"][1:], found["E_dedup"][1:], times["slot"],
+                                                     times["dedup"])]
+    return {"union_share": found["u"][1:].tolist(), "r": r}
 
 
 def predicted_block(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, Any], runs_path: str,
                     batches: Sequence[int], kmax: int, h: Sequence[float], scale: float) -> dict[str, Any]:
-    """The batch block's `predicted`: per B the entry of batch_entry on the prediction's verify times, and B_stop."""
+    """The batch block's `predicted`: per B the entry of batch_entry on the prediction's verify times with u_B(n)
+    and r(B n) beside it (byte_ratios), and B_stop."""
     acceptances = [float(a) for a in theory.PAPER_ACCEPTANCES]
-    times = predicted_times(bench, trace, runs, runs_path, batches, kmax, scale)
+    union = batch_union(trace, batches, kmax + 1)
+    times = predicted_times(bench, union, runs, runs_path, kmax, scale)
     if min(float(t.min()) for tau in times.values() for t in tau.values()) <= 0:
         raise MoespecError(f"{runs_path}: a predicted batch verify time is not positive: the runs timed a smaller "
                            f"model than the bench's fits cover (check --moe-layers)")
-    per_batch = {str(b): batch_entry(times[b], h, b, acceptances) for b in batches}
+    per_batch = {str(b): batch_entry(times[b], h, b, acceptances) | byte_ratios(bench, union, b, kmax)
+                 for b in batches}
     return {"per_batch": per_batch,
             "b_stop": b_stop(batches, {b: per_batch[str(b)]["k_hat"] for b in batches}, len(acceptances))}

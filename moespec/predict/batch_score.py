@@ -10,8 +10,9 @@ Rules per B (the plan's batch block, moespec.predict.batch_map; the run's, moesp
 and over the grid:
 - b_stop: at every acceptance, the plan's B_stop(a) within one grid step of the measured one (no B_stop counts as
   one step past the largest B).
-The measured rate scored is the computed one, B G_a(k) / V_B(k) with the measured V_B (the statistic of the run's
-batch-one rows); the counted rate, emitted tokens over the steps' time, is reported beside it.
+The measured rate scored is the one the plan names (plan.json throughput_rate, as the batch-one rules read it):
+counted, emitted tokens over the steps' time, or computed, B G_a(k) / V_B(k) with the measured V_B; the best k by
+each is reported (measured_best_by_rate).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from moespec import MoespecError
+from moespec.formats.runsfile import RATES
+from moespec.predict.acceptance import plan_rate
 
 SHARE = 9 / 11  # k_hat rule: acceptances within one of the measured best, at least this share of the grid
-RATES = ("tokens_per_s", "counted_tokens_per_s")
 
 
 def measured_rows(runs: Mapping[str, Any], batch: int, policy: str) -> list[Mapping[str, Any]]:
@@ -34,9 +36,9 @@ def measured_rows(runs: Mapping[str, Any], batch: int, policy: str) -> list[Mapp
     return [] if entry is None else [r for r in entry["throughput"] if r["policy"] == policy]
 
 
-def measured_best(rows: list[Mapping[str, Any]], acceptances: list[float], rate: str = "tokens_per_s"
-                  ) -> list[int | None]:
-    """Per acceptance: the k of the largest `rate` among the rows at that a (the smallest k on ties), or None."""
+def measured_best(rows: list[Mapping[str, Any]], acceptances: list[float], rate: str) -> list[int | None]:
+    """Per acceptance: the k of the largest `rate` (a row key) among the rows at that a (the smallest k on ties),
+    or None."""
     best = []
     for a in acceptances:
         at = [r for r in rows if math.isclose(r["a"], a, abs_tol=1e-9) and r.get(rate) is not None]
@@ -63,6 +65,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
     if source is None:
         raise MoespecError("the plan's batch block has no prediction (its runs lacked the outside times)")
     batches, acceptances, policy = block["batches"], block["acceptances"], block["policy"]
+    rate = plan_rate(plan)
     run_batches = [1] + ((runs.get("batch") or {}).get("batches") or [])
     scored = [b for b in batches if b in run_batches and measured_rows(runs, b, policy)]
     if not scored:
@@ -76,7 +79,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
     per_batch, measured_k = {}, {}
     for b in scored:
         entry, rows = source["per_batch"][str(b)], measured_rows(runs, b, policy)
-        best = measured_best(rows, acceptances)
+        best = measured_best(rows, acceptances, RATES[rate])
         measured_k[b] = best
         k_hat = [entry["k_hat"][i] for i in index]
         near = [k is not None and abs(k - kh) <= 1 for k, kh in zip(best, k_hat)]
@@ -84,7 +87,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
         planned = entry["crossover"]
         per_batch[str(b)] = {
             "k_hat": k_hat, "measured_best": best,
-            "measured_best_counted": measured_best(rows, acceptances, "counted_tokens_per_s"),
+            "measured_best_by_rate": {name: measured_best(rows, acceptances, key) for name, key in RATES.items()},
             "k_hat_within_one": sum(near), "acceptances": len(acceptances),
             "k_hat_holds": sum(near) >= math.ceil(SHARE * len(acceptances) - 1e-9),
             "crossover": planned, "measured_crossover": crossover,
@@ -93,7 +96,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
     stops = [next((b for b in scored if measured_k[b][i] == 0), None) for i in range(len(acceptances))]
     planned_stops = [s if s is None or s in scored else None for s in (source["b_stop"][i] for i in index)]
     b_stop_holds = [abs(_step(scored, p) - _step(scored, m)) <= 1 for p, m in zip(planned_stops, stops)]
-    return {"version": version, "batches": scored, "policy": policy, "acceptances": acceptances, "per_batch": per_batch,
+    return {"version": version, "rate": rate, "batches": scored, "policy": policy, "acceptances": acceptances, "per_batch": per_batch,
             "b_stop": planned_stops, "measured_b_stop": stops, "b_stop_holds": all(b_stop_holds),
             "all_hold": all(b_stop_holds) and all(e["k_hat_holds"] and e["crossover_holds"]
                                                  for e in per_batch.values())}

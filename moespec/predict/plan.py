@@ -54,7 +54,7 @@ from moespec.defaults import DEPTH, KERNELS, KMAX, KMAX_LIMIT, POLICIES
 from moespec.formats.benchfile import as_pair_roles, check_pass_sizes, load_bench, too_small
 from moespec.formats.files import holds_outputs, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan, input_records
-from moespec.formats.runsfile import Runs, load_runs
+from moespec.formats.runsfile import RATES, Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.model.spec import ModelSpec
 from moespec.predict.checks import rerun_bench, too_small_line
@@ -68,6 +68,7 @@ from moespec.predict.measured import (
     saving_intervals,
     saving_row,
 )
+from moespec.predict.acceptance import DEFAULT_RATE
 from moespec.predict.batch_map import batch_block, predictable, predicted_block
 from moespec.predict.staircase import for_llama_cpp
 from moespec.predict.verdict import build_verdict
@@ -84,8 +85,8 @@ class PlanConfig:
     engine's runs (their dedup-off verify times calibrate the plan and supply tau1, the MoE layers and the depth),
     the largest draft `kmax`, the draft + host time per step `draft_time` (one number, kmax + 1 numbers, or a
     runs.json path), the context depth, the MoE layers covered and the device the plan is for (the bench's), and
-    the batch sizes of the plan's batch map (moespec.predict.batch_map; they need runs measured at them); written
-    to `out` when given."""
+    the batch sizes of the plan's batch map (moespec.predict.batch_map; they need runs measured at them) and the
+    throughput rate its score reads (moespec.predict.acceptance); written to `out` when given."""
 
     bench: str
     trace: str
@@ -98,6 +99,7 @@ class PlanConfig:
     device: str | None = None
     out: str | None = None
     batch: tuple[int, ...] = ()
+    rate: str = DEFAULT_RATE
 
 
 def _spec_of(bench: Mapping[str, Any], bench_path: str, trace: Trace, trace_path: str) -> ModelSpec:
@@ -396,6 +398,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
 def make_plan(config: PlanConfig) -> Plan:
     """Load and check the inputs, build the plan (build_plan) and write it to config.out when given (locked while
     the plan is made, moespec.formats.lock)."""
+    if config.rate not in RATES:
+        raise ValueError(f"rate must be one of {', '.join(RATES)}, got {config.rate!r}")
     bench = load_bench(config.bench)
     if config.device is not None and config.device != bench.device_kind:
         raise MoespecError(f"{config.bench} was measured on {bench.device_kind}; a {config.device} plan needs a "
@@ -414,6 +418,7 @@ def make_plan(config: PlanConfig) -> Plan:
     doc = build_plan(bench, trace, config.tau1, config.kmax, h, config.depth, bench_path=config.bench,
                      trace_path=config.trace, runs=runs, runs_path=config.runs or "runs", moe_layers=config.moe_layers)
     doc["provenance"]["inputs"] = inputs  # what a reader checks the files beside the plan against
+    doc["throughput_rate"] = config.rate
     if config.batch:
         batches = sorted(set(config.batch))
         predicted = predicted_block(bench, trace, runs, config.runs, batches, config.kmax, h,

@@ -30,7 +30,9 @@ before any whole-model run, decide whether the prediction holds:
     Variant `speedup_band_eps` (reported under `variants`, not one of the six): the same with the plan's own
     bands, delta fixed in advance from the bench's eps (plan.json delta_steps; a calibrated row may have none).
 
-Rules 2, 3 and 6 compare throughput per policy. Each policy both files hold is scored and reported; the verdict
+Rules 2, 3 and 6 compare throughput per policy, at the rate the plan names (plan.json throughput_rate,
+moespec.formats.runsfile.RATES): counted, every emitted token over the steps' measured time, as the paper scores,
+or computed, G_a(k) over the cell's median step time; `--rate` scores the other, and is then not pre-registered. Each policy both files hold is scored and reported; the verdict
 is AUTO's when the runs measured it (the policy the plan recommends: at each n the kernel with the smaller
 predicted time), else every fixed policy measured must hold. The throughput rows use the nominal acceptance
 a (the oracle draft makes acceptance geometric at rate a); realized_acceptance is not read.
@@ -78,6 +80,7 @@ From plan.json (moespec.formats.planfile): model, device_kind, dtype, provenance
   variants        [speedup_band_eps]: rule 6 with the plan's bands (delta from eps, null: no band), same keys
                   per_policy: {policy: {value, holds, per_acceptance: [...]}}, policy: the policies the verdict uses
   version         "prediction" or "calibrated": the plan version scored
+  rate            {name: counted|computed, key: the runs' row key read, plan: the plan's}: the throughput scored
   all_hold        all six hold
   plan_sha256, plan_created, runs_started, pre_registered, pre_registration (the reason, one line),
   runs_plan_sha256 (the plan the runs ran, null if none)
@@ -103,13 +106,15 @@ from moespec.defaults import KERNELS, N_MAX, POLICIES
 from moespec.formats.files import NUMBER, timestamp
 from moespec.formats.files import field as _field
 from moespec.formats.planfile import load_plan
-from moespec.formats.runsfile import Runs, load_runs
+from moespec.formats.runsfile import RATES, Runs, load_runs
 from moespec.predict.acceptance import (
     DEFAULT_VERSION,
     SLACK,
+    UNNAMED_RATE,
     VERSIONS,
     Keys,
     acceptance_rows,
+    plan_rate,
 )
 from moespec.predict.step_error import measured_step_times, paper_rows
 from moespec.predict.verdict import Verdict as PlainVerdict
@@ -339,6 +344,8 @@ class Score:
     plan_ceiling_gbps: dict[str, float] | None = None  # the plan's inputs_ceiling_gbps (absent in older plans)
     verdict: PlainVerdict | None = None  # the plain answer from the plan and these runs (moespec.predict.verdict)
     variants: list[Verdict] = field(default_factory=list)  # named variants of the rules, reported, not counted
+    rate: str = UNNAMED_RATE  # the throughput rate rules 2, 3 and 6 read
+    plan_rate: str = UNNAMED_RATE  # the one the plan pre-registered
 
     @property
     def machine(self) -> dict[str, Any] | None:
@@ -375,7 +382,8 @@ class Score:
     @property
     def pre_registered(self) -> bool:
         """The runs ran exactly this plan, made before they started."""
-        return self.runs_plan_sha256 == self.plan_sha256 and self.plan_created < self.runs_started
+        return self.runs_plan_sha256 == self.plan_sha256 and self.plan_created < self.runs_started \
+            and self.rate == self.plan_rate
 
     @property
     def pre_registration(self) -> str:
@@ -384,6 +392,8 @@ class Score:
             return "not pre-registered: the runs recorded no plan (run --plan PLAN records its sha256)"
         if self.runs_plan_sha256 != self.plan_sha256:
             return f"not pre-registered: the runs ran another plan (sha256 {self.runs_plan_sha256})"
+        if self.rate != self.plan_rate:
+            return f"not pre-registered: scored on the {self.rate} throughput, the plan named the {self.plan_rate}"
         if not self.plan_created < self.runs_started:
             return f"not pre-registered: the plan was created {self.plan_created.isoformat()}, not before the " \
                    f"runs started {self.runs_started.isoformat()}"
@@ -393,6 +403,7 @@ class Score:
     def to_json(self) -> dict[str, Any]:
         """The `--json` document (module docstring)."""
         return {"rules": [r.to_json() for r in self.rules], "version": self.version, "all_hold": self.all_hold,
+                "rate": {"name": self.rate, "key": RATES[self.rate], "plan": self.plan_rate},
                 "applicable": self.applicable,
                 "plan_sha256": self.plan_sha256, "plan_created": self.plan_created.isoformat(),
                 "runs_started": self.runs_started.isoformat(), "pre_registered": self.pre_registered,
@@ -403,10 +414,14 @@ class Score:
 
 
 def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, plan_path: str = "plan",
-          runs_path: str = "runs", version: str = DEFAULT_VERSION, warnings: Sequence[str] = ()) -> Score:
+          runs_path: str = "runs", version: str = DEFAULT_VERSION, warnings: Sequence[str] = (),
+          rate: str | None = None) -> Score:
     """The six rules of a validated plan (load_plan) against validated runs (load_runs), reading the plan's
-    `version` ("prediction" or "calibrated") only, and the verdict they give (moespec.predict.verdict; `warnings`:
-    the caller's lines about the inputs)."""
+    `version` only, rules 2, 3 and 6 at the throughput `rate` (default the plan's), and the verdict they give
+    (moespec.predict.verdict; `warnings`: the caller's lines about the inputs)."""
+    rate = plan_rate(plan) if rate is None else rate
+    if rate not in RATES:
+        raise ValueError(f"rate must be one of {', '.join(RATES)}, got {rate!r}")
     runs = runs if isinstance(runs, Runs) else Runs(dict(runs), runs_path)
     started = runs.started  # checked before any rule is scored
     runs.throughput()  # every row valid before any rule reads one
@@ -414,7 +429,7 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
     _check_pair(plan, runs, plan_path, runs_path)
     ns = _scored_n(plan, runs, runs_path, plan_path)
     delta = _delta(plan, keys, plan_path)
-    per_policy = acceptance_rows(plan, runs, runs_path, keys)
+    per_policy = acceptance_rows(plan, runs, runs_path, keys, rate)
     band = "band (21), delta = " + ("none (no band)" if delta is None else f"{delta:.3g}")
     rules = [
         crossover_rule(plan, runs, ns, plan_path, runs_path, keys),
@@ -429,14 +444,15 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
     variant = _by_policy("speedup_band_eps", "best speedup inside (21), delta fixed in advance from eps", per_policy,
                          BAND_KEYS, _inside, band, {"delta": delta})
     result = Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256,
-                   plan.get("inputs_ceiling_gbps"), variants=[variant])
+                   plan.get("inputs_ceiling_gbps"), variants=[variant], rate=rate, plan_rate=plan_rate(plan))
     result.verdict = build_verdict(plan, runs, result, warnings, plan_path=plan_path, runs_path=runs_path)
     return result
 
 
-def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION, warnings: Sequence[str] = ()) -> Score:
+def score_files(plan_path: str, runs_path: str, version: str = DEFAULT_VERSION, warnings: Sequence[str] = (),
+                rate: str | None = None) -> Score:
     """Load and score: the plan's sha256 is of the exact bytes read."""
     plan = load_plan(plan_path)
-    return score(plan, load_runs(runs_path), plan.sha256, plan_path, runs_path, version, warnings)
+    return score(plan, load_runs(runs_path), plan.sha256, plan_path, runs_path, version, warnings, rate)
 
 

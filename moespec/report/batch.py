@@ -1,7 +1,8 @@
 """The report's batch section: the plan's k_hat*(a, B) map (acceptance x batch size) with B_stop(a), from the verify
 times measured at each B and, beside it, predicted from the bench; the step-time curves V_B(k) per batch size (the
-prediction dashed); and where the runs measured throughput at batch, the measured best k and the batch rules of each
-version (moespec.predict.batch_score)."""
+prediction dashed); rule (7) at batch B, u_B(n) against r(B n), where the prediction holds them (newer plans); and
+where the runs measured throughput at batch, the measured best k and the batch rules of each version
+(moespec.predict.batch_score)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from moespec import theory
 from moespec.predict.batch_score import VERSIONS, score_batches
 from moespec.report.figures import FULL_WIDTH_IN, MS, PANEL_IN, _style
 from moespec.report.markup import figure as figure_html
 from moespec.report.markup import note, table
-
 
 
 def step_time_figure(block: dict[str, Any]) -> Figure:
@@ -39,6 +40,56 @@ def step_time_figure(block: dict[str, Any]) -> Figure:
         relative.legend(loc="upper left", fontsize="small")
         fig.tight_layout()
     return fig
+
+
+def has_ratios(block: dict[str, Any]) -> bool:
+    """Whether the plan's prediction holds u_B(n) and r(B n) at every batch size (plans before them do not)."""
+    predicted = block.get("predicted")
+    return predicted is not None and all("union_share" in e and "r" in e for e in predicted["per_batch"].values())
+
+
+def _ratios(entry: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n = 1..kmax + 1, u_B(n) and r(B n) of one batch size's predicted entry (r NaN where the plan has null)."""
+    u = np.asarray(entry["union_share"], dtype=float)
+    return np.arange(1, len(u) + 1), u, np.array([np.nan if r is None else r for r in entry["r"]], dtype=float)
+
+
+def union_share_figure(block: dict[str, Any]) -> Figure:
+    """Rule (7) at batch B from the prediction: u_B(n) solid and r(B n) dashed (open markers), one colour per batch
+    size, over a sequence's n; dedup is predicted faster where a solid line lies below the dashed one of its
+    colour. The block must hold them (has_ratios)."""
+    with _style(PANEL_IN[0]):
+        fig = Figure(figsize=PANEL_IN)
+        ax = fig.subplots()
+        for i, b in enumerate(block["batches"]):
+            ns, u, r = _ratios(block["predicted"]["per_batch"][str(b)])
+            ax.plot(ns, u, "-", color=f"C{i}", marker="o", markersize=3, label=f"B = {b}: u_B(n)")
+            ax.plot(ns, r, "--", color=f"C{i}", marker="s", markersize=3, markerfacecolor="white",
+                    label=f"B = {b}: r(B n)")
+        ax.set(xlabel="tokens per sequence n", ylabel="ratio", xticks=ns, ylim=(0, None),
+               title="u_B(n) against r(B n): dedup faster where u_B < r (7)")
+        ax.legend(loc="best", ncol=2)
+        fig.tight_layout()
+    return fig
+
+
+def _versus(u: float, r: float) -> str:
+    """One cell: u_B(n) against r(B n) with the side it falls on; "-" for an r not evaluated."""
+    return f"{u:.3f} / -" if not np.isfinite(r) else f"{u:.3f} {'<' if u < r else '>='} {r:.3f}"
+
+
+def union_share_table(block: dict[str, Any]) -> str:
+    """Per batch size: u_B(n) against r(B n) at each n and the least n from which u_B < r at every larger n (the
+    crossover of theory.crossover on r - u, over the n where r is evaluated)."""
+    rows = []
+    for b in block["batches"]:
+        ns, u, r = _ratios(block["predicted"]["per_batch"][str(b)])
+        held = {int(n): float(r_n - u_n) for n, u_n, r_n in zip(ns, u, r) if np.isfinite(r_n)}
+        first = theory.crossover(held)
+        rows.append([str(b), "none" if first is None else str(first), *map(_versus, u, r)])
+    return table(["B", "dedup faster from n", *(f"n = {n}" for n in range(1, block["kmax"] + 2))], rows,
+                 "u_B(n) against r(B n), predicted from the bench's fits on its timed layers at the pass's B n "
+                 "tokens: dedup is faster where u_B(n) < r(B n) (7); -: r not evaluated (a fitted time not positive)")
 
 
 def batch_section(plan: dict[str, Any], runs: dict[str, Any] | None) -> str:
@@ -89,6 +140,11 @@ def batch_section(plan: dict[str, Any], runs: dict[str, Any] | None) -> str:
                                       "token, and the prediction from the bench against the measured times"))
     parts.append(figure_html(step_time_figure(block), "V_B(k) per batch size: each sequence accepts on its own, so "
                              "a step emits B G_a(k) tokens and k*(a, B) is the theory on V_B"))
+    if has_ratios(block):
+        parts.append(figure_html(union_share_figure(block), "u_B(n) (solid) against r(B n) (dashed) per batch size, "
+                                 "predicted from the bench: dedup is faster where u_B(n) < r(B n) (7), the union of B "
+                                 "sequences' experts against the kernels' bandwidth ratio at the pass's B n tokens"))
+        parts.append(union_share_table(block))
     for version, result in scored.items():
         verdicts = [f"B = {b}: k_hat within one at {e['k_hat_within_one']} of {e['acceptances']}"
                     f" ({'holds' if e['k_hat_holds'] else 'fails'}), crossover {e['crossover']} against "

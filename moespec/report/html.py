@@ -35,18 +35,17 @@ file; nothing else is written to DIR.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 from moespec import MoespecError, theory
-from moespec.defaults import N_MAX, POLICIES
+from moespec.defaults import N_MAX
 from moespec.formats.demofile import DRAFTING_FILE
 from moespec.formats.files import atomic_write, check_output, writing
 from moespec.predict.checks import bench_checks, runs_checks
-from moespec.predict.acceptance import ACCEPTANCE_DIGITS, VERSIONS, acceptance_rows
+from moespec.predict.acceptance import ACCEPTANCE_DIGITS, VERSIONS, acceptance_rows, plan_rate
 from moespec.predict.score import LOSS_LIMIT, score_files
-from moespec.predict.verdict import build_verdict, measured_crossover
+from moespec.predict.verdict import build_verdict
 from moespec.report.figures import (
-    MS,
     PLAN_VERSIONS,
     acceptance_figure,
     bandwidth_figure,
@@ -55,6 +54,7 @@ from moespec.report.figures import (
     staircase_figure,
 )
 from moespec.report.batch import batch_section
+from moespec.report.engine import engine_section
 from moespec.report.folder import DEFAULT_NAME, RUNS, RUNS_VERIFY, Folder, load_folder
 from moespec.report.inputs import inputs_section, warnings_html
 from moespec.report.markup import CSS, VERDICT, Markup
@@ -62,25 +62,13 @@ from moespec.report.markup import escape as _e
 from moespec.report.markup import facts as _facts
 from moespec.report.markup import figure as _figure
 from moespec.report.markup import missing as _missing
+from moespec.report.markup import ms as _ms
+from moespec.report.markup import pct as _pct
+from moespec.report.markup import policies as _policies
 from moespec.report.markup import table as _table
 from moespec.report.tables import FITS_CAPTION, TABLE1_CAPTION, fits_table, table1
 from moespec.routing.reuse import reuse_stats
 from moespec.routing.synth import describe
-
-# ---- HTML pieces (moespec.report.markup) ----------------------------------------------------------------------
-def _ms(seconds: float | None, spec: str = ".3f") -> str:
-    return "-" if seconds is None else format(seconds * MS, spec)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
-
-
-def _policies(present: Iterable[str]) -> list[str]:
-    """The policies among `present`, in POLICIES' order."""
-    present = set(present)
-    return [p for p in POLICIES if p in present]
-
 
 # ---- header --------------------------------------------------------------------------------------------------
 def _distinct(values: Iterable[Any]) -> str:
@@ -273,6 +261,8 @@ def acceptance_section(f: Folder) -> str:
     plan = f.docs["plan.json"]
     predicted = {(row["policy"], round(row["a"], ACCEPTANCE_DIGITS)): row["speedup"] for row in plan["table"]}
     deltas = plan.get("delta_steps", {}).get("prediction", {})
+    cells = {(c["policy"], round(c["a"], ACCEPTANCE_DIGITS), c["k"]): c
+             for c in f.docs[RUNS].get("throughput") or [] if c.get("a") is not None}
     rows = []
     for p, entries in per_policy.items():
         delta = deltas.get(p)
@@ -283,16 +273,32 @@ def acceptance_section(f: Folder) -> str:
                          "no band" if bound is None else _pct(bound), f"{predicted[p, r['a']]:.3f}",
                          f"{r['speedup']:.3f}", f"{e:+.1%}",
                          "no band" if r["lo"] is None else f"[{r['lo']:.3f}, {r['hi']:.3f}]",
-                         "no band" if r["inside"] is None else "yes" if r["inside"] else "no"])
+                         "no band" if r["inside"] is None else "yes" if r["inside"] else "no",
+                         *_rates(cells.get((p, r["a"], r["k_hat"])))])
     fig = acceptance_figure(per_policy, predicted, deltas, plan["kmax"], LOSS_LIMIT)
     caption = ("Check, per acceptance, that the plan's k_hat* is within one of the measured best k (left), that the "
                "throughput it loses stays under its bound (20) (middle) and that the speedup error stays inside the "
                "band (21) (right).")
+    rate = plan_rate(plan)
     table = _table(("policy", "a", "k_hat*", "k* measured", "loss at k_hat*", "bound (20)", "speedup predicted",
-                    "speedup measured", "error", "band (21)", "inside"), rows,
-                   "bound (20) and band (21) use the plan's step-time delta of each policy (delta_steps.prediction); "
-                   "measured speedup: best measured throughput over plain decoding's", text_columns=1)
+                    "speedup measured", "error", "band (21)", "inside", "T(k_hat*) computed",
+                    "T(k_hat*) counted [95%]", "counted / computed"), rows,
+                   f"k*, loss and speedup on the {rate} throughput (the one the plan names: plan.json "
+                   f"throughput_rate); computed: G_a(k) over the median step time (B.1); counted: every emitted "
+                   f"token over the steps' time, the paper's, with its interval over the steps; tokens/s. bound "
+                   f"(20) and band (21) use the plan's step-time delta of each policy (delta_steps.prediction); "
+                   f"measured speedup: best measured throughput over plain decoding's", text_columns=1)
     return _figure(fig, caption) + table
+
+
+def _rates(cell: dict[str, Any] | None) -> list[str]:
+    """A throughput row's computed and counted rates (with the counted one's interval) and their ratio."""
+    if cell is None or cell.get("counted_tokens_per_s") is None:
+        return ["-" if cell is None else f"{cell['tokens_per_s']:.1f}", "-", "-"]
+    counted, interval = cell["counted_tokens_per_s"], cell.get("counted_tokens_per_s_ci")
+    return [f"{cell['tokens_per_s']:.1f}",
+            f"{counted:.1f}" + ("" if interval is None else f" [{interval[0]:.1f}, {interval[1]:.1f}]"),
+            f"{counted / cell['tokens_per_s']:.3f}"]
 
 
 def score_section(f: Folder) -> str:
@@ -319,6 +325,7 @@ def score_section(f: Folder) -> str:
                     [[r.rule, *r.shown, VERDICT[r.holds]] for r in result.rules], text_columns=3)
     facts = [("all six hold" if result.applicable == 6 else f"all {result.applicable} applicable hold",
               "yes" if result.all_hold else "no"),
+             ("throughput scored", f"the {result.rate} rate (rules 2, 3 and 6)"),
              ("pre-registered", result.pre_registration),
              ("plan sha256", result.plan_sha256)]
     if result.machine is not None:
@@ -337,64 +344,6 @@ def score_section(f: Folder) -> str:
     return ("<h3>Table 3: saving and verify time per n</h3>" + table3
             + "<h3>Table 8: the six scoring rules</h3>" + table8 + _facts(facts)
             + "<h3>Table 8 by plan version</h3>" + table8_all)
-
-
-# ---- engine facts --------------------------------------------------------------------------------------------
-def _with_interval(value: float, interval: Sequence[float] | None) -> str:
-    return _ms(value) + ("" if not interval else f" [{_ms(interval[0])}, {_ms(interval[1])}]")
-
-
-def _engine(name: str, runs: dict[str, Any]) -> str:
-    """One runs file: verify times per n and policy, the saving, AUTO ratio, overhead, h(k), greedy agreement."""
-    verify, ci = runs.get("verify_time_s") or {}, runs.get("verify_time_ci_s") or {}
-    policies = _policies(verify)
-    ratio = runs.get("auto_ratio")
-    rows = []
-    for n in sorted({n for p in policies for n in verify[p]}, key=int):
-        saving = runs["saving_s"].get(n) if isinstance(runs.get("saving_s"), dict) else None
-        rows.append([n, *(_with_interval(verify[p][n], ci.get(p, {}).get(n)) if n in verify[p] else "-"
-                          for p in policies),
-                     "-" if saving is None else f"{_ms(saving['median'], '+.3f')} [{_ms(saving['lo'], '+.3f')}, "
-                                                f"{_ms(saving['hi'], '+.3f')}]",
-                     *([] if ratio is None else [f"{ratio[n]:.3f}" if n in ratio else "-"])])
-    table = _table(("n", *(f"tau {p} ms [95%]" for p in policies), "S(n) ms [95%]",
-                    *([] if ratio is None else ["AUTO ratio"])), rows,
-                   "medians with 95% bootstrap intervals; AUTO ratio: tau_auto / min(tau_slot, tau_dedup)")
-    cells = runs.get("throughput", []) + (runs.get("throughput_draft_model") or [])
-    mismatches = [[c["policy"], str(c["k"]), "-" if c.get("a") is None else f"{c['a']:g}", str(m["prompt"]),
-                   str(m["position"]), f"{m['plain_top2_gap']:.4g}"]
-                  for c in cells for m in c.get("mismatches", [])]
-    draft = runs.get("draft_time_s") or {}
-    share = runs.get("overhead_share")
-    facts = [("engine", f"{runs.get('source', '-')}; {runs.get('moe_layers')} MoE layers, depth {runs['depth']}"),
-             ("replayed routing", runs.get("replay") or "none (the model's own routers)"),
-             ("verify pass", f"dense weights {runs.get('dense', '-')}; "
-                             f"{runs.get('verify_pass', 'not recorded (older runs.json)')}"),
-             ("measured crossover", measured_crossover(runs)),
-             ("engine overhead", "no throughput measured" if share is None else
-              f"{share:.1%} of step time (median over cells)"),
-             ("draft + host time h(k)", ", ".join(f"{k}: {_ms(v)} ms" for k, v in draft.items()) or "not measured"),
-             ("greedy agreement", ("no throughput measured" if not cells else
-                                   f"every run's tokens equal plain decoding's ({len(cells)} cells)"
-                                   if runs.get("greedy_exact", runs.get("greedy_match")) else
-                                   f"equal up to exact ties: {len(mismatches)} first difference(s) at a top-2 logit "
-                                   f"gap of 0, below" if runs.get("greedy_match") else
-                                   f"NO: {len(mismatches)} mismatch(es), below"))]
-    out = f"<h3>{_e(name)}</h3>" + table + _facts(facts)
-    if mismatches:
-        out += _table(("policy", "k", "a", "prompt", "position", "plain top-2 logit gap"), mismatches,
-                      "where the tokens first differ from plain decoding's; a small gap is a near tie that rounding "
-                      "in a pass of another size can flip", text_columns=1)
-    return out
-
-
-def engine_section(f: Folder) -> str:
-    """The engine facts of runs.json and of runs-verify.json, each present."""
-    present = [name for name in (RUNS, RUNS_VERIFY) if name in f.docs]
-    if not present:
-        return _missing(f.problems[RUNS] + "; " + f.problems[RUNS_VERIFY])
-    return "".join(_engine(name, f.docs[name]) for name in present) + \
-        ("" if RUNS in f.docs else _missing(f.problems[RUNS]))
 
 
 def drafting_section(f: Folder) -> str:

@@ -14,7 +14,8 @@ import re
 from typing import Any, Iterable, Sequence
 
 from moespec import printable
-from moespec.report.figures import FIG_DPI, PAGE_PX
+from moespec.defaults import POLICIES
+from moespec.report.figures import FIG_DPI, MS, PAGE_PX
 
 CSS = f"""
 body {{ font-family: system-ui, sans-serif; max-width: {PAGE_PX}px; margin: 2em auto; padding: 0 1em; color: #222; }}
@@ -98,3 +99,18 @@ def warning(text: str) -> str:
 def note(text: str) -> str:
     """One plain line of fact."""
     return f'<p class="note">{escape(text)}</p>'
+
+
+def ms(seconds: float | None, spec: str = ".3f") -> str:
+    """Seconds shown in milliseconds, '-' for none."""
+    return "-" if seconds is None else format(seconds * MS, spec)
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def policies(present: Iterable[str]) -> list[str]:
+    """The policies among `present`, in POLICIES' order."""
+    present = set(present)
+    return [p for p in POLICIES if p in present]
