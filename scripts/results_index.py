@@ -140,6 +140,14 @@ ENTRIES: dict[str, Entry] = {
                             "0.36, u_B 0.11"))},
     **{f"batch/log-B{b}.txt": Entry(f"console output of the B = {b} bench", source=f"batch/bench-olmoe-bf16-B{b}.json")
        for b in (1, 2, 4, 8)},
+    # fidelity: the pre-registered chain over repeated runs
+    "fidelity/README.md": Entry("write-up: the six rules held per version over 5 demo runs, median and range, and "
+                                "what moves them", source="fidelity/fidelity-cpu.json"),
+    "fidelity/fidelity-cpu.json": Entry(
+        "the demo's chain 5 times, every version scored on both throughput rates (benchmarks/fidelity.py): rules "
+        "held 5 (4-6) of 6 for the prediction, 5 (3-5) measured-time, 4 (4-5) calibrated, 5 (3-6) whole-pass"),
+    "fidelity/fidelity-cpu.md": Entry("the tables benchmarks/fidelity.py printed for fidelity-cpu.json",
+                                      source="fidelity/fidelity-cpu.json"),
     # batch-engine: B sequences verified in one pass
     "batch-engine/README.md": Entry("write-up: the batched pass beside llama.cpp, the batch plan scored, its fidelity",
                                     source="batch-engine/batch-pass.json"),
