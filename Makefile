@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# Optional peers (mlx-lm's SwitchGLU, ggml's MUL_MAT_ID): installed where they install, so CI exercises them.
 	$(BIN)/python -m pip install -q -e ".[peers]" || echo "make: optional peer kernels not installed; their tests skip"
+	# Optional Ray (more than one machine): CI tests moespec on a local Ray instance.
+	$(BIN)/python -m pip install -q -e ".[ray]" || echo "make: ray not installed; the --ray tests skip"
 	touch $(STAMP)
 
 install: $(STAMP)

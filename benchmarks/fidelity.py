@@ -110,7 +110,8 @@ def table(doc: dict[str, Any]) -> str:
     for i, r in enumerate(doc["runs"], start=1):
         held = " / ".join(str(len(v[r["plan_rate"]]["held"])) for v in r["versions"].values())
         ceiling = r["ceiling_gbps"]
-        lines.append(f"| {i} | {_wall(r.get('wall_s'))} | {_gbps(ceiling['bench'])}; {_gbps(ceiling['runs'])} | {held} | "
+        lines.append(f"| {i} | {_wall(r.get('wall_s'))} | {_gbps(ceiling['bench'])}; {_gbps(ceiling['runs'])} | "
+                     f"{held} | "
                      + ", ".join("hold" if v else "fail" for v in r["batch"].values())
                      + f" | {_range(r['counted_over_computed'], '.3f')} |")
     return "\n".join(lines) + "\n"

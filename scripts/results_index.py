@@ -140,6 +140,11 @@ ENTRIES: dict[str, Entry] = {
                             "0.36, u_B 0.11"))},
     **{f"batch/log-B{b}.txt": Entry(f"console output of the B = {b} bench", source=f"batch/bench-olmoe-bf16-B{b}.json")
        for b in (1, 2, 4, 8)},
+    # cluster: moespec on Ray
+    "cluster/README.md": Entry("write-up: the Ray path against one process on 2 CPUs", source="cluster/ray-overhead.json"),
+    "cluster/ray-overhead.json": Entry(
+        "trace and reuse on a local Ray instance against one process (benchmarks/ray_overhead.py): Ray / one process "
+        "0.82 for the traced documents, 0.75 for reuse, after a 2.2 s ray.init and the workers' model load"),
     # fidelity: the pre-registered chain over repeated runs
     "fidelity/README.md": Entry("write-up: the six rules held per version over 5 demo runs, median and range, and "
                                 "what moves them", source="fidelity/fidelity-cpu.json"),

@@ -1,5 +1,5 @@
-"""`moespec run --batch` (moespec.measure.batch_run) on a tiny checkpoint, and the batch rules
-(moespec.predict.batch_score) on hand-made plans and runs."""
+"""`moespec run --batch` (moespec.measure.batch_run) on a tiny checkpoint (the batch rules on hand-made plans and
+runs: test_batch_score)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from moespec.formats.runsfile import BATCH_ROW_KEYS, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.measure import rounds
 from moespec.measure.batch_run import batch_windows, pass_kernels
-from moespec.predict.batch_score import measured_best, score_batches
 
 SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
          "--prompts", "1", "--tokens", "5", "--dtype", "fp32"]
@@ -66,44 +65,3 @@ def test_batch_windows_come_from_distinct_documents(trace_path):
     with pytest.raises(MoespecError, match="4 document"):
         batch_windows(trace, 2, 3, 5, 1, seed=0)
     assert pass_kernels({1: "slot", 3: "dedup"}, 4) == {4: "slot", 12: "dedup"} and pass_kernels(None, 2) is None
-
-
-def _row(policy, k, a, rate, batch=True):
-    row = {"policy": policy, "k": k, "a": a, "step_time_s": 1.0, "tokens_per_s": rate}
-    return row | ({"counted_tokens_per_s": rate, "steps": 3, "greedy_exact": True} if batch else {})
-
-
-def test_batch_rules_by_hand():
-    acceptances = [0.5, 0.9]
-    plan = {"batch": {"batches": [1, 2, 4], "policy": "auto", "acceptances": acceptances, "b_stop": [2, None],
-                      "per_batch": {"1": {"k_hat": [1, 3], "crossover": 3}, "2": {"k_hat": [0, 2], "crossover": 2},
-                                    "4": {"k_hat": [0, 2], "crossover": None}}}}
-    best = {1: [1, 4], 2: [1, 2], 4: [0, 0]}  # measured best k per acceptance and B
-
-    def rows(b, batch):
-        return [_row("auto", k, a, 10.0 - abs(k - best[b][i]), batch) for i, a in enumerate(acceptances)
-                for k in range(5)]
-    runs = {"throughput": rows(1, False), "crossover": 4,
-            "batch": {"batches": [2, 4], "per_batch": {"2": {"throughput": rows(2, True), "crossover": 4},
-                                                       "4": {"throughput": rows(4, True), "crossover": None}}}}
-    result = score_batches(plan, runs)
-    per = result["per_batch"]
-    assert [per[b]["measured_best"] for b in ("1", "2", "4")] == [best[1], best[2], best[4]]
-    assert per["1"]["k_hat_holds"] and per["1"]["crossover_holds"]  # |3 - 4| = 1 both
-    assert per["2"]["k_hat_holds"] and not per["2"]["crossover_holds"]  # 2 against 4
-    assert not per["4"]["k_hat_holds"] and per["4"]["crossover_holds"]  # k 2 against 0; both none
-    assert result["measured_b_stop"] == [4, 4] and result["b_stop"] == [2, None]
-    assert result["b_stop_holds"] and not result["all_hold"]  # 2 vs 4 one step; none vs 4 one step
-    assert measured_best([_row("auto", 0, 0.5, 2.0), _row("auto", 1, 0.5, 2.0)], [0.5, 0.9],
-                         "tokens_per_s") == [0, None]
-    assert result["rate"] == "computed"  # the plan names none
-    for entry in runs["batch"]["per_batch"].values():  # the counted rate peaks at k = 4 everywhere
-        for row in entry["throughput"]:
-            row["counted_tokens_per_s"] = 10.0 - abs(row["k"] - 4)
-    counted = score_batches(plan | {"throughput_rate": "counted"}, runs)
-    assert counted["rate"] == "counted" and counted["per_batch"]["4"]["measured_best"] == [4, 4]
-    assert counted["per_batch"]["4"]["measured_best_by_rate"] == {"counted": [4, 4], "computed": [0, 0]}
-    with pytest.raises(MoespecError, match="no batch block"):
-        score_batches({}, runs)
-    with pytest.raises(MoespecError, match="no throughput"):
-        score_batches(plan | {"batch": plan["batch"] | {"policy": "slot"}}, runs)

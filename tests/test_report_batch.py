@@ -11,7 +11,8 @@ from moespec.report.batch import batch_section
 
 def test_the_batch_section_shows_the_map_and_b_stop():
     runs = runs_doc()
-    plan = {"batch": batch_block(runs, "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))}
+    plan = {"batch": batch_block(runs, "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1)),
+            "draft_time_s": [0.0] * (KMAX + 1)}
     html = batch_section(plan, None)
     assert "<th>B = 8</th>" in html and "B_stop" in html and "data:image/png;base64" in html
     assert "<td>0.2</td><td>1</td><td>0</td><td>0</td><td>0</td><td>2</td>" in html  # a = 0.2 stops at B = 2
@@ -24,6 +25,8 @@ def test_the_batch_section_shows_the_map_and_b_stop():
         entry["crossover"] = plan["batch"]["per_batch"][str(b)]["crossover"]
     html = batch_section(plan, runs)
     assert "<td>0.2</td><td>1 / 1</td><td>0 / 0</td>" in html and "B_stop within one grid step" in html
+    # Table 8's rules at each B: the run's verify times are the plan's (0% off); no saving, so no sign to score
+    assert "B = 2: k_hat " in html and "verify_time 0.0% (holds)" in html and "saving_sign n/a," in html
 
 
 def test_the_prediction_shows_beside_the_measured_map():

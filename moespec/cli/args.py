@@ -33,8 +33,13 @@ def check_paths(args: argparse.Namespace, outputs: tuple[str, ...], inputs: Mapp
         except OSError:  # unreadable: its loader says why
             return []
 
+    def paths(flag: str) -> list[Path]:  # a positional of nargs="+" gives several
+        value = given(flag)
+        return [Path(v) for v in (value if isinstance(value, list) else [value])]
+
     check_apart({flag: given(flag) for flag in outputs},
-                {flag: read(Path(given(flag)), names) for flag, names in inputs.items() if given(flag) is not None})
+                {flag: [file for path in paths(flag) for file in read(path, names)]
+                 for flag, names in inputs.items() if given(flag) is not None})
 
 
 def parse_ints(text: str, flag: str, least: int, most: int | None = None, what: str = "values") -> list[int]:

@@ -8,11 +8,13 @@ import sys
 
 from rich.table import Table
 
+from moespec import MoespecError
 from moespec.cli.args import bounded, parse_ints, seed
+from moespec.cluster import check_address
 from moespec.console import console as console_
 from moespec.defaults import BATCH_LIMIT, BOOTSTRAP_LIMIT, FORMAT, N_MAX, WINDOW_LIMIT
 from moespec.formats.files import provenance, writing
-from moespec.formats.trace import Trace, load_trace
+from moespec.formats.trace import load_trace
 from moespec.report.figures import check_plot, reuse_figure, save_figure
 from moespec.routing.batch import BatchUnion, batch_union
 from moespec.routing.reuse import (
@@ -23,6 +25,7 @@ from moespec.routing.reuse import (
     trace_expert_bytes,
     uniform_rho,
 )
+from moespec.routing.shards import reuse_files
 
 
 # the path flags kept apart before any work (moespec.cli.args.check_paths)
@@ -32,7 +35,9 @@ INPUTS = {"TRACE": ()}
 
 # ---- command: moespec reuse --------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="trace file (.npz) from `moespec trace` or `moespec synth`")
+    parser.add_argument("trace", nargs="+", metavar="TRACE",
+                        help="trace file(s) (.npz) from `moespec trace` or `moespec synth`; several files of one "
+                             "model count as one trace of all their documents, in order")
     parser.add_argument("--n-max", type=bounded(1, WINDOW_LIMIT), default=N_MAX,
                         help=f"largest window n (default {N_MAX}, at most {WINDOW_LIMIT})")
     parser.add_argument("--bootstrap", type=bounded(0, BOOTSTRAP_LIMIT), default=DEFAULT_BOOTSTRAP,
@@ -45,28 +50,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", metavar="B,..",
                         help=f"also the expert union U^B(n) and bytes of a pass of B sequences x n tokens, each "
                              f"sequence from its own document (e.g. 1,2,4,8; at most {BATCH_LIMIT})")
+    parser.add_argument("--ray", metavar="ADDRESS",
+                        help="count each trace file as a task on a Ray cluster: local (a Ray instance on this "
+                             "machine), auto, HOST:PORT or ray://HOST:PORT (moespec.cluster; `pip install "
+                             "'moespec[ray]'`); the result equals the single-process one")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--plot", metavar="FILE", help="save the paper's Figure 1 (rho vs n) to FILE (.png/.pdf/.svg)")
 
 
 def run(args: argparse.Namespace) -> int:
     batches = parse_ints(args.batch, "--batch", 1, BATCH_LIMIT, "batch sizes") if args.batch is not None else []
+    if batches and (len(args.trace) > 1 or args.ray):
+        raise MoespecError("--batch reads one trace file in this process (without --ray)")
+    if args.ray:
+        check_address(args.ray)
     if args.plot:
         check_plot(args.plot)  # before any work
     with writing(args.plot, flag="--plot"):  # locked until drawn
-        trace = load_trace(args.trace)
-        w, units = trace_expert_bytes(trace, args.format)
-        stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w, units=units,
-                            show_progress=sys.stderr.isatty())
-        batch = batch_union(trace, batches, args.n_max, w, args.bootstrap, args.seed, args.level,
-                            show_progress=sys.stderr.isatty()) if batches else None
+        batch = None
+        if len(args.trace) == 1 and not args.ray:
+            trace = load_trace(args.trace[0])
+            w, units = trace_expert_bytes(trace, args.format)
+            stats = reuse_stats(trace, args.n_max, args.bootstrap, args.seed, args.level, expert_bytes=w,
+                                units=units, show_progress=sys.stderr.isatty())
+            meta = trace.meta
+            batch = batch_union(trace, batches, args.n_max, w, args.bootstrap, args.seed, args.level,
+                                show_progress=sys.stderr.isatty()) if batches else None
+        else:
+            stats, meta = reuse_files(args.trace, args.n_max, args.bootstrap, args.seed, args.level, args.format,
+                                      args.ray)
+        name = args.trace[0] if len(args.trace) == 1 else f"{args.trace[0]} and {len(args.trace) - 1} more"
         if args.plot:
-            save_figure(reuse_figure(stats, label=str(trace.meta.get("model") or args.trace)), args.plot)
+            save_figure(reuse_figure(stats, label=str(meta.get("model") or name)), args.plot)
     if args.json:
-        print(json.dumps({"trace": str(args.trace), "meta": trace.meta, **stats.to_json(),
-                          **(batch.to_json() if batch else {}), "provenance": provenance()}))
+        print(json.dumps({"trace": args.trace[0] if len(args.trace) == 1 else args.trace, "meta": meta,
+                          **stats.to_json(), **(batch.to_json() if batch else {}), "provenance": provenance()}))
     else:
-        print_summary(stats, trace, args.trace)
+        print_summary(stats, meta, name)
         if batch:
             print_batch(batch, stats)
     return 0
@@ -91,9 +111,8 @@ def print_batch(batch: BatchUnion, stats: ReuseStats) -> None:
     console_().print(table)
 
 
-def print_summary(stats: ReuseStats, trace: Trace, path: str) -> None:
+def print_summary(stats: ReuseStats, meta: dict, path: str) -> None:
     """A rich table: per n, the layer-mean reuse with its interval, the uniform value and the byte quantities."""
-    meta = trace.meta
     kind = "synthetic" if meta.get("synthetic") else "recorded"
     about = f"{meta.get('process')} process" if meta.get("process") else str(meta.get("source") or "")
     in_bytes = stats.units.startswith("bytes")

@@ -1,5 +1,6 @@
 """`moespec score`: a plan against an engine's runs by the six rules of Table 8 (moespec.predict.score), and where
-both were made at several batch sizes, its batch map by the batch rules (moespec.predict.batch_score)."""
+both were made at several batch sizes, its batch map by the six rules at each batch size and B_stop
+(moespec.predict.batch_score)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from moespec.console import console as console_
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import RATES
 from moespec.predict.batch_score import VERSIONS as BATCH_VERSIONS
-from moespec.predict.batch_score import score_batches
+from moespec.predict.batch_score import WORDING, score_batches, shown
 from moespec.predict.score import DEFAULT_VERSION, VERSIONS, Score, score_files
 
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     batch = []
     if "batch" in plan and "batch" in result.runs:
-        batch = [score_batches(plan, result.runs, version) for version in BATCH_VERSIONS
+        batch = [score_batches(plan, result.runs, version, args.plan, args.runs) for version in BATCH_VERSIONS
                  if version == "measured" or plan["batch"].get("predicted") is not None]
     if args.json:
         print(json.dumps(result.to_json() | ({"batch": batch} if batch else {})))
@@ -50,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
 def print_batch_score(batch: dict) -> None:
     """The batch rules: per acceptance (rows) and batch size (columns) k_hat*(a, B) against the measured best k,
-    B_stop(a) planned and measured; then per B the share within one and the crossovers."""
+    B_stop(a) planned and measured; then per B (rows) the six rules of Table 8 at that B (columns, with their wording
+    below), B_stop and whether all hold."""
     con = console_(NARROW)
-    verdict = {True: "[green]holds[/]", False: "[red]fails[/]"}
+    verdict = {True: "[green]holds[/]", False: "[red]fails[/]", None: ""}
     t = Table(title=f"Batch rules, {batch['version']} version ({batch['policy']}, {batch['rate']} rate): "
                     f"k_hat*(a, B) / measured best k; B_stop planned / measured")
     for name in ("a", *(f"B={b}" for b in batch["batches"]), "B_stop"):
@@ -62,10 +64,14 @@ def print_batch_score(batch: dict) -> None:
         t.add_row(f"{a:g}", *(f"{e['k_hat'][i]}/{show(e['measured_best'][i])}" for e in batch["per_batch"].values()),
                   f"{show(batch['b_stop'][i])}/{show(batch['measured_b_stop'][i])}")
     con.print(t)
+    t = Table(title=f"Table 8's rules at each batch size, {batch['version']} version")
+    t.add_column("B")
+    for name in WORDING:
+        t.add_column(name, overflow="fold")
     for b, e in batch["per_batch"].items():
-        con.print(f"B = {b}: k_hat within one at {e['k_hat_within_one']} of {e['acceptances']} "
-                  f"{verdict[e['k_hat_holds']]}; crossover {show(e['crossover'])} / measured "
-                  f"{show(e['measured_crossover'])} {verdict[e['crossover_holds']]}")
+        t.add_row(b, *(f"{text} {verdict[holds]}".strip() for _, text, holds in shown(e)))
+    con.print(t)
+    print_plain(con, [f"  {name}: {wording}" for name, wording in WORDING.items()])
     con.print(f"B_stop within one grid step at every acceptance: {verdict[batch['b_stop_holds']]}; batch rules hold: "
               f"{'yes' if batch['all_hold'] else 'no'}")
 

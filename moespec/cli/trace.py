@@ -37,7 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=bounded(1, DEPTH_LIMIT), default=TraceConfig.chunk,
                         help=f"tokens per forward pass (default {TraceConfig.chunk}, at most {DEPTH_LIMIT:,})")
     parser.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=None,
-                        help="llama.cpp threads for --gguf (default: torch's)")
+                        help="llama.cpp threads for --gguf, and with --ray each worker's CPUs (default: torch's)")
+    parser.add_argument("--ray", metavar="ADDRESS",
+                        help="trace on a Ray cluster, documents sharded over workers that each hold the model once "
+                             "(a GPU each with --device cuda, --threads CPUs each otherwise): local (a Ray instance "
+                             "on this machine), auto, HOST:PORT or ray://HOST:PORT; every node reads the same paths "
+                             "(`pip install 'moespec[ray]'`; moespec.cluster)")
     add_checkpoint_flags(parser)
 
 
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     text = str(SAMPLE_TEXT) if sample else args.text
     done = trace(TraceConfig(model=args.model, out=args.out, text=text, jsonl=args.jsonl, field=args.field,
                              max_tokens=args.max_tokens, device=args.device, dtype=args.dtype, chunk=args.chunk,
-                             fresh=args.fresh, gguf=args.gguf, threads=args.threads))
+                             fresh=args.fresh, gguf=args.gguf, threads=args.threads, ray=args.ray))
     t = done.trace
     print(f"traced {t.num_tokens} tokens in {t.num_documents} documents ({t.num_layers} MoE layers, m={t.m}) "
           f"at {done.traced_tokens / max(done.seconds, 1e-9):,.0f} tokens/s -> {args.out}"

@@ -31,11 +31,12 @@ before any whole-model run, decide whether the prediction holds:
     bands, delta fixed in advance from the bench's eps (plan.json delta_steps; a calibrated row may have none).
 
 Rules 2, 3 and 6 compare throughput per policy, at the rate the plan names (plan.json throughput_rate,
-moespec.formats.runsfile.RATES): counted, every emitted token over the steps' measured time, as the paper scores,
-or computed, G_a(k) over the cell's median step time; `--rate` scores the other, and is then not pre-registered. Each policy both files hold is scored and reported; the verdict
-is AUTO's when the runs measured it (the policy the plan recommends: at each n the kernel with the smaller
-predicted time), else every fixed policy measured must hold. The throughput rows use the nominal acceptance
-a (the oracle draft makes acceptance geometric at rate a); realized_acceptance is not read.
+moespec.formats.runsfile.RATES): counted, every emitted token over the steps' measured time, as the paper scores, or
+computed, G_a(k) over the cell's median step time; `--rate` scores the other, and is then not pre-registered. Each
+policy both files hold is scored and reported; the verdict is AUTO's when the runs measured it (the policy the plan
+recommends: at each n the kernel with the smaller predicted time), else every fixed policy measured must hold. The
+throughput rows use the nominal acceptance a (the oracle draft makes acceptance geometric at rate a);
+realized_acceptance is not read.
 
 Honesty: the score records the plan's sha256 (of the file's bytes), its creation time and the time the runs
 started; "pre_registered" is true only when the runs ran exactly this plan (`run --plan` records the plan's
@@ -96,7 +97,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -116,15 +116,20 @@ from moespec.predict.acceptance import (
     acceptance_rows,
     plan_rate,
 )
+from moespec.predict.rules import (
+    BAND_KEYS,
+    CROSSOVER_WITHIN,
+    VERIFY_LIMIT,
+    Verdict,
+    judge_band,
+    judge_k_hat,
+    judge_loss,
+    sign_verdict,
+)
 from moespec.predict.step_error import measured_step_times, paper_rows
 from moespec.predict.verdict import Verdict as PlainVerdict
 from moespec.predict.verdict import build_verdict
 
-CROSSOVER_WITHIN = 1  # rule 1: |predicted - measured| <= 1
-K_WITHIN = 1  # rule 2: |k_hat* - k*| <= 1 ...
-K_SHARE = Fraction(9, 11)  # ... at >= 9 of the paper's 11 acceptances, scaled to the acceptances present
-LOSS_LIMIT = 0.06  # rule 3: at most 6% of the best measured throughput lost by drafting k_hat*
-VERIFY_LIMIT = 0.15  # rule 5: verify time within 15%
 # The machine's streaming bandwidth differing by more than rule 5's own tolerance between the plan's measured inputs
 # and the scored runs: times that move with the bandwidth cannot then be within 15% but by luck, so score says so.
 MACHINE_DRIFT = VERIFY_LIMIT
@@ -185,20 +190,6 @@ def _scored_n(plan: dict[str, Any], runs: Runs, runs_path: str, plan_path: str =
 
 
 # ---- rules on n ----------------------------------------------------------------------------------------------
-@dataclass
-class Verdict:
-    """One scoring rule: its Table 8 wording, measured value, verdict, details for JSON and the table's cells."""
-    name: str
-    rule: str
-    value: Any
-    holds: bool | None  # None: not applicable (a rule on the saving, for runs of one kernel)
-    detail: dict[str, Any] = field(default_factory=dict)
-    shown: tuple[str, str] = ("", "")  # (predicted, measured) as printed
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "rule": self.rule, "value": self.value, "holds": self.holds, **self.detail}
-
-
 def _or(n: int | None, none: int) -> int:
     return none if n is None else n
 
@@ -230,20 +221,9 @@ def sign_rule(plan: dict[str, Any], runs: Runs, ns: list[int], plan_path: str,
     rule = "sign of S(n) right wherever its 95% interval excludes 0"
     if len(runs.kernels) == 1:
         return not_applicable("saving_sign", rule, runs)
-    per_n = []
-    for n in ns:
-        lo, hi = (_field(runs, runs_path, f"saving_s.{n}.{key}") for key in ("lo", "hi"))
-        if lo > 0 or hi < 0:
-            predicted = _field(plan, plan_path, f"saving.{n}.{keys.saving}")
-            per_n.append({"n": n, "lo": lo, "hi": hi, "predicted_s": predicted,
-                          "right": bool(np.sign(predicted) == np.sign(lo))})
-    right = sum(p["right"] for p in per_n)
-    vacuous = not per_n
-    wrong = ", ".join(str(p["n"]) for p in per_n if not p["right"])
-    return Verdict("saving_sign", rule, right,
-                   right == len(per_n), {"of": len(per_n), "vacuous": vacuous, "per_n": per_n},
-                   ("sign of S_hat(n)", "no interval excludes 0 (vacuous)" if vacuous else
-                    f"{right} of {len(per_n)} right" + (f", wrong at n = {wrong}" if wrong else "")))
+    intervals = {n: tuple(_field(runs, runs_path, f"saving_s.{n}.{key}") for key in ("lo", "hi")) for n in ns}
+    return sign_verdict(rule, {n: (lo, hi, lambda n=n: _field(plan, plan_path, f"saving.{n}.{keys.saving}"))
+                               for n, (lo, hi) in intervals.items()})
 
 
 def verify_rule(plan: dict[str, Any], runs: Runs, ns: list[int], plan_path: str,
@@ -285,30 +265,6 @@ def _by_policy(name: str, rule: str, per_policy: dict[str, list[dict]], keys: Se
                                                       "per_policy": per}, (predicted, text))
 
 
-def _k_hat(rows: list[dict]) -> tuple[int, bool, dict[str, Any], str]:
-    within = sum(abs(r["k_hat"] - r["k_star"]) <= K_WITHIN for r in rows)
-    needed = math.ceil(K_SHARE * len(rows))
-    return within, within >= needed, {"of": len(rows), "needed": needed}, f"{within} of {len(rows)} (need {needed})"
-
-
-def _loss(rows: list[dict]) -> tuple[float, bool, dict[str, Any], str]:
-    worst = max(rows, key=lambda r: r["loss"])
-    return worst["loss"], worst["loss"] <= LOSS_LIMIT + SLACK, {"at_a": worst["a"], "limit": LOSS_LIMIT}, \
-        f"{worst['loss']:.1%} at a = {worst['a']:g}"
-
-
-def _inside(rows: list[dict]) -> tuple[int, bool, dict[str, Any], str]:
-    """Acceptances without a band are not decidable: holds when every decidable one is inside and there is one."""
-    decidable = [r for r in rows if r["inside"] is not None]
-    inside = sum(r["inside"] for r in decidable)
-    no_band = len(rows) - len(decidable)
-    text = f"{inside} of {len(decidable)} inside" + (f", {no_band} no band" if no_band else "")
-    return inside, bool(decidable) and inside == len(decidable), {"of": len(decidable), "no_band": no_band}, text
-
-
-BAND_KEYS = ("k_star", "speedup", "planned_speedup", "lo", "hi", "inside")  # what rule 6 lists per acceptance
-
-
 def speedup_rule(plan: Mapping[str, Any], runs: Runs, plan_path: str, runs_path: str, keys: Keys,
                  per_policy: dict[str, list[dict]]) -> Verdict:
     """Rule 6 as the paper scores it (moespec.predict.step_error): the band (21) of the planned speedup at delta, the
@@ -327,7 +283,7 @@ def speedup_rule(plan: Mapping[str, Any], runs: Runs, plan_path: str, runs_path:
     if not scored:
         return not_applicable("speedup_band", rule, runs)
     worst = max(deltas.values())
-    return _by_policy("speedup_band", rule, scored, BAND_KEYS, _inside, f"band (21), delta = {worst:.3g} measured",
+    return _by_policy("speedup_band", rule, scored, BAND_KEYS, judge_band, f"band (21), delta = {worst:.3g} measured",
                       {"delta": worst, "delta_by_policy": deltas})
 
 
@@ -434,15 +390,15 @@ def score(plan: Mapping[str, Any], runs: Mapping[str, Any], plan_sha256: str, pl
     rules = [
         crossover_rule(plan, runs, ns, plan_path, runs_path, keys),
         _by_policy("k_hat", "k_hat* within one at >= 9 of 11 acceptances", per_policy, ("k_hat", "k_star"),
-                   _k_hat, f"k_hat*(a) of the plan's {keys.table}"),
+                   judge_k_hat, f"k_hat*(a) of the plan's {keys.table}"),
         _by_policy("throughput_loss", "throughput lost at k_hat* <= 6% at every acceptance", per_policy,
-                   ("k_hat", "k_star", "loss"), _loss, "at most 6%"),
+                   ("k_hat", "k_star", "loss"), judge_loss, "at most 6%"),
         sign_rule(plan, runs, ns, plan_path, runs_path, keys),
         verify_rule(plan, runs, ns, plan_path, runs_path, keys),
         speedup_rule(plan, runs, plan_path, runs_path, keys, per_policy),
     ]
     variant = _by_policy("speedup_band_eps", "best speedup inside (21), delta fixed in advance from eps", per_policy,
-                         BAND_KEYS, _inside, band, {"delta": delta})
+                         BAND_KEYS, judge_band, band, {"delta": delta})
     result = Score(rules, plan_sha256, timestamp(plan, plan_path), started, runs, version, runs.plan_sha256,
                    plan.get("inputs_ceiling_gbps"), variants=[variant], rate=rate, plan_rate=plan_rate(plan))
     result.verdict = build_verdict(plan, runs, result, warnings, plan_path=plan_path, runs_path=runs_path)

@@ -1,8 +1,8 @@
 """The report's batch section: the plan's k_hat*(a, B) map (acceptance x batch size) with B_stop(a), from the verify
 times measured at each B and, beside it, predicted from the bench; the step-time curves V_B(k) per batch size (the
 prediction dashed); rule (7) at batch B, u_B(n) against r(B n), where the prediction holds them (newer plans); and
-where the runs measured throughput at batch, the measured best k and the batch rules of each version
-(moespec.predict.batch_score)."""
+where the runs measured throughput at batch, the measured best k and the batch rules of each version: Table 8's six
+at each batch size and B_stop (moespec.predict.batch_score)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from moespec import theory
-from moespec.predict.batch_score import VERSIONS, score_batches
+from moespec.predict.batch_score import VERSIONS, WORDING, score_batches, shown
 from moespec.report.figures import FULL_WIDTH_IN, MS, PANEL_IN, _style
 from moespec.report.markup import figure as figure_html
 from moespec.report.markup import note, table
@@ -145,11 +145,14 @@ def batch_section(plan: dict[str, Any], runs: dict[str, Any] | None) -> str:
                                  "predicted from the bench: dedup is faster where u_B(n) < r(B n) (7), the union of B "
                                  "sequences' experts against the kernels' bandwidth ratio at the pass's B n tokens"))
         parts.append(union_share_table(block))
+    verdict = {True: " (holds)", False: " (fails)", None: ""}
     for version, result in scored.items():
-        verdicts = [f"B = {b}: k_hat within one at {e['k_hat_within_one']} of {e['acceptances']}"
-                    f" ({'holds' if e['k_hat_holds'] else 'fails'}), crossover {e['crossover']} against "
-                    f"{e['measured_crossover']} ({'holds' if e['crossover_holds'] else 'fails'})"
+        verdicts = [f"B = {b}: " + ", ".join(f"{name} {text}{verdict[holds]}" for name, text, holds in shown(e))
                     for b, e in result["per_batch"].items()]
-        parts.append(note(f"{version} version: " + "; ".join(verdicts) + f"; B_stop within one grid step at every "
-                          f"acceptance: {'holds' if result['b_stop_holds'] else 'fails'}"))
+        parts.append(note(f"{version} version, Table 8's rules at each batch size: " + "; ".join(verdicts) +
+                          f"; B_stop within one grid step at every acceptance: "
+                          f"{'holds' if result['b_stop_holds'] else 'fails'}; all hold: "
+                          f"{'yes' if result['all_hold'] else 'no'}"))
+    if scored:
+        parts.append(note("; ".join(f"{name}: {wording}" for name, wording in WORDING.items())))
     return "".join(parts)

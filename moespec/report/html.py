@@ -43,7 +43,8 @@ from moespec.formats.demofile import DRAFTING_FILE
 from moespec.formats.files import atomic_write, check_output, writing
 from moespec.predict.checks import bench_checks, runs_checks
 from moespec.predict.acceptance import ACCEPTANCE_DIGITS, VERSIONS, acceptance_rows, plan_rate
-from moespec.predict.score import LOSS_LIMIT, score_files
+from moespec.predict.rules import LOSS_LIMIT
+from moespec.predict.score import score_files
 from moespec.predict.verdict import build_verdict
 from moespec.report.figures import (
     PLAN_VERSIONS,

@@ -213,6 +213,11 @@ def estimator_args(trace: Trace, bootstrap: int, seed: int, level: float, expert
     """The arguments every estimator over a trace's windows shares, checked: bootstrap, seed, level, w_l (default 1
     per layer) and its units label; ArgumentError naming the argument otherwise."""
     _check_trace(trace)
+    return _estimator_args(trace.num_layers, bootstrap, seed, level, expert_bytes, units)
+
+
+def _estimator_args(num_layers: int, bootstrap: int, seed: int, level: float, expert_bytes: Sequence[float] | None,
+                    units: str | None) -> tuple[int, int, float, np.ndarray, str]:
     seed = whole("seed", seed, 0)
     if units is not None and not isinstance(units, str):
         raise ArgumentError(f"units must be a label or None, got {show(units)}")
@@ -220,10 +225,10 @@ def estimator_args(trace: Trace, bootstrap: int, seed: int, level: float, expert
     if not 0 < real("interval level", level) < 1:
         raise ArgumentError(f"interval level must lie in (0, 1), got {level!r}")
     if expert_bytes is None:
-        return bootstrap, seed, float(level), np.ones(trace.num_layers), units or "relative units (w_l = 1 per layer)"
+        return bootstrap, seed, float(level), np.ones(num_layers), units or "relative units (w_l = 1 per layer)"
     w = np.array(reals("expert_bytes", expert_bytes, positive=True), dtype=float)
-    if w.shape != (trace.num_layers,):
-        raise ArgumentError(f"expert bytes must be {trace.num_layers} positive numbers (one per layer), "
+    if w.shape != (num_layers,):
+        raise ArgumentError(f"expert bytes must be {num_layers} positive numbers (one per layer), "
                             f"got shape {w.shape}")
     return bootstrap, seed, float(level), w, units or "bytes"
 
@@ -233,19 +238,62 @@ def reuse_stats(trace: Trace, n_max: int = N_MAX, bootstrap: int = DEFAULT_BOOTS
                 show_progress: bool = False) -> ReuseStats:
     """App. D.2 estimates of rho_l(n), U_l(n) for n = 1..n_max, byte quantities with w_l = expert_bytes (default 1
     per layer: relative units) and percentile bootstrap intervals over documents (`bootstrap` resamples)."""
-    bootstrap, seed, level, w, units = estimator_args(trace, bootstrap, seed, level, expert_bytes, units)
+    estimator_args(trace, bootstrap, seed, level, expert_bytes, units)  # every argument checked before any work
+    return reuse_from(documents_of(trace, n_max, show_progress), bootstrap, seed, level, expert_bytes, units)
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The estimator's per-document sufficient statistics (document_stats) of one trace, or of several joined in
+    order: all the reduction (reuse_from) reads, so a trace's shards can be counted apart and joined exactly."""
+
+    repeats: np.ndarray  # [L, D, n_max + 1]
+    union_sums: np.ndarray  # [L, D, n_max + 1]
+    windows: np.ndarray  # [D, n_max + 1]
+    num_experts: int
+    m: int
+    num_tokens: int
+    longest: int  # tokens of the longest document
+
+
+def documents_of(trace: Trace, n_max: int, show_progress: bool = False) -> Documents:
+    """A trace's per-document sufficient statistics for windows of up to n_max tokens."""
     repeats, union_sums, windows = document_stats(trace, n_max, show_progress)
-    total_windows = windows.sum(axis=0)
+    return Documents(repeats, union_sums, windows, trace.num_experts, trace.m, trace.num_tokens,
+                     int(trace.document_lengths.max(initial=0)))
+
+
+def joined(parts: Sequence[Documents]) -> Documents:
+    """Several traces' statistics as one trace's, their documents in order; ValueError naming `parts` unless they
+    count the same layers, experts, m and window lengths."""
+    if not parts or len({(p.repeats.shape[0], p.repeats.shape[2], p.num_experts, p.m) for p in parts}) != 1:
+        raise ValueError("parts must be one or more statistics of the same layers, experts, m and n_max")
+    return Documents(np.concatenate([p.repeats for p in parts], axis=1),
+                     np.concatenate([p.union_sums for p in parts], axis=1),
+                     np.concatenate([p.windows for p in parts]), parts[0].num_experts, parts[0].m,
+                     sum(p.num_tokens for p in parts), max(p.longest for p in parts))
+
+
+def reuse_from(docs: Documents, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0, level: float = DEFAULT_LEVEL,
+               expert_bytes: Sequence[float] | None = None, units: str | None = None) -> ReuseStats:
+    """reuse_stats from per-document statistics (the reduction: sums over documents, and the bootstrap's resamples
+    of them, which depend on the seed and the document count alone)."""
+    if not isinstance(docs, Documents):
+        raise ArgumentError(f"docs must be Documents (documents_of, joined), got {show(docs)}")
+    n_max = docs.windows.shape[1] - 1
+    bootstrap, seed, level, w, units = _estimator_args(docs.repeats.shape[0], bootstrap, seed, level, expert_bytes,
+                                                       units)
+    total_windows = docs.windows.sum(axis=0)
     if total_windows[n_max] == 0:
         raise MoespecError(f"no window of {n_max} tokens fits inside one document (longest document: "
-                           f"{int(trace.document_lengths.max(initial=0))} tokens); lower n_max")
-    rho, union = _estimates(repeats.sum(axis=1), union_sums.sum(axis=1), total_windows, trace.m)
-    stats = ReuseStats(n_max=int(n_max), num_experts=trace.num_experts, m=trace.m, num_tokens=trace.num_tokens,
-                       num_documents=trace.num_documents, windows=total_windows, rho=rho, union=union,
-                       expert_bytes=w, units=units, **derive(rho, union, w, trace.m),
+                           f"{docs.longest} tokens); lower n_max")
+    rho, union = _estimates(docs.repeats.sum(axis=1), docs.union_sums.sum(axis=1), total_windows, docs.m)
+    stats = ReuseStats(n_max=int(n_max), num_experts=docs.num_experts, m=docs.m, num_tokens=docs.num_tokens,
+                       num_documents=int(docs.windows.shape[0]), windows=total_windows, rho=rho, union=union,
+                       expert_bytes=w, units=units, **derive(rho, union, w, docs.m),
                        bootstrap=int(bootstrap), level=float(level), seed=int(seed))
     if bootstrap:
-        stats.ci = _bootstrap(repeats, union_sums, windows, w, trace.m, int(bootstrap), seed, level)
+        stats.ci = _bootstrap(docs.repeats, docs.union_sums, docs.windows, w, docs.m, int(bootstrap), seed, level)
     return stats
 
 

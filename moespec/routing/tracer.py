@@ -41,12 +41,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from moespec import MoespecError
+from moespec.cluster import check_address, cluster_cpus, connected
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import holds_outputs, provenance
 from moespec.formats.trace import Trace
 from moespec.model.load import cache_argument, find_routers, load_model, resolve_device
 from moespec.routing.documents import HASH_CHARS, load_documents, tokenize, tokenizer_id
 from moespec.routing.llama_tracer import GgufRouter
+from moespec.routing.ray_trace import RaySource
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class TraceConfig:
     """What `trace` records: a local checkpoint (`model`) or a llama.cpp GGUF file (`gguf`, routed by llama.cpp
     itself: moespec.routing.llama_tracer), the documents of a raw text file or of a JSONL file's `field`, at most
     `max_tokens` tokens, fed `chunk` tokens per forward in `dtype` on `device` (a GGUF: in its own formats, on the
-    CPU, `threads` threads); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
+    CPU, `threads` threads); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it);
+    with `ray`, traced by workers on that Ray cluster (moespec.routing.ray_trace)."""
 
     model: str | None
     out: str
@@ -68,6 +71,7 @@ class TraceConfig:
     fresh: bool = False
     gguf: str | None = None
     threads: int | None = None
+    ray: str | None = None  # a Ray cluster's address (moespec.cluster): the documents traced by its workers
 
 
 # -- the model and its routers -----------------------------------------------------------------------
@@ -173,6 +177,12 @@ class Traced:
     seconds: float
 
 
+def open_source(config: TraceConfig) -> GgufRouter | _Checkpoint:
+    """The routing source of `config`: its GGUF in llama.cpp, or its checkpoint with hooks on the routers."""
+    return GgufRouter(config.gguf, config.chunk, config.threads or torch.get_num_threads()) if config.gguf \
+        else _Checkpoint(config)
+
+
 @holds_outputs(lambda config: [config.out])
 def trace(config: TraceConfig) -> Traced:
     """Teacher-force the documents through the checkpoint, record every MoE layer's routing, write the trace to
@@ -183,10 +193,20 @@ def trace(config: TraceConfig) -> Traced:
         raise MoespecError("trace: give a checkpoint (--model) or a GGUF file (--gguf), one of them")
     if config.gguf is not None and config.device != "cpu":
         raise MoespecError(f"--device {config.device}: a GGUF is traced by llama.cpp on the CPU here")
+    if config.ray is not None:
+        check_address(config.ray)
     docs, source = load_documents(config.text, config.jsonl, config.field)
+    if config.ray is None:
+        # routers found before the checkpoint folder exists: a refusal leaves nothing
+        return _trace(config, docs, source, open_source(config))
+    with connected(config.ray) as ray:
+        threads = config.threads or min(torch.get_num_threads(), cluster_cpus(ray))
+        return _trace(config, docs, source, RaySource(config, open_source, ray, threads, len(docs)))
+
+
+def _trace(config: TraceConfig, docs: list[str], source: str, model: Any) -> Traced:
+    """trace() with its routing source `model`: in this process, or a RaySource."""
     out = Path(config.out)
-    model = GgufRouter(config.gguf, config.chunk, config.threads or torch.get_num_threads()) if config.gguf \
-        else _Checkpoint(config)  # routers found before the checkpoint folder exists: a refusal leaves nothing
     spec, dtype = model.spec, "gguf" if config.gguf else config.dtype
     token_ids = model.tokenize(docs, config.max_tokens)
     if not token_ids:
@@ -197,29 +217,33 @@ def trace(config: TraceConfig) -> Traced:
     key = {"model": model.model_id(), "source": source, "tokenizer": tok_id, "max_tokens": config.max_tokens,
            "chunk": config.chunk, "dtype": dtype, "lengths": lengths}
     checkpoint = Checkpoint(out, key, "trace", config.fresh)
-    results: list[tuple[np.ndarray, np.ndarray]] = []
     traced, start = 0, time.perf_counter()
+    results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     try:
         with checkpoint, _progress() as progress:
             task = progress.add_task("trace", total=sum(lengths), rate="")
             for doc, ids in enumerate(token_ids):
                 unit = checkpoint.load_arrays(f"doc_{doc:06d}")
                 if unit is not None and unit["experts"].shape[0] == ids.size:
-                    done = unit["experts"], unit["weights"]
-                else:
-                    done = model.trace_document(ids)
-                    checkpoint.save_arrays(f"doc_{doc:06d}", experts=done[0], weights=done[1])
-                    traced += ids.size
-                results.append(done)
+                    results[doc] = unit["experts"], unit["weights"]
+                    progress.update(task, advance=ids.size)
+            todo = [(doc, ids) for doc, ids in enumerate(token_ids) if doc not in results]
+            found = model.trace_documents(todo) if isinstance(model, RaySource) else \
+                ((doc, *model.trace_document(ids)) for doc, ids in todo)
+            for doc, experts, weights in found:
+                checkpoint.save_arrays(f"doc_{doc:06d}", experts=experts, weights=weights)
+                results[doc] = experts, weights
+                traced += lengths[doc]
                 rate = traced / max(time.perf_counter() - start, 1e-9)
-                progress.update(task, advance=ids.size, rate=f"{rate:,.0f}/s")
+                progress.update(task, advance=lengths[doc], rate=f"{rate:,.0f}/s")
     finally:
         model.close()
     meta = {"model": spec.name, "model_type": spec.model_type, "spec": spec.to_dict(), "source": source,
             "tokenizer": tok_id, "synthetic": False, "max_tokens": config.max_tokens, "chunk": config.chunk,
             "provenance": provenance(config.device, dtype)} | ({"gguf": str(config.gguf)} if config.gguf else {})
-    result = Trace.from_arrays(np.concatenate([e for e, _ in results]), np.cumsum([0, *lengths]), spec.N,
-                               weights=np.concatenate([w for _, w in results]), meta=meta)
+    ordered = [results[doc] for doc in range(len(lengths))]
+    result = Trace.from_arrays(np.concatenate([e for e, _ in ordered]), np.cumsum([0, *lengths]), spec.N,
+                               weights=np.concatenate([w for _, w in ordered]), meta=meta)
     result.save(out)
     checkpoint.remove()
     return Traced(result, traced, time.perf_counter() - start)

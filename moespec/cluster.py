@@ -1,0 +1,147 @@
+"""moespec's work on a Ray cluster (the optional extra `moespec[ray]`): the one module that imports Ray.
+
+`--ray ADDRESS` runs a command's units on Ray: ADDRESS is `local` (a Ray instance started on this machine for the
+command and stopped after it), `auto` (the cluster this machine joined with `ray start`), `HOST:PORT` (a head node's
+GCS address) or `ray://HOST:PORT` (Ray Client). Every node needs moespec installed in the same environment and the
+command's input files at the same paths (a shared file system), as Ray's own batch jobs do.
+
+Workers are Ray actors that hold their expensive state (a model) once and take units one after another. A worker
+whose process dies (killed, out of memory, its node lost) is restarted by Ray, which retries the unit it held
+(RETRIES times): the caller sees every unit finish once, and checkpoints each as it arrives, so nothing finished is
+lost and a rerun resumes. Units are handed out one per worker at a time, so a slow node takes fewer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from moespec import MoespecError
+
+LOCAL = "local"
+# A lost worker's unit is retried on its restarted worker this many times before the command fails.
+RETRIES = 3
+ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")
+# How long a connection to a given address may take before it is refused as unreachable.
+CONNECT_TIMEOUT_S = 20
+
+
+def check_address(address: str) -> str:
+    """The --ray argument, checked before any work: local, auto, HOST:PORT or ray://HOST:PORT."""
+    if not isinstance(address, str) or not ADDRESS.match(address):
+        raise MoespecError(f"--ray {address!r}: give local, auto, HOST:PORT or ray://HOST:PORT")
+    return address
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise MoespecError("--ray needs Ray: pip install 'moespec[ray]'") from None
+    return ray
+
+
+@contextmanager
+def connected(address: str, num_cpus: int | None = None) -> Iterator[Any]:
+    """The `ray` module connected to `address` (module docstring; `num_cpus` caps a local instance); one line
+    naming the address when no cluster answers there. A connection this call made is closed on exit; one that was
+    already open (a driver's own session) is used as it is."""
+    ray = _ray()
+    check_address(address)
+    if ray.is_initialized():
+        yield ray
+        return
+    options = dict(log_to_driver=False, configure_logging=False)
+    try:
+        if address == LOCAL:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+        else:
+            _reachable(address)
+            ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise MoespecError(f"--ray {address}: no Ray cluster answers there ({first[:160]})") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """Refuse a HOST:PORT nothing listens on within CONNECT_TIMEOUT_S (Ray itself retries for minutes)."""
+    if address == "auto":
+        return
+    import socket
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConnectionError(f"cannot connect to {host}:{port}: {e.strerror or e}") from None
+
+
+def cluster_cpus(ray: Any) -> int:
+    """The CPUs the cluster offers (all its nodes)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def cluster_gpus(ray: Any) -> int:
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def workers(ray: Any, cls: type, args: tuple, count: int, num_cpus: float = 1, num_gpus: float = 0) -> list[Any]:
+    """`count` actors of `cls(*args)`, each with its resource request, restarted by Ray when their process dies
+    (their pending units retried, RETRIES times)."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count!r}")
+    remote = ray.remote(max_restarts=RETRIES, max_task_retries=RETRIES)(cls)
+    return [remote.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(*args) for _ in range(count)]
+
+
+def each(ray: Any, actors: list[Any], method: str, units: Iterable[tuple]) -> Iterator[Any]:
+    """Call `method(*unit)` of the actors for every unit, one unit per actor at a time, yielding each result as it
+    finishes (in finishing order). A unit that fails after Ray's retries raises MoespecError naming it."""
+    pending: dict[Any, tuple[Any, tuple]] = {}
+    todo = iter(units)
+
+    def hand(actor: Any) -> None:
+        unit = next(todo, None)
+        if unit is not None:
+            pending[getattr(actor, method).remote(*unit)] = (actor, unit)
+
+    for actor in actors:
+        hand(actor)
+    while pending:
+        [done], _ = ray.wait(list(pending), num_returns=1)
+        actor, unit = pending.pop(done)
+        result = _got(ray, done, f"{method} of unit {unit[0]!r}")
+        hand(actor)
+        yield result
+
+
+def tasks(ray: Any, fn: Callable[..., Any], calls: Sequence[tuple]) -> list[Any]:
+    """`fn(*args)` for every args of `calls` as Ray tasks (one CPU each, retried RETRIES times when their worker
+    dies), their results in the order of `calls`."""
+    remote = ray.remote(num_cpus=1, max_retries=RETRIES)(fn)
+    return _got(ray, [remote.remote(*args) for args in calls], fn.__name__)
+
+
+def _got(ray: Any, refs: Any, what: str) -> Any:
+    """ray.get(refs); a problem the work itself named (MoespecError) as its one line, a lost worker after Ray's
+    retries as one line naming `what`."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, MoespecError):
+            raise MoespecError(str(e.cause)) from None
+        raise
+    except ray.exceptions.RayError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise MoespecError(f"{what} failed on the cluster after {RETRIES} retries: {first[:200]}") from None
+
+
+def call(ray: Any, actor: Any, method: str, *args: Any) -> Any:
+    """One call of an actor's method, its result."""
+    return _got(ray, getattr(actor, method).remote(*args), method)
+
