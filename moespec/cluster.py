@@ -120,11 +120,19 @@ def each(ray: Any, actors: list[Any], method: str, units: Iterable[tuple]) -> It
         yield result
 
 
-def tasks(ray: Any, fn: Callable[..., Any], calls: Sequence[tuple]) -> list[Any]:
-    """`fn(*args)` for every args of `calls` as Ray tasks (one CPU each, retried RETRIES times when their worker
-    dies), their results in the order of `calls`."""
-    remote = ray.remote(num_cpus=1, max_retries=RETRIES)(fn)
-    return _got(ray, [remote.remote(*args) for args in calls], fn.__name__)
+def tasks(ray: Any, fn: Callable[..., Any], calls: Sequence[tuple], num_cpus: float = 1,
+          num_gpus: Sequence[float] | None = None) -> list[Any]:
+    """`fn(*args)` for every args of `calls` as Ray tasks (each `num_cpus` CPUs and its num_gpus[i] GPUs, retried
+    RETRIES times when their worker dies), their results in the order of `calls`."""
+    remote = ray.remote(max_retries=RETRIES)(fn)
+    gpus = num_gpus or [0] * len(calls)
+    return _got(ray, [remote.options(num_cpus=num_cpus, num_gpus=g).remote(*args) for args, g in zip(calls, gpus)],
+                fn.__name__)
+
+
+def node_cpus(ray: Any) -> int:
+    """The CPUs of the cluster's largest live node: a task asking for them holds a whole machine."""
+    return max((int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n.get("Alive")), default=1)
 
 
 def _got(ray: Any, refs: Any, what: str) -> Any:

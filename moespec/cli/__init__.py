@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "run": "speculative decoding on an HF MoE model: verify time per kernel, throughput, oracle draft",
     "score": "score a plan against whole-model runs by the six rules of Table 8; pre-registration",
     "report": "one self-contained HTML page of a job's artifacts: figures, tables, scores",
+    "sweep": "a grid of models x formats x depths x batches x devices through bench and plan, locally or on Ray",
 }
 
 

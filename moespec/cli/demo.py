@@ -183,7 +183,7 @@ class Printed:
         self.out.print(text)
 
     def routing(self, stats: ReuseStats, trace: Trace, path: str) -> None:
-        print_summary(stats, trace, path)
+        print_summary(stats, trace.meta, path)
 
     def theory(self, result: dict[str, Any]) -> None:
         print_report(result)

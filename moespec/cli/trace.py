@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=bounded(1, DEPTH_LIMIT), default=TraceConfig.chunk,
                         help=f"tokens per forward pass (default {TraceConfig.chunk}, at most {DEPTH_LIMIT:,})")
     parser.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=None,
-                        help="llama.cpp threads for --gguf, and with --ray each worker's CPUs (default: torch's)")
+                        help="threads of the trace (torch's, or llama.cpp's for --gguf), with --ray of each worker "
+                             "(default: torch's)")
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="trace on a Ray cluster, documents sharded over workers that each hold the model once "
                              "(a GPU each with --device cuda, --threads CPUs each otherwise): local (a Ray instance "

@@ -53,11 +53,11 @@ from moespec.routing.ray_trace import RaySource
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """What `trace` records: a local checkpoint (`model`) or a llama.cpp GGUF file (`gguf`, routed by llama.cpp
-    itself: moespec.routing.llama_tracer), the documents of a raw text file or of a JSONL file's `field`, at most
+    """What `trace` records: a local checkpoint (`model`) or a llama.cpp GGUF file (`gguf`, routed by llama.cpp itself:
+    moespec.routing.llama_tracer), the documents of a raw text file or of a JSONL file's `field`, at most
     `max_tokens` tokens, fed `chunk` tokens per forward in `dtype` on `device` (a GGUF: in its own formats, on the
-    CPU, `threads` threads); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it);
-    with `ray`, traced by workers on that Ray cluster (moespec.routing.ray_trace)."""
+    CPU, `threads` threads; a checkpoint: torch's threads); written to `out`, checkpointed in OUT.partial/ (a rerun
+    resumes it; `fresh` drops it); with `ray`, traced by workers on that Ray cluster (moespec.routing.ray_trace)."""
 
     model: str | None
     out: str
@@ -197,8 +197,13 @@ def trace(config: TraceConfig) -> Traced:
         check_address(config.ray)
     docs, source = load_documents(config.text, config.jsonl, config.field)
     if config.ray is None:
-        # routers found before the checkpoint folder exists: a refusal leaves nothing
-        return _trace(config, docs, source, open_source(config))
+        threads = torch.get_num_threads()
+        if config.threads and config.gguf is None:  # the workers' threads, so both paths compute alike
+            torch.set_num_threads(config.threads)
+        try:  # routers found before the checkpoint folder exists: a refusal leaves nothing
+            return _trace(config, docs, source, open_source(config))
+        finally:
+            torch.set_num_threads(threads)
     with connected(config.ray) as ray:
         threads = config.threads or min(torch.get_num_threads(), cluster_cpus(ray))
         return _trace(config, docs, source, RaySource(config, open_source, ray, threads, len(docs)))
