@@ -181,9 +181,7 @@ def _timed_unit(kind: str, config: Any) -> str:
 
 def _one_token_bytes_time(bench: dict[str, Any], cell: Cell, kmax: int) -> float:
     """tau1 without a run: the one-token pass's bytes (16) over the bench's streaming ceiling."""
-    spec = resolve_model(cell.model)
-    fmt = cell.format if cell.format in ("bf16", "fp32") else "bf16"
-    mW, D, kv = spec.byte_model(fmt, cell.depth, kmax)
+    mW, D, kv = resolve_model(cell.model).byte_model(cell.format, cell.depth, kmax)
     return (D + mW + kv[0]) / (float(bench["ceiling_gbps"]) * 1e9)
 
 

@@ -145,6 +145,8 @@ ENTRIES: dict[str, Entry] = {
     "cluster/ray-overhead.json": Entry(
         "trace and reuse on a local Ray instance against one process (benchmarks/ray_overhead.py): Ray / one process "
         "0.82 for the traced documents, 0.75 for reuse, after a 2.2 s ray.init and the workers' model load"),
+    "sweep/presets.toml": Entry("the sweep file of the five presets x {bf16, q8_0} x depth {512, 4096}, bench and "
+                                "plan (moespec sweep)"),
     # fidelity: the pre-registered chain over repeated runs
     "fidelity/README.md": Entry("write-up: the six rules held per version over 5 demo runs, median and range, and "
                                 "what moves them", source="fidelity/fidelity-cpu.json"),
