@@ -37,6 +37,7 @@ class Entry:
 # Files made before provenance recorded the git commit: the commit that added each to results/ (`git log --follow
 # --diff-filter=A`); the code that made it is that commit's parent, with the changes the commit brought.
 ADDED_IN: dict[str, str] = {
+    "sweep/presets.toml": "c64c577",
     "adaptive-draft/HISTORY.md": "40c90c3",
     "adaptive-draft/README.md": "1649112",
     "adaptive-draft/adaptive-draft-confidence-16.json": "227dc8a",
