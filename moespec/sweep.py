@@ -69,7 +69,7 @@ class Cell:
 
     def slug(self, *keys: str) -> str:
         """A folder name of the named fields (all by default)."""
-        parts = [str(getattr(self, k)) for k in (keys or [f.name for f in fields(self)])]
+        parts = [str(getattr(self, k) or "default") for k in (keys or [f.name for f in fields(self)])]
         return re.sub(r"[^A-Za-z0-9_.,=-]+", "_", "-".join(p.replace(",", "+") for p in parts)).strip("_")
 
 

@@ -99,6 +99,8 @@ ADDED_IN: dict[str, str] = {
 
 # Folders of raw rounds: indexed as one row, their files are the rounds of the file that summarises them.
 FOLDERS = {
+    "sweep/bench": Entry("the sweep's ten benches, one per preset and format (bench.json each)",
+                         source="sweep/summary.json"),
     "llama-cpp/llama-cpp-verify-rounds": Entry(
         "every round's raw samples behind llama-cpp-verify.json (llama-bench JSONL and moespec's per-round runs)",
         source="llama-cpp/llama-cpp-verify.json"),
@@ -146,6 +148,12 @@ ENTRIES: dict[str, Entry] = {
     "cluster/ray-overhead.json": Entry(
         "trace and reuse on a local Ray instance against one process (benchmarks/ray_overhead.py): Ray / one process "
         "0.82 for the traced documents, 0.75 for reuse, after a 2.2 s ray.init and the workers' model load"),
+    "sweep/README.md": Entry("write-up: the presets' sweep, crossover and k_hat* per cell",
+                             source="sweep/summary.json"),
+    "sweep/summary.json": Entry("moespec sweep of the 5 presets x {bf16, q8_0} x depth {512, 4096} on a local Ray: "
+                                "20 cells, 19 planned, 1 refused (qwen3 q8_0, eps 0.54)"),
+    "sweep/summary.md": Entry("the sweep's table", source="sweep/summary.json"),
+    "sweep/summary.html": Entry("the sweep's page", source="sweep/summary.json"),
     "sweep/presets.toml": Entry("the sweep file of the five presets x {bf16, q8_0} x depth {512, 4096}, bench and "
                                 "plan (moespec sweep)"),
     # fidelity: the pre-registered chain over repeated runs
