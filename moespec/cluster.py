@@ -13,6 +13,7 @@ lost and a rerun resumes. Units are handed out one per worker at a time, so a sl
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +55,8 @@ def connected(address: str, num_cpus: int | None = None) -> Iterator[Any]:
         yield ray
         return
     options = dict(log_to_driver=False, configure_logging=False)
+    quiet = logging.getLogger("ray")  # its start-up notices would break a command's one-line errors on stderr
+    level, quiet.level = quiet.level, logging.ERROR
     try:
         if address == LOCAL:
             ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
@@ -63,6 +66,8 @@ def connected(address: str, num_cpus: int | None = None) -> Iterator[Any]:
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise MoespecError(f"--ray {address}: no Ray cluster answers there ({first[:160]})") from None
+    finally:
+        quiet.setLevel(level)
     try:
         yield ray
     finally:

@@ -69,7 +69,8 @@ class Cell:
 
     def slug(self, *keys: str) -> str:
         """A folder name of the named fields (all by default)."""
-        parts = [str(getattr(self, k) or "default") for k in (keys or [f.name for f in fields(self)])]
+        values = [getattr(self, k) for k in (keys or [f.name for f in fields(self)])]
+        parts = ["+".join(map(str, v)) if isinstance(v, tuple) else str(v or "default") for v in values]
         return re.sub(r"[^A-Za-z0-9_.,=-]+", "_", "-".join(p.replace(",", "+") for p in parts)).strip("_")
 
 
@@ -224,14 +225,18 @@ def run_sweep(sweep: Sweep, ray: str | None = None) -> list[dict[str, Any]]:
         config.check()
     if ray is None and any(c.device == "cuda" for c in sweep.cells) and not torch.cuda.is_available():
         raise MoespecError("a cell asks for device cuda and this machine has no GPU (--ray ADDRESS: a cluster's)")
-    for c in sweep.cells:
-        _trace_unit(sweep, c)
     if ray is None:
+        for c in sweep.cells:
+            _trace_unit(sweep, c)
         for kind, config in timed:
             _timed_unit(kind, config)
     else:
         check_address(ray)
         with connected(ray) as cluster:
+            if any(c.device == "cuda" for c in sweep.cells) and not cluster_gpus(cluster):
+                raise MoespecError("a cell asks for device cuda and the Ray cluster has no GPU")
+            for c in sweep.cells:
+                _trace_unit(sweep, c)
             _timed_on(cluster, timed)
     rows = [_plan_unit(sweep, c) for c in sweep.cells]
     write_summary(sweep, rows)
@@ -240,8 +245,6 @@ def run_sweep(sweep: Sweep, ray: str | None = None) -> list[dict[str, Any]]:
 
 def _timed_on(ray: Any, timed: list[tuple[str, Any]]) -> None:
     """The timing units as Ray tasks, each holding a whole node (its CPUs, and a GPU on cuda)."""
-    if any(c.device == "cuda" for _, c in timed) and not cluster_gpus(ray):
-        raise MoespecError("a cell asks for device cuda and the Ray cluster has no GPU")
     tasks(ray, _timed_unit, timed, num_cpus=node_cpus(ray), num_gpus=[int(c.device == "cuda") for _, c in timed])
 
 

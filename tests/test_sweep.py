@@ -58,6 +58,44 @@ def test_the_sweep_on_ray_runs_the_same_cells(bench_model, tmp_path: Path) -> No
     assert len(rows) == 4 and len(list((out / "bench").glob("*/bench.json"))) == 2
 
 
+RUN = """steps = ["bench", "plan", "run"]
+[grid]
+model = ["olmoe-1b-7b"]
+batch = [1, 2]
+[trace]
+tokens = 2000
+docs = 10
+[bench]
+layers = [1]
+n = [1, 2, 3]
+reps = 1
+windows = 2
+u_values = 2
+[run]
+layers = 1
+n = [1, 2, 3]
+reps = 2
+max_reps = 2
+budget_s = 1.0
+[plan]
+kmax = 2
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_with_runs_plans_on_them_and_maps_the_batches(tmp_path: Path, capsys) -> None:
+    """A preset's layer at real shapes: the verify-only run at B = 1 and 2 anchors the plan and its batch map."""
+    path = tmp_path / "sweep.toml"
+    path.write_text(RUN)
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "out"), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["cells"]
+    assert row["tau1_from"] == "the verify-only run" and row["refused"] is None and row["batch"] == [1, 2]
+    assert row["routing"] == "calibrated" and len(row["b_stop"]) == 11 and 2 <= row["crossover"] <= 3 or \
+        row["crossover"] is None
+    runs = json.loads(next((tmp_path / "out" / "runs").glob("*/runs-verify.json")).read_text())
+    assert runs["batch"]["batches"] == [2] and row["tau1_s"] == runs["verify_time_s"]["slot"]["1"]
+
+
 @pytest.mark.parametrize("body, needle", [
     ("colour = 1\n", "sweep.toml: colour: unknown key"),
     ("[grid.extra]\n", "grid.extra: unknown key"),
@@ -93,3 +131,20 @@ def test_bad_grids_are_one_line(tmp_path: Path, capsys, grid: str, needle: str) 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_runs_are_of_presets(bench_model, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'steps = ["bench", "plan", "run"]\n[grid]\nmodel = ["{bench_model["model"]}"]\n')
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "the engine runs presets" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_cell_on_a_device_the_cluster_lacks_is_one_line(tmp_path: Path, capsys) -> None:
+    ray = pytest.importorskip("ray")
+    path = tmp_path / "sweep.toml"
+    path.write_text('[grid]\nmodel = ["olmoe-1b-7b"]\ndevice = ["cuda"]\n')
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "out"), "--ray", "local"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the Ray cluster has no GPU" in err and not ray.is_initialized()
+    assert not (tmp_path / "out" / "traces").exists()  # refused before any work
