@@ -128,6 +128,10 @@ def test_the_prediction_from_the_bench_by_hand():
     assert set(block["per_batch"]) == {"1", "4"} and len(block["b_stop"]) == len(A)
     with pytest.raises(MoespecError, match="outside the expert operation"):
         predicted_times(bench, found, make_runs(), "runs.json", KMAX, scale)
+    from moespec.predict.batch_map import predictable
+    assert predictable(bench, runs, KMAX)  # the anchors and a fit of both kernels at every timed layer
+    assert not predictable({**bench, "fits": {"7": {**fits, "dedup": None}}}, runs, KMAX)  # a kernel with no fit
+    assert not predictable(bench, make_runs(), KMAX)  # no outside times
 
 
 # a two-layer bench of known fits for rule (7) at batch B: dedup's negative t_op makes its time at one token negative

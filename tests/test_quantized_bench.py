@@ -121,6 +121,9 @@ def test_the_roles_view_renames_the_pair_only(q8_bench):
     view = as_pair_roles(doc)
     assert set(view["kernels"]) == {"slot", "dedup"} and set(view["eps"]) <= {"slot", "dedup"}
     assert all(set(entry["kernels"]) == {"slot", "dedup"} for entry in view["per_layer"].values())
+    assert all(set(by_kernel) <= {"slot", "dedup"} for by_kernel in view["fits"].values())  # the batch map reads them
+    layer = next(iter(doc["fits"]))
+    assert view["fits"][layer]["dedup"] == doc["fits"][layer]["ggml-mul_mat_id"]
     ours = {**doc, "pair": ["slot", "dedup"]}
     assert as_pair_roles(ours) is ours
     np.testing.assert_allclose(view["kernels"]["dedup"]["beta_gbps"]["2"],

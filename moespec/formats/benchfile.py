@@ -98,7 +98,7 @@ OP_TIMES = {"measured_mean_s": True, "measured_median_s": True, "predicted_mean_
 
 
 def as_pair_roles(doc: Any) -> dict[str, Any]:
-    """The bench document with its pair's kernels renamed to KERNELS (slot, dedup) in kernels, eps and per_layer,
+    """The bench document with its pair's kernels renamed to KERNELS (slot, dedup) in kernels, eps, per_layer and fits,
     the names a plan reads (a bench of ggml's pair plans llama.cpp with ggml's times); the document itself when
     it timed ours."""
     pair = doc.get("pair") or list(KERNELS)
@@ -107,7 +107,8 @@ def as_pair_roles(doc: Any) -> dict[str, Any]:
     rename = dict(zip(pair, KERNELS))
     keep = lambda table: {rename[k]: v for k, v in table.items() if k in rename}  # noqa: E731
     per_layer = {layer: {**entry, "kernels": keep(entry["kernels"])} for layer, entry in doc["per_layer"].items()}
-    return {**doc, "kernels": keep(doc["kernels"]), "eps": keep(doc["eps"]), "per_layer": per_layer,
+    fits = {layer: keep(by_kernel) for layer, by_kernel in (doc.get("fits") or {}).items()}
+    return {**doc, "kernels": keep(doc["kernels"]), "eps": keep(doc["eps"]), "per_layer": per_layer, "fits": fits,
             "pair_kernels": dict(zip(KERNELS, pair))}
 
 

@@ -118,10 +118,14 @@ def batch_block(runs: Mapping[str, Any], runs_path: str, batches: Sequence[int],
             "predicted": None if predicted is None else dict(predicted)}
 
 
-def predictable(runs: Mapping[str, Any], kmax: int) -> bool:
-    """The runs hold what the prediction anchors on: the one-token pass and the outside times at n = 1..kmax + 1."""
+def predictable(bench: Mapping[str, Any], runs: Mapping[str, Any], kmax: int) -> bool:
+    """The runs hold what the prediction anchors on (the one-token pass and the outside times at n = 1..kmax + 1),
+    and the bench (its pair in the slot and dedup roles, moespec.formats.benchfile.as_pair_roles) a fit of both
+    kernels at every timed layer."""
     times = runs.get("verify_time_s") or {}
-    return "1" in (times.get("slot") or {}) and all(str(n) in (times.get("outside") or {}) for n in range(1, kmax + 2))
+    fits = bench.get("fits") or {}
+    return "1" in (times.get("slot") or {}) and all(str(n) in (times.get("outside") or {}) for n in range(1, kmax + 2)) \
+        and all((fits.get(str(layer)) or {}).get(kind) for layer in bench["layers"] for kind in KERNELS)
 
 
 def _timed(bench: Mapping[str, Any]) -> tuple[list[int], np.ndarray]:
@@ -157,7 +161,7 @@ def predicted_times(bench: Mapping[str, Any], union: BatchUnion, runs: Mapping[s
     to kmax + 1 tokens or more) and kernel over n = 1..kmax + 1."""
     ns = np.arange(1, kmax + 2)
     outside = (runs.get("verify_time_s") or {}).get("outside") or {}
-    if not predictable(runs, kmax):
+    if not predictable(bench, runs, kmax):
         raise MoespecError(f"{runs_path}: the batch prediction needs the one-token pass and the time outside the "
                            f"expert operation at n = 1..{kmax + 1} (a verify-only `moespec run`, which measures both)")
     beta = float(np.polyfit(ns, [float(outside[str(n)]) for n in ns], 1)[0])

@@ -420,9 +420,9 @@ def make_plan(config: PlanConfig) -> Plan:
     doc["provenance"]["inputs"] = inputs  # what a reader checks the files beside the plan against
     doc["throughput_rate"] = config.rate
     if config.batch:
-        batches = sorted(set(config.batch))
-        predicted = predicted_block(bench, trace, runs, config.runs, batches, config.kmax, h,
-                                    doc["coverage"]["scale"]) if predictable(runs, config.kmax) else None
+        batches, roles = sorted(set(config.batch)), as_pair_roles(bench)
+        predicted = predicted_block(roles, trace, runs, config.runs, batches, config.kmax, h,
+                                    doc["coverage"]["scale"]) if predictable(roles, runs, config.kmax) else None
         doc["batch"] = batch_block(runs, config.runs, batches, config.kmax, h, predicted)
     if config.out:
         write_json(config.out, doc)
