@@ -140,6 +140,21 @@ def calibrated(trace: Trace) -> dict[str, Any]:
     return build_plan(make_bench(), trace, runs=make_runs(), draft_time=list(RUNS_DRAFT.values()))
 
 
+def test_calibrated_version_is_the_measured_time_version_calibrated(trace: Trace) -> None:
+    """The paper's calibrated version (Section 4.2): the measured-time version with the growth outside the expert
+    operation measured, so its saving is the measured-time version's, not the fits'."""
+    plan = build_plan(make_bench(lambda kernel, n: 0.1 if kernel == "dedup" and n > 1 else 0.0), trace,
+                      runs=make_runs(), draft_time=list(RUNS_DRAFT.values()))
+    for n in NS:
+        assert plan["tau_calibrated"]["slot"][str(n)] == RUNS_SLOT[n]
+        if n > 1:
+            saving = plan["saving"][str(n)]
+            assert saving["calibrated_s"] == pytest.approx(saving["measured_s"], abs=1e-15)
+            assert saving["measured_s"] == pytest.approx(M_HAT["slot"][n] - 1.1 * M_HAT["dedup"][n], rel=1e-12)
+            assert saving["calibrated_s"] != pytest.approx(saving["predicted_s"], abs=1e-12)
+    assert plan["crossover_calibrated"] == plan["crossover_measured"]
+
+
 def test_calibrated_version_follows_its_formula(calibrated: dict[str, Any], trace: Trace) -> None:
     plan = calibrated
     assert plan["tau1_s"] == RUNS_SLOT[1]  # --tau1 defaults to the runs' dedup-off one-token pass
@@ -150,7 +165,8 @@ def test_calibrated_version_follows_its_formula(calibrated: dict[str, Any], trac
         assert plan["tau_calibrated"]["slot"][str(n)] == RUNS_SLOT[n]
         assert plan["tau_calibrated"]["dedup"][str(n)] == pytest.approx(expected["dedup"], rel=1e-12)
         assert plan["tau_calibrated"]["auto"][str(n)] == pytest.approx(expected[plan["kernel_by_n"][str(n)]])
-        if n > 1:  # both kernels gain the same measured time: the calibrated saving is the predicted one
+        if n > 1:  # both kernels gain the same measured time: the calibrated saving is the measured-time one,
+            # here (measured op times = fits) the predicted one
             saving = plan["saving"][str(n)]
             assert saving["calibrated_s"] == pytest.approx(saving["predicted_s"], abs=1e-15)
             assert saving["predicted_s"] == pytest.approx(M_HAT["slot"][n] - M_HAT["dedup"][n], abs=1e-15)
@@ -258,7 +274,10 @@ def test_true_values_lie_in_the_plans_bands(trace: Trace, eps: float, beta: list
             assert d is None or all((1 - d) * v * (1 - SLACK) <= v_hat <= (1 + d) * v * (1 + SLACK)
                                     for v, v_hat in zip(V[p], V_hat[p])), (version, p)
         for k in range(1, len(NS)):  # AUTO: predicted the faster kernel, truly slower by at most the band (18)
-            assert V_hat["auto"][k] == min(V_hat["slot"][k], V_hat["dedup"][k])
+            # AUTO runs the plan's kernel (chosen on the prediction): the faster one there, and in the calibrated
+            # version (on the measured op times) that kernel's time
+            assert V_hat["auto"][k] == V_hat[plan["kernel_by_n"][str(k + 1)]][k]
+            assert version != "prediction" or V_hat["auto"][k] == min(V_hat["slot"][k], V_hat["dedup"][k])
             assert V["auto"][k] <= min(V["slot"][k], V["dedup"][k]) + plan["saving"][str(k + 1)]["band_s"] \
                 + SLACK * tau1
         for row in plan[table]:

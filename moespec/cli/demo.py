@@ -45,6 +45,7 @@ from moespec.formats.benchfile import Bench
 from moespec.formats.planfile import Plan
 from moespec.formats.runsfile import Runs
 from moespec.formats.trace import Trace
+from moespec.predict.acceptance import UNNAMED_RATE
 from moespec.predict.score import Score
 from moespec.report.tables import bench_tables
 from moespec.routing.reuse import ReuseStats

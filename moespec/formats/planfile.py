@@ -47,7 +47,7 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
                keeps its rounds at it; null where neither pinned one (absent in version-1 plans)
   runs         null, or {path, moe_layers, depth} of --runs; then the calibrated version too:
   tau_calibrated {slot|dedup|auto: {n: s}};  saving.{n}.calibrated_s;  crossover_calibrated (the last two equal
-               the predicted ones: the calibration adds the same measured time to both kernels)
+               the measured-time version's: the calibration adds the same measured time to both kernels)
   step_times_calibrated, staircase_calibrated   as step_times and staircase
   table_calibrated  rows as table's with version "calibrated", speedup_lo and speedup_hi null where d is null: a
                list of its own, so that a reader that keys `table` by (policy, a) keeps reading the prediction

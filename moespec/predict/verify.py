@@ -15,11 +15,12 @@ pass time and swaps the whole-model expert time of that pass for the one kernel 
   whole-pass       (22) plus the growth with n of the time outside the expert operation, measured with the
                    expert operation taken out: tau_meas = tau_meas(1) + tau_out(n) - tau_out(1), M_anchor = M_slot(1)
                    (`whole_pass`).
-  calibrated       tau_meas = tau_meas_slot(n), the whole-model verify time measured with dedup off, M_anchor =
-                   M_slot(n) (fits): the growth with n of the time outside the expert operation comes from that
-                   measurement, so tau_cal_slot(n) = tau_meas_slot(n) and tau_cal_dedup(n) = tau_meas_slot(n) -
-                   S_hat(n). Both kernels gain the same measured time, so the calibrated saving, and with it the
-                   crossover, is the predicted one.
+  calibrated       the measured-time version with one change, as the paper's (Section 4.2): tau_meas =
+                   tau_meas_slot(n), the whole-model verify time measured with dedup off, M_anchor = M_slot(n) of the
+                   measured op times, so the growth with n of the time outside the expert operation comes from that
+                   measurement: tau_cal_slot(n) = tau_meas_slot(n) and tau_cal_dedup(n) = tau_meas_slot(n) -
+                   S_meas(n), S_meas the measured-time version's saving. Both kernels gain the same measured time,
+                   so the calibrated saving, and with it the crossover, is the measured-time version's.
 
 Errors. With every bandwidth off by |e| <= eps, an expert-op time moves by at most delta = eps/(1-eps) of itself
 (17), so tau_p(n) is off by at most b_p(n) = delta (M_p(n) + M_anchor), and by nothing where p's expert time is
