@@ -60,6 +60,8 @@ ACCEPTANCES = (0.5, 0.7, 0.8, 0.9)  # the summary's k_hat*(a) columns
 
 @dataclass(frozen=True)
 class Cell:
+    """One combination of the grid: what its bench, run and plan are made of."""
+
     model: str
     format: str
     depth: int
@@ -76,6 +78,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class Sweep:
+    """A checked sweep file: its folder, steps, cells, trace settings and each step's settings."""
+
     out: Path
     steps: tuple[str, ...]
     cells: list[Cell]
