@@ -45,8 +45,8 @@ def _ray() -> Any:
 
 
 @contextmanager
-def connected(address: str, num_cpus: int | None = None) -> Iterator[Any]:
-    """The `ray` module connected to `address` (module docstring; `num_cpus` caps a local instance); one line
+def connected(address: str) -> Iterator[Any]:
+    """The `ray` module connected to `address` (module docstring; a local instance takes this machine's CPUs); one line
     naming the address when no cluster answers there. A connection this call made is closed on exit; one that was
     already open (a driver's own session) is used as it is."""
     ray = _ray()
@@ -59,13 +59,12 @@ def connected(address: str, num_cpus: int | None = None) -> Iterator[Any]:
     level, quiet.level = quiet.level, logging.ERROR
     try:
         if address == LOCAL:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+            ray.init(include_dashboard=False, **options)
         else:
             _reachable(address)
             ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise MoespecError(f"--ray {address}: no Ray cluster answers there ({first[:160]})") from None
+        raise MoespecError(f"--ray {address}: no Ray cluster answers there ({_first_line(e)[:160]})") from None
     finally:
         quiet.setLevel(level)
     try:
@@ -150,8 +149,11 @@ def _got(ray: Any, refs: Any, what: str) -> Any:
             raise MoespecError(str(e.cause)) from None
         raise
     except ray.exceptions.RayError as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise MoespecError(f"{what} failed on the cluster after {RETRIES} retries: {first[:200]}") from None
+        raise MoespecError(f"{what} failed on the cluster after {RETRIES} retries: {_first_line(e)[:200]}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def call(ray: Any, actor: Any, method: str, *args: Any) -> Any:

@@ -36,10 +36,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from moespec import ArgumentError, MoespecError
 import torch
 
+from moespec import MoespecError
 from moespec.cluster import check_address, cluster_gpus, connected, node_cpus, tasks
+from moespec.defaults import BATCH_LIMIT, DEPTH_LIMIT, KMAX_LIMIT
 from moespec.formats.files import atomic_write, provenance, read_json, write_json
 from moespec.formats.trace import load_trace
 from moespec.measure.bench import BenchConfig, run_bench
@@ -47,7 +48,7 @@ from moespec.measure.run import RunConfig, run_engine
 from moespec.model.gguf import resolve_model
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.report.markup import CSS, table
-from moespec.routing.synth import synthesize
+from moespec.routing.synth import PROFILES, synthesize
 
 STEPS = ("bench", "plan", "run")
 GRID = {"model": None, "format": ["bf16"], "depth": [512], "batch": [1], "device": ["cpu"], "kernels": [None]}
@@ -56,6 +57,7 @@ SECTIONS = {"bench": ("reps", "windows", "u_values", "layers", "n"), "plan": ("k
             "run": ("layers", "reps", "max_reps", "budget_s", "n")}
 TOP = ("out", "steps", "grid", "trace", *SECTIONS)
 ACCEPTANCES = (0.5, 0.7, 0.8, 0.9)  # the summary's k_hat*(a) columns
+PROFILE = "paper-wikitext"  # the calibrated process's targets: the paper's published reuse per model
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,20 @@ def load_sweep(path: str, out: str | None = None) -> Sweep:
     cells = [Cell(m, f, d, tuple(sorted(set(values["batch"]))), dev, k)
              for m, f, d, dev, k in itertools.product(values["model"], values["format"], values["depth"],
                                                       values["device"], values["kernels"])]
+    for key, kind in (("depth", int), ("batch", int), ("format", str), ("device", str), ("model", str)):
+        if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values[key]):
+            raise MoespecError(f"{path}: grid.{key} must list {kind.__name__}s, got {values[key]!r}")
+    for name, section in [*settings.items(), ("trace", trace)]:
+        for key, v in section.items():
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v if isinstance(v, list)
+                                                                                       else [v])):
+                raise MoespecError(f"{path}: {name}.{key} must be a number or a list of numbers, got {v!r}")
+    for key, least, most in (("depth", 0, DEPTH_LIMIT), ("batch", 1, BATCH_LIMIT)):
+        if not all(least <= v <= most for v in values[key]):
+            raise MoespecError(f"{path}: grid.{key} must lie in {least}..{most:,}, got {values[key]}")
+    kmax = settings["plan"].get("kmax", PlanConfig.kmax)
+    if not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
+        raise MoespecError(f"{path}: plan.kmax must be a whole number in 1..{KMAX_LIMIT}, got {kmax!r}")
     for cell in cells:
         try:
             resolve_model(cell.model)  # a model moespec cannot read is refused before any work
@@ -150,30 +166,28 @@ def _trace_unit(sweep: Sweep, cell: Cell) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    args = (sweep.trace["tokens"], sweep.trace["docs"])
-    try:
-        trace = synthesize(cell.model, "calibrated", *args, seed=sweep.trace["seed"])
-    except ArgumentError as e:
-        if "has no targets" not in str(e):
-            raise
-        trace = synthesize(cell.model, "uniform", *args, seed=sweep.trace["seed"])
-    trace.save(path)
+    process = "calibrated" if resolve_model(cell.model).name in PROFILES[PROFILE] else "uniform"
+    synthesize(cell.model, process, sweep.trace["tokens"], sweep.trace["docs"], seed=sweep.trace["seed"],
+               profile=PROFILE).save(path)
+
+
+def _settings(sweep: Sweep, step: str) -> dict[str, Any]:
+    """A step's settings as its config takes them (TOML lists as tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in sweep.settings[step].items()}
 
 
 def bench_config(sweep: Sweep, cell: Cell) -> BenchConfig:
-    extra = {k: tuple(v) if isinstance(v, list) else v for k, v in sweep.settings["bench"].items()}
     return BenchConfig(out=str(sweep.out / "bench" / cell.slug("model", "format", "device", "kernels") / "bench.json"),
                        model=cell.model, dtype=cell.format, device=cell.device,
                        trace=_trace_path(sweep, cell),
-                       **({"kernels": cell.kernels} if cell.kernels else {}), **extra)
+                       **({"kernels": cell.kernels} if cell.kernels else {}), **_settings(sweep, "bench"))
 
 
 def run_config(sweep: Sweep, cell: Cell) -> RunConfig:
-    extra = {k: tuple(v) if isinstance(v, list) else v for k, v in sweep.settings["run"].items()}
     return RunConfig(out=str(sweep.out / "runs" / cell.slug("model", "format", "depth", "device", "batch") /
                              "runs-verify.json"), preset=cell.model, dtype=cell.format, device=cell.device,
                      depth=cell.depth, throughput=False, batch=cell.batch if cell.batch != (1,) else (),
-                     replay=_trace_path(sweep, cell), **extra)
+                     replay=_trace_path(sweep, cell), **_settings(sweep, "run"))
 
 
 def _timed_unit(kind: str, config: Any) -> str:
@@ -194,7 +208,7 @@ def _plan_unit(sweep: Sweep, cell: Cell) -> dict[str, Any]:
     out = sweep.out / "cells" / cell.slug() / "plan.json"
     bench_path = bench_config(sweep, cell).out
     runs = run_config(sweep, cell).out if "run" in sweep.steps else None
-    kmax = int(sweep.settings["plan"].get("kmax", 8))
+    kmax = sweep.settings["plan"].get("kmax", PlanConfig.kmax)
     tau1 = None if runs else _one_token_bytes_time(read_json(bench_path, "bench"), cell, kmax)
     row = {**{f.name: getattr(cell, f.name) for f in fields(cell)}, "batch": list(cell.batch), "plan": str(out),
            "tau1_from": "the verify-only run" if runs else "bytes at the ceiling", "refused": None,
@@ -204,7 +218,7 @@ def _plan_unit(sweep: Sweep, cell: Cell) -> dict[str, Any]:
         try:
             make_plan(PlanConfig(bench=bench_path, trace=_trace_path(sweep, cell),
                                  tau1=tau1, runs=runs, kmax=kmax, depth=cell.depth, out=str(out),
-                                 draft_time=str(sweep.settings["plan"].get("draft_time", "0")),
+                                 draft_time=str(sweep.settings["plan"].get("draft_time", PlanConfig.draft_time)),
                                  batch=cell.batch if runs else ()))
         except MoespecError as e:  # the cell's plan is refused (a bench too small to time, ...): said, not fatal
             return row | {"plan": None, "refused": str(e), "crossover": None, "tau1_s": tau1, "k_hat": {},
@@ -266,10 +280,11 @@ def summary_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
 
 
 def write_summary(sweep: Sweep, rows: list[dict[str, Any]]) -> None:
-    """OUT/summary.json, summary.md (the table) and summary.html (the same as one self-contained page)."""
+    """OUT/summary.json (format moespec-sweep, version 1: cells [the summary rows of run_sweep], acceptances,
+    provenance), summary.md (the table) and summary.html (the same as one self-contained page)."""
     columns, body = summary_table(rows)
-    write_json(sweep.out / "summary.json", {"cells": rows, "acceptances": list(ACCEPTANCES),
-                                            "provenance": provenance()})
+    write_json(sweep.out / "summary.json", {"format": "moespec-sweep", "format_version": 1, "cells": rows,
+                                            "acceptances": list(ACCEPTANCES), "provenance": provenance()})
     md = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
                      *("| " + " | ".join(row) + " |" for row in body)]) + "\n"
     atomic_write(sweep.out / "summary.md", lambda tmp: tmp.write_text(md, encoding="utf-8"))

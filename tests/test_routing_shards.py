@@ -74,5 +74,7 @@ def test_files_of_another_model_are_refused(files: list[Path], tmp_path: Path, c
         reuse_files([str(files[0]), str(other)], 4, 0, 0, 0.95, "bf16")
     assert cli.main(["reuse", str(files[0]), str(other)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert cli.main(["reuse", str(files[0]), str(tmp_path / "missing.npz"), "--ray", "local"]) == 2
+    assert "missing.npz: no such trace file" in capsys.readouterr().err
     assert cli.main(["reuse", str(files[0]), str(files[1]), "--batch", "2"]) == 2
     assert "--batch reads one trace file" in capsys.readouterr().err

@@ -120,6 +120,10 @@ def test_bad_sweep_files_are_one_line(bench_model, tmp_path: Path, capsys, body:
     ('[grid]\nmodel = ["olmoe-1b-7b"]\ndevice = ["tpu"]\n', "grid.device 'tpu': cpu or cuda"),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\ndevice = ["cuda"]\n', "device cuda and this machine has no GPU"),
     ('[grid]\nmodel = "olmoe-1b-7b"\n', "grid.model must be a non-empty list"),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\ndepth = ["deep"]\n', "grid.depth must list ints"),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\ndepth = [-1]\n', "grid.depth must lie in 0..131,072"),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\n[plan]\nkmax = 0\n', "plan.kmax must be a whole number in 1.."),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\n[bench]\nreps = "many"\n', "bench.reps must be a number or a list"),
 ])
 def test_bad_grids_are_one_line(tmp_path: Path, capsys, grid: str, needle: str) -> None:
     import torch

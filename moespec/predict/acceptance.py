@@ -65,11 +65,11 @@ def _curves(rows: list[dict[str, Any]], runs_path: str, rate: str) -> dict[str, 
 
 def acceptance_rows(plan: dict[str, Any], runs: dict[str, Any], runs_path: str,
                     keys: Keys = VERSIONS[DEFAULT_VERSION], rate: str | None = None) -> dict[str, list[dict]]:
-    """Per policy both files hold and per acceptance both hold: k_hat* (the version's table), k* (measured at
-    `rate`, a key of RATES, default the plan's; smallest on ties; on the counted rate over the k whose prompts
-    decoded at that a, an acceptance where plain decoding's or k_hat*'s did not left out), the throughput lost at k_hat*, the measured best
-    speedup and the plan's band (21); inside is None where the row has no band. Runs drafted by a draft model are
-    scored at its acceptance (draft_model_rows), on its counted rate (the only one it has)."""
+    """Per policy both files hold and per acceptance both hold: k_hat* (the version's table), k* (measured at `rate`, a
+    key of RATES, default the plan's; smallest on ties; on the counted rate over the k whose prompts decoded at that
+    a, an acceptance where plain decoding's or k_hat*'s did not left out), the throughput lost at k_hat*, the
+    measured best speedup and the plan's band (21); inside is None where the row has no band. Runs drafted by a
+    draft model are scored at its acceptance (draft_model_rows), on its counted rate (the only one it has)."""
     rate = plan_rate(plan) if rate is None else rate
     if rate not in RATES:
         raise ValueError(f"rate must be one of {', '.join(RATES)}, got {rate!r}")

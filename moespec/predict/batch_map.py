@@ -124,7 +124,8 @@ def predictable(bench: Mapping[str, Any], runs: Mapping[str, Any], kmax: int) ->
     kernels at every timed layer."""
     times = runs.get("verify_time_s") or {}
     fits = bench.get("fits") or {}
-    return "1" in (times.get("slot") or {}) and all(str(n) in (times.get("outside") or {}) for n in range(1, kmax + 2)) \
+    outside = times.get("outside") or {}
+    return "1" in (times.get("slot") or {}) and all(str(n) in outside for n in range(1, kmax + 2)) \
         and all((fits.get(str(layer)) or {}).get(kind) for layer in bench["layers"] for kind in KERNELS)
 
 

@@ -56,10 +56,20 @@ from moespec.defaults import KERNELS
 from moespec.formats.files import field, positive
 from moespec.formats.runsfile import RATES
 from moespec.predict.acceptance import SLACK, plan_rate
-from moespec.predict.rules import BAND_KEYS, LOSS_LIMIT, VERIFY_LIMIT, Verdict, judge_band, judge_loss, sign_verdict
+from moespec.predict.rules import (
+    BAND_KEYS,
+    CROSSOVER_WITHIN,
+    K_SHARE,
+    K_WITHIN,
+    LOSS_LIMIT,
+    Verdict,
+    judge_band,
+    judge_loss,
+    sign_verdict,
+    verify_verdict,
+)
 from moespec.predict.step_error import measured_step_times, paper_rows
 
-SHARE = 9 / 11  # k_hat rule: acceptances within one of the measured best, at least this share of the grid
 
 
 def measured_block(runs: Mapping[str, Any], batch: int) -> Mapping[str, Any]:
@@ -112,7 +122,8 @@ def acceptance_rows(rows: list[Mapping[str, Any]], acceptances: Sequence[float],
 
 
 def loss_rule(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rule 3 at B on acceptance_rows: the shared judge (moespec.predict.rules, LOSS_LIMIT) on the measured losses; any unmeasured one fails."""
+    """Rule 3 at B on acceptance_rows: the shared judge (moespec.predict.rules, LOSS_LIMIT) on the measured losses; any
+    unmeasured one fails."""
     measured = [r for r in rows if r["loss"] is not None]
     unmeasured = [r["a"] for r in rows if r["loss"] is None]
     value, holds, detail, _ = judge_loss(measured) if measured else \
@@ -165,15 +176,7 @@ def verify_rule(steps: Mapping[str, Sequence[float]], h: Sequence[float], block:
         for n in _ns(times, p, batch, len(steps[p]) - 1):
             tau = positive(block, where, f"verify_time_s.{p}.{n}")
             errors[p][str(n)] = abs(steps[p][n - 1] - h[n - 1] - tau) / tau
-    scored = [(p, n) for p in errors for n in errors[p]]
-    if not scored:
-        return Verdict("verify_time", rule, None, False, {"at": None, "limit": VERIFY_LIMIT, "errors": errors,
-                                                           "reason": "the run measured no verify time to compare"}
-                       ).to_json()
-    kernel, n = max(scored, key=lambda pn: errors[pn[0]][pn[1]])
-    worst = errors[kernel][n]
-    return Verdict("verify_time", rule, worst, worst <= VERIFY_LIMIT + SLACK,
-                   {"at": {"kernel": kernel, "n": int(n)}, "limit": VERIFY_LIMIT, "errors": errors}).to_json()
+    return verify_verdict(rule, errors).to_json()
 
 
 def speedup_rule(rows: list[dict[str, Any]], steps: Mapping[str, Sequence[float]], measured: list[Mapping[str, Any]],
@@ -271,7 +274,7 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
         best = measured_best(rows, acceptances, RATES[rate])
         measured_k[b] = best
         k_hat = [entry["k_hat"][i] for i in index]
-        near = [k is not None and abs(k - kh) <= 1 for k, kh in zip(best, k_hat)]
+        near = [k is not None and abs(k - kh) <= K_WITHIN for k, kh in zip(best, k_hat)]
         crossover, planned = measured.get("crossover"), entry["crossover"]
         by_a = acceptance_rows(rows, acceptances, k_hat, [entry["speedup"][i] for i in index], RATES[rate])
         steps = entry["step_time_s"]
@@ -279,10 +282,10 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
             "k_hat": k_hat, "measured_best": best,
             "measured_best_by_rate": {name: measured_best(rows, acceptances, key) for name, key in RATES.items()},
             "k_hat_within_one": sum(near), "acceptances": len(acceptances),
-            "k_hat_holds": sum(near) >= math.ceil(SHARE * len(acceptances) - 1e-9),
+            "k_hat_holds": sum(near) >= math.ceil(K_SHARE * len(acceptances)),
             "crossover": planned, "measured_crossover": crossover,
             "crossover_holds": planned == crossover or (planned is not None and crossover is not None
-                                                        and abs(planned - crossover) <= 1),
+                                                        and abs(planned - crossover) <= CROSSOVER_WITHIN),
             "throughput_loss": loss_rule(by_a), "saving_sign": sign_rule(steps, measured, b, where),
             "verify_time": verify_rule(steps, h, measured, b, where),
             "speedup_band": speedup_rule(by_a, steps, rows, policy, where)}

@@ -72,3 +72,18 @@ def sign_verdict(rule: str, intervals: Mapping[int, tuple[float, float, Callable
                    {"of": len(per_n), "vacuous": vacuous, "per_n": per_n},
                    ("sign of S_hat(n)", "no interval excludes 0 (vacuous)" if vacuous else
                     f"{right} of {len(per_n)} right" + (f", wrong at n = {wrong}" if wrong else "")))
+
+
+def verify_verdict(rule: str, errors: Mapping[str, Mapping[str, float]], shown: tuple[str, str] | None = None
+                   ) -> Verdict:
+    """Rule 5 on the relative verify-time errors {kernel: {n: |tau_hat - tau| / tau}}: the largest within
+    VERIFY_LIMIT; with no error to compare, it does not hold (nothing decided)."""
+    scored = [(p, n) for p in errors for n in errors[p]]
+    if not scored:
+        return Verdict("verify_time", rule, None, False, {"at": None, "limit": VERIFY_LIMIT, "errors": errors,
+                                                           "reason": "no measured verify time to compare"})
+    kernel, n = max(scored, key=lambda pn: errors[pn[0]][pn[1]])
+    worst = errors[kernel][n]
+    return Verdict("verify_time", rule, worst, worst <= VERIFY_LIMIT + SLACK,
+                   {"at": {"kernel": kernel, "n": int(n)}, "limit": VERIFY_LIMIT, "errors": errors},
+                   shown or ("", f"{worst:.1%} ({kernel}, n = {n})"))

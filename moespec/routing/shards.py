@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,11 +56,14 @@ def reuse_files(paths: Sequence[str], n_max: int, bootstrap: int, seed: int, lev
     address, moespec.cluster), as a task on the cluster; with the first file's header."""
     if not paths:
         raise ValueError("paths must name at least one trace file")
+    for path in paths:  # before a cluster is started for them
+        if not Path(path).is_file():
+            raise MoespecError(f"{path}: no such trace file")
     if ray is None:
         shards = [shard(p, n_max, fmt) for p in paths]
     else:
         with connected(ray) as cluster:
-            shards = list(tasks(cluster, shard, [(p, n_max, fmt) for p in paths]))
+            shards = tasks(cluster, shard, [(p, n_max, fmt) for p in paths])
     _check_same_model(shards)
     first = shards[0]
     return reuse_from(joined([s.docs for s in shards]), bootstrap, seed, level, first.expert_bytes,
