@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "trace": "record the experts a local Hugging Face MoE checkpoint routes each token to",
     "synth": "synthetic routing trace: stationary seeded uniform, popularity or calibrated process",
     "reuse": "reuse rho(n), union U(n) and expert bytes of a trace, bootstrap intervals (Figure 1)",
+    "profile": "time the device once: the expert kernels' building blocks for bench --predict (device.json)",
     "bench": "time the expert kernels on a layer's real shapes: beta(n), fits (4)/(E.1), r(n), crossover",
     "plan": "verify time (22), saving and band (18), crossover, AUTO kernel, k_hat*(a), speedup (21)",
     "run": "speculative decoding on an HF MoE model: verify time per kernel, throughput, oracle draft",

@@ -21,6 +21,7 @@ from moespec.defaults import (
     REPS_LIMIT,
     SAMPLES_LIMIT,
 )
+from moespec import MoespecError
 from moespec.formats.files import writing
 from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.bench import (
@@ -35,13 +36,14 @@ from moespec.measure.bench import (
 from moespec.formats.benchfile import noise_verdict
 from moespec.measure.level import describe as describe_level
 from moespec.predict.checks import bench_checks
+from moespec.predict.structure_bench import predict_bench
 from moespec.report.figures import bandwidth_figure, check_plot, save_figure
 from moespec.report.tables import bench_tables
 
 
 # the path flags kept apart before any work (moespec.cli.args.check_paths)
 OUTPUTS = ("--out", "--plot")
-INPUTS = {"--model": CHECKPOINT_FILES, "--trace": ()}
+INPUTS = {"--model": CHECKPOINT_FILES, "--trace": (), "--predict": ()}
 
 
 # ---- command: moespec bench --------------------------------------------------------------------------------
@@ -75,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{SAMPLES_LIMIT:,})")
     p.add_argument("--seed", type=seed, default=0, help="seed of weights, chosen ids and window sampling (default 0)")
     p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
+    p.add_argument("--predict", metavar="DEVICE_JSON",
+                   help="predict the times instead of timing them: the structural model on a device profile from "
+                        "`moespec profile` (our slot and dedup kernels, the formats the profile timed); bench.json "
+                        "then says predicted: true")
+    p.add_argument("--ceiling", type=float, metavar="GBPS",
+                   help="with --predict: the streaming-read ceiling to predict at, GB/s (default: the profile's)")
     add_level_flags(p)
     add_checkpoint_flags(p)
 
@@ -90,19 +98,26 @@ def run(args: argparse.Namespace) -> int:
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
                          fresh=args.fresh, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait, batch=args.batch)
+    if args.ceiling is not None and not args.predict:
+        raise MoespecError("--ceiling is the ceiling of a prediction: give --predict DEVICE_JSON with it")
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
-        bench = run_bench(config, say=out.print)
+        bench = predict_bench(config, args.predict, args.ceiling, say=out.print) if args.predict else \
+            run_bench(config, say=out.print)
         if args.plot:
             save_figure(bandwidth_figure(bench), args.plot)
     for table in bench_tables(bench):
         out.print(table)
-    before, after = bench["ceiling_before_after_gbps"]
-    out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
+    if not bench.get("predicted"):
+        before, after = bench["ceiling_before_after_gbps"]
+        out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
     if line := describe_level(bench.get("level")):
         out.print(line)
     for line in bench_checks(bench, args.out):  # too small to time, noisy: each with the settings to change
         out.print(Text.assemble(("warning: ", "bold red"), line))
+    if bench.get("predicted"):
+        out.print(f"predicted, not timed: at {bench['ceiling_gbps']:.1f} GB/s, stated error " + ", ".join(
+            f"{k} {v:.1%}" for k, v in bench["prediction"]["error"].items()) + f" ({bench['prediction']['error_source']})")
     out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {bench['elapsed_s']:.0f} s")
     rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
     print(json.dumps({"model": bench["model"], "device_kind": bench["device_kind"], "dtype": bench["dtype"],
@@ -110,5 +125,6 @@ def run(args: argparse.Namespace) -> int:
                       "beta_gbps": {k: rounded(v["beta_gbps"], 2) for k, v in bench["kernels"].items()},
                       "r": rounded(bench["r"], 3), "u": rounded(bench["u"], 3), "eps": rounded(bench["eps"], 4),
                       "crossover": bench["crossover"], "noisy": noise_verdict(bench)[0],
-                      "too_small": bench["too_small"]["flag"], "out": args.out}))
+                      "too_small": bench["too_small"]["flag"], "predicted": bool(bench.get("predicted")),
+                      "out": args.out}))
     return 0

@@ -55,6 +55,10 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            process's runnable thread or waited for a core over 5% of the call, `fewer_threads` ran on fewer than
            `threads` because a core was taken; absent in version-1 files
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
+  predicted true where the operation times are predicted, not timed (`bench --predict`,
+           moespec.predict.structure_bench); absent in a measured bench. prediction {profile, profile_sha256,
+           profile_ceiling_gbps, ceiling_gbps, ceiling_source, error: {kernel: stated relative error}, error_source,
+           fit_eps: {kernel: the fits' error on the predicted windows}}: eps is fit_eps + error per kernel
 Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on
 the CPU against a streaming read, and load_bench fills in those two keys and batch 1 (LEGACY_KEYS).
 """
@@ -323,4 +327,19 @@ def load_bench(path: str | Path) -> Bench:
         raise _fail(where, f"too_small must be an object whose flag is true or false, got {small!r}")
     if isinstance(resumed, bool) or not isinstance(resumed, int) or resumed < 0:
         raise _fail(where, f"resumed_rounds = {resumed!r} must be a whole number >= 0")
+    _check_prediction(where, doc)
     return Bench(doc, path)
+
+
+def _check_prediction(where: str, doc: Mapping[str, Any]) -> None:
+    """`predicted` true or false where present; a predicted bench's `prediction` with a positive ceiling and a stated
+    error >= 0 for every kernel of its eps."""
+    predicted = doc.get("predicted", False)
+    if not isinstance(predicted, bool):
+        raise _fail(where, f"predicted must be true or false, got {predicted!r}")
+    if not predicted:
+        return
+    positive(doc, where, "prediction.ceiling_gbps")
+    for kernel in doc["eps"]:
+        if field(doc, where, f"prediction.error.{kernel}") < 0:
+            raise _fail(where, f"prediction.error.{kernel} must be >= 0")

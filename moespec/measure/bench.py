@@ -362,6 +362,39 @@ def default_dtype(model: str) -> str:
     return fmt
 
 
+def bench_passes(spec: ModelSpec, config: BenchConfig, trace: Trace,
+                 layers: list[int]) -> tuple[dict[tuple[int, int], list[Pass]], dict[int, float], list[int]]:
+    """The passes a bench times per (layer, B n) (moespec.measure.passes.plan_unit), u(n) of the trace and the pass
+    sizes, all keyed by the pass's token count B n."""
+    batch, ns = config.batch, sorted(set(config.n))
+    plan = {(layer, batch * n): plan_unit(trace, spec, layer, n, config.windows, config.u_values, config.seed, batch)
+            for layer in layers for n in ns}
+    w = [spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]
+    u = reuse_stats(trace, max(ns), bootstrap=0, expert_bytes=w).u if batch == 1 else \
+        batch_union(trace, [batch], max(ns), w).u[batch]
+    return plan, {batch * n: float(u[n]) for n in ns}, [batch * n for n in ns]
+
+
+def bench_document(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], units: dict[tuple[int, int], Any],
+                   layers: list[int], ns: list[int], u: dict[int, float], trace_info: dict[str, Any],
+                   impl: dict[str, str], device_keys: dict[str, Any]) -> dict[str, Any]:
+    """bench.json's keys from the timed (or predicted) units of every (layer, n): the model, the device's keys as
+    given, the fits, r(n), u(n), the crossover and the rest `analyze` derives, the raw medians, the trace, the
+    protocol, the noise record and the provenance (moespec.formats.benchfile)."""
+    b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
+           "dtype": config.dtype, **device_keys,
+           "layers": layers, "n": ns, "batch": config.batch, "expert_bytes": {str(layer): b[layer] for layer in layers},
+           **analyze(units, kinds, spec.m, b, layers, ns, u, slot_flops=2 * 3 * spec.hidden * spec.expert_width),
+           "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
+           "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,
+                        "seed": config.seed, "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
+           "noisy": noise(units), "provenance": provenance(device_keys["device"], config.dtype)}
+    for kernel in kinds:
+        doc["kernels"][kernel]["implementation"] = impl[kernel]
+    return doc
+
+
 @holds_outputs(lambda config: [config.out])
 def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: None) -> Bench:
     """Time the expert operation of each chosen layer and pass size with each kernel (the module docstring), fit
@@ -377,13 +410,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     kinds = {k: bench_kernels()[k] for k in names}
     trace, trace_info = bench_trace(spec, config.trace, config.seed)
     batch = config.batch
-    plan = {(layer, batch * n): plan_unit(trace, spec, layer, n, config.windows, config.u_values, config.seed, batch)
-            for layer in layers for n in ns}
-    w = [spec.expert_bytes(layer, config.dtype) for layer in range(spec.L)]
-    u = reuse_stats(trace, max(ns), bootstrap=0, expert_bytes=w).u if batch == 1 else \
-        batch_union(trace, [batch], max(ns), w).u[batch]
-    u = {batch * n: float(u[n]) for n in ns}  # keyed by the pass's token count, as every record below
-    ns = [batch * n for n in ns]
+    plan, u, ns = bench_passes(spec, config, trace, layers)
     timer = timer_for(device)
     key = {"model": spec.to_dict(), "device_kind": timer.kind, "dtype": config.dtype, "reps": config.reps,
            "layout": LAYOUT,
@@ -422,25 +449,15 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     after = timer.ceiling()  # the ceiling is the median over samples before and after: drift shows in its IQR
     ceiling, ceiling_iqr = median_iqr(before + after)
 
-    b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
-    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": spec.name, "spec": spec.to_dict(),
-           "device": timer.name, "device_kind": timer.kind, "dtype": config.dtype, "ceiling_kind": timer.ceiling_kind,
-           "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
-           "ceiling_before_after_gbps": [first, median_iqr(after)[0]], "matmul_peak_gflops": peak,
-           "layers": layers, "n": ns, "batch": batch, "expert_bytes": {str(layer): b[layer] for layer in layers},
-           **analyze(units, kinds, spec.m, b, layers, ns, u,
-                     slot_flops=2 * 3 * spec.hidden * spec.expert_width),
-           "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
-           "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,
-                        "seed": config.seed, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
-                        "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
-           "skipped_kernels": skipped, "noisy": noise(units), "level": level.record(),
-           "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
-           "provenance": provenance(timer.name, config.dtype)}
-    for kernel in kinds:
-        doc["kernels"][kernel]["implementation"] = impl[kernel]
-    doc["elapsed_s"] = time.perf_counter() - started
-    doc |= {"resumed_rounds": resumed, "too_small": too_small(doc)}
+    device_keys = {"device": timer.name, "device_kind": timer.kind, "ceiling_kind": timer.ceiling_kind,
+                   "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
+                   "ceiling_before_after_gbps": [first, median_iqr(after)[0]], "matmul_peak_gflops": peak}
+    doc = bench_document(spec, config, kinds, units, layers, ns, u, trace_info, impl, device_keys)
+    doc["protocol"] |= {"flush_bytes": timer.flush_bytes, "timer": timer.timer_name}
+    doc |= {"skipped_kernels": skipped, "level": level.record(),
+            "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
+            "elapsed_s": time.perf_counter() - started, "resumed_rounds": resumed}
+    doc["too_small"] = too_small(doc)
     write_json(config.out, doc)
     checkpoint.remove()
     return Bench(doc, config.out)

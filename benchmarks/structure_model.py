@@ -1,0 +1,234 @@
+"""Validation of the structural model of the expert kernels (moespec.predict.structure), leave-one-out: no parameter
+of the model is fitted on any model it predicts. The device profile (`moespec profile`) is taken once on synthetic
+shapes only; then, for one MoE layer of each preset, of the trained pair's target and of two shapes no model has,
+the expert operation of both our kernels is measured (`moespec bench`: n = 1..9, and passes of B = 8 windows x n
+tokens, up to 72) and predicted from the profile, pass by pass, at the streaming ceiling the bench measured between
+the rounds of that n (a device measurement of the same run, never a fitted parameter). It writes the error table
+(median and largest relative error per model, kernel and batch, over n, of each n's mean time over the recorded
+windows; and over every timed pass) and, from the measured and the predicted bench (`bench --predict` at the
+measured bench's ceiling), the crossover and k_hat*(a) of `moespec plan` side by side.
+
+Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
+a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
+    flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py profile
+    flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py model olmoe-1b-7b   # each MODEL
+    .venv/bin/python benchmarks/structure_model.py table
+Models: the presets, `pair` (moespec/data/pair/target) and `heldout-1536x512`, `heldout-3072x1536` (OLMoE-class
+configs written into the results folder, N = 64, m = 8, routed by a trace calibrated to OLMoE's published reuse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moespec.defaults import KERNELS, PAIR_DIR, PAIR_TRACE, PROFILE, TRACE_DOCS, TRACE_TOKENS
+from moespec.formats.benchfile import load_bench
+from moespec.formats.devicefile import load_profile
+from moespec.formats.files import provenance, write_json
+from moespec.measure.bench import BenchConfig, bench_layers, bench_passes, bench_trace, run_bench
+from moespec.measure.device_profile import ProfileConfig, run_profile
+from moespec.model.gguf import resolve_model
+from moespec.model.spec import PRESETS
+from moespec.predict.plan import PlanConfig, make_plan
+from moespec.predict.structure import Rates, pass_time
+from moespec.predict.structure_bench import predict_bench
+from moespec.routing.synth import synthesize
+
+OUT = Path("results/structure-model")
+# Two shapes no preset or the pair has, as OLMoE-class configs (hidden d, expert width f); N, m and L are OLMoE's so
+# the calibrated OLMoE routing targets apply
+HELD_OUT = {"heldout-1536x512": (1536, 512), "heldout-3072x1536": (3072, 1536)}
+OLMOE_REUSE = (0.363, 0.762)  # the paper's layer-mean rho(2), rho(9) of OLMoE on WikiText-103 (Section 2)
+MODELS = (*PRESETS, "pair", *HELD_OUT)
+BATCHES = (1, 8)  # n = 1..9 tokens, and passes of 8 windows x n tokens (8..72)
+# Settings per model: a model whose passes read GBs (Mixtral's experts are 352 MB) gets fewer pass sizes at B = 8,
+# windows and rounds, so each model's step holds the lock for under ~10 minutes
+SETTINGS = {"reps": 5, "windows": 8, "u_values": 4, "n8": tuple(range(1, 10))}
+LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9)},
+         "gpt-oss-20b": {"reps": 3, "windows": 6, "u_values": 4, "n8": (1, 3, 5, 7, 9)}}
+# tau(1) of the plans that compare k_hat*: the model's expert time at n = 1 over this share of a one-token pass (the
+# same tau(1) for the measured and the predicted bench; only their expert-op times differ)
+EXPERT_SHARE = 0.6
+PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
+
+
+def model_arg(name: str, out: Path) -> tuple[str, str]:
+    """(--model, --trace) of a model of MODELS: a preset and its synthesized default trace, the pair's target and its
+    recorded trace, or a held-out config and a trace calibrated to OLMoE's reuse (both written under `out`)."""
+    traces = out / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    if name == "pair":
+        return str(PAIR_DIR / "target"), str(PAIR_TRACE)
+    model, trace = name, traces / f"{name}.npz"
+    if name in HELD_OUT:
+        d, f = HELD_OUT[name]
+        config = json.loads((PAIR_DIR / "target" / "config.json").read_text()) | {
+            "hidden_size": d, "intermediate_size": f, "num_hidden_layers": 16, "num_experts": 64,
+            "num_experts_per_tok": 8, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 50304}
+        folder = out / "configs" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+        model = str(folder / "config.json")
+    if not trace.exists():
+        targets = OLMOE_REUSE if name in HELD_OUT else None
+        synthesize(model, "calibrated", TRACE_TOKENS, TRACE_DOCS, 0, PROFILE, targets).save(trace)
+    return model, str(trace)
+
+
+def configs(name: str, out: Path) -> dict[int, BenchConfig]:
+    """The measured bench of each batch size (layer 0, both kernels)."""
+    model, trace = model_arg(name, out)
+    s = SETTINGS | LARGE.get(name, {})
+    return {batch: BenchConfig(out=str(out / name / f"bench-B{batch}.json"), model=model, layers=(0,), dtype="bf16",
+                               n=tuple(range(1, 10)) if batch == 1 else s["n8"], trace=trace, reps=s["reps"],
+                               windows=s["windows"], u_values=s["u_values"], batch=batch)
+            for batch in BATCHES}
+
+
+def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: Rates, cache: float) -> dict[str, Any]:
+    """Per kernel and n: each pass's measured median and predicted time (at the ceiling the bench sampled at that
+    n), and the relative error of the mean over the recorded windows."""
+    spec = resolve_model(config.model)
+    layers = bench_layers(config.layers, spec)
+    trace, _ = bench_trace(spec, config.trace, config.seed)
+    plan, _, ns = bench_passes(spec, config, trace, layers)
+    out: dict[str, Any] = {k: {} for k in KERNELS}
+    for (layer, n), passes in plan.items():
+        b = spec.expert_bytes(layer, config.dtype)
+        ceiling = bench["ceiling_by_n_gbps"][str(n)]
+        rows = {"chosen": bench["chosen"][str(layer)][str(n)], "window": bench["windows"][str(layer)][str(n)]}
+        seen = {"chosen": 0, "window": 0}
+        for kernel in KERNELS:
+            out[kernel][str(n)] = {"ceiling_gbps": ceiling, "passes": []}
+        for p in passes:
+            row = rows[p.source][seen[p.source]]
+            seen[p.source] += 1
+            assert row["U"] == p.U, "the regenerated passes must be the bench's"
+            for kernel in KERNELS:
+                out[kernel][str(n)]["passes"].append(
+                    {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
+                     "iqr_s": row["iqr_s"][kernel], "predicted_s": pass_time(rates, kernel, p.ids, b, ceiling, cache)})
+        for kernel in KERNELS:
+            windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
+            measured, predicted = (float(np.mean([q[key] for q in windows])) for key in ("measured_s", "predicted_s"))
+            out[kernel][str(n)] |= {"mean_measured_s": measured, "mean_predicted_s": predicted,
+                                    "error": predicted / measured - 1}
+    return out
+
+
+def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:
+    """Crossover and k_hat*(a) (AUTO, the prediction (22)) of `moespec plan` on a bench, or why it refused."""
+    try:
+        plan = make_plan(PlanConfig(bench=bench_path, trace=trace, tau1=tau1))
+    except Exception as e:  # noqa: BLE001 - a refusal (too small to time) is a result here
+        return {"refused": " ".join(str(e).split())[:300]}
+    k_hat = {str(row["a"]): row["k_hat"] for row in plan["table"]
+             if row["policy"] == "auto" and any(abs(row["a"] - a) < 1e-9 for a in PLAN_ACCEPTANCES)}
+    return {"crossover": plan["crossover"], "k_hat": k_hat}
+
+
+def step_model(name: str, out: Path, profile_path: Path) -> None:
+    """Measure (unless done), predict and compare one model (module docstring); writes out/NAME/errors.json."""
+    profile = load_profile(profile_path)
+    rates = Rates.from_profile(profile["dtypes"]["bf16"])
+    result: dict[str, Any] = {"model": name, "batches": {}}
+    for batch, config in configs(name, out).items():
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+        if not Path(config.out).exists():
+            run_bench(config, say=print)
+        bench = load_bench(config.out)
+        predicted_out = config.out.replace("bench-", "predicted-")
+        predict_bench(BenchConfig(**{**config.__dict__, "out": predicted_out}), str(profile_path),
+                      bench["ceiling_gbps"])
+        errors = pass_errors(config, bench, rates, profile["cache_bytes"])
+        spec = resolve_model(config.model)
+        tau1 = spec.L * bench["per_layer"]["0"]["one_token_s"]["measured_s"] / EXPERT_SHARE if batch == 1 else None
+        entry = {"ceiling_gbps": bench["ceiling_gbps"], "ceiling_iqr_gbps": bench["ceiling_iqr_gbps"],
+                 "noisy": bench["noisy"], "passes": errors,
+                 "crossover": {"measured": bench["crossover"], "predicted": load_bench(predicted_out)["crossover"]}}
+        if tau1 is not None:
+            entry["plan"] = {"tau1_s": tau1, "measured": plan_summary(config.out, config.trace, tau1),
+                             "predicted": plan_summary(predicted_out, config.trace, tau1)}
+        result["batches"][str(batch)] = entry
+    result["provenance"] = provenance(profile["device"], "bf16")
+    write_json(out / name / "errors.json", result)
+    print(json.dumps(summary_rows(result), indent=1))
+
+
+def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per batch and kernel: median and largest |error| over n of the windows' mean time, and over every pass."""
+    rows = []
+    for batch, entry in result["batches"].items():
+        for kernel, by_n in entry["passes"].items():
+            per_n = [abs(v["error"]) for v in by_n.values()]
+            per_pass = [abs(q["predicted_s"] / q["measured_s"] - 1) for v in by_n.values() for q in v["passes"]]
+            worst = max(by_n, key=lambda n: abs(by_n[n]["error"]))
+            rows.append({"model": result["model"], "batch": int(batch), "kernel": kernel,
+                         "median_error": float(np.median(per_n)), "max_error": max(per_n), "max_at_tokens": int(worst),
+                         "pass_median_error": float(np.median(per_pass)), "pass_max_error": max(per_pass),
+                         "ceiling_gbps": entry["ceiling_gbps"]})
+    return rows
+
+
+def step_table(out: Path) -> None:
+    """table.json and table.md from every model's errors.json."""
+    rows, sides = [], []
+    for name in MODELS:
+        path = out / name / "errors.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        rows += summary_rows(result)
+        entry = result["batches"]["1"]
+        sides.append({"model": name, "crossover": entry["crossover"],
+                      "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})
+    lines = ["| model | B | kernel | median error over n | max error over n (at tokens) | median / max over passes | "
+             "ceiling GB/s |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | {r['max_error']:.1%} "
+              f"({r['max_at_tokens']}) | {r['pass_median_error']:.1%} / {r['pass_max_error']:.1%} | "
+              f"{r['ceiling_gbps']:.1f} |" for r in rows]
+    lines += ["", "| model | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
+                  "k_hat*(a) measured | k_hat*(a) predicted |", "|---|---|---|---|---|"]
+    for s in sides:
+        plan = s["plan"] or {}
+        shown = {side: plan.get(side, {}).get("k_hat") or plan.get(side, {}).get("refused", "-")
+                 for side in ("measured", "predicted")}
+        b8 = s["crossover_B8"] or {}
+        lines.append(f"| {s['model']} | {s['crossover']['measured']} / {s['crossover']['predicted']} | "
+                     f"{b8.get('measured')} / {b8.get('predicted')} | {shown['measured']} | {shown['predicted']} |")
+    write_json(out / "table.json", {"rows": rows, "side_by_side": sides, "provenance": provenance()})
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=("profile", "model", "table"))
+    parser.add_argument("model", nargs="?", choices=MODELS, help="with `model`: the model to measure and predict")
+    parser.add_argument("--out", default=str(OUT), help=f"results folder (default {OUT})")
+    parser.add_argument("--reps", type=int, default=7, help="with `profile`: its rounds (default 7)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile_path = out / "device.json"
+    if args.step == "profile":
+        run_profile(ProfileConfig(out=str(profile_path), reps=args.reps), say=print)
+    elif args.step == "model":
+        if args.model is None:
+            parser.error("model: name the model")
+        print(f"# {shlex.join([sys.executable, *sys.argv])}")
+        step_model(args.model, out, profile_path)
+    else:
+        step_table(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,50 @@
+"""`moespec profile`: the one-time device profile the structural model of the expert kernels reads (device.json;
+moespec.measure.device_profile). `moespec bench --predict device.json` turns it into a bench of any model's shapes.
+Not the per-position acceptance profile of `plan --acceptance-profile` (moespec.theory.profile)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from moespec.cli.args import bounded
+from moespec.console import console
+from moespec.defaults import DTYPES, REPS_LIMIT, THREADS_LIMIT
+from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
+
+OUTPUTS = ("--out",)  # the path flags kept apart before any work (moespec.cli.args.check_paths)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="where the kernels run: cpu (the native kernels; default cpu)")
+    p.add_argument("--out", default="device.json", help="results file (default device.json)")
+    p.add_argument("--dtypes", default="bf16", help=f"weight formats to time, comma-separated, of "
+                                                    f"{', '.join(DTYPES)} (default bf16)")
+    p.add_argument("--reps", type=bounded(2, REPS_LIMIT), default=DEFAULT_REPS,
+                   help=f"timed rounds over every microbenchmark (default {DEFAULT_REPS}, 2..{REPS_LIMIT:,})")
+    p.add_argument("--threads", type=bounded(1, THREADS_LIMIT),
+                   help="threads of every timed call (default torch's, what `moespec bench` runs on)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = ProfileConfig(out=args.out, device=args.device, dtypes=tuple(dict.fromkeys(args.dtypes.split(","))),
+                           reps=args.reps, threads=args.threads)
+    out = console()
+    profile = run_profile(config, say=out.print)
+    for dtype, entry in profile["dtypes"].items():
+        out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group; "
+                  f"per G (tokens per expert) cold GB/s over the ceiling: " +
+                  ", ".join(f"{g}: {s:.2f}" for g, s in zip(entry["G"], entry["cold_share_of_ceiling"])))
+    stream = profile["stream_read"]
+    out.print("cold streaming read by chunk: " + ", ".join(
+        f"{c >> 10} KiB {v:.1f} GB/s" for c, v in zip(stream["chunk_bytes"], stream["gbps"])))
+    scaling = profile["threads_1"]
+    out.print(f"1 thread: streaming read {scaling['ceiling_gbps']:.1f} GB/s; {profile['threads']} threads over 1 at G "
+              + ", ".join(f"{g}: {s:.2f}x" for g, s in zip(scaling["G"], scaling["speedup"])))
+    check = profile["self_check"]
+    out.print("self-check on the check shape: " + "; ".join(
+        f"{k} median {v['median']:.1%}, max {v['max']:.1%} over {v['passes']} passes" for k, v in check.items()))
+    out.print(f"wrote {args.out} in {profile['elapsed_s']:.0f} s (ceiling {profile['ceiling_gbps']:.1f} GB/s)")
+    print(json.dumps({"device": profile["device"], "threads": profile["threads"], "dtypes": profile.dtypes,
+                      "ceiling_gbps": round(profile.ceiling_gbps, 2), "self_check": check, "out": args.out}))
+    return 0

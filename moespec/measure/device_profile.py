@@ -1,0 +1,306 @@
+"""`moespec profile`: the one-time device profile the structural model of the expert kernels reads
+(moespec.predict.structure; written as device.json, moespec.formats.devicefile). Not the acceptance profile of
+moespec.theory.profile.
+
+Microbenchmarks of the kernels' building blocks, each through the kernels' own entry point (moespec.kernels.expert_op,
+native, at the threads asked) and never on a model's expert shapes (RATE_SHAPES and the others are synthetic; a test
+checks them against every preset and the trained pair):
+- rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
+  expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush, E experts of
+  ~48 MiB in all, past the last-level cache) on every rate shape, and hot (the same pass run just before) on HOT_SHAPES,
+  one expert of ~4 MB each, which the cache keeps. kappa_G is the hot seconds per byte; the stall s_G is
+  (cold seconds per byte - kappa_G) x the ceiling sampled right after that cold call, so the drift of a shared host's
+  bandwidth between calls is taken out call by call.
+- overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
+  fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
+  A cold call pays more (its threads wake, its code and data come from memory); the model takes the cold ones, as
+  every call the bench times follows a flush, and the hot ones are subtracted from the hot rate passes only.
+- self-check: both kernels on chosen ids (moespec.measure.passes.chosen_ids) of the check shape, n = 2..9: the model
+  predicts them from the rates above at each call's ceiling; the median and largest relative error are the profile's
+  own stated error.
+- streaming read at the chunk sizes the kernels read (a row task is ~1 MiB), cold; thread scaling: the rate passes
+  and the streaming read on one thread.
+Every timed call follows a cache flush (moespec.measure.timing, the bench's Timer), in rounds whose order is rotated
+so drift hits every item alike; medians and IQRs over rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from moespec import MoespecError
+from moespec.defaults import DTYPES, KERNELS, REPS_LIMIT, TORCH_DTYPES
+from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, DeviceProfile
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
+from moespec.kernels import expert_op, implementation
+from moespec.measure.passes import chosen_ids
+from moespec.measure.timing import (
+    StreamRead,
+    Timer,
+    flush_bytes,
+    matmul_peak,
+    median_iqr,
+    timer_for,
+)
+from moespec.predict.structure import Rates, pass_time
+
+# Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
+RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
+# Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
+# MB measured partly from memory here)
+HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
+OVERHEAD_SHAPE = (64, 64)  # 24 KiB in bf16: its time is the fixed costs
+OVERHEAD_SLOTS = (1, 2, 4, 8)  # slots per token of the overhead passes (8 tokens: 8..64 groups)
+OVERHEAD_TOKENS = 8
+CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
+CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
+G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
+COLD_BYTES = 48 << 20  # a cold rate pass reads about this much: past a 32 MiB last-level cache
+STREAM_CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # around the kernels' ~1 MiB row task
+THREAD_SCALING_G = (1, 4, 16)
+DEFAULT_REPS = 7
+SEED = 0
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """A profile: written to `out`; the device (cpu; the structural model covers the native CPU kernels), the
+    weight formats to time (of DTYPES), the timed rounds and the threads (None: torch.get_num_threads())."""
+
+    out: str
+    device: str = "cpu"
+    dtypes: tuple[str, ...] = ("bf16",)
+    reps: int = DEFAULT_REPS
+    threads: int | None = None
+
+    def check(self) -> None:
+        check_output(self.out)
+        if self.device != "cpu":
+            raise MoespecError(f"--device {self.device}: the structural model covers the native CPU kernels; profile "
+                               f"--device cpu")
+        if not self.dtypes or not set(self.dtypes) <= set(DTYPES):
+            raise MoespecError(f"--dtypes {','.join(self.dtypes)}: give some of {', '.join(DTYPES)}")
+        if isinstance(self.reps, bool) or not isinstance(self.reps, int) or not 2 <= self.reps <= REPS_LIMIT:
+            raise MoespecError(f"--reps must be a whole number in 2..{REPS_LIMIT}, got {self.reps!r}")
+
+
+@dataclass
+class Item:
+    """One timed call of a round: what it is (key), its work (fn), whether it runs cold (flushed) or hot (run just
+    before), and the samples: seconds with the ceiling sampled after each cold call."""
+
+    key: tuple[Any, ...]
+    fn: Callable[[], object]
+    cold: bool = True
+    seconds: list[float] | None = None
+    ceilings: list[float] | None = None
+
+
+def _weights(d: int, f: int, experts: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(SEED)
+    return ((torch.randn(experts, 2 * f, d, generator=gen) * 0.02).to(dtype),
+            (torch.randn(experts, d, f, generator=gen) * 0.02).to(dtype))
+
+
+def _call(gate_up: torch.Tensor, down: torch.Tensor, kernel: str, ids: np.ndarray,
+          threads: int | None) -> Callable[[], object]:
+    """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once, in the weights' dtype)."""
+    n, m = ids.shape
+    gen = torch.Generator().manual_seed(SEED)
+    x = torch.randn(n, gate_up.shape[2], generator=gen).to(gate_up.dtype)
+    weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(gate_up.dtype)
+    ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+    return lambda: expert_op(kernel, x, ids_t, weights, gate_up, down, threads=threads)
+
+
+def _same_experts(tokens: int, experts: int) -> np.ndarray:
+    """ids [tokens, experts]: every token names experts 0..experts-1, so each group applies one expert to all tokens."""
+    return np.tile(np.arange(experts, dtype=np.int64), (tokens, 1))
+
+
+def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], dict[str, Any]]:
+    """Every timed call of one dtype, and the bytes of the experts behind each key."""
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    size = torch.tensor([], dtype=tdtype).element_size()
+    items, info = [], {}
+    for d, f in RATE_SHAPES:
+        b = 3 * d * f * size
+        cold_e = max(1, round(COLD_BYTES / b))
+        gu, dn = _weights(d, f, cold_e, tdtype)
+        for g in G_VALUES:
+            items.append(Item(("cold", d, f, g), _call(gu, dn, "dedup", _same_experts(g, cold_e), threads)))
+            info[("cold", d, f, g)] = (b, cold_e)
+        if scaling and (d, f) == RATE_SHAPES[0]:
+            for g in THREAD_SCALING_G:
+                items.append(Item(("threads_1", d, f, g), _call(gu, dn, "dedup", _same_experts(g, cold_e), 1)))
+    for d, f in HOT_SHAPES:
+        gu, dn = _weights(d, f, 1, tdtype)
+        for g in G_VALUES:
+            items.append(Item(("hot", d, f, g), _call(gu, dn, "dedup", _same_experts(g, 1), threads), cold=False))
+            info[("hot", d, f, g)] = (3 * d * f * size, 1)
+    d, f = OVERHEAD_SHAPE
+    gu, dn = _weights(d, f, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), tdtype)
+    for m in OVERHEAD_SLOTS:  # distinct experts in every slot: groups = 8 m
+        ids = np.arange(OVERHEAD_TOKENS * m, dtype=np.int64).reshape(OVERHEAD_TOKENS, m)
+        for cold in (True, False):
+            key = ("overhead", m, "cold" if cold else "hot")
+            items.append(Item(key, _call(gu, dn, "slot", ids, threads), cold=cold))
+            info[key] = (3 * d * f * size, OVERHEAD_TOKENS * m)
+    d, f = CHECK_SHAPE
+    gu, dn = _weights(d, f, CHECK_EXPERTS, tdtype)
+    rng = np.random.default_rng(SEED)
+    for n in CHECK_N:
+        for u in sorted({CHECK_SLOTS, (CHECK_SLOTS + min(n * CHECK_SLOTS, CHECK_EXPERTS)) // 2,
+                         min(n * CHECK_SLOTS, CHECK_EXPERTS)}):
+            ids = chosen_ids(n, CHECK_SLOTS, CHECK_EXPERTS, u, rng)
+            for kernel in KERNELS:
+                items.append(Item(("check", kernel, n, u), _call(gu, dn, kernel, ids, threads)))
+                info[("check", kernel, n, u)] = (3 * d * f * size, ids)
+    return items, info
+
+
+def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str], None]) -> None:
+    """`reps` rounds over the items, round r started r/reps of the way through (drift balanced, as the bench's
+    rounds); a cold item after a flush with one ceiling sample after it (the timer's streaming read, its buffer
+    drawn once), a hot one right after an untimed call."""
+    ceiling = StreamRead()
+    for item in items:
+        item.fn()  # warm-up: code and buffers ready
+        item.seconds, item.ceilings = [], []
+    for rep in range(reps):
+        start = rep * len(items) // reps
+        for item in [items[(start + j) % len(items)] for j in range(len(items))]:
+            if item.cold:
+                timer.flush()
+            else:
+                item.fn()
+            item.seconds.append(timer.time(item.fn))
+            if item.cold:
+                item.ceilings.append(ceiling())
+        say(f"round {rep + 1} of {reps} done")
+
+
+def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], state: str,
+           per_byte: Callable[[float], float]) -> tuple[float, float]:
+    """(pass_s, group_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after the same call):
+    least squares of the time left after the groups' bytes (per_byte(ceiling) seconds each) on the group count."""
+    counts, left = [], []
+    for k, (b, count) in info.items():
+        if k[0] == "overhead" and k[2] == state:
+            item = by_key[k]
+            ceilings = item.ceilings or [1.0] * len(item.seconds)  # a hot call reads no memory: no ceiling
+            counts.append(count)
+            left.append(np.median([t - count * b * per_byte(c) for t, c in zip(item.seconds, ceilings)]))
+    slope, intercept = np.polyfit(counts, left, 1)
+    return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]) -> tuple[Rates, list[float]]:
+    """kappa_G, s_G and the cold pass_s and group_s (module docstring). A hot call has fixed costs of its own (its
+    threads are awake and its code cached), taken from the hot overhead passes and subtracted before kappa; the
+    fixed costs and the rates depend on each other only through small corrections, so three passes of each given
+    the other settle them. Also each G's cold share of the ceiling."""
+    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (0.0,) * len(G_VALUES), 0.0, 0.0)
+    for _ in range(3):
+        hot_pass, hot_group = _fixed(by_key, info, "hot", lambda c: rates.per_byte(1, c, cold=False))
+        pass_s, group_s = _fixed(by_key, info, "cold", lambda c: rates.per_byte(1, c))
+        kappa, stall, share = [], [], []
+        for g in G_VALUES:
+            hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group) / (b * e)
+                   for k, (b, e) in info.items() if k[0] == "hot" and k[3] == g]
+            kappa.append(max(float(np.median(hot)), 1e-15))
+            cold = [(t - pass_s - e * group_s, b * e, c) for k, (b, e) in info.items() if k[0] == "cold" and k[3] == g
+                    for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
+            stall.append(max(float(np.median([(t / nbytes - kappa[-1]) * c * 1e9 for t, nbytes, c in cold])), 0.0))
+            share.append(float(np.median([nbytes / t / 1e9 / c for t, nbytes, c in cold])))
+        rates = Rates(G_VALUES, tuple(kappa), tuple(stall), group_s, pass_s)
+    return rates, share
+
+
+def _self_check(rates: Rates, by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any],
+                cache_bytes: int) -> dict[str, Any]:
+    """Per kernel: median and largest relative error of the model on the check passes, each predicted at the median
+    ceiling of its own calls."""
+    out = {}
+    for kernel in KERNELS:
+        errors = [abs(pass_time(rates, kernel, ids, b, float(np.median(by_key[k].ceilings)), cache_bytes)
+                      / float(np.median(by_key[k].seconds)) - 1)
+                  for k, (b, ids) in info.items() if k[0] == "check" and k[1] == kernel]
+        out[kernel] = {"median": float(np.median(errors)), "max": float(max(errors)), "passes": len(errors)}
+    return out
+
+
+def _stream_chunks(timer: Timer, reps: int) -> dict[str, Any]:
+    """GB/s of a cold streaming read of each chunk size (all threads): median and IQR over reps."""
+    gbps, iqr = [], []
+    for chunk in STREAM_CHUNKS:
+        read = StreamRead(chunk)
+        read()
+        samples = []
+        for _ in range(reps):
+            timer.flush()
+            samples.append(read())
+        med, spread = median_iqr(samples)
+        gbps.append(med)
+        iqr.append(spread)
+    return {"chunk_bytes": list(STREAM_CHUNKS), "gbps": gbps, "iqr_gbps": iqr}
+
+
+@holds_outputs(lambda config: [config.out])
+def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text: None) -> DeviceProfile:
+    """Time the microbenchmarks (module docstring) and write device.json to config.out; `say` gets one line per
+    stage."""
+    started = time.perf_counter()
+    config.check()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    threads = torch.get_num_threads()
+    timer = timer_for(config.device)
+    for dtype in config.dtypes:
+        if implementation("dedup", getattr(torch, TORCH_DTYPES[dtype]), "cpu") != "native":
+            raise MoespecError(f"the native kernels are unavailable here ({dtype}): the profile times them only")
+    before = timer.ceiling()
+    say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
+        f"{median_iqr(before)[0]:.1f} GB/s")
+    doc_dtypes, checks, scaling, all_ceilings = {}, {}, None, list(before)
+    cache = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor)
+    for i, dtype in enumerate(config.dtypes):
+        items, info = _items(dtype, config.threads, scaling=i == 0)
+        say(f"{dtype}: {len(items)} timed calls per round")
+        _time_rounds(items, config.reps, timer, say)
+        by_key = {item.key: item for item in items}
+        all_ceilings += [c for item in items for c in item.ceilings]
+        rates, share = _fit_rates(by_key, info)
+        peak = median_iqr(matmul_peak(timer, getattr(torch, TORCH_DTYPES[dtype])))[0]
+        doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
+                             "stall": list(rates.stall), "cold_share_of_ceiling": share, "group_s": rates.group_s,
+                             "pass_s": rates.pass_s, "matmul_peak_gflops": peak}
+        checks[dtype] = _self_check(rates, by_key, info, cache)
+        if i == 0:
+            scaling = {"G": list(THREAD_SCALING_G), "speedup": [
+                float(np.median(by_key["threads_1", *RATE_SHAPES[0], g].seconds)
+                      / np.median(by_key["cold", *RATE_SHAPES[0], g].seconds)) for g in THREAD_SCALING_G]}
+    scaling["ceiling_gbps"] = median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]
+    stream = _stream_chunks(timer, config.reps)
+    after = timer.ceiling()
+    ceiling, ceiling_iqr = median_iqr(all_ceilings + after)
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
+           "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
+           "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],
+           "cache_bytes": cache, "stream_read": stream, "threads_1": scaling, "dtypes": doc_dtypes,
+           "shapes": {"rates": [list(s) for s in RATE_SHAPES], "hot": [list(s) for s in HOT_SHAPES],
+                      "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
+           "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
+                                                                                             "passes")}
+                          for kernel in KERNELS},
+           "self_check_by_dtype": checks,
+           "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name},
+           "elapsed_s": time.perf_counter() - started,
+           "provenance": provenance(timer.name, ",".join(config.dtypes))}
+    write_json(config.out, doc)
+    return DeviceProfile(doc, config.out)

@@ -1,0 +1,109 @@
+"""`moespec bench --predict device.json`: a bench.json whose operation times are predicted by the structural model
+(moespec.predict.structure) from a device profile (moespec.formats.devicefile) instead of timed, for a model nobody
+benchmarked: its shapes alone (a preset, a config.json, a GGUF file's header).
+
+It predicts the very passes a measured bench would time (moespec.measure.bench.bench_passes: chosen ids over the U
+grid and windows of the routing trace, for each layer and n) and derives every key from them with the measured
+bench's own functions (moespec.measure.bench.bench_document: beta(n), the fits (4) and (E.1), r(n), u(n), the
+crossover, per_layer), so `moespec plan` reads it as it reads a measured one. The file says `predicted: true`, and
+`prediction` records the profile, the ceiling the times were predicted at and the model's stated error; each kernel's
+eps is the fits' error on the predicted windows plus that stated error, so the plan's bands (18), (21) carry it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from moespec import MoespecError
+from moespec.defaults import KERNELS
+from moespec.formats.benchfile import Bench, too_small
+from moespec.formats.devicefile import DeviceProfile, load_profile
+from moespec.formats.files import holds_outputs, sha256_file, write_json
+from moespec.measure.bench import BenchConfig, bench_document, bench_layers, bench_passes, bench_trace, unit_record
+from moespec.measure.timing import device_name
+from moespec.model.gguf import resolve_model
+from moespec.predict.structure import Rates, pass_time
+
+IMPLEMENTATION = "native, predicted"  # bench.json kernels.<k>.implementation of a predicted bench
+
+
+def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
+    """Refuse a profile that does not describe this bench: another device kind, another CPU, another thread count
+    than this process runs (torch.get_num_threads()), a weight format it did not time, kernels it has no model of."""
+    where = profile.path
+    if config.device != profile["device_kind"]:
+        raise MoespecError(f"{where}: profiled on {profile['device_kind']}, not --device {config.device}")
+    threads = torch.get_num_threads()
+    if profile.threads != threads:
+        raise MoespecError(f"{where}: profiled at {profile.threads} threads; this bench runs {threads} (set the "
+                           f"threads, or profile again at {threads})")
+    if profile["device"] != device_name():
+        raise MoespecError(f"{where}: profiled on another device ({profile['device']}; this is {device_name()}): "
+                           f"run `moespec profile` here")
+    if config.dtype not in profile.dtypes:
+        raise MoespecError(f"{where}: the model covers the formats the profile timed ({', '.join(profile.dtypes)}), "
+                           f"not {config.dtype}: profile --dtypes {config.dtype}, or bench it")
+    kernels = config.kernel_list().split(",")
+    if not set(kernels) <= set(KERNELS):
+        raise MoespecError(f"--kernels {config.kernel_list()}: the structural model covers our kernels "
+                           f"({', '.join(KERNELS)}) only")
+
+
+def predicted_units(rates: Rates, kernels: list[str], plan: dict[tuple[int, int], list[Any]], b: dict[int, float],
+                    ceiling_gbps: dict[int, float], cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
+    """The bench's units (moespec.measure.bench.unit_record) with each pass's predicted time in place of its timed
+    rounds: one sample per pass and kernel (IQR 0), each (layer, n) at the ceiling ceiling_gbps[n]."""
+    return {(layer, n): unit_record(layer, n, kernels, passes,
+                                    [{k: [pass_time(rates, k, p.ids, b[layer], ceiling_gbps[n], cache_bytes)]
+                                      for k in kernels} for p in passes], [ceiling_gbps[n]])
+            for (layer, n), passes in plan.items()}
+
+
+@holds_outputs(lambda config, *args, **kwargs: [config.out])
+def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | None = None,
+                  say: Callable[[str], None] = lambda text: None) -> Bench:
+    """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps
+    (None: the profile's own ceiling). Returns it."""
+    started = time.perf_counter()
+    config.check()
+    if ceiling_gbps is not None and not ceiling_gbps > 0:
+        raise MoespecError(f"--ceiling must be positive GB/s, got {ceiling_gbps!r}")
+    profile = load_profile(profile_path)
+    check_profile(profile, config)
+    spec = resolve_model(config.model)
+    layers = bench_layers(config.layers, spec)
+    kernels = config.kernel_list().split(",")
+    trace, trace_info = bench_trace(spec, config.trace, config.seed)
+    plan, u, ns = bench_passes(spec, config, trace, layers)
+    ceiling = profile.ceiling_gbps if ceiling_gbps is None else float(ceiling_gbps)
+    say(f"moespec bench --predict: {spec.name} {config.dtype} from {profile_path} ({profile['device']}), at "
+        f"{ceiling:.1f} GB/s ({'the profile' if ceiling_gbps is None else 'given'}); MoE layers "
+        f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
+    rates = Rates.from_profile(profile["dtypes"][config.dtype])
+    b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
+    units = predicted_units(rates, kernels, plan, b, dict.fromkeys(ns, ceiling), profile["cache_bytes"])
+    device_keys = {"device": profile["device"], "device_kind": profile["device_kind"],
+                   "ceiling_kind": profile["ceiling_kind"], "ceiling_gbps": ceiling, "ceiling_iqr_gbps": 0.0,
+                   "ceiling_before_after_gbps": [ceiling, ceiling],
+                   "matmul_peak_gflops": profile["dtypes"][config.dtype]["matmul_peak_gflops"]}
+    doc = bench_document(spec, config, {k: k for k in kernels}, units, layers, ns, u, trace_info,
+                         dict.fromkeys(kernels, IMPLEMENTATION), device_keys)
+    stated = profile.self_check()
+    fit_eps = dict(doc["eps"])
+    doc["eps"] = {k: fit_eps[k] + stated[k] for k in fit_eps}
+    doc["eps_engine"] = {"moespec": max(doc["eps"].values())} if doc["eps"] else {}
+    doc["protocol"] |= {"flush_bytes": profile["protocol"]["flush_bytes"], "timer": "predicted"}
+    doc |= {"predicted": True,
+            "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
+                           "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
+                           "ceiling_source": "profile" if ceiling_gbps is None else "given",
+                           "error": stated, "error_source": "profile self-check (largest relative error)",
+                           "fit_eps": fit_eps},
+            "skipped_kernels": {}, "level": None, "contention": None, "resumed_rounds": 0,
+            "elapsed_s": time.perf_counter() - started}
+    doc["too_small"] = too_small(doc)
+    write_json(config.out, doc)
+    return Bench(doc, config.out)

@@ -1,0 +1,158 @@
+"""The structural model of the expert kernels (moespec.predict.structure) on synthetic device profiles, exact; `bench
+--predict` writes a bench that validates and plans; its refusals (issue 35)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cli_cases import one_line, refused, run_cli
+
+from moespec import ArgumentError
+from moespec.formats.benchfile import load_bench
+from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
+from moespec.measure.timing import device_name
+from moespec.predict.structure import Rates, cached, groups, pass_time
+from moespec.routing.synth import synthesize
+
+RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), stall=(0.5, 0.25, 0.0), group_s=1e-6, pass_s=1e-4)
+
+
+def test_per_byte_cold_hot_interpolated_and_past_the_grid() -> None:
+    assert RATES.per_byte(1, 50.0) == pytest.approx(1e-11 + 0.5 / 50e9)  # kappa + s / C
+    assert RATES.per_byte(1, 25.0) == pytest.approx(1e-11 + 0.5 / 25e9)  # half the ceiling: twice the stall
+    assert RATES.per_byte(1, 50.0, cold=False) == pytest.approx(1e-11)
+    assert RATES.per_byte(3, 50.0) == pytest.approx(3e-11 + 0.125 / 50e9)  # halfway between G = 2 and 4
+    assert RATES.per_byte(6, 50.0) == pytest.approx(4e-11 + 2 * 1e-11)  # the line through G = 2, 4; stall 0 held
+
+
+def test_groups_in_kernel_order() -> None:
+    ids = np.array([[3, 1], [3, 2]])
+    assert groups("slot", ids) == [(3, 1), (1, 1), (3, 1), (2, 1)]
+    assert groups("dedup", ids) == [(1, 1), (2, 1), (3, 2)]
+
+
+def test_cached_by_distinct_bytes_since_the_last_read() -> None:
+    order = [(0, 1), (1, 1), (0, 1), (2, 1), (3, 1), (0, 1)]
+    assert cached(order, 10.0, 20.0) == [False, False, True, False, False, False]  # 0 after {1}: 2 experts fit
+    assert cached(order, 10.0, 40.0) == [False, False, True, False, False, True]  # after {2, 3}: 3 experts fit
+    assert cached(order, 10.0, 10.0) == [False] * 6
+
+
+def test_pass_time_exact() -> None:
+    ids, b, c = np.array([[0, 1], [0, 2]]), 1e6, 40.0
+    cold1, hot1, cold2 = RATES.per_byte(1, c), RATES.per_byte(1, c, cold=False), RATES.per_byte(2, c)
+    # slot: 4 groups of one token; expert 0's second slot finds it cached (experts {1, 0} = 2 MB fit 2 MB)
+    assert pass_time(RATES, "slot", ids, b, c, 2e6) == pytest.approx(1e-4 + 4e-6 + b * (3 * cold1 + hot1))
+    assert pass_time(RATES, "slot", ids, b, c, 1e6) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
+    # dedup: expert 0 on 2 tokens, 1 and 2 on one each, every expert read once from memory
+    assert pass_time(RATES, "dedup", ids, b, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: RATES.per_byte(0, 50.0), lambda: RATES.per_byte(1, 0.0), lambda: groups("both", np.zeros((1, 2))),
+    lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 50, 0),
+    lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0),
+    lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0)])
+def test_domain(call) -> None:
+    with pytest.raises(ArgumentError):
+        call()
+
+
+# ---- bench --predict ----------------------------------------------------------------------------------------
+def profile_doc(**changes) -> dict:
+    """A valid device.json of this machine and thread count with hand-set rates (G = 1, 2, 4, 8, 16)."""
+    g = [1, 2, 4, 8, 16]
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": device_name(), "device_kind": "cpu",
+           "threads": torch.get_num_threads(), "ceiling_kind": "streaming read", "ceiling_gbps": 50.0,
+           "ceiling_iqr_gbps": 1.0, "cache_bytes": 32 << 20,
+           "dtypes": {"bf16": {"G": g, "hot_s_per_byte": [1e-11 * max(1, x / 4) for x in g],
+                               "stall": [0.6, 0.6, 0.5, 0.2, 0.0], "cold_share_of_ceiling": [0.7] * 5,
+                               "group_s": 1e-6, "pass_s": 1e-4, "matmul_peak_gflops": 500.0}},
+           "self_check": {"slot": {"median": 0.02, "max": 0.05, "passes": 9},
+                          "dedup": {"median": 0.03, "max": 0.06, "passes": 9}},
+           "protocol": {"reps": 5, "flush_bytes": 64 << 20, "timer": "perf_counter"}, "provenance": {}}
+    return doc | changes
+
+
+@pytest.fixture(scope="module")
+def olmoe_trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "olmoe.npz"
+    synthesize("olmoe-1b-7b", "calibrated", 4000, 20, 0).save(path)
+    return path
+
+
+def write(path: Path, doc: dict) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+PREDICT = ["bench", "--model", "olmoe-1b-7b", "--layers", "0", "--windows", "4", "--u-values", "3"]
+
+
+def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) -> None:
+    profile = write(tmp_path / "device.json", profile_doc())
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", out])
+    assert code == 0, err
+    bench = load_bench(out)
+    assert bench["predicted"] is True and bench["ceiling_gbps"] == 50.0 and bench["n"] == list(range(1, 10))
+    prediction = bench["prediction"]
+    assert prediction["error"] == {"slot": 0.05, "dedup": 0.06} and prediction["ceiling_source"] == "profile"
+    for kernel, fit_eps in prediction["fit_eps"].items():
+        assert bench["eps"][kernel] == pytest.approx(fit_eps + prediction["error"][kernel])
+    # the one-token pass: 8 cold groups of one token, exactly the model's time
+    b = bench["expert_bytes"]["0"]
+    one = 1e-4 + 8 * (1e-6 + b * (1e-11 + 0.6 / 50e9))
+    assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
+    code, err = run_cli(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out",
+                         tmp_path / "plan.json"])
+    assert code == 0, err
+    assert json.loads((tmp_path / "plan.json").read_text())["crossover"] == bench["crossover"]
+    # at another ceiling: every cold byte's stall scales, so the one-token pass with it
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--ceiling", "25",
+                         "--out", tmp_path / "half.json"])
+    assert code == 0, err
+    half = load_bench(tmp_path / "half.json")
+    assert half["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
+        1e-4 + 8 * (1e-6 + b * (1e-11 + 0.6 / 25e9)))
+    assert half["prediction"]["ceiling_source"] == "given"
+
+
+@pytest.mark.parametrize("doc, extra, words", [
+    (profile_doc(threads=torch.get_num_threads() + 1), [], ["threads"]),
+    (profile_doc(device="cpu: another CPU, 2 threads"), [], ["another device"]),
+    (profile_doc(device_kind="cuda"), [], ["cuda"]),
+    (profile_doc(), ["--dtype", "fp32"], ["fp32"]),
+    (profile_doc(), ["--dtype", "q8_0"], ["q8_0"]),
+    (profile_doc(), ["--kernels", "slot,torch-dedup"], ["our kernels"]),
+    (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"stall": [-1.0] * 5}}), [], ["stall"]),
+    (profile_doc(format_version=7), [], ["version"]),
+    ({"format": "something else"}, [], ["not a moespec device profile"]),
+])
+def test_refusals(tmp_path: Path, capsys, olmoe_trace: Path, doc: dict, extra: list[str], words: list[str]) -> None:
+    profile = write(tmp_path / "device.json", doc)
+    err = refused([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", tmp_path / "b.json", *extra],
+                  capsys, tmp_path)
+    one_line(err, *words)
+
+
+def test_refusals_of_files_and_flags(tmp_path: Path, capsys, olmoe_trace: Path) -> None:
+    base = [*PREDICT, "--trace", olmoe_trace, "--out", tmp_path / "b.json"]
+    one_line(refused([*base, "--predict", tmp_path / "missing.json"], capsys), "missing.json")
+    (tmp_path / "corrupt.json").write_text("{not json")
+    one_line(refused([*base, "--predict", tmp_path / "corrupt.json"], capsys), "corrupt.json")
+    one_line(refused([*base, "--ceiling", "40"], capsys), "--predict")
+    profile = write(tmp_path / "device.json", profile_doc())
+    one_line(refused([*base, "--predict", profile, "--ceiling", "0"], capsys), "--ceiling")
+
+
+def test_loader_names_the_problem(tmp_path: Path) -> None:
+    bad = profile_doc()
+    bad["dtypes"]["bf16"]["G"] = [2, 4, 8, 16, 32]
+    with pytest.raises(Exception, match="ascending whole numbers of tokens per group from 1"):
+        load_profile(write(tmp_path / "d.json", bad))
+    assert load_profile(write(tmp_path / "ok.json", profile_doc())).self_check() == {"slot": 0.05, "dedup": 0.06}
