@@ -6,7 +6,8 @@ import torch
 
 # (name, n, m, N, d, f, same_ids): n = 1; all tokens on the same experts; m = N - 1; prime N; up to n = 9;
 # d and f not multiples of the SIMD width; a shape with several row tasks and chunks per matrix; a hidden
-# size wide enough to be split in column blocks; OLMoE's ratios at small size.
+# size wide enough to be split in column blocks; OLMoE's ratios at small size; a prime number of tokens on each
+# expert (13: token blocks of 5, 4 and 4); a pass of 72 tokens (B = 8 sequences of 9), ~36 on each expert.
 SHAPES = [
     ("n1_prime7", 1, 2, 7, 37, 13, False),
     ("same_experts", 9, 4, 13, 48, 24, True),
@@ -15,6 +16,8 @@ SHAPES = [
     ("n9_olmoe_like", 9, 8, 64, 64, 32, False),
     ("many_tasks", 4, 2, 5, 1030, 515, True),
     ("wide_hidden", 7, 2, 3, 3000, 24, True),
+    ("prime_group_13", 13, 2, 5, 70, 33, True),
+    ("pass_of_72", 72, 8, 16, 96, 40, False),
 ]
 
 

@@ -35,7 +35,9 @@ g0 u0 g1 u1 ..., `down_proj` [N, f, d]) and uses a clamped SwiGLU; `from_hf_expe
 modules to the layout above once, and `Activation` carries the activation (`SILU` or `GPT_OSS`).
 
 Implementations. On the CPU `slot` and `dedup` run the native AVX2/FMA kernels of moespec/kernels/csrc (fp32 or bf16
-weights, fp32 accumulation, the threads sharing the rows of every weight matrix; see moespec.kernels.native) and fall
+weights, fp32 accumulation, the threads sharing the rows of every weight matrix; see moespec.kernels.native; bf16
+weights with bf16 x take the AVX512-BF16 dot product where the CPU has it, with h rounded to bf16 between the two
+matrices as the model's own bf16 forward rounds it, 512-bit tiles for experts serving several tokens) and fall
 back to a pure-torch loop with the same results when the native library is unavailable or the weights are
 neither fp32 nor bf16; on a CUDA device they run the Triton kernels of moespec.kernels.triton_experts.
 `implementation(kernel, dtype, device)` says which runs. `reference` (float64) is every test's ground truth. Peers:

@@ -1,6 +1,8 @@
 // Native expert kernels of moespec: the per-slot and the deduplicating expert operation of one MoE layer,
 // fp32 or bf16 weights, AVX2 + FMA, OpenMP threads sharing the rows of every weight matrix. With bf16 weights
-// and bf16 x on a CPU with AVX512-BF16 (detected at run time), phase 1 multiplies on the dot path (vdpbf16ps).
+// and bf16 x on a CPU with AVX512-BF16 (detected at run time), both phases multiply on the dot path (vdpbf16ps):
+// 256-bit tiles for groups of a few tokens, where the weights' stream sets the time, and 512-bit wide tiles from
+// kWideMinTokens tokens, where the multiply-adds would.
 // The physics, the shape legend and the Python entry point are in moespec/kernels/__init__.py; this file is loaded
 // through ctypes (plain C ABI, no torch headers), so it builds in seconds with g++ alone.
 //
@@ -65,6 +67,18 @@ constexpr int64_t kColBlockBytes = 16 << 10;
 // flight early; beyond, the pass is compute-bound, the hardware prefetcher keeps up, and the prefetch
 // instructions would only take issue slots from the FMAs (~30% measured on L2-resident rows).
 constexpr int64_t kPrefetchMaxTokens = 6;
+// The dot path's wide tiles, for groups of at least kWideMinTokens tokens (compute-bound from ~8 tokens): 512-bit
+// vdpbf16ps, 32 columns per instruction, kTileRows rows x up to kWideTokens tokens. 24 accumulators, the 6
+// tokens' inputs and one weight vector take 31 of the 32 zmm registers; each weight load feeds 6 instructions
+// and each input load 4, twice the columns per instruction of the 256-bit tile and twice its tokens.
+constexpr int kWideTokens = 6;
+constexpr int64_t kWideMinTokens = 4;
+// Columns per block of the wide tiles: the bf16 inputs of all of a group's tokens over one block fit in 24 KiB
+// of L1 beside the tile's rows, so the token blocks after the first read the rows from L1.
+constexpr int64_t kWideColBlockBytes = 24 << 10;
+// Groups of at most this many tokens prefetch the wide tiles' rows: up to there the wide tiles consume weights
+// about as fast as DRAM delivers them.
+constexpr int64_t kWidePrefetchMaxTokens = 16;
 // Padding of the packed input rows: strides that are multiples of 4 KiB would put the same column of every
 // token in the same L1 set.
 constexpr int64_t kPadFloats = 16;
@@ -279,6 +293,98 @@ MOESPEC_DOT_TARGET void dot_tile_bf16(const bf16* w, int64_t ldw, const bf16* co
         }
 }
 
+// The wide tile (dot path, 512-bit): res[r * ldr + t] += <row r of w, xs[t]> over columns [k0, k1) for R rows
+// and G <= kWideTokens tokens. A last partial step of fewer than 32 columns loads under a mask (masked lanes
+// read nothing and add zero), so any K works. With `pw` not null each row's cache line at column k also
+// requests the line of pw + r * ldw + k into L2.
+template <int R, int G>
+MOESPEC_DOT_TARGET void wide_tile(const bf16* w, int64_t ldw, const bf16* const* xs, int64_t k0, int64_t k1,
+                                  const bf16* pw, float* res, int64_t ldr) {
+    __m512 acc[R][G];
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) acc[r][t] = _mm512_setzero_ps();
+    auto step = [&](int64_t k, __mmask32 mask) __attribute__((always_inline, target(MOESPEC_DOT_ISA))) {
+        __m512bh xv[G];
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
+            xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(mask, xs[t] + k);
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
+            const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * ldw + k);
+            _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
+        }
+    };
+    int64_t k = k0;
+    if (pw)
+        for (; k + 32 <= k1; k += 32) {
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(pw + r * ldw + k), _MM_HINT_T1);
+            step(k, ~__mmask32(0));
+        }
+    for (; k + 32 <= k1; k += 32) step(k, ~__mmask32(0));
+    if (k < k1) step(k, static_cast<__mmask32>((uint64_t(1) << (k1 - k)) - 1));
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
+        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) res[r * ldr + t] += _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int R>
+void wide_tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, int64_t k0, int64_t k1, const bf16* pw,
+                      float* res, int64_t ldr) {
+    static_assert(kWideTokens == 6, "dispatches token blocks of 1 to 6");
+    switch (G) {
+        case 1: wide_tile<R, 1>(w, ldw, xs, k0, k1, pw, res, ldr); break;
+        case 2: wide_tile<R, 2>(w, ldw, xs, k0, k1, pw, res, ldr); break;
+        case 3: wide_tile<R, 3>(w, ldw, xs, k0, k1, pw, res, ldr); break;
+        case 4: wide_tile<R, 4>(w, ldw, xs, k0, k1, pw, res, ldr); break;
+        case 5: wide_tile<R, 5>(w, ldw, xs, k0, k1, pw, res, ldr); break;
+        default: wide_tile<R, 6>(w, ldw, xs, k0, k1, pw, res, ldr); break;
+    }
+}
+
+// y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, hi) with the wide tiles (bf16 weights and inputs, G >=
+// kWideMinTokens): as matvec_rows below, in column blocks of kWideColBytes of inputs and token blocks of at most
+// kWideTokens, prefetching up to kWidePrefetchMaxTokens.
+void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* const* xs, int64_t G, float* y,
+               int64_t ldy, float* res, const bf16* next) {
+    const int64_t blocks = (G + kWideTokens - 1) / kWideTokens;
+    const int64_t per_block = (G + blocks - 1) / blocks;
+    const int64_t kb = std::max<int64_t>(32, kWideColBlockBytes / (2 * G) / 32 * 32);
+    const bool pf = G <= kWidePrefetchMaxTokens;
+    const int64_t ahead = std::max<int64_t>(kTileRows, kPrefetchBytes / (K * 2) / kTileRows * kTileRows);  // rows
+    auto target = [&](int64_t r, int64_t rows) -> const bf16* {
+        const int64_t q = r + ahead;
+        if (q + rows <= hi) return w + q * K;
+        if (next && q >= hi && q + rows <= 2 * hi - lo) return next + (q - hi + lo) * K;
+        return nullptr;
+    };
+    for (int64_t r0 = lo; r0 < hi; r0 += kRowChunk) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRowChunk, hi - r0));
+        std::fill(res, res + kRowChunk * G, 0.0f);
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+            const int64_t k1 = std::min(K, k0 + kb);
+            int r = 0;
+            for (; r + kTileRows <= rows; r += kTileRows)
+                for (int64_t b = 0; b < G; b += per_block) {
+                    const bf16* pw = pf ? target(r0 + r + b / per_block * kTileRows, kTileRows) : nullptr;
+                    wide_tile_tokens<kTileRows>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
+                                                k0, k1, pw, res + r * G + b, G);
+                }
+            for (; r < rows; ++r)
+                for (int64_t b = 0; b < G; b += per_block)
+                    wide_tile_tokens<1>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)), k0,
+                                        k1, nullptr, res + r * G + b, G);
+        }
+        for (int r = 0; r < rows; ++r)
+            for (int64_t t = 0; t < G; ++t) y[t * ldy + r0 - lo + r] = res[r * G + t];
+    }
+}
+
+// fp32 values rounded to bf16 (nearest even, as to_bf16), 16 at a time.
+MOESPEC_DOT_TARGET void round_bf16(const float* src, int64_t count, bf16* dst) {
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    for (; i < count; ++i) dst[i] = to_bf16(src[i]);
+}
+
 // A tile of R rows for G = 1..kTileTokens tokens: the fma path for fp32 inputs, the dot path for bf16.
 template <int R, class W>
 void tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, const W* pf,
@@ -309,6 +415,8 @@ void tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, int64
 template <class W, class X>
 void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* xs, int64_t G, float* y,
                  int64_t ldy, float* res, const W* next, bool warm) {
+    if constexpr (std::is_same_v<X, bf16>)
+        if (G >= kWideMinTokens) return wide_rows(w, K, lo, hi, xs, G, y, ldy, res, next);
     constexpr int64_t kLineCols = 64 / sizeof(W);
     const int64_t blocks = (G + kTileTokens - 1) / kTileTokens;
     const int64_t per_block = (G + blocks - 1) / blocks;
@@ -434,15 +542,17 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
     for (int64_t i = 0; i < n * d; ++i) xin[i] = P.x.get(i);
     for (int64_t s = 0; s < slots; ++s) rw[s] = P.rw.get(s);
     for (int64_t t = 0; t < n; ++t) F::pack(xin.data() + t * d, 0, d, d, xpk.data() + t * ldx);
-    // bf16 weights and bf16 x: phase 1 takes the dot path on CPUs with AVX512-BF16, on x as given (exact).
-    // Phase 2 keeps the fma path: its inputs h are fp32, and rounding them to bf16 would not be exact.
+    // bf16 weights and bf16 x: both phases take the dot path on CPUs with AVX512-BF16, phase 1 on x as given,
+    // phase 2 on h rounded to bf16, as the model's own bf16 forward rounds it (transformers computes act(g) * u
+    // in bf16) and as ggml does (it converts the activations to the weights' dot-product type).
     const bool dot = std::is_same_v<W, bf16> && P.x.dtype == 1 && cpu_has_dot();
     std::vector<bf16> xbf(dot ? n * ldx : 0);
     for (int64_t t = 0; dot && t < n; ++t)
         std::memcpy(xbf.data() + t * ldx, static_cast<const bf16*>(P.x.p) + t * d, d * sizeof(bf16));
     const int64_t rows1 = task_rows<W>(2 * d), rows2 = task_rows<W>(f);  // phase 1 reads gate and up rows
     const int64_t T1 = (f + rows1 - 1) / rows1, T2 = (d + rows2 - 1) / rows2;
-    std::vector<float> hbuf(kLookahead * gmax * ldh);
+    std::vector<float> hbuf(dot ? 0 : kLookahead * gmax * ldh);
+    std::vector<bf16> hbf(dot ? kLookahead * gmax * ldh : 0);
     std::vector<std::atomic<int64_t>> done1(groups), done2(groups);
     for (int64_t g = 0; g < groups; ++g) {
         done1[g].store(0, std::memory_order_relaxed);
@@ -469,9 +579,18 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                 const int64_t e = g_expert[g2], G = g_begin[g2 + 1] - g_begin[g2];
                 const int64_t* ent = entries.data() + g_begin[g2];
                 const int64_t lo = (i2 % T2) * rows2, hi = std::min(d, lo + rows2);
-                const float* h = hbuf.data() + (g2 % kLookahead) * gmax * ldh;
-                for (int64_t i = 0; i < G; ++i) ptrs[i] = h + i * ldh;
-                matvec_rows(down + e * d * f, f, lo, hi, ptrs.data(), G, yraw.data(), rows2, res.data(), static_cast<const W*>(nullptr), false);
+                const W* none = nullptr;
+                if constexpr (std::is_same_v<W, bf16>)
+                    if (dot) {
+                        const bf16* h = hbf.data() + (g2 % kLookahead) * gmax * ldh;
+                        for (int64_t i = 0; i < G; ++i) bptrs[i] = h + i * ldh;
+                        matvec_rows(down + e * d * f, f, lo, hi, bptrs.data(), G, yraw.data(), rows2, res.data(), none, false);
+                    }
+                if (!dot) {
+                    const float* h = hbuf.data() + (g2 % kLookahead) * gmax * ldh;
+                    for (int64_t i = 0; i < G; ++i) ptrs[i] = h + i * ldh;
+                    matvec_rows(down + e * d * f, f, lo, hi, ptrs.data(), G, yraw.data(), rows2, res.data(), none, false);
+                }
                 const W* bd = down_bias ? down_bias + e * d : nullptr;
                 for (int64_t i = 0; i < G; ++i) {
                     float* o = my_out + (ent[i] / m) * d;
@@ -506,7 +625,7 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                 }
                 const W* bg = gu_bias ? gu_bias + e * 2 * f : nullptr;
                 const W* bu = gu_bias ? bg + f : nullptr;
-                float* h = hbuf.data() + (g1 % kLookahead) * gmax * ldh;
+                const int64_t hslot = (g1 % kLookahead) * gmax * ldh;
                 for (int64_t i = 0; i < G; ++i) {
                     float* gr = graw.data() + i * rows1;  // row j at gr[j - lo]; overwritten by h, then packed
                     const float* ur = uraw.data() + i * rows1;
@@ -522,7 +641,8 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                     for (; j < hi; ++j)
                         gr[j - lo] = act1(gr[j - lo] + (bg ? to_f32(bg[j]) : 0.0f),
                                           ur[j - lo] + (bu ? to_f32(bu[j]) : 0.0f), P.act);
-                    F::pack(gr, 0, hi - lo, hi - lo, h + i * ldh + lo);
+                    if (dot) round_bf16(gr, hi - lo, hbf.data() + hslot + i * ldh + lo);
+                    else F::pack(gr, 0, hi - lo, hi - lo, hbuf.data() + hslot + i * ldh + lo);
                 }
                 done1[g1].fetch_add(1, std::memory_order_release);
                 idle = 0;
