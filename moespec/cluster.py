@@ -9,12 +9,17 @@ Workers are Ray actors that hold their expensive state (a model) once and take u
 whose process dies (killed, out of memory, its node lost) is restarted by Ray, which retries the unit it held
 (RETRIES times): the caller sees every unit finish once, and checkpoints each as it arrives, so nothing finished is
 lost and a rerun resumes. Units are handed out one per worker at a time, so a slow node takes fewer.
+
+Tasks (`submit`) are single calls with their resource request, each started once the tasks it waits for are done
+(a graph of units: `moespec sweep`) and retried as a worker's units are; what one writes names the command of the
+driver that submitted it, as if it had run there.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -124,14 +129,40 @@ def each(ray: Any, actors: list[Any], method: str, units: Iterable[tuple]) -> It
         yield result
 
 
+def submit(ray: Any, fn: Callable[..., Any], args: tuple, after: Sequence[Any] = (), num_cpus: float = 1,
+           num_gpus: float = 0) -> Any:
+    """`fn(*args)` as a Ray task of `num_cpus` CPUs and `num_gpus` GPUs, started once every task of `after` (their
+    refs) has finished and retried RETRIES times when its worker dies; its ref (`results` waits for it). A task
+    waiting for `after` holds no resources: Ray resolves a task's inputs before it grants the task its CPUs."""
+    if not (num_cpus >= 0 and num_gpus >= 0):
+        raise ValueError(f"num_cpus and num_gpus must be >= 0, got {num_cpus!r} and {num_gpus!r}")
+    remote = ray.remote(max_retries=RETRIES)(_after)
+    return remote.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(fn, args, sys.argv, *after)
+
+
+def _after(fn: Callable[..., Any], args: tuple, argv: list[str], *finished: Any) -> Any:
+    """The body of a `submit` task: Ray has resolved `finished` (the tasks it waits for) before calling it. The
+    files it writes name the command that submitted it (moespec.formats.files.provenance reads sys.argv, which in
+    a worker is Ray's own)."""
+    own, sys.argv = sys.argv, list(argv)
+    try:
+        return fn(*args)
+    finally:
+        sys.argv = own
+
+
+def results(ray: Any, refs: Sequence[Any], what: str) -> list[Any]:
+    """The results of the tasks `refs` in their order; one line naming `what` when one fails."""
+    return _got(ray, list(refs), what)
+
+
 def tasks(ray: Any, fn: Callable[..., Any], calls: Sequence[tuple], num_cpus: float = 1,
           num_gpus: Sequence[float] | None = None) -> list[Any]:
     """`fn(*args)` for every args of `calls` as Ray tasks (each `num_cpus` CPUs and its num_gpus[i] GPUs, retried
     RETRIES times when their worker dies), their results in the order of `calls`."""
-    remote = ray.remote(max_retries=RETRIES)(fn)
     gpus = num_gpus or [0] * len(calls)
-    return _got(ray, [remote.options(num_cpus=num_cpus, num_gpus=g).remote(*args) for args, g in zip(calls, gpus)],
-                fn.__name__)
+    return results(ray, [submit(ray, fn, args, num_cpus=num_cpus, num_gpus=g) for args, g in zip(calls, gpus)],
+                   fn.__name__)
 
 
 def node_cpus(ray: Any) -> int:

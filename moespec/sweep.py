@@ -1,30 +1,47 @@
 """`moespec sweep SWEEP.toml`: a grid of models x formats x depths x batch sizes x devices x kernels through bench and
 plan (and a verify-only engine run where asked), one folder per unit, locally or on a Ray cluster (moespec.cluster),
-with one summary of the crossover and k_hat*(a) per cell.
+with one summary of the crossover and k_hat*(a) per cell (moespec.report.sweep).
 
 SWEEP.toml (tomllib; every key is optional but grid.model, and an unknown key is refused in one line):
     out = "sweep"                   # the sweep's folder (--out overrides)
     steps = ["bench", "plan"]       # add "run" for a verify-only engine run per cell, which calibrates its plan
     [grid]                          # every combination is a cell
-    model = ["olmoe-1b-7b"]         # presets or config.json paths
-    format = ["bf16"]               # the experts' format: bf16, fp32, q8_0, q4_0 (run: bf16 or fp32)
+    model = ["olmoe-1b-7b"]         # presets, config.json paths or GGUF files (FILE.gguf)
+    format = ["bf16"]               # the experts' format: bf16, fp32, q8_0, q4_0 (run: bf16 or fp32); a GGUF's is
+                                    #   its file's (its experts' type), and a cell of another format is refused
     depth = [512]                   # context depth of the plan's key-value bytes (and of the run)
-    batch = [1]                     # the plan's batch sizes (B > 1 needs "run", which measures them)
-    device = ["cpu"]                # cpu or cuda
+    batch = [1]                     # the plan's batch sizes (B > 1 needs "run", which measures them; presets only)
+    device = ["cpu"]                # cpu or cuda (a GGUF's run: cpu)
     kernels = ["slot,dedup"]        # the bench's kernels (a quantized format's default: ggml's pair)
-    [trace]                         # the routing every cell of a model plans with: the calibrated process
-    tokens = 50000, docs = 50, seed = 0  #   where the paper's profile has the model, else uniform iid
+    [trace]                         # the routing every cell of a model plans with: a GGUF's traced by llama.cpp
+    tokens = 50000                  #   on `text` (default moespec's sample text), at most `tokens` tokens; any
+    docs = 50, seed = 0             #   other model's the calibrated process where the paper's profile has it,
+    text = "corpus.txt"             #   else uniform iid, `tokens` in `docs` documents from `seed`
     [bench]                         # moespec.measure.bench.BenchConfig: reps, windows, u_values, layers, n
     [plan]                          # kmax, draft_time
-    [run]                           # moespec.measure.run.RunConfig: layers, reps, max_reps, budget_s, n
+    [run]                           # moespec.measure.run.RunConfig: layers (a preset's), reps, max_reps, budget_s, n
 
-Units and where they run. A trace per model; a bench per (model, format, device, kernels), shared by the depths and
-batch sizes (the expert operation does not depend on them); a run per (model, format, depth, device, batch grid);
-a plan per cell. Benches and runs time the machine: on Ray each is a task holding every CPU of a node (and a GPU on
-cuda), so two timing units never share a machine; traces and plans take one CPU. A unit whose output exists is
-done: a rerun resumes, and each bench and run checkpoints its own rounds inside. Without a run, the plan's
-one-token pass tau1 is the pass's bytes (16) at the bench's streaming ceiling, the physical floor the plan then
-adds the measured expert-operation growth to (22); the summary says which.
+Units. A trace per model; a bench per (model, format, device, kernels), shared by the depths and batch sizes (the
+expert operation does not depend on them); a run per (model, format, depth, device, batch grid): moespec's engine on
+a preset (random weights at its shapes, the trace's routing replayed), llama.cpp on a GGUF (`run --engine
+llama.cpp`, its one kernel, dedup, at B = 1: its plan has no batch map); a plan per cell. A GGUF needs
+llama-cpp-python: its routing is the model's own, read from llama.cpp's graph (moespec.routing.llama_tracer);
+without the bindings a sweep of a GGUF is refused before any work, never planned on a stand-in routing that its
+summary would show as the model's. A GGUF's trace runs on one thread, so it is the same bits wherever it runs. A
+unit whose output exists is done: a rerun resumes, and each trace, bench and run checkpoints its own parts inside.
+Without a run, the plan's one-token pass tau1 is the pass's bytes (16; a GGUF's: the file's) at the bench's
+streaming ceiling, the physical floor the plan then adds the measured expert-operation growth to (22); the summary
+says which.
+
+Where they run. Locally, one after another in this process: the traces, the benches and runs, the plans. With
+--ray every unit is a Ray task: traces and plans take one CPU, each bench and run every CPU of a node (the
+cluster's largest: moespec.cluster.node_cpus) and a GPU on cuda. The tasks form a graph, each started when what
+it reads is done (a bench after its model's trace, a plan after its bench and run), so a trace or plan of one model
+runs while another model is timed. They never share a node with a timing unit, by Ray's own accounting: a timing
+task holds all of its node's CPUs while it runs, so no one-CPU task is placed there, and it is placed only on a
+node with every CPU free, so it waits for the traces and plans there to end; a task waiting for its inputs holds no
+CPU. The driver only submits and waits, and writes the summary at the end. Traces and plans compute the same
+values wherever they run, so the summary equals the local path's from the same timing units.
 """
 
 from __future__ import annotations
@@ -39,25 +56,29 @@ from typing import Any
 import torch
 
 from moespec import MoespecError
-from moespec.cluster import check_address, cluster_gpus, connected, node_cpus, tasks
-from moespec.defaults import BATCH_LIMIT, DEPTH_LIMIT, KMAX_LIMIT
-from moespec.formats.files import atomic_write, provenance, read_json, write_json
+from moespec.cluster import check_address, cluster_gpus, connected, node_cpus, results, submit
+from moespec.defaults import BATCH_LIMIT, DEPTH_LIMIT, ENGINES, KMAX_LIMIT, SAMPLE_TEXT, TOKENS_LIMIT
+from moespec.formats.files import check_input, read_json
 from moespec.formats.trace import load_trace
 from moespec.measure.bench import BenchConfig, run_bench
+from moespec.measure.llama_run import run_llama_cpp
 from moespec.measure.run import RunConfig, run_engine
-from moespec.model.gguf import resolve_model
+from moespec.model.gguf import is_gguf, read_gguf, resolve_model
+from moespec.model.llama_cpp import bindings
 from moespec.predict.plan import PlanConfig, make_plan
-from moespec.report.markup import CSS, table
+from moespec.report.sweep import ACCEPTANCES, write_summary
 from moespec.routing.synth import PROFILES, synthesize
+from moespec.routing.tracer import TraceConfig, trace
 
 STEPS = ("bench", "plan", "run")
 GRID = {"model": None, "format": ["bf16"], "depth": [512], "batch": [1], "device": ["cpu"], "kernels": [None]}
 TRACE = {"tokens": 50_000, "docs": 50, "seed": 0}
+TEXT = "text"  # [trace]'s one string: the text a GGUF's routing is traced on
 SECTIONS = {"bench": ("reps", "windows", "u_values", "layers", "n"), "plan": ("kmax", "draft_time"),
             "run": ("layers", "reps", "max_reps", "budget_s", "n")}
 TOP = ("out", "steps", "grid", "trace", *SECTIONS)
-ACCEPTANCES = (0.5, 0.7, 0.8, 0.9)  # the summary's k_hat*(a) columns
 PROFILE = "paper-wikitext"  # the calibrated process's targets: the paper's published reuse per model
+GGUF_TRACE_THREADS = 1  # a GGUF's trace: one thread, the same bits on every node (and one Ray CPU)
 
 
 @dataclass(frozen=True)
@@ -80,12 +101,14 @@ class Cell:
 
 @dataclass(frozen=True)
 class Sweep:
-    """A checked sweep file: its folder, steps, cells, trace settings and each step's settings."""
+    """A checked sweep file: its folder, steps, cells, trace settings, the text a GGUF is traced on and each step's
+    settings."""
 
     out: Path
     steps: tuple[str, ...]
     cells: list[Cell]
     trace: dict[str, int]
+    text: str
     settings: dict[str, dict[str, Any]]
 
 
@@ -118,8 +141,9 @@ def load_sweep(path: str, out: str | None = None) -> Sweep:
     if any(b != 1 for b in values["batch"]) and "run" not in steps:
         raise MoespecError(f"{path}: grid.batch beyond 1 needs steps = [..., \"run\"] (the batch map stands on "
                            f"verify times measured at each B)")
-    trace = dict(TRACE) | (doc.get("trace") or {})
-    known(trace, tuple(TRACE), "trace.")
+    routing = dict(TRACE) | (doc.get("trace") or {})
+    known(routing, (*TRACE, TEXT), "trace.")
+    text = routing.pop(TEXT, None)
     settings = {name: doc.get(name) or {} for name in SECTIONS}
     for name, allowed in SECTIONS.items():
         known(settings[name], allowed, f"{name}.")
@@ -129,7 +153,7 @@ def load_sweep(path: str, out: str | None = None) -> Sweep:
     for key, kind in (("depth", int), ("batch", int), ("format", str), ("device", str), ("model", str)):
         if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values[key]):
             raise MoespecError(f"{path}: grid.{key} must list {kind.__name__}s, got {values[key]!r}")
-    for name, section in [*settings.items(), ("trace", trace)]:
+    for name, section in [*settings.items(), ("trace", routing)]:
         for key, v in section.items():
             if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v if isinstance(v, list)
                                                                                        else [v])):
@@ -137,6 +161,10 @@ def load_sweep(path: str, out: str | None = None) -> Sweep:
     for key, least, most in (("depth", 0, DEPTH_LIMIT), ("batch", 1, BATCH_LIMIT)):
         if not all(least <= v <= most for v in values[key]):
             raise MoespecError(f"{path}: grid.{key} must lie in {least}..{most:,}, got {values[key]}")
+    for key in ("tokens", "docs"):
+        if not isinstance(routing[key], int) or not 1 <= routing[key] <= TOKENS_LIMIT:
+            raise MoespecError(f"{path}: trace.{key} must be a whole number in 1..{TOKENS_LIMIT:,}, "
+                               f"got {routing[key]!r}")
     kmax = settings["plan"].get("kmax", PlanConfig.kmax)
     if not isinstance(kmax, int) or not 1 <= kmax <= KMAX_LIMIT:
         raise MoespecError(f"{path}: plan.kmax must be a whole number in 1..{KMAX_LIMIT}, got {kmax!r}")
@@ -145,15 +173,42 @@ def load_sweep(path: str, out: str | None = None) -> Sweep:
             resolve_model(cell.model)  # a model moespec cannot read is refused before any work
         except (MoespecError, ValueError) as e:
             raise MoespecError(f"{path}: grid.model: {e}") from None
-        if str(cell.model).endswith(".gguf"):
-            raise MoespecError(f"{path}: grid.model {cell.model}: the sweep plans presets and config.json shapes "
-                               f"(a GGUF's chain: moespec trace --gguf, bench, run --engine llama.cpp)")
-        if "run" in steps and Path(cell.model).exists():
-            raise MoespecError(f"{path}: steps run: the engine runs presets (random weights at real shapes), "
-                               f"not {cell.model}")
         if cell.device not in ("cpu", "cuda"):
             raise MoespecError(f"{path}: grid.device {cell.device!r}: cpu or cuda")
-    return Sweep(Path(out or doc.get("out", "sweep")), steps, cells, trace, settings)
+        if is_gguf(cell.model):
+            _check_gguf(path, cell, steps)
+        elif "run" in steps and Path(cell.model).exists():
+            raise MoespecError(f"{path}: steps run: the engine runs presets (random weights at real shapes) and GGUF "
+                               f"files (llama.cpp), not {cell.model}")
+    if text is not None:
+        if not any(is_gguf(c.model) for c in cells):
+            raise MoespecError(f"{path}: trace.text: only a GGUF's routing is traced on a text, and grid.model "
+                               f"lists none")
+        if not isinstance(text, str):
+            raise MoespecError(f"{path}: trace.text must be a file name, got {text!r}")
+        try:
+            check_input(text, "text")
+        except MoespecError as e:
+            raise MoespecError(f"{path}: trace.text: {e}") from None
+    return Sweep(Path(out or doc.get("out", "sweep")), steps, cells, routing, text or str(SAMPLE_TEXT), settings)
+
+
+def _check_gguf(path: str, cell: Cell, steps: tuple[str, ...]) -> None:
+    """A GGUF cell, before any work: its format is the file's, its routing needs llama.cpp, and its run is
+    llama.cpp's (one sequence per pass, on the CPU)."""
+    where = f"{path}: cell {cell.slug()}"
+    stored = read_gguf(cell.model).expert_format()
+    if cell.format != stored:
+        raise MoespecError(f"{where}: grid.format {cell.format}, but {cell.model} stores its experts as {stored} "
+                           f"(a GGUF's format is its file's)")
+    try:
+        bindings()
+    except MoespecError as e:
+        raise MoespecError(f"{where}: a GGUF's routing is traced by llama.cpp: {e}") from None
+    if "run" in steps and cell.device != "cpu":
+        raise MoespecError(f"{where}: steps run: a GGUF runs on llama.cpp's CPU build, not on {cell.device}")
+    if "run" in steps and cell.batch != (1,):
+        raise MoespecError(f"{where}: steps run: llama.cpp's run measures one sequence per pass (grid.batch = [1])")
 
 
 def _trace_path(sweep: Sweep, cell: Cell) -> str:
@@ -161,11 +216,16 @@ def _trace_path(sweep: Sweep, cell: Cell) -> str:
 
 
 def _trace_unit(sweep: Sweep, cell: Cell) -> None:
-    """The model's routing: the calibrated process where the paper's profile has the model, else uniform iid."""
+    """The model's routing (module docstring): a GGUF's traced by llama.cpp on the sweep's text, else the calibrated
+    process where the paper's profile has the model, else uniform iid."""
     path = Path(_trace_path(sweep, cell))
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
+    if is_gguf(cell.model):
+        trace(TraceConfig(model=None, gguf=cell.model, out=str(path), text=sweep.text,
+                          max_tokens=sweep.trace["tokens"], threads=GGUF_TRACE_THREADS))
+        return
     process = "calibrated" if resolve_model(cell.model).name in PROFILES[PROFILE] else "uniform"
     synthesize(cell.model, process, sweep.trace["tokens"], sweep.trace["docs"], seed=sweep.trace["seed"],
                profile=PROFILE).save(path)
@@ -184,42 +244,69 @@ def bench_config(sweep: Sweep, cell: Cell) -> BenchConfig:
 
 
 def run_config(sweep: Sweep, cell: Cell) -> RunConfig:
+    """The cell's verify-only run: moespec's engine on a preset replaying the trace, llama.cpp on a GGUF."""
+    gguf = is_gguf(cell.model)
     return RunConfig(out=str(sweep.out / "runs" / cell.slug("model", "format", "depth", "device", "batch") /
-                             "runs-verify.json"), preset=cell.model, dtype=cell.format, device=cell.device,
+                             "runs-verify.json"),
+                     preset=None if gguf else cell.model, gguf=cell.model if gguf else None,
+                     engine=ENGINES[1] if gguf else ENGINES[0], dtype=cell.format, device=cell.device,
                      depth=cell.depth, throughput=False, batch=cell.batch if cell.batch != (1,) else (),
-                     replay=_trace_path(sweep, cell), **_settings(sweep, "run"))
+                     replay=None if gguf else _trace_path(sweep, cell), **_settings(sweep, "run"))
 
 
 def _timed_unit(kind: str, config: Any) -> str:
     """One bench or run (its own checkpoint resumes it); its output path."""
     if not Path(config.out).exists():
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
-        (run_bench if kind == "bench" else run_engine)(config)
+        if kind == "bench":
+            run_bench(config)
+        else:
+            (run_engine if config.engine == ENGINES[0] else run_llama_cpp)(config)
     return config.out
 
 
+def _units(sweep: Sweep) -> tuple[dict[str, Cell], dict[str, tuple[str, Any, Cell]]]:
+    """The sweep's traces (by path: a cell of the model) and timing units (by output: kind, config, a cell of it)."""
+    traces = {_trace_path(sweep, c): c for c in sweep.cells}
+    timed: dict[str, tuple[str, Any, Cell]] = {}
+    for c in sweep.cells:
+        for kind, config in _timing(sweep, c):
+            timed.setdefault(config.out, (kind, config, c))
+    return traces, timed
+
+
+def _timing(sweep: Sweep, cell: Cell) -> list[tuple[str, Any]]:
+    """The timing units a cell's plan reads: its bench, and its run where the steps ask for one."""
+    return [("bench", bench_config(sweep, cell))] + ([("run", run_config(sweep, cell))] if "run" in sweep.steps
+                                                     else [])
+
+
 def _one_token_bytes_time(bench: dict[str, Any], cell: Cell, kmax: int) -> float:
-    """tau1 without a run: the one-token pass's bytes (16) over the bench's streaming ceiling."""
-    mW, D, kv = resolve_model(cell.model).byte_model(cell.format, cell.depth, kmax)
+    """tau1 without a run: the one-token pass's bytes (16; a GGUF's as its file stores them) over the bench's
+    streaming ceiling."""
+    mW, D, kv = read_gguf(cell.model).byte_model(cell.depth, kmax) if is_gguf(cell.model) else \
+        resolve_model(cell.model).byte_model(cell.format, cell.depth, kmax)
     return (D + mW + kv[0]) / (float(bench["ceiling_gbps"]) * 1e9)
 
 
 def _plan_unit(sweep: Sweep, cell: Cell) -> dict[str, Any]:
+    """The cell's plan (made once: a rerun reads it) and its summary row."""
     out = sweep.out / "cells" / cell.slug() / "plan.json"
     bench_path = bench_config(sweep, cell).out
     runs = run_config(sweep, cell).out if "run" in sweep.steps else None
     kmax = sweep.settings["plan"].get("kmax", PlanConfig.kmax)
     tau1 = None if runs else _one_token_bytes_time(read_json(bench_path, "bench"), cell, kmax)
+    meta = load_trace(_trace_path(sweep, cell)).meta
     row = {**{f.name: getattr(cell, f.name) for f in fields(cell)}, "batch": list(cell.batch), "plan": str(out),
            "tau1_from": "the verify-only run" if runs else "bytes at the ceiling", "refused": None,
-           "routing": load_trace(_trace_path(sweep, cell)).meta.get("process")}
+           "routing": "llama.cpp" if meta.get("gguf") else meta.get("process")}
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        try:  # the batch map reads the engine's runs at each B; llama.cpp's are at B = 1 of its one kernel
             make_plan(PlanConfig(bench=bench_path, trace=_trace_path(sweep, cell),
                                  tau1=tau1, runs=runs, kmax=kmax, depth=cell.depth, out=str(out),
                                  draft_time=str(sweep.settings["plan"].get("draft_time", PlanConfig.draft_time)),
-                                 batch=cell.batch if runs else ()))
+                                 batch=cell.batch if runs and not is_gguf(cell.model) else ()))
         except MoespecError as e:  # the cell's plan is refused (a bench too small to time, ...): said, not fatal
             return row | {"plan": None, "refused": str(e), "crossover": None, "tau1_s": tau1, "k_hat": {},
                           "speedup": {}, "b_stop": None}
@@ -232,64 +319,41 @@ def _plan_unit(sweep: Sweep, cell: Cell) -> dict[str, Any]:
 
 
 def run_sweep(sweep: Sweep, ray: str | None = None) -> list[dict[str, Any]]:
-    """Every unit of the sweep, in this process or on the Ray cluster at `ray`; the summary rows, one per cell,
-    also written to OUT/summary.json."""
-    benches = {c.slug("model", "format", "device", "kernels"): c for c in sweep.cells}
-    runs = {c.slug("model", "format", "depth", "device", "batch"): c for c in sweep.cells} if "run" in sweep.steps \
-        else {}
-    timed = [("bench", bench_config(sweep, c)) for c in benches.values()] + \
-            [("run", run_config(sweep, c)) for c in runs.values()]
-    for _, config in timed:
+    """Every unit of the sweep, in this process or on the Ray cluster at `ray` (module docstring); the summary rows,
+    one per cell, also written to OUT/summary.json."""
+    traces, timed = _units(sweep)
+    for _, config, _ in timed.values():
         config.check()
-    if ray is None and any(c.device == "cuda" for c in sweep.cells) and not torch.cuda.is_available():
-        raise MoespecError("a cell asks for device cuda and this machine has no GPU (--ray ADDRESS: a cluster's)")
+    cuda = any(c.device == "cuda" for c in sweep.cells)
     if ray is None:
-        for c in sweep.cells:
-            _trace_unit(sweep, c)
-        for kind, config in timed:
+        if cuda and not torch.cuda.is_available():
+            raise MoespecError("a cell asks for device cuda and this machine has no GPU (--ray ADDRESS: a cluster's)")
+        for cell in traces.values():
+            _trace_unit(sweep, cell)
+        for kind, config, _ in timed.values():
             _timed_unit(kind, config)
+        rows = [_plan_unit(sweep, c) for c in sweep.cells]
     else:
         check_address(ray)
         with connected(ray) as cluster:
-            if any(c.device == "cuda" for c in sweep.cells) and not cluster_gpus(cluster):
+            if cuda and not cluster_gpus(cluster):
                 raise MoespecError("a cell asks for device cuda and the Ray cluster has no GPU")
-            for c in sweep.cells:
-                _trace_unit(sweep, c)
-            _timed_on(cluster, timed)
-    rows = [_plan_unit(sweep, c) for c in sweep.cells]
-    write_summary(sweep, rows)
+            rows = _on_ray(cluster, sweep, traces, timed)
+    write_summary(sweep.out, rows)
     return rows
 
 
-def _timed_on(ray: Any, timed: list[tuple[str, Any]]) -> None:
-    """The timing units as Ray tasks, each holding a whole node (its CPUs, and a GPU on cuda)."""
-    tasks(ray, _timed_unit, timed, num_cpus=node_cpus(ray), num_gpus=[int(c.device == "cuda") for _, c in timed])
-
-
-def summary_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """The summary's columns and rows: per cell its grid values, the crossover, k_hat*(a) of AUTO and tau1's source."""
-    columns = ["model", "format", "depth", "batch", "device", "kernels", "routing", "crossover",
-               *(f"k_hat*({a:g})" for a in ACCEPTANCES), "tau1 ms", "tau1 from"]
-    body = [[Path(r["model"]).name, r["format"], str(r["depth"]), ",".join(map(str, r["batch"])), r["device"],
-             r["kernels"] or "default", str(r["routing"]),
-             f"refused: {r['refused']}" if r["refused"] else "none" if r["crossover"] is None else str(r["crossover"]),
-             *(str(r["k_hat"].get(str(a), "-")) for a in ACCEPTANCES),
-             "-" if r["tau1_s"] is None else f"{r['tau1_s'] * 1e3:.2f}", r["tau1_from"]]
-            for r in rows]
-    return columns, body
-
-
-def write_summary(sweep: Sweep, rows: list[dict[str, Any]]) -> None:
-    """OUT/summary.json (format moespec-sweep, version 1: cells [the summary rows of run_sweep], acceptances,
-    provenance), summary.md (the table) and summary.html (the same as one self-contained page)."""
-    columns, body = summary_table(rows)
-    write_json(sweep.out / "summary.json", {"format": "moespec-sweep", "format_version": 1, "cells": rows,
-                                            "acceptances": list(ACCEPTANCES), "provenance": provenance()})
-    md = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-                     *("| " + " | ".join(row) + " |" for row in body)]) + "\n"
-    atomic_write(sweep.out / "summary.md", lambda tmp: tmp.write_text(md, encoding="utf-8"))
-    page = (f"<!doctype html><meta charset='utf-8'><title>moespec sweep</title><style>{CSS}</style>"
-            f"<h1>moespec sweep: {len(rows)} cells</h1>"
-            + table(columns, body, "crossover: the smallest n from which the dedup kernel's predicted saving stays "
-                    "positive; k_hat*(a): AUTO's best draft length at acceptance a (the plan's prediction)"))
-    atomic_write(sweep.out / "summary.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
+def _on_ray(ray: Any, sweep: Sweep, traces: dict[str, Cell], timed: dict[str, tuple[str, Any, Cell]]) -> list[dict]:
+    """The units as a graph of Ray tasks (module docstring): traces and plans of one CPU, each timing unit holding
+    a whole node (and a GPU on cuda) once its model's trace is done, each plan once its timing units are; the rows."""
+    traced = {path: submit(ray, _trace_unit, (sweep, cell)) for path, cell in traces.items()}
+    whole = node_cpus(ray)
+    done = {out: submit(ray, _timed_unit, (kind, config), [traced[_trace_path(sweep, cell)]], num_cpus=whole,
+                        num_gpus=int(cell.device == "cuda")) for out, (kind, config, cell) in timed.items()}
+    plans = [submit(ray, _plan_unit, (sweep, c), [done[config.out] for _, config in _timing(sweep, c)])
+             for c in sweep.cells]
+    named = {f"the trace {path}": ref for path, ref in traced.items()} | \
+        {f"the {timed[out][0]} {out}": ref for out, ref in done.items()}
+    for name, ref in named.items():  # a unit that fails is named itself, not as the plans that read it
+        results(ray, [ref], name)
+    return results(ray, plans, "a plan")

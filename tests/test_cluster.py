@@ -1,17 +1,19 @@
 """moespec.cluster on a local Ray instance of 2 CPUs: addresses checked before any work, an address nothing answers
 at refused in one line, a worker that dies restarted with its unit retried and nothing lost, a task's own problem
-surfacing as its one line, and a missing Ray named."""
+surfacing as its one line, a task started after the tasks it waits for and naming the driver's command, and a
+missing Ray named."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from moespec import MoespecError, cli
-from moespec.cluster import check_address, connected, each, tasks, workers
+from moespec.cluster import check_address, connected, each, results, submit, tasks, workers
 
 
 @pytest.mark.parametrize("address", ["local", "auto", "10.0.0.5:6379", "ray://head.example:10001", "[::1]:6379"])
@@ -75,3 +77,19 @@ def test_a_tasks_own_problem_is_its_one_line(ray, tmp_path: Path) -> None:
     assert tasks(ray, lambda a, b: a + b, [(1, 2), (3, 4)]) == [3, 7]
     with pytest.raises(ValueError, match="count must be >= 1"):
         workers(ray, dict, (), 0)
+
+
+def test_a_task_starts_after_the_tasks_it_waits_for_and_names_the_drivers_command(ray, tmp_path: Path) -> None:
+    marker = tmp_path / "first"
+
+    def first() -> None:
+        time.sleep(0.5)  # on 2 CPUs the second task would start meanwhile if it did not wait
+        marker.write_text("done")
+
+    def second() -> tuple[str, list[str]]:
+        return marker.read_text(), sys.argv
+
+    ref = submit(ray, second, (), [submit(ray, first, ())])
+    assert results(ray, [ref], "second") == [("done", sys.argv)]
+    with pytest.raises(ValueError, match="num_cpus and num_gpus must be >= 0"):
+        submit(ray, first, (), num_cpus=-1)

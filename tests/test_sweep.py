@@ -1,18 +1,30 @@
 """`moespec sweep`: a grid through bench and plan, one bench per (model, format, device, kernels) shared by the
-depths, resumed from its finished files, locally and on a local Ray instance; every key and cell checked before any
-work, one line and exit 2 otherwise."""
+depths, resumed from its finished files, locally and on a local Ray instance (traces and plans there as Ray tasks,
+the summary equal to the local one); a GGUF cell traced by llama.cpp, benched at its file's shapes and format and
+run by llama.cpp; every key and cell checked before any work, one line and exit 2 otherwise."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shlex
+import shutil
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from test_llama_cpp import CONFIGS, tiny
+from transformers import OlmoeConfig
 
-from moespec import cli
+from moespec import MoespecError, cli
+from moespec.formats.trace import load_trace
 from moespec.measure import bench as bench_module
+from moespec.model.gguf_export import export_gguf
 
 BENCH = "[bench]\nreps = 1\nwindows = 2\nu_values = 3\nlayers = [0, 1]\nn = [1, 2, 3]\n[plan]\nkmax = 2\n"
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python (optional peer) is not installed")
 
 
 def sweep_file(tmp_path: Path, model: Path, body: str = "") -> Path:
@@ -49,13 +61,122 @@ def test_a_sweep_benches_once_per_format_and_plans_every_cell(bench_model, tmp_p
     assert json.loads(capsys.readouterr().out)["cells"] == rows  # resumed: every unit was done
 
 
-def test_the_sweep_on_ray_runs_the_same_cells(bench_model, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A one-layer OLMoE-class model of random weights exported to a bf16 GGUF (moespec.model.gguf_export)."""
+    config = CONFIGS["olmoe"]()
+    config.num_hidden_layers = 1
+    folder = tmp_path_factory.mktemp("gguf")
+    return Path(export_gguf(tiny("olmoe", config=config), folder / "tiny.gguf", "bf16", name="tiny-olmoe")[0].path)
+
+
+@pytest.fixture(scope="module")
+def timed_gguf(tmp_path_factory) -> Path:
+    """A one-layer OLMoE-class GGUF (bf16) whose experts are large enough to time here (3 MiB each, 32 of them), so
+    its plan is made, not refused as too small."""
+    config = OlmoeConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=8, vocab_size=300,
+                         max_position_embeddings=512, tie_word_embeddings=False, num_hidden_layers=1, num_experts=32,
+                         num_experts_per_tok=4, intermediate_size=512)
+    folder = tmp_path_factory.mktemp("gguf")
+    return Path(export_gguf(tiny("olmoe", config=config), folder / "timed.gguf", "bf16", name="timed-olmoe")[0].path)
+
+
+def test_the_sweep_on_ray_equals_the_local_one(bench_model, tiny_gguf, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The traces and plans redone on Ray, as tasks (the driver's own tracing and planning would fail here), from
+    the same benches: the same traces, naming the command that ran the sweep, and the same summary."""
     pytest.importorskip("ray")
-    out = tmp_path / "ray"
-    assert cli.main(["sweep", str(sweep_file(tmp_path, bench_model["model"])), "--out", str(out), "--ray",
-                     "local"]) == 0
-    rows = summary(out)
-    assert len(rows) == 4 and len(list((out / "bench").glob("*/bench.json"))) == 2
+    models = [str(bench_model["model"])] + ([str(tiny_gguf)] if HAVE_LLAMA else [])  # a GGUF is traced by llama.cpp
+    path = tmp_path / "sweep.toml"
+    path.write_text(f"[grid]\nmodel = {json.dumps(models)}\ndepth = [512, 4096]\n[trace]\ntokens = 600\ndocs = 4\n"
+                    f"{BENCH.replace('[0, 1]', '[0]')}")
+    out = tmp_path / "out"
+    assert cli.main(["sweep", str(path), "--out", str(out)]) == 0
+    local = summary(out)
+    traces = {p.name: load_trace(p) for p in (out / "traces").glob("*.npz")}
+    assert len(local) == 2 * len(models) and len(traces) == len(models)
+    for done in ("traces", "cells"):
+        shutil.rmtree(out / done)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("a trace or plan ran in the driver")
+
+    for name in ("synthesize", "trace", "make_plan"):
+        monkeypatch.setattr(f"moespec.sweep.{name}", not_here)
+    assert cli.main(["sweep", str(path), "--out", str(out), "--ray", "local"]) == 0
+    assert summary(out) == local
+    for name, before in traces.items():
+        after = load_trace(out / "traces" / name)
+        assert np.array_equal(after.experts, before.experts) and np.array_equal(after.doc_starts, before.doc_starts)
+        assert after.meta["provenance"]["command"] == shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+GGUF_RUN = """steps = ["bench", "plan", "run"]
+[grid]
+model = ["{model}"]
+depth = [256]
+[trace]
+tokens = 200
+[bench]
+reps = 3
+windows = 4
+u_values = 3
+layers = [0]
+n = [1, 2, 3]
+[run]
+n = [1, 2, 3]
+reps = 3
+max_reps = 3
+budget_s = 1.0
+[plan]
+kmax = 2
+"""
+
+
+@needs_llama
+def test_a_gguf_cell_is_traced_benched_run_and_planned(timed_gguf, tmp_path: Path, capsys) -> None:
+    """Its routing traced by llama.cpp, its bench at the file's shapes and format, its verify-only run on llama.cpp
+    (dedup, its one kernel), its plan on that run's one-token pass."""
+    path = tmp_path / "sweep.toml"
+    path.write_text(GGUF_RUN.format(model=timed_gguf))
+    out = tmp_path / "out"
+    assert cli.main(["sweep", str(path), "--out", str(out), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["cells"]
+    assert row["routing"] == "llama.cpp" and row["tau1_from"] == "the verify-only run" and row["refused"] is None
+    assert row["crossover"] is not None and set(row["k_hat"]) == {"0.5", "0.7", "0.8", "0.9"}
+    bench = json.loads(next((out / "bench").glob("*/bench.json")).read_text())
+    assert bench["model"] == "timed-olmoe" and bench["dtype"] == "bf16"
+    runs = json.loads(next((out / "runs").glob("*/runs-verify.json")).read_text())
+    assert runs["engine"] == "llama.cpp" and runs["model"] == "timed-olmoe" and list(runs["verify_time_s"]) == ["dedup"]
+    assert row["tau1_s"] == runs["verify_time_s"]["dedup"]["1"]
+    # the routing is what `moespec trace --gguf` records of the same text and tokens
+    assert cli.main(["trace", "--gguf", str(timed_gguf), "--max-tokens", "200", "--threads", "1",
+                     "--out", str(tmp_path / "t.npz")]) == 0
+    traced, swept = load_trace(tmp_path / "t.npz"), load_trace(next((out / "traces").glob("*.npz")))
+    assert swept.num_tokens == 200 and np.array_equal(swept.experts, traced.experts)
+
+
+@pytest.mark.parametrize("body, needle", [
+    ('format = ["q8_0"]\n', "grid.format q8_0, but"),
+    ('device = ["cuda"]\n', "a GGUF runs on llama.cpp's CPU build, not on cuda"),
+    ("batch = [1, 2]\n", "llama.cpp's run measures one sequence per pass"),
+    ("[trace]\ntext = \"missing.txt\"\n", "trace.text: missing.txt: no such text file"),
+    ("absent", "a GGUF's routing is traced by llama.cpp: llama.cpp is not available"),
+])
+def test_gguf_cells_that_cannot_be_done_are_one_line(tiny_gguf, tmp_path: Path, capsys,
+                                                     monkeypatch: pytest.MonkeyPatch, body: str, needle: str) -> None:
+    def absent():
+        raise MoespecError("llama.cpp is not available: llama-cpp-python cannot be imported (test)")
+
+    monkeypatch.setattr("moespec.sweep.bindings", absent if body == "absent" else lambda: None)
+    path = tmp_path / "sweep.toml"
+    grid = f'steps = ["bench", "plan", "run"]\n[grid]\nmodel = ["{tiny_gguf}"]\n'
+    path.write_text(grid + ("" if body == "absent" else body))
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and not (tmp_path / "out").exists()
+    if body.startswith("format"):  # the line names the cell
+        assert "cell " in err and "stores its experts as bf16" in err
 
 
 RUN = """steps = ["bench", "plan", "run"]
@@ -124,6 +245,8 @@ def test_bad_sweep_files_are_one_line(bench_model, tmp_path: Path, capsys, body:
     ('[grid]\nmodel = ["olmoe-1b-7b"]\ndepth = [-1]\n', "grid.depth must lie in 0..131,072"),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\n[plan]\nkmax = 0\n', "plan.kmax must be a whole number in 1.."),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\n[bench]\nreps = "many"\n', "bench.reps must be a number or a list"),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\n[trace]\ntokens = 0\n', "trace.tokens must be a whole number in 1.."),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\n[trace]\ntext = "a.txt"\n', "trace.text: only a GGUF's routing is traced"),
 ])
 def test_bad_grids_are_one_line(tmp_path: Path, capsys, grid: str, needle: str) -> None:
     import torch

@@ -1,5 +1,5 @@
-"""`moespec sweep`: a grid of models, formats, depths, batch sizes, devices and kernels through bench and plan (and a
-verify-only run where asked), locally or on a Ray cluster (moespec.sweep)."""
+"""`moespec sweep`: a grid of models (presets, config.json or GGUF files), formats, depths, batch sizes, devices and
+kernels through bench and plan (and a verify-only run where asked), locally or on a Ray cluster (moespec.sweep)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from rich.table import Table
 
 from moespec.cluster import check_address
 from moespec.console import console
-from moespec.sweep import load_sweep, run_sweep, summary_table
+from moespec.report.sweep import summary_table
+from moespec.sweep import load_sweep, run_sweep
 
 INPUTS = {"SWEEP": ()}
 
@@ -19,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep", metavar="SWEEP", help="the sweep file (TOML; its keys: moespec/sweep.py)")
     parser.add_argument("--out", help="the sweep's folder (default: the file's `out`, else sweep)")
     parser.add_argument("--ray", metavar="ADDRESS",
-                        help="run the cells on a Ray cluster: local, auto, HOST:PORT or ray://HOST:PORT; each bench "
-                             "and run holds a whole node (`pip install 'moespec[ray]'`)")
+                        help="run the units on a Ray cluster: local, auto, HOST:PORT or ray://HOST:PORT; each bench "
+                             "and run holds a whole node, traces and plans take one CPU and never share a node with "
+                             "one (`pip install 'moespec[ray]'`)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON document")
 
 

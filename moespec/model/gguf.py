@@ -230,6 +230,11 @@ def read_gguf(path: str | Path) -> GgufModel:
     return GgufModel(str(path), arch, spec, tensors)
 
 
+def is_gguf(model: str) -> bool:
+    """Whether a model argument names a GGUF file (by its suffix, as every command reads it)."""
+    return str(model).endswith(".gguf")
+
+
 def resolve_model(model: str) -> ModelSpec:
     """A preset name, a checkpoint folder or config.json (moespec.model.spec.resolve), or a GGUF file's spec."""
-    return read_gguf(model).spec if str(model).endswith(".gguf") else resolve(model)
+    return read_gguf(model).spec if is_gguf(model) else resolve(model)
