@@ -18,15 +18,17 @@ from moespec.measure.timing import device_name
 from moespec.predict.structure import Rates, cached, groups, pass_time
 from moespec.routing.synth import synthesize
 
-RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), stall=(0.5, 0.25, 0.0), group_s=1e-6, pass_s=1e-4)
+RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), efficiency=(0.8, 0.6, 0.5), group_s=1e-6,
+              pass_s=1e-4)
 
 
-def test_per_byte_cold_hot_interpolated_and_past_the_grid() -> None:
-    assert RATES.per_byte(1, 50.0) == pytest.approx(1e-11 + 0.5 / 50e9)  # kappa + s / C
-    assert RATES.per_byte(1, 25.0) == pytest.approx(1e-11 + 0.5 / 25e9)  # half the ceiling: twice the stall
+def test_per_byte_roofline_interpolated_and_past_the_grid() -> None:
+    assert RATES.per_byte(1, 50.0) == pytest.approx(1 / (0.8 * 50e9))  # memory: 40 GB/s, under the 100 GB/s loop
+    assert RATES.per_byte(1, 25.0) == pytest.approx(1 / (0.8 * 25e9))  # half the ceiling: twice the time
+    assert RATES.per_byte(1, 200.0) == pytest.approx(1e-11)  # the loop's 100 GB/s below 0.8 x 200
     assert RATES.per_byte(1, 50.0, cold=False) == pytest.approx(1e-11)
-    assert RATES.per_byte(3, 50.0) == pytest.approx(3e-11 + 0.125 / 50e9)  # halfway between G = 2 and 4
-    assert RATES.per_byte(6, 50.0) == pytest.approx(4e-11 + 2 * 1e-11)  # the line through G = 2, 4; stall 0 held
+    assert RATES.per_byte(3, 50.0) == pytest.approx(max(1 / (0.55 * 50e9), 3e-11))  # halfway between G = 2 and 4
+    assert RATES.per_byte(6, 50.0) == pytest.approx(4e-11 + 2 * 1e-11)  # the loop on the line through G = 2, 4
 
 
 def test_groups_in_kernel_order() -> None:
@@ -55,8 +57,8 @@ def test_pass_time_exact() -> None:
 @pytest.mark.parametrize("call", [
     lambda: RATES.per_byte(0, 50.0), lambda: RATES.per_byte(1, 0.0), lambda: groups("both", np.zeros((1, 2))),
     lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 50, 0),
-    lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0),
-    lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0)])
+    lambda: Rates((2, 3), (1e-11, 1e-11), (1.0, 1.0), 0.0, 0.0), lambda: Rates((1,), (0.0,), (1.0,), 0.0, 0.0),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0), lambda: Rates((1, 2), (1e-11,), (1.0, 1.0), 0.0, 0.0)])
 def test_domain(call) -> None:
     with pytest.raises(ArgumentError):
         call()
@@ -70,8 +72,8 @@ def profile_doc(**changes) -> dict:
            "threads": torch.get_num_threads(), "ceiling_kind": "streaming read", "ceiling_gbps": 50.0,
            "ceiling_iqr_gbps": 1.0, "cache_bytes": 32 << 20,
            "dtypes": {"bf16": {"G": g, "hot_s_per_byte": [1e-11 * max(1, x / 4) for x in g],
-                               "stall": [0.6, 0.6, 0.5, 0.2, 0.0], "cold_share_of_ceiling": [0.7] * 5,
-                               "group_s": 1e-6, "pass_s": 1e-4, "matmul_peak_gflops": 500.0}},
+                               "efficiency": [0.8, 0.7, 0.6, 0.4, 0.2], "group_s": 1e-6, "pass_s": 1e-4,
+                               "matmul_peak_gflops": 500.0}},
            "self_check": {"slot": {"median": 0.02, "max": 0.05, "passes": 9},
                           "dedup": {"median": 0.03, "max": 0.06, "passes": 9}},
            "protocol": {"reps": 5, "flush_bytes": 64 << 20, "timer": "perf_counter"}, "provenance": {}}
@@ -106,19 +108,19 @@ def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) 
         assert bench["eps"][kernel] == pytest.approx(fit_eps + prediction["error"][kernel])
     # the one-token pass: 8 cold groups of one token, exactly the model's time
     b = bench["expert_bytes"]["0"]
-    one = 1e-4 + 8 * (1e-6 + b * (1e-11 + 0.6 / 50e9))
+    one = 1e-4 + 8 * (1e-6 + b / (0.8 * 50e9))
     assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
     code, err = run_cli(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out",
                          tmp_path / "plan.json"])
     assert code == 0, err
     assert json.loads((tmp_path / "plan.json").read_text())["crossover"] == bench["crossover"]
-    # at another ceiling: every cold byte's stall scales, so the one-token pass with it
+    # at another ceiling: a memory-bound group's time scales with it
     code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--ceiling", "25",
                          "--out", tmp_path / "half.json"])
     assert code == 0, err
     half = load_bench(tmp_path / "half.json")
     assert half["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
-        1e-4 + 8 * (1e-6 + b * (1e-11 + 0.6 / 25e9)))
+        1e-4 + 8 * (1e-6 + b / (0.8 * 25e9)))
     assert half["prediction"]["ceiling_source"] == "given"
 
 
@@ -129,7 +131,7 @@ def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) 
     (profile_doc(), ["--dtype", "fp32"], ["fp32"]),
     (profile_doc(), ["--dtype", "q8_0"], ["q8_0"]),
     (profile_doc(), ["--kernels", "slot,torch-dedup"], ["our kernels"]),
-    (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"stall": [-1.0] * 5}}), [], ["stall"]),
+    (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"efficiency": [-1.0] * 5}}), [], ["efficiency"]),
     (profile_doc(format_version=7), [], ["version"]),
     ({"format": "something else"}, [], ["not a moespec device profile"]),
 ])

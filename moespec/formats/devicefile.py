@@ -15,14 +15,12 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     read (a ~1 MiB row task, its neighbours), on all threads
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
-  dtypes {dtype: {G, hot_s_per_byte, stall, cold_share_of_ceiling, group_s, pass_s, matmul_peak_gflops}}
+  dtypes {dtype: {G, hot_s_per_byte, efficiency, group_s, pass_s, matmul_peak_gflops}}
            per weight format timed (bf16, fp32), from the native expert op on synthetic shapes only:
            G [1, 2, ..]             tokens per group (one expert applied to G tokens), ascending from 1
            hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
-           stall [..]               s_G >= 0: the extra seconds per byte of a cold group times the ceiling in bytes/s,
-                                    so a cold group takes kappa_G + s_G / ceiling per byte (moespec.predict.structure)
-           cold_share_of_ceiling [..]  the cold groups' GB/s over the ceiling of their own samples (medians; a
-                                    description of the rates, not read by the model)
+           efficiency [..]          e_G > 0: a cold group's GB/s over the ceiling sampled right after it (median), so
+                                    a cold group takes max(1 / (e_G ceiling), kappa_G) per byte (moespec.predict.structure)
            group_s, pass_s          the fixed seconds of one group and of one call
            matmul_peak_gflops       torch.matmul in that dtype (moespec.measure.timing.matmul_peak): the compute yardstick
   shapes   {rates: [[d, f], ..], hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes timed
@@ -43,7 +41,7 @@ from moespec.formats.files import Record, field, is_number, positive, read_json,
 
 FORMAT_NAME = "moespec-device-profile"
 FORMAT_VERSION = 1
-RATE_KEYS = ("hot_s_per_byte", "stall", "cold_share_of_ceiling")  # per-G lists of a dtype's rates
+RATE_KEYS = ("hot_s_per_byte", "efficiency")  # per-G lists of a dtype's rates
 
 
 def _fail(path: str, problem: str) -> MoespecError:
@@ -51,7 +49,7 @@ def _fail(path: str, problem: str) -> MoespecError:
 
 
 def _check_dtype(where: str, dtype: str, entry: Any) -> None:
-    """One dtype's rates: G ascending whole numbers from 1, each rate list as long, kappa > 0, stall >= 0."""
+    """One dtype's rates: G ascending whole numbers from 1, each rate list as long and positive."""
     if not isinstance(entry, dict):
         raise _fail(where, f"dtypes.{dtype} must be an object")
     g = entry.get("G")
@@ -62,8 +60,8 @@ def _check_dtype(where: str, dtype: str, entry: Any) -> None:
         values = entry.get(key)
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) for v in values)):
             raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
-    if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["stall"]):
-        raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and stall >= 0")
+    if not all(v > 0 for key in RATE_KEYS for v in entry[key]):
+        raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte and efficiency must be positive")
     for key in ("group_s", "pass_s"):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")

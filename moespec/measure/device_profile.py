@@ -8,9 +8,10 @@ checks them against every preset and the trained pair):
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush, E experts of
   ~48 MiB in all, past the last-level cache) on every rate shape, and hot (the same pass run just before) on HOT_SHAPES,
-  one expert of ~4 MB each, which the cache keeps. kappa_G is the hot seconds per byte; the stall s_G is
-  (cold seconds per byte - kappa_G) x the ceiling sampled right after that cold call, so the drift of a shared host's
-  bandwidth between calls is taken out call by call.
+  HOT_EXPERTS experts of ~4 MB each, which the cache keeps (two, so the threads' row tasks overlap across groups as
+  in a real pass). kappa_G is the hot seconds per byte; the efficiency e_G the median over cold calls of their GB/s
+  over the ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call
+  by call.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
   fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
   A cold call pays more (its threads wake, its code and data come from memory); the model takes the cold ones, as
@@ -54,6 +55,7 @@ RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
 # Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
 # MB measured partly from memory here)
 HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
+HOT_EXPERTS = 2
 OVERHEAD_SHAPE = (64, 64)  # 24 KiB in bf16: its time is the fixed costs
 OVERHEAD_SLOTS = (1, 2, 4, 8)  # slots per token of the overhead passes (8 tokens: 8..64 groups)
 OVERHEAD_TOKENS = 8
@@ -139,10 +141,11 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
             for g in THREAD_SCALING_G:
                 items.append(Item(("threads_1", d, f, g), _call(gu, dn, "dedup", _same_experts(g, cold_e), 1)))
     for d, f in HOT_SHAPES:
-        gu, dn = _weights(d, f, 1, tdtype)
+        gu, dn = _weights(d, f, HOT_EXPERTS, tdtype)
         for g in G_VALUES:
-            items.append(Item(("hot", d, f, g), _call(gu, dn, "dedup", _same_experts(g, 1), threads), cold=False))
-            info[("hot", d, f, g)] = (3 * d * f * size, 1)
+            items.append(Item(("hot", d, f, g), _call(gu, dn, "dedup", _same_experts(g, HOT_EXPERTS), threads),
+                              cold=False))
+            info[("hot", d, f, g)] = (3 * d * f * size, HOT_EXPERTS)
     d, f = OVERHEAD_SHAPE
     gu, dn = _weights(d, f, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), tdtype)
     for m in OVERHEAD_SLOTS:  # distinct experts in every slot: groups = 8 m
@@ -200,37 +203,42 @@ def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]
     return max(float(intercept), 0.0), max(float(slope), 0.0)
 
 
-def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]) -> tuple[Rates, list[float]]:
-    """kappa_G, s_G and the cold pass_s and group_s (module docstring). A hot call has fixed costs of its own (its
+def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]) -> Rates:
+    """kappa_G, e_G and the cold pass_s and group_s (module docstring). A hot call has fixed costs of its own (its
     threads are awake and its code cached), taken from the hot overhead passes and subtracted before kappa; the
     fixed costs and the rates depend on each other only through small corrections, so three passes of each given
-    the other settle them. Also each G's cold share of the ceiling."""
-    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (0.0,) * len(G_VALUES), 0.0, 0.0)
+    the other settle them."""
+    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (1.0,) * len(G_VALUES), 0.0, 0.0)
     for _ in range(3):
         hot_pass, hot_group = _fixed(by_key, info, "hot", lambda c: rates.per_byte(1, c, cold=False))
         pass_s, group_s = _fixed(by_key, info, "cold", lambda c: rates.per_byte(1, c))
-        kappa, stall, share = [], [], []
+        kappa, share = [], []
         for g in G_VALUES:
             hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group) / (b * e)
                    for k, (b, e) in info.items() if k[0] == "hot" and k[3] == g]
             kappa.append(max(float(np.median(hot)), 1e-15))
-            cold = [(t - pass_s - e * group_s, b * e, c) for k, (b, e) in info.items() if k[0] == "cold" and k[3] == g
-                    for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
-            stall.append(max(float(np.median([(t / nbytes - kappa[-1]) * c * 1e9 for t, nbytes, c in cold])), 0.0))
-            share.append(float(np.median([nbytes / t / 1e9 / c for t, nbytes, c in cold])))
-        rates = Rates(G_VALUES, tuple(kappa), tuple(stall), group_s, pass_s)
-    return rates, share
+            cold = [b * e / max(t - pass_s - e * group_s, 1e-9) / 1e9 / c for k, (b, e) in info.items()
+                    if k[0] == "cold" and k[3] == g for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
+            share.append(float(np.median(cold)))
+        rates = Rates(G_VALUES, tuple(kappa), tuple(share), group_s, pass_s)
+    return rates
 
 
 def _self_check(rates: Rates, by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any],
                 cache_bytes: int) -> dict[str, Any]:
     """Per kernel: median and largest relative error of the model on the check passes, each predicted at the median
-    ceiling of its own calls."""
-    out = {}
+    ceiling of its own calls; and every pass's numbers."""
+    rows = []
+    for k, (b, ids) in info.items():
+        if k[0] == "check":
+            item = by_key[k]
+            ceiling = float(np.median(item.ceilings))
+            rows.append({"kernel": k[1], "n": k[2], "U": k[3], "ceiling_gbps": ceiling,
+                         "measured_s": float(np.median(item.seconds)),
+                         "predicted_s": pass_time(rates, k[1], ids, b, ceiling, cache_bytes)})
+    out: dict[str, Any] = {"passes": rows}
     for kernel in KERNELS:
-        errors = [abs(pass_time(rates, kernel, ids, b, float(np.median(by_key[k].ceilings)), cache_bytes)
-                      / float(np.median(by_key[k].seconds)) - 1)
-                  for k, (b, ids) in info.items() if k[0] == "check" and k[1] == kernel]
+        errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows if r["kernel"] == kernel]
         out[kernel] = {"median": float(np.median(errors)), "max": float(max(errors)), "passes": len(errors)}
     return out
 
@@ -275,11 +283,11 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         _time_rounds(items, config.reps, timer, say)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
-        rates, share = _fit_rates(by_key, info)
+        rates = _fit_rates(by_key, info)
         peak = median_iqr(matmul_peak(timer, getattr(torch, TORCH_DTYPES[dtype])))[0]
         doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
-                             "stall": list(rates.stall), "cold_share_of_ceiling": share, "group_s": rates.group_s,
-                             "pass_s": rates.pass_s, "matmul_peak_gflops": peak}
+                             "efficiency": list(rates.efficiency), "group_s": rates.group_s, "pass_s": rates.pass_s,
+                             "matmul_peak_gflops": peak}
         checks[dtype] = _self_check(rates, by_key, info, cache)
         if i == 0:
             scaling = {"G": list(THREAD_SCALING_G), "speedup": [
@@ -297,7 +305,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
            "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
                                                                                              "passes")}
-                          for kernel in KERNELS},
+                          for kernel in KERNELS},  # the worst dtype's; each dtype's passes below
            "self_check_by_dtype": checks,
            "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name},
            "elapsed_s": time.perf_counter() - started,
