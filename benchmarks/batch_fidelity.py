@@ -5,10 +5,13 @@ Each repetition, in a folder of its own:
 2. `moespec plan --batch B,..` from them (with the bench and the trace): V_B(k), k_hat*(a, B), the crossover per B
    and B_stop(a), written before step 3 (pre-registered);
 3. `moespec run --batch B,.. --plan plan.json`: the oracle's throughput at each B under the plan's AUTO per B;
-4. the batch rules (moespec.predict.batch_score): k_hat*(a, B) within one of the measured best, the crossover
-   within one, B_stop(a) within one grid step.
-The summary gives per B the median and range over repetitions of the acceptances within one and of the crossover
-rule, B_stop's pass rate, and each repetition's streaming-read ceiling (what moves the timings on a shared host).
+4. the batch rules (moespec.predict.batch_score) of each version of the plan's batch map, the measured map and the
+   prediction from the bench: k_hat*(a, B) within one of the measured best, the crossover within one, B_stop(a)
+   within one grid step.
+The summary gives per version and B the median and range over repetitions of the acceptances within one and of the
+crossover rule, B_stop's pass rate, and each repetition's streaming-read ceiling (what moves the timings on a shared
+host). A repetition whose folder holds its plan and both runs is scored from them, not run again, so a stopped run
+resumes, and `--repeats N` after a run of fewer adds the missing ones.
 
 Usage (the demo's model: OLMoE-1B-7B's shape, 2 of its layers, bf16, depth 512, the demo's bench and trace):
     .venv/bin/python benchmarks/batch_fidelity.py --bench out/demo/bench.json --trace out/demo/trace.npz \\
@@ -26,17 +29,22 @@ import numpy as np
 
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import load_plan
+from moespec.formats.runsfile import load_runs
 from moespec.measure.run import RunConfig, run_engine
-from moespec.predict.batch_score import score_batches
+from moespec.predict.batch_score import VERSIONS, score_batches
 from moespec.predict.plan import PlanConfig, make_plan
 
 DEFAULT_BATCHES = (1, 2, 4, 8)
-DEFAULT_A = (0.2, 0.5, 0.8, 0.95)  # a spread of the paper's grid: a scored run of 4 acceptances takes ~5 min here
+DEFAULT_A = (0.2, 0.5, 0.8, 0.95)  # a spread of the paper's grid: a repetition of 4 acceptances takes ~4 min here
 
 
 def repetition(args: argparse.Namespace, folder: Path, seed: int) -> dict:
     """One pass of the chain (module docstring); its batch rules and ceilings."""
     folder.mkdir(parents=True, exist_ok=True)
+    paths = {name: folder / f"{name}.json" for name in ("runs-verify", "plan", "runs")}
+    if all(path.exists() for path in paths.values()):
+        verify, runs = load_runs(paths["runs-verify"]), load_runs(paths["runs"])
+        return scored(folder, seed, verify, runs)
     common = dict(preset=args.preset, layers=args.layers, dtype="bf16", depth=args.depth, n=tuple(range(1, 10)),
                   reps=5, max_reps=5, budget_s=3.0, replay=args.trace, batch=tuple(args.batches), seed=seed,
                   fresh=True)
@@ -45,22 +53,30 @@ def repetition(args: argparse.Namespace, folder: Path, seed: int) -> dict:
                          batch=tuple(args.batches), out=str(folder / "plan.json")))
     runs = run_engine(RunConfig(out=str(folder / "runs.json"), plan=str(folder / "plan.json"), k=tuple(range(9)),
                                 a=tuple(args.a), prompts=4, tokens=8, **common))
-    scored = score_batches(load_plan(folder / "plan.json"), runs)
-    return {"folder": str(folder), "seed": seed, "rules": scored,
+    return scored(folder, seed, verify, runs)
+
+
+def scored(folder: Path, seed: int, verify: dict, runs: dict) -> dict:
+    """One repetition's batch rules, per version of its plan's batch map (those the plan has), and its ceilings."""
+    plan = load_plan(folder / "plan.json")
+    versions = [v for v in VERSIONS if v == "measured" or plan["batch"].get("predicted") is not None]
+    return {"folder": str(folder), "seed": seed, "rules": {v: score_batches(plan, runs, version=v) for v in versions},
             "ceiling_gbps": {"verify": verify["ceiling_gbps"], "scored": runs["ceiling_gbps"]}}
 
 
-def summary(reps: list[dict]) -> dict:
-    """Per B: acceptances within one and the crossover rule, median and range; B_stop's and all rules' pass rates."""
+def summary(reps: list[dict], version: str) -> dict:
+    """One version's rules over the repetitions that score it: per B the acceptances within one and the crossover
+    rule, median and range; B_stop's and all rules' pass rates."""
+    rules = [r["rules"][version] for r in reps if version in r["rules"]]
     out = {}
-    for b in reps[0]["rules"]["per_batch"]:
-        within = [r["rules"]["per_batch"][b]["k_hat_within_one"] for r in reps]
+    for b in rules[0]["per_batch"]:
+        within = [r["per_batch"][b]["k_hat_within_one"] for r in rules]
         out[b] = {"k_hat_within_one": {"median": float(np.median(within)), "min": min(within), "max": max(within),
-                                       "of": reps[0]["rules"]["per_batch"][b]["acceptances"]},
-                  "k_hat_holds": sum(r["rules"]["per_batch"][b]["k_hat_holds"] for r in reps),
-                  "crossover_holds": sum(r["rules"]["per_batch"][b]["crossover_holds"] for r in reps)}
-    return {"per_batch": out, "b_stop_holds": sum(r["rules"]["b_stop_holds"] for r in reps),
-            "all_hold": sum(r["rules"]["all_hold"] for r in reps), "repeats": len(reps)}
+                                       "of": rules[0]["per_batch"][b]["acceptances"]},
+                  "k_hat_holds": sum(r["per_batch"][b]["k_hat_holds"] for r in rules),
+                  "crossover_holds": sum(r["per_batch"][b]["crossover_holds"] for r in rules)}
+    return {"per_batch": out, "b_stop_holds": sum(r["b_stop_holds"] for r in rules),
+            "all_hold": sum(r["all_hold"] for r in rules), "repeats": len(rules)}
 
 
 def main() -> int:
@@ -81,20 +97,24 @@ def main() -> int:
     reps = []
     for i in range(args.repeats):
         reps.append(repetition(args, Path(args.work) / f"rep{i + 1}", seed=i))
-        rules = reps[-1]["rules"]
-        print(f"repetition {i + 1}: " + "; ".join(f"B = {b}: {e['k_hat_within_one']} of {e['acceptances']} within one, "
-                                                   f"crossover {e['crossover']}/{e['measured_crossover']}"
-                                                   for b, e in rules["per_batch"].items())
-              + f"; B_stop {'holds' if rules['b_stop_holds'] else 'fails'}", flush=True)
-    doc = {"command": " ".join(map(shlex.quote, sys.argv)), "summary": summary(reps), "repetitions": reps,
-           "provenance": started}
+        for version, rules in reps[-1]["rules"].items():
+            print(f"repetition {i + 1}, {version}: "
+                  + "; ".join(f"B = {b}: {e['k_hat_within_one']} of {e['acceptances']} within one, "
+                              f"crossover {e['crossover']}/{e['measured_crossover']}"
+                              for b, e in rules["per_batch"].items())
+                  + f"; B_stop {'holds' if rules['b_stop_holds'] else 'fails'}", flush=True)
+    versions = [v for v in VERSIONS if any(v in r["rules"] for r in reps)]
+    doc = {"command": " ".join(map(shlex.quote, sys.argv)), "summary": {v: summary(reps, v) for v in versions},
+           "repetitions": reps, "provenance": started}
     write_json(args.out, doc)
-    for b, e in doc["summary"]["per_batch"].items():
-        w = e["k_hat_within_one"]
-        print(f"B = {b}: k_hat within one at {w['median']:g} of {w['of']} (median; range {w['min']}-{w['max']}); "
-              f"k_hat rule {e['k_hat_holds']} of {len(reps)}, crossover rule {e['crossover_holds']} of {len(reps)}")
-    print(f"B_stop rule {doc['summary']['b_stop_holds']} of {len(reps)}; all batch rules {doc['summary']['all_hold']} "
-          f"of {len(reps)}")
+    for version, block in doc["summary"].items():
+        n = block["repeats"]
+        for b, e in block["per_batch"].items():
+            w = e["k_hat_within_one"]
+            print(f"{version}, B = {b}: k_hat within one at {w['median']:g} of {w['of']} (median; range "
+                  f"{w['min']}-{w['max']}); k_hat rule {e['k_hat_holds']} of {n}, crossover rule "
+                  f"{e['crossover_holds']} of {n}")
+        print(f"{version}: B_stop rule {block['b_stop_holds']} of {n}; all batch rules {block['all_hold']} of {n}")
     return 0
 
 
