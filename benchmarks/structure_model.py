@@ -13,8 +13,10 @@ a rerun skips what exists, and a bench interrupted midway resumes from its check
     flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py profile
     flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py model olmoe-1b-7b   # each MODEL
     .venv/bin/python benchmarks/structure_model.py table
-Models: the presets, `pair` (moespec/data/pair/target) and `heldout-1536x512`, `heldout-3072x1536` (OLMoE-class
-configs written into the results folder, N = 64, m = 8, routed by a trace calibrated to OLMoE's published reuse).
+Models: the presets, `pair` (moespec/data/pair/target, its recorded WikiText-2 routing) and `heldout-1536x512`,
+`heldout-3072x1536` (OLMoE-class configs written into the results folder, N = 64, m = 8). A model with published reuse
+(OLMoE, Qwen3, gpt-oss) is routed by its calibrated default trace, the others (DeepSeek-V2-Lite, the held-out shapes)
+by a trace calibrated to OLMoE's, or uniform routing where that is out of the process's reach (Mixtral: N = 8, m = 2).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from moespec import ArgumentError
 from moespec.defaults import KERNELS, PAIR_DIR, PAIR_TRACE, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import load_profile
@@ -39,9 +42,11 @@ from moespec.model.spec import PRESETS
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.predict.structure import Rates, pass_time
 from moespec.predict.structure_bench import predict_bench
-from moespec.routing.synth import synthesize
+from moespec.routing.synth import PROFILES, synthesize
 
 OUT = Path("results/structure-model")
+# Synthesized traces (~6 MB each, seeded: the same bytes on every run; each bench records its sha1) stay out of results/
+TRACES = Path("out/structure-model/traces")
 # Two shapes no preset or the pair has, as OLMoE-class configs (hidden d, expert width f); N, m and L are OLMoE's so
 # the calibrated OLMoE routing targets apply
 HELD_OUT = {"heldout-1536x512": (1536, 512), "heldout-3072x1536": (3072, 1536)}
@@ -61,8 +66,8 @@ PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
 
 def model_arg(name: str, out: Path) -> tuple[str, str]:
     """(--model, --trace) of a model of MODELS: a preset and its synthesized default trace, the pair's target and its
-    recorded trace, or a held-out config and a trace calibrated to OLMoE's reuse (both written under `out`)."""
-    traces = out / "traces"
+    recorded trace, or a held-out config (written under `out`) and a trace calibrated to OLMoE's reuse (in TRACES)."""
+    traces = TRACES
     traces.mkdir(parents=True, exist_ok=True)
     if name == "pair":
         return str(PAIR_DIR / "target"), str(PAIR_TRACE)
@@ -77,8 +82,11 @@ def model_arg(name: str, out: Path) -> tuple[str, str]:
         (folder / "config.json").write_text(json.dumps(config, indent=1))
         model = str(folder / "config.json")
     if not trace.exists():
-        targets = OLMOE_REUSE if name in HELD_OUT else None
-        synthesize(model, "calibrated", TRACE_TOKENS, TRACE_DOCS, 0, PROFILE, targets).save(trace)
+        targets = None if name in PROFILES[PROFILE] else OLMOE_REUSE  # no published reuse: OLMoE's
+        try:
+            synthesize(model, "calibrated", TRACE_TOKENS, TRACE_DOCS, 0, PROFILE, targets).save(trace)
+        except ArgumentError:  # OLMoE's reuse is out of the calibrated process's reach at this N, m (Mixtral's 8, 2)
+            synthesize(model, "uniform", TRACE_TOKENS, TRACE_DOCS, 0).save(trace)
     return model, str(trace)
 
 

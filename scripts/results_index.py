@@ -107,6 +107,8 @@ FOLDERS = {
 }
 
 AD = "adaptive-draft/"
+STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "pair",
+                    "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
 ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
@@ -132,6 +134,26 @@ ENTRIES: dict[str, Entry] = {
        for i in range(1, 6)},
     "contention/quiet.json": Entry(
         "on a quiet machine fitting the threads costs nothing: fitted over whole team 0.995-1.009 (paired)"),
+    # structure-model: each kernel's time from its structure and a device profile, leave-one-out (issue 35)
+    "structure-model/README.md": Entry("write-up: the structural model's error per held-out model and kernel, crossover "
+                                       "and k_hat* from the predicted and the measured bench",
+                                       source="structure-model/table.json"),
+    "structure-model/device.json": Entry("the device profile (moespec profile, synthetic shapes only) every prediction "
+                                         "here is made from"),
+    "structure-model/table.json": Entry("median and largest relative error of the predicted expert-op time per model, "
+                                        "kernel and batch; crossover and k_hat*(a) side by side"),
+    "structure-model/table.md": Entry("table.json as markdown", source="structure-model/table.json"),
+    **{f"structure-model/configs/{m}/config.json": Entry(f"the OLMoE-class config of the held-out shape {m}",
+                                                         source="structure-model/table.json")
+       for m in ("heldout-1536x512", "heldout-3072x1536")},
+    **{f"structure-model/{m}/{kind}-B{b}.json": Entry(
+        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}, "
+        f"MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}")
+       for m in STRUCTURE_MODELS for kind in ("bench", "predicted") for b in (1, 8)},
+    **{f"structure-model/{m}/errors.json": Entry(f"{m}: every pass measured and predicted, the error per n")
+       for m in STRUCTURE_MODELS},
+    **{f"structure-model/log-{m}.txt": Entry(f"console output of the {m} step",
+                                             source=f"structure-model/{m}/errors.json") for m in STRUCTURE_MODELS},
     # batch: passes of B sequences
     "batch/README.md": Entry("write-up of the four benches at batch B = 1, 2, 4, 8",
                              source="batch/bench-olmoe-bf16-B8.json"),
