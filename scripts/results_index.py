@@ -205,6 +205,12 @@ ENTRIES: dict[str, Entry] = {
     "batch-engine/runs.json": Entry("the scored run at B = 1, 2, 4, 8: k_hat within one at 3-4 of 4 acceptances per "
                                     "B, B_stop within a grid step, greedy tokens exact"),
     "batch-engine/fidelity.json": Entry("the batch chain five times (benchmarks/batch_fidelity.py)"),
+    "batch-engine/fidelity-11.json": Entry("the batch chain five times at the paper's 11 acceptances, both versions of the "
+                                           "batch map scored (benchmarks/batch_fidelity.py)"),
+    "batch-engine/fidelity-11.txt": Entry("console output of benchmarks/batch_fidelity.py for fidelity-11.json",
+                                          source="batch-engine/fidelity-11.json"),
+    "batch-engine/bench-fidelity-11.json": Entry("the demo's bench on the 512-bit expert tiles, read by fidelity-11.json's "
+                                                 "plans (moespec demo --out out/demo-s32)"),
     "batch-engine/fidelity.txt": Entry("console output of benchmarks/batch_fidelity.py",
                                        source="batch-engine/fidelity.json"),
     # GPU (H200)
