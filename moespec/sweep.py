@@ -8,7 +8,8 @@ SWEEP.toml (tomllib; every key is optional but grid.model, and an unknown key is
     [grid]                          # every combination is a cell
     model = ["olmoe-1b-7b"]         # presets, config.json paths or GGUF files (FILE.gguf)
     format = ["bf16"]               # the experts' format: bf16, fp32, q8_0, q4_0 (run: bf16 or fp32); a GGUF's is
-                                    #   its file's (its experts' type), and a cell of another format is refused
+                                    #   its file's (its experts' type; F32 is fp32, as llama.cpp's f32 is here),
+                                    #   and a cell of another format is refused
     depth = [512]                   # context depth of the plan's key-value bytes (and of the run)
     batch = [1]                     # the plan's batch sizes (B > 1 needs "run", which measures them; presets only)
     device = ["cpu"]                # cpu or cuda (a GGUF's run: cpu)
@@ -17,9 +18,10 @@ SWEEP.toml (tomllib; every key is optional but grid.model, and an unknown key is
     tokens = 50000                  #   on `text` (default moespec's sample text), at most `tokens` tokens; any
     docs = 50, seed = 0             #   other model's the calibrated process where the paper's profile has it,
     text = "corpus.txt"             #   else uniform iid, `tokens` in `docs` documents from `seed`
-    [bench]                         # moespec.measure.bench.BenchConfig: reps, windows, u_values, layers, n
+    [bench]                         # moespec.measure.bench.BenchConfig: reps, windows, u_values, layers, n, threads
     [plan]                          # kmax, draft_time
-    [run]                           # moespec.measure.run.RunConfig: layers (a preset's), reps, max_reps, budget_s, n
+    [run]                           # moespec.measure.run.RunConfig: layers (a preset's), reps, max_reps, budget_s, n,
+                                    #   threads (bench and run: default one per core of the machine the unit runs on)
 
 Units. A trace per model; a bench per (model, format, device, kernels), shared by the depths and batch sizes (the
 expert operation does not depend on them); a run per (model, format, depth, device, batch grid): moespec's engine on
@@ -33,15 +35,17 @@ Without a run, the plan's one-token pass tau1 is the pass's bytes (16; a GGUF's:
 streaming ceiling, the physical floor the plan then adds the measured expert-operation growth to (22); the summary
 says which.
 
-Where they run. Locally, one after another in this process: the traces, the benches and runs, the plans. With
---ray every unit is a Ray task: traces and plans take one CPU, each bench and run every CPU of a node (the
-cluster's largest: moespec.cluster.node_cpus) and a GPU on cuda. The tasks form a graph, each started when what
-it reads is done (a bench after its model's trace, a plan after its bench and run), so a trace or plan of one model
-runs while another model is timed. They never share a node with a timing unit, by Ray's own accounting: a timing
-task holds all of its node's CPUs while it runs, so no one-CPU task is placed there, and it is placed only on a
-node with every CPU free, so it waits for the traces and plans there to end; a task waiting for its inputs holds no
-CPU. The driver only submits and waits, and writes the summary at the end. Traces and plans compute the same
-values wherever they run, so the summary equals the local path's from the same timing units.
+Where they run. Locally, one after another in this process: the traces, the benches and runs, the plans. With --ray
+every unit is a Ray task: traces and plans take one CPU, each bench and run every CPU of a node (the cluster's
+largest: moespec.cluster.node_cpus) and a GPU on cuda; a bench or run without `threads` times on one thread per core
+of the node it runs on, counted there when it starts (moespec.measure.contention.on_own_cores), not on the driver's
+machine. The tasks form a graph, each started when what it reads is done (a bench after its model's trace, a plan
+after its bench and run), so a trace or plan of one model runs while another model is timed. They never share a node
+with a timing unit, by Ray's own accounting: a timing task holds all of its node's CPUs while it runs, so no one-CPU
+task is placed there, and it is placed only on a node with every CPU free, so it waits for the traces and plans
+there to end; a task waiting for its inputs holds no CPU. The driver only submits and waits, and writes the summary
+at the end. Traces and plans compute the same values wherever they run, so the summary equals the local path's from
+the same timing units.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from moespec.measure.llama_run import run_llama_cpp
 from moespec.measure.run import RunConfig, run_engine
 from moespec.model.gguf import is_gguf, read_gguf, resolve_model
 from moespec.model.llama_cpp import bindings
+from moespec.model.weights import format_name
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.report.sweep import ACCEPTANCES, write_summary
 from moespec.routing.synth import PROFILES, synthesize
@@ -74,8 +79,8 @@ STEPS = ("bench", "plan", "run")
 GRID = {"model": None, "format": ["bf16"], "depth": [512], "batch": [1], "device": ["cpu"], "kernels": [None]}
 TRACE = {"tokens": 50_000, "docs": 50, "seed": 0}
 TEXT = "text"  # [trace]'s one string: the text a GGUF's routing is traced on
-SECTIONS = {"bench": ("reps", "windows", "u_values", "layers", "n"), "plan": ("kmax", "draft_time"),
-            "run": ("layers", "reps", "max_reps", "budget_s", "n")}
+SECTIONS = {"bench": ("reps", "windows", "u_values", "layers", "n", "threads"), "plan": ("kmax", "draft_time"),
+            "run": ("layers", "reps", "max_reps", "budget_s", "n", "threads")}
 TOP = ("out", "steps", "grid", "trace", *SECTIONS)
 PROFILE = "paper-wikitext"  # the calibrated process's targets: the paper's published reuse per model
 GGUF_TRACE_THREADS = 1  # a GGUF's trace: one thread, the same bits on every node (and one Ray CPU)
@@ -147,12 +152,13 @@ def load_sweep(path: str, out: str | None = None) -> Sweep:
     settings = {name: doc.get(name) or {} for name in SECTIONS}
     for name, allowed in SECTIONS.items():
         known(settings[name], allowed, f"{name}.")
-    cells = [Cell(m, f, d, tuple(sorted(set(values["batch"]))), dev, k)
-             for m, f, d, dev, k in itertools.product(values["model"], values["format"], values["depth"],
-                                                      values["device"], values["kernels"])]
     for key, kind in (("depth", int), ("batch", int), ("format", str), ("device", str), ("model", str)):
         if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values[key]):
             raise MoespecError(f"{path}: grid.{key} must list {kind.__name__}s, got {values[key]!r}")
+    formats = list(dict.fromkeys(format_name(f) for f in values["format"]))  # f32 is fp32 (one cell)
+    cells = [Cell(m, f, d, tuple(sorted(set(values["batch"]))), dev, k)
+             for m, f, d, dev, k in itertools.product(values["model"], formats, values["depth"],
+                                                      values["device"], values["kernels"])]
     for name, section in [*settings.items(), ("trace", routing)]:
         for key, v in section.items():
             if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v if isinstance(v, list)

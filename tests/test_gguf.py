@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 from cli_cases import refused
 
-from moespec import MoespecError, cli
+from moespec import ArgumentError, MoespecError, cli
+from moespec.defaults import BENCH_DTYPES
+from moespec.measure.bench import default_dtype
 from moespec.model.gguf import read_gguf
 from moespec.model.spec import ModelSpec
+from moespec.model.weights import format_name
 
 gguf = pytest.importorskip("gguf")
 T = gguf.MODEL_TENSOR
@@ -116,6 +119,24 @@ def test_gpt_oss_biases_sinks_and_sliding_window(tmp_path, tiny_configs):
     # the cache as the config's: layer 0 within the 4-token window, so less than without one
     unwindowed = replace(g.spec, sliding_window=None, sliding_layers=())
     assert g.spec.kv_bytes(0, 100, "fp16") == want.kv_bytes(0, 100, "fp16") < unwindowed.kv_bytes(0, 100, "fp16")
+
+
+@pytest.mark.parametrize("expert_type, named", [("F32", "fp32"), (None, "fp16"), ("BF16", "bf16"), ("Q8_0", "q8_0")])
+def test_the_experts_format_has_moespecs_name(tmp_path, expert_type, named):
+    """llama.cpp's F32 and F16 experts are moespec's fp32 and fp16 (moespec.model.weights.format_name, the one
+    place the names meet), so `bench --model F.gguf` takes an f32 file's format as its own and names it as a run
+    and a plan of the file do; the other types keep their names."""
+    kind = None if expert_type is None else getattr(gguf.GGMLQuantizationType, expert_type)
+    path = write(tmp_path / "m.gguf", expert_type=kind)
+    assert read_gguf(path).expert_format() == named
+    assert [format_name(n) for n in ("f32", "f16", named, "q4_k")] == ["fp32", "fp16", named, "q4_k"]
+    if named in BENCH_DTYPES:
+        assert default_dtype(str(path)) == named
+    else:  # f16 experts: the bench times none such, and says so in moespec's name
+        with pytest.raises(MoespecError, match=f"its experts are {named}; the bench times"):
+            default_dtype(str(path))
+    with pytest.raises(ArgumentError, match="name: a weight format's name"):
+        format_name(32)
 
 
 def test_spec_cli_prints_the_files_bytes(tmp_path, capsys):

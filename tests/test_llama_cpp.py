@@ -17,11 +17,13 @@ from test_gguf import write as write_bad_gguf
 from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 
 from moespec import MoespecError, cli
+from moespec.formats.benchfile import load_bench
 from moespec.formats.runsfile import load_runs
 from moespec.model.gguf import read_gguf
 from moespec.model.gguf_export import _rope_pairs, export_gguf
 from moespec.model.load import LoadedModel
 from moespec.model.spec import ModelSpec
+from moespec.predict.plan import RUNS_CALIBRATE
 
 gguf = pytest.importorskip("gguf")
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -200,7 +202,7 @@ def test_run_llama_cpp_oracle_and_draft_gguf(exported, tmp_path, capsys):
     runs = load_runs(out)
     assert list(runs["verify_time_s"]) == ["dedup"] and runs["saving_s"] == {} and runs["crossover"] is None
     assert sorted(runs["verify_time_s"]["dedup"]) == ["1", "2", "3"] and runs["engine"] == "llama.cpp"
-    assert runs["dtype"] == "f32" and runs["model"] == "tiny-olmoe"  # the file's format and general.name
+    assert runs["dtype"] == "fp32" and runs["model"] == "tiny-olmoe"  # the file's format (F32) and general.name
     rows = runs.throughput()
     assert {(r["k"], r["a"]) for r in rows} == {(k, a) for k in range(3) for a in (0.5, 0.8)}
     assert all(r["greedy_exact"] for r in rows) and runs["noise"]["per_n"]["1"]["rounds"] >= 3
@@ -213,6 +215,26 @@ def test_run_llama_cpp_oracle_and_draft_gguf(exported, tmp_path, capsys):
     assert [r["k"] for r in doc["throughput_draft_model"]] == [0, 1, 2] and doc["throughput"] == []
     assert all(r["greedy_exact"] for r in doc["throughput_draft_model"])
     assert all(0 <= r["realized_acceptance"] <= 1 for r in doc["throughput_draft_model"] if r["k"])
+
+
+@needs_llama
+def test_an_f32_gguf_is_benched_and_run_as_fp32(exported, tmp_path):
+    """An f32 file's format has moespec's one name, fp32, in its bench (the file's own format by default) and its
+    llama.cpp run, so a plan takes the run beside the bench (the identity plan checks); a runs file that names the
+    format as llama.cpp does (f32) loads as fp32, and one that says fp32 as it is."""
+    path = str(exported["olmoe"])
+    trace, bench, out = (str(tmp_path / name) for name in ("t.npz", "bench.json", "runs.json"))
+    assert cli.main(["trace", "--gguf", path, "--max-tokens", "300", "--threads", "1", "--out", trace]) == 0
+    assert cli.main(["bench", "--model", path, "--trace", trace, "--n", "1-3", "--layers", "0", "--reps", "1",
+                     "--windows", "2", "--u-values", "3", "--out", bench]) == 0
+    assert cli.main(["run", *RUN, "--no-throughput", "--gguf", path, "--out", out]) == 0
+    doc = json.loads(Path(out).read_text())
+    assert load_bench(bench)["dtype"] == doc["dtype"] == "fp32"
+    for name in ("f32", "fp32"):
+        Path(out).write_text(json.dumps(doc | {"dtype": name}))
+        runs = load_runs(out)
+        assert runs["dtype"] == "fp32"
+        runs.check_identity(load_bench(bench), bench, RUNS_CALIBRATE)
 
 
 @pytest.mark.parametrize("case, needle", [("dense", "a dense model"), ("truncated", "not a readable GGUF"),

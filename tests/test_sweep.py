@@ -1,7 +1,8 @@
 """`moespec sweep`: a grid through bench and plan, one bench per (model, format, device, kernels) shared by the
 depths, resumed from its finished files, locally and on a local Ray instance (traces and plans there as Ray tasks,
 the summary equal to the local one); a GGUF cell traced by llama.cpp, benched at its file's shapes and format and
-run by llama.cpp; every key and cell checked before any work, one line and exit 2 otherwise."""
+run by llama.cpp, an f32 file's format fp32 throughout; each bench and run timed on the cores of the machine it
+runs on, counted there; every key and cell checked before any work, one line and exit 2 otherwise."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_llama_cpp import CONFIGS, tiny
 from transformers import OlmoeConfig
 
 from moespec import MoespecError, cli
 from moespec.formats.trace import load_trace
 from moespec.measure import bench as bench_module
+from moespec.measure import contention
+from moespec.measure.contention import on_own_cores
 from moespec.model.gguf_export import export_gguf
+from moespec.sweep import bench_config, load_sweep, run_config
 
 BENCH = "[bench]\nreps = 1\nwindows = 2\nu_values = 3\nlayers = [0, 1]\nn = [1, 2, 3]\n[plan]\nkmax = 2\n"
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -72,13 +77,13 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def timed_gguf(tmp_path_factory) -> Path:
-    """A one-layer OLMoE-class GGUF (bf16) whose experts are large enough to time here (3 MiB each, 32 of them), so
-    its plan is made, not refused as too small."""
+    """A one-layer OLMoE-class GGUF with f32 experts (llama.cpp's F32, moespec's fp32) large enough to time here
+    (6 MiB each, 32 of them), so its plan is made, not refused as too small."""
     config = OlmoeConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=8, vocab_size=300,
                          max_position_embeddings=512, tie_word_embeddings=False, num_hidden_layers=1, num_experts=32,
                          num_experts_per_tok=4, intermediate_size=512)
     folder = tmp_path_factory.mktemp("gguf")
-    return Path(export_gguf(tiny("olmoe", config=config), folder / "timed.gguf", "bf16", name="timed-olmoe")[0].path)
+    return Path(export_gguf(tiny("olmoe", config=config), folder / "timed.gguf", "f32", name="timed-olmoe")[0].path)
 
 
 def test_the_sweep_on_ray_equals_the_local_one(bench_model, tiny_gguf, tmp_path: Path,
@@ -111,9 +116,55 @@ def test_the_sweep_on_ray_equals_the_local_one(bench_model, tiny_gguf, tmp_path:
         assert after.meta["provenance"]["command"] == shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
+def test_timing_units_count_their_cores_where_they_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver makes a bench's and a run's config without a thread count (its own cores are not a node's); the
+    unit counts the cores of the machine it runs on when it starts, whatever torch's threads were in its process
+    (a Ray worker's are its first task's), and gives torch its threads back after; `threads` in the file wins."""
+    path = tmp_path / "sweep.toml"
+    path.write_text('[grid]\nmodel = ["olmoe-1b-7b"]\n')
+    plain = load_sweep(str(path))
+    path.write_text('steps = ["bench", "plan", "run"]\n[grid]\nmodel = ["olmoe-1b-7b"]\n[bench]\nthreads = 2\n'
+                    '[run]\nthreads = 1\n')
+    given = load_sweep(str(path))
+    configs = [make(sweep, sweep.cells[0]) for sweep in (plain, given) for make in (bench_config, run_config)]
+    assert [c.threads for c in configs] == [None, None, 2, 1]
+    seen = []
+    unit = on_own_cores(lambda config: seen.append((config.threads, torch.get_num_threads())))
+    monkeypatch.setattr(contention, "cores", lambda: 3)  # the machine the unit runs on
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # what its process's torch had
+    try:
+        for config in configs:
+            unit(config)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [(3, 3), (3, 3), (2, 2), (1, 1)]
+
+
+def test_a_bench_on_ray_times_on_the_cores_of_its_node(bench_model, tmp_path: Path) -> None:
+    """On Ray a bench's task counts the cores of the node it lands on (this machine's) when it starts: neither the
+    driver's torch threads (one, here) nor those its worker's torch took for an earlier one-CPU task (a trace's)."""
+    pytest.importorskip("ray")
+    if contention.cores() < 2:
+        pytest.skip("one core: the node's count and the driver's would agree")
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'[grid]\nmodel = ["{bench_model["model"]}"]\n[trace]\ntokens = 600\ndocs = 4\n'
+                    f"{BENCH.replace('[0, 1]', '[0]')}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main(["sweep", str(path), "--out", str(tmp_path / "out"), "--ray", "local"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    bench = json.loads(next((tmp_path / "out" / "bench").glob("*/bench.json")).read_text())
+    assert bench["device"].endswith(f", {contention.cores()} threads")
+
+
 GGUF_RUN = """steps = ["bench", "plan", "run"]
 [grid]
 model = ["{model}"]
+format = ["f32"]
 depth = [256]
 [trace]
 tokens = 200
@@ -134,9 +185,13 @@ kmax = 2
 
 
 @needs_llama
-def test_a_gguf_cell_is_traced_benched_run_and_planned(timed_gguf, tmp_path: Path, capsys) -> None:
+def test_a_gguf_cell_is_traced_benched_run_and_planned(timed_gguf, tmp_path: Path, capsys,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Its routing traced by llama.cpp, its bench at the file's shapes and format, its verify-only run on llama.cpp
-    (dedup, its one kernel), its plan on that run's one-token pass."""
+    (dedup, its one kernel), its plan on that run's one-token pass. The file's f32 experts are fp32 throughout,
+    whichever name grid.format gives, and `moespec plan` takes the bench and the run (a runs file naming the format
+    f32 too). The bench and the run each time on the cores of the machine they run on, counted there (one, here)."""
+    monkeypatch.setattr(contention, "cores", lambda: 1)
     path = tmp_path / "sweep.toml"
     path.write_text(GGUF_RUN.format(model=timed_gguf))
     out = tmp_path / "out"
@@ -144,15 +199,23 @@ def test_a_gguf_cell_is_traced_benched_run_and_planned(timed_gguf, tmp_path: Pat
     [row] = json.loads(capsys.readouterr().out)["cells"]
     assert row["routing"] == "llama.cpp" and row["tau1_from"] == "the verify-only run" and row["refused"] is None
     assert row["crossover"] is not None and set(row["k_hat"]) == {"0.5", "0.7", "0.8", "0.9"}
-    bench = json.loads(next((out / "bench").glob("*/bench.json")).read_text())
-    assert bench["model"] == "timed-olmoe" and bench["dtype"] == "bf16"
-    runs = json.loads(next((out / "runs").glob("*/runs-verify.json")).read_text())
+    assert row["format"] == "fp32"
+    bench_path, runs_path = next((out / "bench").glob("*/bench.json")), next((out / "runs").glob("*/runs-verify.json"))
+    bench, runs = json.loads(bench_path.read_text()), json.loads(runs_path.read_text())
+    assert bench["model"] == "timed-olmoe" and bench["dtype"] == "fp32" and bench["device"].endswith(", 1 threads")
     assert runs["engine"] == "llama.cpp" and runs["model"] == "timed-olmoe" and list(runs["verify_time_s"]) == ["dedup"]
+    assert runs["dtype"] == "fp32" and runs["provenance"]["llama_cpp"]["threads"] == 1
     assert row["tau1_s"] == runs["verify_time_s"]["dedup"]["1"]
+    trace_path = next((out / "traces").glob("*.npz"))
+    for name in ("fp32", "f32"):
+        runs_path.write_text(json.dumps(runs | {"dtype": name}))
+        assert cli.main(["plan", "--bench", str(bench_path), "--trace", str(trace_path), "--runs", str(runs_path),
+                         "--kmax", "2", "--depth", "256", "--out", str(tmp_path / f"plan-{name}.json")]) == 0
+        assert json.loads((tmp_path / f"plan-{name}.json").read_text())["dtype"] == "fp32"
     # the routing is what `moespec trace --gguf` records of the same text and tokens
     assert cli.main(["trace", "--gguf", str(timed_gguf), "--max-tokens", "200", "--threads", "1",
                      "--out", str(tmp_path / "t.npz")]) == 0
-    traced, swept = load_trace(tmp_path / "t.npz"), load_trace(next((out / "traces").glob("*.npz")))
+    traced, swept = load_trace(tmp_path / "t.npz"), load_trace(trace_path)
     assert swept.num_tokens == 200 and np.array_equal(swept.experts, traced.experts)
 
 
@@ -245,6 +308,9 @@ def test_bad_sweep_files_are_one_line(bench_model, tmp_path: Path, capsys, body:
     ('[grid]\nmodel = ["olmoe-1b-7b"]\ndepth = [-1]\n', "grid.depth must lie in 0..131,072"),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\n[plan]\nkmax = 0\n', "plan.kmax must be a whole number in 1.."),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\n[bench]\nreps = "many"\n', "bench.reps must be a number or a list"),
+    ('steps = ["bench", "plan", "run"]\n[grid]\nmodel = ["olmoe-1b-7b"]\n[run]\nthreads = 1.5\n',
+     "--threads must be a whole number in 1.."),
+    ('[grid]\nmodel = ["olmoe-1b-7b"]\n[bench]\nthreads = 0\n', "--threads must be a whole number in 1.."),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\n[trace]\ntokens = 0\n', "trace.tokens must be a whole number in 1.."),
     ('[grid]\nmodel = ["olmoe-1b-7b"]\n[trace]\ntext = "a.txt"\n', "trace.text: only a GGUF's routing is traced"),
 ])

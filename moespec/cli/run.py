@@ -161,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-gguf", help="--engine llama.cpp: a GGUF draft model sharing the vocabulary: the "
                                         "throughput grid drafts with it (greedy) over --k instead of the oracle")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT), default=RunConfig.threads,
-                   help=f"threads of a pass, either engine (default {RunConfig.threads}, torch's)")
+                   help="threads of a pass, either engine (default: one per core of the machine it runs on)")
     p.add_argument("--batch", metavar="B,..",
                    help=f"also measure verify passes and oracle throughput of B sequences at once for each B > 1 "
                         f"(1..{BATCH_LIMIT}; runs.json `batch`; a plan's per-B AUTO policy where it has one)")

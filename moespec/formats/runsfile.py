@@ -63,7 +63,8 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   verify_pass         what computed a verify pass: "lean (L of L layers one native call each)" (moespec.model.lean),
                       "transformers (why the lean pass does not apply)" or "llama.cpp (...)"; absent in version-1 files
   engine              "llama.cpp" for `run --engine llama.cpp` (moespec.measure.llama_run: verify_time_s holds dedup
-                      alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format;
+                      alone, llama.cpp's CPU MUL_MAT_ID, and saving_s is empty; dtype is the GGUF's expert format
+                      in moespec's name: files that name it as llama.cpp does (f32) are read as ours (fp32);
                       provenance.llama_cpp names the files and threads); absent for moespec's engine
   level               {pinned_gbps, band, wait_s, waited_s, dropped, kept_off, exhausted}: the host's bandwidth
                       level (reference read, GB/s) every verify round and throughput prompt was kept at:
@@ -117,6 +118,7 @@ from moespec.formats.files import (
     timestamp,
     version_problem,
 )
+from moespec.model.weights import format_name
 
 # A throughput row's two rates by name (module docstring), as plan.json's throughput_rate names the scored one.
 RATES = {"counted": "counted_tokens_per_s", "computed": "tokens_per_s"}
@@ -306,6 +308,7 @@ def load_runs(path: str | Path) -> Runs:
     runs = Runs(doc, path)
     for key in IDENTITY:
         field(runs, str(path), key, str)
+    runs["dtype"] = format_name(runs["dtype"])  # llama.cpp's name of a format read as ours (module docstring)
     for key in INTEGERS:
         if key == "depth" or key in doc:  # every reader uses or shows the depth
             runs._integer(key)

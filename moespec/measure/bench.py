@@ -78,7 +78,7 @@ from moespec.formats.files import (
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import implementation
 from moespec.kernels.peers import GGML_PEERS
-from moespec.measure.contention import Cores, merge
+from moespec.measure.contention import Cores, check_threads, merge, on_own_cores
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.level import LEVEL_UNIT, Level, check_level, host_level, pin_wait
 from moespec.measure.level import check_unit as check_level_unit
@@ -308,8 +308,8 @@ class BenchConfig:
     every one that can run here), the pass sizes `n`, the routing trace (None: the calibrated default), the
     timed repetitions per pass, recorded `windows` and chosen `u_values` per (layer, n), the seed, the device, the
     host's bandwidth level to keep the rounds at (`level_gbps`, `level_wait_s`: off unless asked for, on the CPU
-    only; moespec.measure.level.pin_wait); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it;
-    `fresh` drops it)."""
+    only; moespec.measure.level.pin_wait), the threads (None: the machine's cores, counted where the bench runs);
+    written to `out`, checkpointed in OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     out: str
     model: str = MODEL
@@ -327,6 +327,7 @@ class BenchConfig:
     level_gbps: float | None = None
     level_wait_s: float | None = None
     batch: int = 1  # B sequences per pass: passes of B n tokens (moespec.measure.passes.plan_unit)
+    threads: int | None = None  # None: one per core of the machine the bench runs on (contention.on_own_cores)
 
     def kernel_list(self) -> str:
         """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
@@ -348,6 +349,7 @@ class BenchConfig:
             raise MoespecError(f"--batch must be an integer in 1..{BATCH_LIMIT:,}, got {self.batch!r}")
         if self.dtype not in BENCH_DTYPES:
             raise MoespecError(f"--dtype {self.dtype!r}: one of {', '.join(BENCH_DTYPES)}")
+        check_threads(self.threads)
         check_level(self.level_gbps, self.level_wait_s)
 
 
@@ -396,6 +398,7 @@ def bench_document(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], 
 
 
 @holds_outputs(lambda config: [config.out])
+@on_own_cores
 def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: None) -> Bench:
     """Time the expert operation of each chosen layer and pass size with each kernel (the module docstring), fit
     (4) and (E.1), write bench.json to config.out and return it; `say` receives one line per stage (the CLI
@@ -440,7 +443,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
         f"{peak:.0f} GFLOP/s (IQR {peak_iqr:.0f})")
     level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     level.restore(checkpoint)
-    cores = Cores()
+    cores = Cores(config.threads)
     try:
         with checkpoint:
             units = _measure(spec, config, kinds, plan, checkpoint, first, timer, say, level, cores)

@@ -28,18 +28,25 @@ A `Cores` times calls: `before()` reads and sets torch's threads (which our nati
 torch.get_num_threads()) to the free cores, and `after()` reads again and judges the call. The fit follows the
 fewest other runnable threads of the last FIT_READS reads (the ends of the last call and the start of this one;
 before the first call, reads back to back), so a kernel thread seen once does not halve a pass.
+
+The team a timed unit starts from (`on_own_cores`): the threads it was given, else one per core of the machine it
+runs on, counted there when it starts.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from moespec import MoespecError
+from moespec.defaults import THREADS_LIMIT
 
 WAIT_SHARE = 0.05  # our threads waiting for a core over 5% of a call (quiet: median 0, 95th percentile ~1%)
 FIT_READS = 3  # the reads a load must show in before the threads are fitted to it
@@ -53,6 +60,40 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """A timed unit's threads where none are given: one per core this process may run on (`cores`, at most
+    THREADS_LIMIT), counted on the machine the unit runs on."""
+    return min(cores(), THREADS_LIMIT)
+
+
+def check_threads(threads: int | None) -> None:
+    """A timed unit's `threads` (bench and run --threads): None (default_threads) or a whole number in
+    1..THREADS_LIMIT; one line otherwise."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= THREADS_LIMIT):
+        raise MoespecError(f"--threads must be a whole number in 1..{THREADS_LIMIT:,}, got {threads!r}")
+
+
+def on_own_cores(job: Callable[..., Any]) -> Callable[..., Any]:
+    """A timed unit `job(config, ...)` (a bench or a run; config a dataclass with `threads`) run with torch's threads,
+    which the native kernels and the streaming read take, at config.threads (None: default_threads()) from its start
+    to its end, its ceilings and warm-up included, then given back; the job gets the count in config.threads, so its
+    records carry it. The default is counted here, in the unit, never where its config was made: a unit sent to
+    another machine (a Ray node) times on that machine's cores, and a process whose torch took another count before
+    (a Ray worker keeps the one of the first task it ran) does not pass it on."""
+    @functools.wraps(job)
+    def on_cores(config: Any, *args: Any, **kwargs: Any) -> Any:
+        check_threads(config.threads)
+        threads = default_threads() if config.threads is None else config.threads
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return job(replace(config, threads=threads), *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+    return on_cores
 
 
 def attributable() -> bool:

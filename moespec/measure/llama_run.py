@@ -47,7 +47,7 @@ from moespec.measure.decoding import (
     run_unit_checks,
     throughput_cells,
 )
-from moespec.measure.contention import Cores
+from moespec.measure.contention import Cores, on_own_cores
 from moespec.measure.level import Level, pin_wait
 from moespec.measure.rounds import VERIFY_UNIT, timed_rounds, verify_done
 from moespec.measure.run import RunConfig, load_plan_kernels, run_level, say_contention, summarize
@@ -167,6 +167,7 @@ def check(config: RunConfig) -> None:
 
 
 @holds_outputs(lambda config: [config.out])
+@on_own_cores
 def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
     """Measure llama.cpp's verify times and throughput grid on config.gguf (the module docstring), write runs.json
     to config.out (locked meanwhile) and return it."""

@@ -48,7 +48,6 @@ from moespec.defaults import (
     N_MAX,
     REPS_LIMIT,
     SAMPLES_LIMIT,
-    THREADS_LIMIT,
 )
 from moespec.formats.checkpoint import Checkpoint, unit_rng
 from moespec.formats.files import check_output, holds_outputs, provenance, sha256_file, write_json
@@ -56,7 +55,7 @@ from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import FORMAT_NAME, FORMAT_VERSION, Runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.measure.batch_run import batch_unit_checks, check_trace, measure_batches, plan_kernels
-from moespec.measure.contention import Cores, describe, merge
+from moespec.measure.contention import Cores, check_threads, describe, merge, on_own_cores
 from moespec.measure.decoding import (
     PREFILL_POLICY,
     Prompts,
@@ -256,7 +255,7 @@ class RunConfig:
     engine: str = "moespec"
     gguf: str | None = None
     draft_gguf: str | None = None
-    threads: int = torch.get_num_threads()
+    threads: int | None = None  # None: one per core of the machine the run runs on (contention.on_own_cores)
     batch: tuple[int, ...] = ()
 
     def check(self) -> None:
@@ -266,8 +265,7 @@ class RunConfig:
             raise MoespecError(f"--engine {self.engine!r}: one of {', '.join(ENGINES)}")
         if self.engine == ENGINES[0] and (self.gguf is not None or self.draft_gguf is not None):
             raise MoespecError("--gguf and --draft-gguf run llama.cpp: add --engine llama.cpp")
-        if not 1 <= self.threads <= THREADS_LIMIT:
-            raise MoespecError(f"--threads must lie in 1..{THREADS_LIMIT}, got {self.threads}")
+        check_threads(self.threads)
         check_level(self.level_gbps, self.level_wait_s)
         if self.dense not in DENSE:
             raise MoespecError(f"--dense {self.dense!r}: one of {', '.join(DENSE)}")
@@ -326,6 +324,7 @@ def say_contention(doc: dict[str, Any], say: Callable[[str], None]) -> None:
 
 
 @holds_outputs(lambda config: [config.out])
+@on_own_cores
 def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None) -> Runs:
     """Measure the verify times and the throughput grid on the model (the module docstring), write runs.json to
     config.out and return it; `say` receives one line per stage (the CLI prints them). config.out is locked for the

@@ -29,6 +29,7 @@ from typing import Any
 from moespec import MoespecError, printable
 from moespec.formats.files import check_input
 from moespec.model.spec import ModelSpec, check_size, resolve, shown
+from moespec.model.weights import format_name
 
 # GGUF general.architecture -> Hugging Face model_type, for the MoE architectures moespec reads from a GGUF file
 ARCHITECTURES = {"olmoe": "olmoe", "qwen3moe": "qwen3_moe", "llama": "mixtral", "gpt-oss": "gpt_oss"}
@@ -79,11 +80,12 @@ class GgufModel:
         return set().union(*(self._expert_names(b) for b in self.spec.moe_layers))
 
     def expert_format(self) -> str:
-        """The file's weight format as runs, benches and plans name a dtype: the type of its expert tensors (bf16,
-        q8_0, ...), "gguf-mixed" where they differ (a q4_K_M file)."""
+        """The file's weight format as runs, benches and plans name a dtype: the type of its expert tensors in
+        moespec's name (bf16, q8_0, fp32 for F32: weights.format_name), "gguf-mixed" where they differ (a q4_K_M
+        file)."""
         names = self.expert_tensor_names()
         kinds = {t.type.lower() for t in self.tensors if t.name in names}
-        return kinds.pop() if len(kinds) == 1 else "gguf-mixed"
+        return format_name(kinds.pop()) if len(kinds) == 1 else "gguf-mixed"
 
     def expert_bytes(self, layer: int) -> int:
         """w_l: bytes of one routed expert of MoE layer `layer` (0..L-1) as stored in the file."""

@@ -46,6 +46,18 @@ _FLOAT_FORMATS = ("fp32", "bf16", "fp16")
 
 _F32_BYTES = 4  # llama.cpp keeps 1-D tensors and the router (ffn_gate_inp) in F32
 
+# llama.cpp's names of float formats (a GGUF's tensor types, lower-cased) where they differ from ours; a runs file
+# that names its dtype so ("f32": llama.cpp's runs of an f32 file wrote it) loads as ours
+LLAMA_CPP_NAMES = {"f32": "fp32", "f16": "fp16"}
+
+def format_name(name: str) -> str:
+    """moespec's name of the weight format `name`, given as ours or as llama.cpp's (f32 -> fp32, f16 -> fp16); every
+    other name as it is. The one place the two namings meet: a GGUF's expert format, a sweep's grid.format and a
+    runs file's dtype pass through it, so a bench, a run and a plan of one file name its format alike."""
+    if not isinstance(name, str):
+        raise ArgumentError(f"name: a weight format's name, got {name!r}")
+    return LLAMA_CPP_NAMES.get(name, name)
+
 def check_format(fmt: str) -> str:
     """`fmt` if it names a weight format, else a one-line error."""
     if fmt not in ALL_FORMATS:
