@@ -225,3 +225,13 @@ def test_pinned_to_some_cores_the_run_queue_is_not_read(monkeypatch, two_cores):
         used.append(cores.before())
         flags.append(cores.after())
     assert used == [2, 2] and flags == [False, True] and cores.take()["others_max"] == 0
+
+
+@pytest.mark.parametrize("env, want", [(None, 2), ("1", 1), ("3", 3), ("0", 2), ("two", 2), (" 1 ", 1)])
+def test_default_threads_follow_omp_num_threads_else_the_cores(monkeypatch, two_cores, env, want):
+    monkeypatch.setattr(C, "cores", lambda: 2)
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    assert C.default_threads() == want

@@ -63,9 +63,11 @@ def cores() -> int:
 
 
 def default_threads() -> int:
-    """A timed unit's threads where none are given: one per core this process may run on (`cores`, at most
-    THREADS_LIMIT), counted on the machine the unit runs on."""
-    return min(cores(), THREADS_LIMIT)
+    """A timed unit's threads where none are given, counted on the machine the unit runs on: OMP_NUM_THREADS where
+    it is set to a whole number (the knob torch and OpenMP read), else one per core this process may run on
+    (`cores`); at most THREADS_LIMIT."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return min(int(env) if env.isdigit() and int(env) >= 1 else cores(), THREADS_LIMIT)
 
 
 def check_threads(threads: int | None) -> None:
