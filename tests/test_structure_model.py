@@ -8,27 +8,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from cli_cases import one_line, refused, run_cli
 
 from moespec import ArgumentError
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
+from moespec.measure.contention import default_threads
 from moespec.measure.timing import device_name
-from moespec.predict.structure import Rates, cached, groups, pass_time
+from moespec.predict.structure import Rates, groups, hit_share, pass_time
 from moespec.routing.synth import synthesize
 
-RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), efficiency=(0.8, 0.6, 0.5), group_s=1e-6,
-              pass_s=1e-4)
+RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), cold_excess_s_per_byte=(5e-12, 1e-11, 2e-11),
+              group_s=1e-6, pass_s=1e-4)
 
 
 def test_per_byte_roofline_interpolated_and_past_the_grid() -> None:
-    assert RATES.per_byte(1, 50.0) == pytest.approx(1 / (0.8 * 50e9))  # memory: 40 GB/s, under the 100 GB/s loop
-    assert RATES.per_byte(1, 25.0) == pytest.approx(1 / (0.8 * 25e9))  # half the ceiling: twice the time
-    assert RATES.per_byte(1, 200.0) == pytest.approx(1e-11)  # the loop's 100 GB/s below 0.8 x 200
+    assert RATES.per_byte(1, 50.0) == pytest.approx(2e-11 + 5e-12)  # memory 1 / 50 GB/s plus the loop's excess
+    assert RATES.per_byte(1, 25.0) == pytest.approx(4e-11 + 5e-12)  # half the ceiling: the stream's part doubles
+    assert RATES.per_byte(1, 400.0) == pytest.approx(1e-11)  # 2.5e-12 + 5e-12 under the loop's 100 GB/s
     assert RATES.per_byte(1, 50.0, cold=False) == pytest.approx(1e-11)
-    assert RATES.per_byte(3, 50.0) == pytest.approx(max(1 / (0.55 * 50e9), 3e-11))  # halfway between G = 2 and 4
+    assert RATES.per_byte(3, 50.0) == pytest.approx(2e-11 + 1.5e-11)  # halfway between G = 2 and 4, over kappa 3e-11
     assert RATES.per_byte(6, 50.0) == pytest.approx(4e-11 + 2 * 1e-11)  # the loop on the line through G = 2, 4
+    assert RATES.per_byte(8, 50.0) == pytest.approx(8e-11)  # past the grid: the loop's line, the excess stays 2e-11
 
 
 def test_groups_in_kernel_order() -> None:
@@ -37,19 +38,22 @@ def test_groups_in_kernel_order() -> None:
     assert groups("dedup", ids) == [(1, 1), (2, 1), (3, 2)]
 
 
-def test_cached_by_distinct_bytes_since_the_last_read() -> None:
+def test_hit_share_by_distinct_bytes_since_the_last_read() -> None:
     order = [(0, 1), (1, 1), (0, 1), (2, 1), (3, 1), (0, 1)]
-    assert cached(order, 10.0, 20.0) == [False, False, True, False, False, False]  # 0 after {1}: 2 experts fit
-    assert cached(order, 10.0, 40.0) == [False, False, True, False, False, True]  # after {2, 3}: 3 experts fit
-    assert cached(order, 10.0, 10.0) == [False] * 6
+    assert hit_share(order, 10.0, 20.0) == pytest.approx([0, 0, 1, 0, 0, 2 / 3])  # {1, 0} fit; {2, 3, 0}: 20 of 30
+    assert hit_share(order, 10.0, 40.0) == pytest.approx([0, 0, 1, 0, 0, 1])  # after {2, 3}: 3 experts fit
+    assert hit_share(order, 10.0, 10.0) == pytest.approx([0, 0, 1 / 2, 0, 0, 1 / 3])
+    assert hit_share(order, 10.0, 0.0) == [0.0] * 6
 
 
 def test_pass_time_exact() -> None:
     ids, b, c = np.array([[0, 1], [0, 2]]), 1e6, 40.0
     cold1, hot1, cold2 = RATES.per_byte(1, c), RATES.per_byte(1, c, cold=False), RATES.per_byte(2, c)
-    # slot: 4 groups of one token; expert 0's second slot finds it cached (experts {1, 0} = 2 MB fit 2 MB)
+    # slot: 4 groups of one token; expert 0's second slot finds it cached (experts {1, 0} = 2 MB fit 2 MB), or half
+    # of it in a 1 MB cache
     assert pass_time(RATES, "slot", ids, b, c, 2e6) == pytest.approx(1e-4 + 4e-6 + b * (3 * cold1 + hot1))
-    assert pass_time(RATES, "slot", ids, b, c, 1e6) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
+    assert pass_time(RATES, "slot", ids, b, c, 1e6) == pytest.approx(1e-4 + 4e-6 + b * (3.5 * cold1 + hot1 / 2))
+    assert pass_time(RATES, "slot", ids, b, c, 0.0) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
     # dedup: expert 0 on 2 tokens, 1 and 2 on one each, every expert read once from memory
     assert pass_time(RATES, "dedup", ids, b, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
 
@@ -57,8 +61,9 @@ def test_pass_time_exact() -> None:
 @pytest.mark.parametrize("call", [
     lambda: RATES.per_byte(0, 50.0), lambda: RATES.per_byte(1, 0.0), lambda: groups("both", np.zeros((1, 2))),
     lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 50, 0),
-    lambda: Rates((2, 3), (1e-11, 1e-11), (1.0, 1.0), 0.0, 0.0), lambda: Rates((1,), (0.0,), (1.0,), 0.0, 0.0),
-    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0), lambda: Rates((1, 2), (1e-11,), (1.0, 1.0), 0.0, 0.0)])
+    lambda: hit_share([(0, 1)], 1.0, -1.0), lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0),
+    lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
+    lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0)])
 def test_domain(call) -> None:
     with pytest.raises(ArgumentError):
         call()
@@ -66,13 +71,17 @@ def test_domain(call) -> None:
 
 # ---- bench --predict ----------------------------------------------------------------------------------------
 def profile_doc(**changes) -> dict:
-    """A valid device.json of this machine and thread count with hand-set rates (G = 1, 2, 4, 8, 16)."""
+    """A valid device.json of this machine and the threads a bench runs by default (default_threads), with hand-set
+    rates (G = 1, 2, 4, 8, 16)."""
     g = [1, 2, 4, 8, 16]
-    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": device_name(), "device_kind": "cpu",
-           "threads": torch.get_num_threads(), "ceiling_kind": "streaming read", "ceiling_gbps": 50.0,
+    threads = default_threads()
+    device = f"{device_name().rsplit(',', 1)[0]}, {threads} threads"
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": device, "device_kind": "cpu",
+           "threads": threads, "ceiling_kind": "streaming read", "ceiling_gbps": 50.0,
            "ceiling_iqr_gbps": 1.0, "cache_bytes": 32 << 20,
            "dtypes": {"bf16": {"G": g, "hot_s_per_byte": [1e-11 * max(1, x / 4) for x in g],
-                               "efficiency": [0.8, 0.7, 0.6, 0.4, 0.2], "group_s": 1e-6, "pass_s": 1e-4,
+                               "cold_excess_s_per_byte": [5e-12, 1e-11, 2e-11, 3e-11, 4e-11], "group_s": 1e-6,
+                               "pass_s": 1e-4,
                                "matmul_peak_gflops": 500.0}},
            "self_check": {"slot": {"median": 0.02, "max": 0.05, "passes": 9},
                           "dedup": {"median": 0.03, "max": 0.06, "passes": 9}},
@@ -108,30 +117,31 @@ def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) 
         assert bench["eps"][kernel] == pytest.approx(fit_eps + prediction["error"][kernel])
     # the one-token pass: 8 cold groups of one token, exactly the model's time
     b = bench["expert_bytes"]["0"]
-    one = 1e-4 + 8 * (1e-6 + b / (0.8 * 50e9))
+    one = 1e-4 + 8 * (1e-6 + b * (1 / 50e9 + 5e-12))
     assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
     code, err = run_cli(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out",
                          tmp_path / "plan.json"])
     assert code == 0, err
     assert json.loads((tmp_path / "plan.json").read_text())["crossover"] == bench["crossover"]
-    # at another ceiling: a memory-bound group's time scales with it
+    # at another ceiling: a memory-bound group's streaming part scales with it, the loop's excess stays
     code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--ceiling", "25",
                          "--out", tmp_path / "half.json"])
     assert code == 0, err
     half = load_bench(tmp_path / "half.json")
     assert half["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
-        1e-4 + 8 * (1e-6 + b / (0.8 * 25e9)))
+        1e-4 + 8 * (1e-6 + b * (1 / 25e9 + 5e-12)))
     assert half["prediction"]["ceiling_source"] == "given"
 
 
 @pytest.mark.parametrize("doc, extra, words", [
-    (profile_doc(threads=torch.get_num_threads() + 1), [], ["threads"]),
+    (profile_doc(threads=default_threads() + 1), [], ["threads"]),
     (profile_doc(device="cpu: another CPU, 2 threads"), [], ["another device"]),
     (profile_doc(device_kind="cuda"), [], ["cuda"]),
     (profile_doc(), ["--dtype", "fp32"], ["fp32"]),
     (profile_doc(), ["--dtype", "q8_0"], ["q8_0"]),
     (profile_doc(), ["--kernels", "slot,torch-dedup"], ["our kernels"]),
-    (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"efficiency": [-1.0] * 5}}), [], ["efficiency"]),
+    (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"cold_excess_s_per_byte": [-1.0] * 5}}), [],
+     ["cold_excess_s_per_byte"]),
     (profile_doc(format_version=7), [], ["version"]),
     ({"format": "something else"}, [], ["not a moespec device profile"]),
 ])
@@ -158,3 +168,14 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="ascending whole numbers of tokens per group from 1"):
         load_profile(write(tmp_path / "d.json", bad))
     assert load_profile(write(tmp_path / "ok.json", profile_doc())).self_check() == {"slot": 0.05, "dedup": 0.06}
+
+
+def test_loader_reads_the_previous_version(tmp_path: Path) -> None:
+    """Version 1 held each cold group's share e_G of the ceiling; it loads as the excess (1 / e_G - 1) / ceiling."""
+    doc = profile_doc(format_version=1)
+    entry = doc["dtypes"]["bf16"]
+    del entry["cold_excess_s_per_byte"]
+    entry["efficiency"] = [0.8, 0.5, 0.5, 1.25, 0.25]
+    loaded = load_profile(write(tmp_path / "v1.json", doc))
+    assert loaded["dtypes"]["bf16"]["cold_excess_s_per_byte"] == pytest.approx(
+        [0.25 / 50e9, 1 / 50e9, 1 / 50e9, 0.0, 3 / 50e9])

@@ -23,6 +23,7 @@ from moespec.formats.benchfile import Bench, too_small
 from moespec.formats.devicefile import DeviceProfile, load_profile
 from moespec.formats.files import holds_outputs, sha256_file, write_json
 from moespec.measure.bench import BenchConfig, bench_document, bench_layers, bench_passes, bench_trace, unit_record
+from moespec.measure.contention import on_own_cores
 from moespec.measure.timing import device_name
 from moespec.model.gguf import resolve_model
 from moespec.predict.structure import Rates, pass_time
@@ -32,7 +33,8 @@ IMPLEMENTATION = "native, predicted"  # bench.json kernels.<k>.implementation of
 
 def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
     """Refuse a profile that does not describe this bench: another device kind, another CPU, another thread count
-    than this process runs (torch.get_num_threads()), a weight format it did not time, kernels it has no model of."""
+    than the bench's (its `threads`, which predict_bench gives torch as a measured bench does), a weight format it
+    did not time, kernels it has no model of."""
     where = profile.path
     if config.device != profile["device_kind"]:
         raise MoespecError(f"{where}: profiled on {profile['device_kind']}, not --device {config.device}")
@@ -63,6 +65,7 @@ def predicted_units(rates: Rates, kernels: list[str], plan: dict[tuple[int, int]
 
 
 @holds_outputs(lambda config, *args, **kwargs: [config.out])
+@on_own_cores
 def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | None = None,
                   say: Callable[[str], None] = lambda text: None) -> Bench:
     """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps
