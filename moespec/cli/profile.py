@@ -33,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
     profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
         out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group; "
-                  f"per G (tokens per expert) cold GB/s over the ceiling, hot GB/s: " +
-                  ", ".join(f"{g}: {e:.2f}, {1e-9 / k:.0f}" for g, e, k in zip(entry["G"], entry["efficiency"],
-                                                                                 entry["hot_s_per_byte"])))
+                  f"per G (tokens per expert) cold GB/s at the ceiling, hot GB/s: " +
+                  ", ".join(f"{g}: {1e-9 / (1e-9 / profile.ceiling_gbps + x):.0f}, {1e-9 / k:.0f}"
+                            for g, x, k in zip(entry["G"], entry["cold_excess_s_per_byte"], entry["hot_s_per_byte"])))
     stream = profile["stream_read"]
     out.print("cold streaming read by chunk: " + ", ".join(
         f"{c >> 10} KiB {v:.1f} GB/s" for c, v in zip(stream["chunk_bytes"], stream["gbps"])))

@@ -15,12 +15,14 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     read (a ~1 MiB row task, its neighbours), on all threads
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
-  dtypes {dtype: {G, hot_s_per_byte, efficiency, group_s, pass_s, matmul_peak_gflops}}
+  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, group_s, pass_s, matmul_peak_gflops}}
            per weight format timed (bf16, fp32), from the native expert op on synthetic shapes only:
            G [1, 2, ..]             tokens per group (one expert applied to G tokens), ascending from 1
            hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
-           efficiency [..]          e_G > 0: a cold group's GB/s over the ceiling sampled right after it (median), so
-                                    a cold group takes max(1 / (e_G ceiling), kappa_G) per byte (moespec.predict.structure)
+           cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less 1 / the ceiling sampled right
+                                    after it (median), so a cold group takes max(1 / ceiling + x_G, kappa_G) per byte
+                                    (moespec.predict.structure). Version 1 held efficiency e_G (a cold group's GB/s
+                                    over the ceiling) instead; the loader reads it as x_G = (1 / e_G - 1) / ceiling_gbps
            group_s, pass_s          the fixed seconds of one group and of one call
            matmul_peak_gflops       torch.matmul in that dtype (moespec.measure.timing.matmul_peak): the compute yardstick
   shapes   {rates: [[d, f], ..], hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes timed
@@ -40,8 +42,8 @@ from moespec.defaults import DEVICE_KINDS, DTYPES, KERNELS, REPS_LIMIT, THREADS_
 from moespec.formats.files import Record, field, is_number, positive, read_json, version_problem
 
 FORMAT_NAME = "moespec-device-profile"
-FORMAT_VERSION = 1
-RATE_KEYS = ("hot_s_per_byte", "efficiency")  # per-G lists of a dtype's rates
+FORMAT_VERSION = 2
+RATE_KEYS = ("hot_s_per_byte", "cold_excess_s_per_byte")  # per-G lists of a dtype's rates
 
 
 def _fail(path: str, problem: str) -> MoespecError:
@@ -60,8 +62,8 @@ def _check_dtype(where: str, dtype: str, entry: Any) -> None:
         values = entry.get(key)
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) for v in values)):
             raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
-    if not all(v > 0 for key in RATE_KEYS for v in entry[key]):
-        raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte and efficiency must be positive")
+    if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
+        raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
     for key in ("group_s", "pass_s"):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
@@ -112,6 +114,11 @@ def load_profile(path: str | Path) -> DeviceProfile:
     if not dtypes or not set(dtypes) <= set(DTYPES):
         raise _fail(where, f"dtypes must time some of {', '.join(DTYPES)}, got {sorted(dtypes)}")
     for dtype, entry in dtypes.items():
+        if doc["format_version"] == 1:  # e_G, a cold group's share of the ceiling, as the excess at this ceiling
+            efficiency = entry.get("efficiency") if isinstance(entry, dict) else None
+            if not (isinstance(efficiency, list) and all(is_number(v) and v > 0 for v in efficiency)):
+                raise _fail(where, f"dtypes.{dtype}.efficiency must list positive numbers, one per G")
+            entry["cold_excess_s_per_byte"] = [max(1 / e - 1, 0.0) / (doc["ceiling_gbps"] * 1e9) for e in efficiency]
         _check_dtype(where, dtype, entry)
     for kernel in KERNELS:
         for key in ("median", "max"):

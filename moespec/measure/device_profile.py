@@ -9,9 +9,9 @@ checks them against every preset and the trained pair):
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush, E experts of
   ~48 MiB in all, past the last-level cache) on every rate shape, and hot (the same pass run just before) on HOT_SHAPES,
   HOT_EXPERTS experts of ~4 MB each, which the cache keeps (two, so the threads' row tasks overlap across groups as
-  in a real pass). kappa_G is the hot seconds per byte; the efficiency e_G the median over cold calls of their GB/s
-  over the ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call
-  by call.
+  in a real pass). kappa_G is the hot seconds per byte; the cold loop's excess x_G the median over cold calls of
+  their seconds per byte less 1 / C, C the ceiling sampled right after each, so the drift of a shared host's
+  bandwidth between calls is taken out call by call.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
   fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
   A cold call pays more (its threads wake, its code and data come from memory); the model takes the cold ones, as
@@ -204,23 +204,23 @@ def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]
 
 
 def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]) -> Rates:
-    """kappa_G, e_G and the cold pass_s and group_s (module docstring). A hot call has fixed costs of its own (its
+    """kappa_G, x_G and the cold pass_s and group_s (module docstring). A hot call has fixed costs of its own (its
     threads are awake and its code cached), taken from the hot overhead passes and subtracted before kappa; the
     fixed costs and the rates depend on each other only through small corrections, so three passes of each given
     the other settle them."""
-    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (1.0,) * len(G_VALUES), 0.0, 0.0)
+    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (0.0,) * len(G_VALUES), 0.0, 0.0)
     for _ in range(3):
         hot_pass, hot_group = _fixed(by_key, info, "hot", lambda c: rates.per_byte(1, c, cold=False))
         pass_s, group_s = _fixed(by_key, info, "cold", lambda c: rates.per_byte(1, c))
-        kappa, share = [], []
+        kappa, excess = [], []
         for g in G_VALUES:
             hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group) / (b * e)
                    for k, (b, e) in info.items() if k[0] == "hot" and k[3] == g]
             kappa.append(max(float(np.median(hot)), 1e-15))
-            cold = [b * e / max(t - pass_s - e * group_s, 1e-9) / 1e9 / c for k, (b, e) in info.items()
+            cold = [(t - pass_s - e * group_s) / (b * e) - 1 / (c * 1e9) for k, (b, e) in info.items()
                     if k[0] == "cold" and k[3] == g for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
-            share.append(float(np.median(cold)))
-        rates = Rates(G_VALUES, tuple(kappa), tuple(share), group_s, pass_s)
+            excess.append(max(float(np.median(cold)), 0.0))
+        rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s)
     return rates
 
 
@@ -286,8 +286,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         rates = _fit_rates(by_key, info)
         peak = median_iqr(matmul_peak(timer, getattr(torch, TORCH_DTYPES[dtype])))[0]
         doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
-                             "efficiency": list(rates.efficiency), "group_s": rates.group_s, "pass_s": rates.pass_s,
-                             "matmul_peak_gflops": peak}
+                             "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
+                             "pass_s": rates.pass_s, "matmul_peak_gflops": peak}
         checks[dtype] = _self_check(rates, by_key, info, cache)
         if i == 0:
             scaling = {"G": list(THREAD_SCALING_G), "speedup": [

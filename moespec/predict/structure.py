@@ -9,19 +9,22 @@ expert's 2f gate and up rows of length d, then its d down rows of length f, b by
 
 Time of a pass at a streaming ceiling C (bytes/s), a roofline per group:
 
-    t = pass_s + sum over groups g of [ group_s + b max(1 / (e(G_g) C), kappa(G_g)) ]   (a cold group)
-    t = pass_s + sum over groups g of [ group_s + b kappa(G_g) ]                         (a group the cache serves)
+    t = pass_s + sum over groups g of [ group_s + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
+    cold(G) = max(1 / C + x(G), kappa(G))
 
-e(G) is the share of the streaming ceiling a cold group of G tokens reaches while memory is its limit, and kappa(G)
-the seconds per byte of a group whose weights sit in the cache: the issue rate of the kernel's inner loop at G
-tokens, its limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the
-ceiling no longer matters). Every rate comes from a device profile (moespec.measure.device_profile), timed through
-the kernels' own entry point on synthetic shapes, none a model's; G between the profile's values is interpolated
-linearly and past its largest extrapolated (kappa on the line through its last two values, e at its last value). A
-per-slot group is served by the cache when the distinct expert bytes read since its expert's previous slot, its own
-included, fit the last-level cache; the deduplicating kernel reads every expert once, cold. The ceiling C is a
-device measurement, never a parameter: a prediction is made at the profile's own ceiling or at one measured beside
-the times it is compared with.
+A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
+memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); kappa(G) is
+the seconds per byte of a group whose weights sit in the cache: the issue rate of the inner loop at G tokens, its
+limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the ceiling no longer
+matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a device profile
+(moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes, none a model's; G
+between the profile's values is interpolated linearly and past its largest extrapolated (kappa on the line through
+its last two values, x at its last value). A per-slot group re-reading an expert finds the share
+min(1, cache / D) of it in the cache, D the distinct expert bytes read since its expert's previous slot, its own
+included (all of it when they fit; a cyclic re-read of more than the cache still finds part, as the last-level
+cache's replacement is not strict LRU); a first read, and every group of the deduplicating kernel (which reads each
+expert once), is cold. The ceiling C is a device measurement, never a parameter: a prediction is made at the
+profile's own ceiling or at one measured beside the times it is compared with.
 """
 
 from __future__ import annotations
@@ -39,31 +42,32 @@ from moespec.arguments import show
 @dataclass(frozen=True)
 class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
-    from 1) kappa = hot_s_per_byte and the cold share e = efficiency; group_s and pass_s the fixed seconds of a group
-    and of a call."""
+    from 1) kappa = hot_s_per_byte and the cold loop's excess x = cold_excess_s_per_byte; group_s and pass_s the fixed
+    seconds of a group and of a call."""
 
     G: tuple[int, ...]  # noqa: N815
     hot_s_per_byte: tuple[float, ...]
-    efficiency: tuple[float, ...]
+    cold_excess_s_per_byte: tuple[float, ...]
     group_s: float
     pass_s: float
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
             raise ArgumentError(f"G must ascend from 1, got {show(self.G)}")
-        if len(self.hot_s_per_byte) != len(self.G) or len(self.efficiency) != len(self.G):
-            raise ArgumentError("hot_s_per_byte and efficiency need one value per G")
-        if min(self.hot_s_per_byte) <= 0 or min(self.efficiency) <= 0 or self.group_s < 0 or self.pass_s < 0:
-            raise ArgumentError("hot_s_per_byte and efficiency must be positive; group_s and pass_s >= 0")
+        if len(self.hot_s_per_byte) != len(self.G) or len(self.cold_excess_s_per_byte) != len(self.G):
+            raise ArgumentError("hot_s_per_byte and cold_excess_s_per_byte need one value per G")
+        if min(self.hot_s_per_byte) <= 0 or min(self.cold_excess_s_per_byte) < 0 or self.group_s < 0 \
+                or self.pass_s < 0:
+            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s and pass_s >= 0")
 
     @classmethod
     def from_profile(cls, entry: Mapping[str, Any]) -> Rates:
         """The rates of one `dtypes` entry of a validated device.json."""
-        return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["efficiency"]),
+        return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]))
 
     def per_byte(self, g: int, ceiling_gbps: float, cold: bool = True) -> float:
-        """Seconds per weight byte of a group of g tokens: max(1 / (e(g) C), kappa(g)) when it reads from memory at a
+        """Seconds per weight byte of a group of g tokens: max(1 / C + x(g), kappa(g)) when it reads from memory at a
         ceiling of C = ceiling_gbps GB/s, kappa(g) when the cache serves it."""
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
             raise ArgumentError(f"g must be a whole number of tokens >= 1, got {show(g)}")
@@ -72,12 +76,12 @@ class Rates:
         grid = np.asarray(self.G, dtype=float)
         if g <= self.G[-1]:
             kappa = float(np.interp(g, grid, self.hot_s_per_byte))
-            share = float(np.interp(g, grid, self.efficiency))
-        else:  # past the profile: the inner loop's time grows on the line of its last two G, the share stays
+            excess = float(np.interp(g, grid, self.cold_excess_s_per_byte))
+        else:  # past the profile: the inner loop's time grows on the line of its last two G, the excess stays
             k = self.hot_s_per_byte
             slope = (k[-1] - k[-2]) / (self.G[-1] - self.G[-2]) if len(k) > 1 else 0.0
-            kappa, share = k[-1] + max(slope, 0.0) * (g - self.G[-1]), self.efficiency[-1]
-        return max(1.0 / (share * ceiling_gbps * 1e9), kappa) if cold else kappa
+            kappa, excess = k[-1] + max(slope, 0.0) * (g - self.G[-1]), self.cold_excess_s_per_byte[-1]
+        return max(1.0 / (ceiling_gbps * 1e9) + excess, kappa) if cold else kappa
 
 
 def groups(kind: str, ids: np.ndarray) -> list[tuple[int, int]]:
@@ -94,15 +98,18 @@ def groups(kind: str, ids: np.ndarray) -> list[tuple[int, int]]:
     raise ArgumentError(f"kind must be 'slot' or 'dedup', got {show(kind)}")
 
 
-def cached(order: Sequence[tuple[int, int]], expert_bytes: float, cache_bytes: float) -> list[bool]:
-    """Per group: whether its expert is still in a cache of cache_bytes, i.e. read before and the distinct experts
-    read since (its own included) take at most cache_bytes."""
+def hit_share(order: Sequence[tuple[int, int]], expert_bytes: float, cache_bytes: float) -> list[float]:
+    """Per group: the share of its expert a cache of cache_bytes still holds: 0 on its first read, else
+    min(1, cache_bytes / D), D the distinct expert bytes read since its previous read, its own included."""
+    if not expert_bytes > 0 or not cache_bytes >= 0:
+        raise ArgumentError(f"expert_bytes must be positive and cache_bytes >= 0, got {show(expert_bytes)}, "
+                            f"{show(cache_bytes)}")
     last: dict[int, int] = {}
     out = []
     for i, (expert, _) in enumerate(order):
         prev = last.get(expert)
-        between = set() if prev is None else {e for e, _ in order[prev + 1:i]} | {expert}
-        out.append(prev is not None and len(between) * expert_bytes <= cache_bytes)
+        between = 0 if prev is None else len({e for e, _ in order[prev + 1:i]} | {expert})
+        out.append(0.0 if prev is None else min(1.0, cache_bytes / (between * expert_bytes)))
         last[expert] = i
     return out
 
@@ -111,10 +118,8 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, cei
               cache_bytes: float) -> float:
     """Predicted seconds of one pass of the expert operation (the module docstring): kernel kind 'slot' or 'dedup',
     ids [n, m], b = expert_bytes per expert, at a streaming ceiling of ceiling_gbps GB/s."""
-    if not expert_bytes > 0 or not cache_bytes >= 0:
-        raise ArgumentError(f"expert_bytes must be positive and cache_bytes >= 0, got {show(expert_bytes)}, "
-                            f"{show(cache_bytes)}")
     order = groups(kind, ids)
-    hot = cached(order, expert_bytes, cache_bytes)
-    return rates.pass_s + sum(rates.group_s + expert_bytes * rates.per_byte(g, ceiling_gbps, not h)
+    hot = hit_share(order, expert_bytes, cache_bytes)
+    return rates.pass_s + sum(rates.group_s + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps)
+                                                              + h * rates.per_byte(g, ceiling_gbps, cold=False))
                               for (_, g), h in zip(order, hot))
