@@ -13,6 +13,11 @@ lost and a rerun resumes. Units are handed out one per worker at a time, so a sl
 Tasks (`submit`) are single calls with their resource request, each started once the tasks it waits for are done
 (a graph of units: `moespec sweep`) and retried as a worker's units are; what one writes names the command of the
 driver that submitted it, as if it had run there.
+
+Whole-node units (`on_whole_nodes`: a sweep's benches and runs, which time) are dealt out by the driver: each to a
+free live node of its own, pinned there and asking for all of that node's CPUs (and a GPU where it needs one), so
+every node times, whatever its size, two such units never share a node and no other task runs beside one. A unit
+whose node is lost is dealt again to another node (RETRIES times).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from moespec import MoespecError
@@ -165,11 +172,6 @@ def tasks(ray: Any, fn: Callable[..., Any], calls: Sequence[tuple], num_cpus: fl
                    fn.__name__)
 
 
-def node_cpus(ray: Any) -> int:
-    """The CPUs of the cluster's largest live node: a task asking for them holds a whole machine."""
-    return max((int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n.get("Alive")), default=1)
-
-
 def _got(ray: Any, refs: Any, what: str) -> Any:
     """ray.get(refs); a problem the work itself named (MoespecError) as its one line, a lost worker after Ray's
     retries as one line naming `what`."""
@@ -191,3 +193,127 @@ def call(ray: Any, actor: Any, method: str, *args: Any) -> Any:
     """One call of an actor's method, its result."""
     return _got(ray, getattr(actor, method).remote(*args), method)
 
+
+
+@dataclass(frozen=True)
+class Node:
+    """A live node as a whole-node unit takes it: Ray's node id, its CPUs and GPUs."""
+
+    id: str
+    cpus: int
+    gpus: int
+
+
+def live_nodes(ray: Any) -> list[Node]:
+    """The cluster's live nodes that run tasks (a node of no CPU, such as a head started with --num-cpus 0, runs
+    none), in Ray's order."""
+    return [Node(n["NodeID"], int(n["Resources"]["CPU"]), int(n["Resources"].get("GPU", 0))) for n in ray.nodes()
+            if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1]
+
+
+class Nodes:
+    """Which node each whole-node unit holds, without Ray: units wait in the order they become ready; `place` gives
+    each a free live node that suits it (one with a GPU for a GPU unit; a CPU unit takes a node without a GPU first,
+    so a GPU unit finds one free), in the order of the node list, and a node holds one unit until `release`."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.live = list(nodes)
+        self.held: dict[str, Node] = {}
+        self.queue: list[tuple[str, bool]] = []
+
+    def ready(self, unit: str, gpu: bool, again: bool = False) -> None:
+        """`unit` waits for a node (one with a GPU where `gpu`): last, or first when it is dealt `again`."""
+        if unit in self.held or any(unit == u for u, _ in self.queue):
+            raise ValueError(f"unit {unit!r} is already placed or waiting")
+        self.queue.insert(0 if again else len(self.queue), (unit, bool(gpu)))
+
+    def place(self) -> list[tuple[str, Node]]:
+        """The waiting units given a free node now, each with its node, in queue order; one line naming a unit no
+        live node suits."""
+        busy = {n.id for n in self.held.values()}
+        placed = []
+        for unit, gpu in list(self.queue):
+            suits = [n for n in self.live if n.gpus >= 1 or not gpu]
+            if not suits:
+                raise MoespecError(f"{unit}: no live node of the Ray cluster {'has a GPU' if gpu else 'is left'}")
+            free = sorted((n for n in suits if n.id not in busy), key=lambda n: n.gpus >= 1)  # stable: list order
+            if free:
+                busy.add(free[0].id)
+                self.held[unit] = free[0]
+                self.queue.remove((unit, gpu))
+                placed.append((unit, free[0]))
+        return placed
+
+    def release(self, unit: str) -> Node:
+        """The node `unit` held, free again."""
+        if unit not in self.held:
+            raise ValueError(f"unit {unit!r} holds no node")
+        return self.held.pop(unit)
+
+    def refresh(self, nodes: Sequence[Node]) -> None:
+        """The live nodes now: a lost one takes no further unit, a new one takes the next."""
+        self.live = list(nodes)
+
+
+@dataclass(frozen=True)
+class WholeNode:
+    """A unit of `on_whole_nodes`: fn(*args), on a node with a GPU where `gpu`, once the tasks `after` (their refs,
+    by the names a failure of theirs is said with) are done."""
+
+    args: tuple
+    gpu: bool = False
+    after: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def on_whole_nodes(ray: Any, fn: Callable[..., Any], units: dict[str, WholeNode]) -> Iterator[tuple[str, Any]]:
+    """`fn(*unit.args)` for every unit (by name), each once its `after` tasks are done, on a free live node of its
+    own (Nodes) that it holds whole: a Ray task pinned there and asking for all of that node's CPUs, so nothing else
+    runs there while it does. Pinned by NodeAffinitySchedulingStrategy(node_id, soft=False), which per Ray's docs
+    schedules the task on that node only, waiting there until its resources are free, and fails it when the node no
+    longer exists (https://docs.ray.io/en/latest/ray-core/api/doc/
+    ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy.html). Its worker dying is retried there
+    RETRIES times by Ray; its node lost, it is dealt to another node, RETRIES times. Yields (name, result) as each
+    finishes; a unit's own problem, or one of a task it waits for, is its one line (as `results`)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    remote = ray.remote(max_retries=RETRIES)(_after)
+    book = Nodes(live_nodes(ray))
+    waiting = dict(units)
+    running: dict[Any, str] = {}
+    dealt: Counter[str] = Counter()
+    while waiting or book.queue or running:
+        after = list(dict.fromkeys(ref for unit in waiting.values() for ref in unit.after.values()))  # unique
+        done, unresolved = ray.wait(after, num_returns=len(after), timeout=0) if after else ([], [])
+        for name, unit in list(waiting.items()):
+            if all(ref in done for ref in unit.after.values()):
+                for what, ref in unit.after.items():
+                    _got(ray, ref, what)
+                book.ready(name, waiting.pop(name).gpu)
+        for name, node in book.place():
+            pinned = NodeAffinitySchedulingStrategy(node.id, soft=False)
+            running[remote.options(num_cpus=node.cpus, num_gpus=int(units[name].gpu),
+                                   scheduling_strategy=pinned).remote(fn, units[name].args, sys.argv)] = name
+        if not running and not unresolved:
+            continue
+        [ref], _ = ray.wait([*running, *unresolved], num_returns=1)
+        if ref not in running:
+            continue
+        name = running.pop(ref)
+        node = book.release(name)
+        book.refresh(live_nodes(ray))
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as e:
+            if _lost(ray, e, node, book.live) and dealt[name] < RETRIES:
+                dealt[name] += 1
+                book.ready(name, units[name].gpu, again=True)
+                continue
+            result = _got(ray, ref, name)
+        yield name, result
+
+
+def _lost(ray: Any, e: BaseException, node: Node, live: Sequence[Node]) -> bool:
+    """Whether a unit failed because its node is gone, not by its own doing."""
+    if isinstance(e, ray.exceptions.RayTaskError):
+        return False
+    return isinstance(e, (ray.exceptions.NodeDiedError, ray.exceptions.TaskUnschedulableError)) or \
+        node.id not in {n.id for n in live}

@@ -36,16 +36,17 @@ streaming ceiling, the physical floor the plan then adds the measured expert-ope
 says which.
 
 Where they run. Locally, one after another in this process: the traces, the benches and runs, the plans. With --ray
-every unit is a Ray task: traces and plans take one CPU, each bench and run every CPU of a node (the cluster's
-largest: moespec.cluster.node_cpus) and a GPU on cuda; a bench or run without `threads` times on one thread per core
-of the node it runs on, counted there when it starts (moespec.measure.contention.on_own_cores), not on the driver's
-machine. The tasks form a graph, each started when what it reads is done (a bench after its model's trace, a plan
-after its bench and run), so a trace or plan of one model runs while another model is timed. They never share a node
-with a timing unit, by Ray's own accounting: a timing task holds all of its node's CPUs while it runs, so no one-CPU
-task is placed there, and it is placed only on a node with every CPU free, so it waits for the traces and plans
-there to end; a task waiting for its inputs holds no CPU. The driver only submits and waits, and writes the summary
-at the end. Traces and plans compute the same values wherever they run, so the summary equals the local path's from
-the same timing units.
+traces and plans are Ray tasks of one CPU, and the driver deals out the benches and runs (moespec.cluster.
+on_whole_nodes): each, once its model's trace is done, to a free node of its own, pinned there and asking for all of
+that node's CPUs (and its GPU on cuda: only nodes with one take a cuda unit), and the node's next unit when it ends,
+so every node times, whatever its size. Two timing units never share a node, and no trace or plan runs on a node
+while one is timed there, by Ray's own accounting: a timing task holds all of its node's CPUs, so no one-CPU task is
+placed there, and it starts only once every CPU there is free. A node lost mid-unit has the unit dealt to another. A
+bench or run without `threads` times on one thread per core of the node it runs on, counted there when it starts
+(moespec.measure.contention.on_own_cores), not on the driver's machine. A plan is submitted once its bench and run are
+done, so a trace or plan of one model runs while another model is timed. The driver submits, deals and waits, and
+writes the summary at the end. Traces and plans compute the same values wherever they run, so the summary equals the
+local path's from the same timing units.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from typing import Any
 import torch
 
 from moespec import MoespecError
-from moespec.cluster import check_address, cluster_gpus, connected, node_cpus, results, submit
+from moespec.cluster import WholeNode, check_address, cluster_gpus, connected, on_whole_nodes, results, submit
 from moespec.defaults import BATCH_LIMIT, DEPTH_LIMIT, ENGINES, KMAX_LIMIT, SAMPLE_TEXT, TOKENS_LIMIT
 from moespec.formats.files import check_input, read_json
 from moespec.formats.trace import load_trace
@@ -350,16 +351,23 @@ def run_sweep(sweep: Sweep, ray: str | None = None) -> list[dict[str, Any]]:
 
 
 def _on_ray(ray: Any, sweep: Sweep, traces: dict[str, Cell], timed: dict[str, tuple[str, Any, Cell]]) -> list[dict]:
-    """The units as a graph of Ray tasks (module docstring): traces and plans of one CPU, each timing unit holding
-    a whole node (and a GPU on cuda) once its model's trace is done, each plan once its timing units are; the rows."""
+    """The units on Ray (module docstring): traces and plans as tasks of one CPU, each timing unit dealt to a node of
+    its own that it holds whole (and one with a GPU on cuda) once its model's trace is done, each plan submitted once
+    its timing units are; the rows."""
     traced = {path: submit(ray, _trace_unit, (sweep, cell)) for path, cell in traces.items()}
-    whole = node_cpus(ray)
-    done = {out: submit(ray, _timed_unit, (kind, config), [traced[_trace_path(sweep, cell)]], num_cpus=whole,
-                        num_gpus=int(cell.device == "cuda")) for out, (kind, config, cell) in timed.items()}
-    plans = [submit(ray, _plan_unit, (sweep, c), [done[config.out] for _, config in _timing(sweep, c)])
-             for c in sweep.cells]
-    named = {f"the trace {path}": ref for path, ref in traced.items()} | \
-        {f"the {timed[out][0]} {out}": ref for out, ref in done.items()}
-    for name, ref in named.items():  # a unit that fails is named itself, not as the plans that read it
-        results(ray, [ref], name)
-    return results(ray, plans, "a plan")
+    units = {_named(kind, out): WholeNode((kind, config), cell.device == "cuda",
+                                          {f"the trace {_trace_path(sweep, cell)}": traced[_trace_path(sweep, cell)]})
+             for out, (kind, config, cell) in timed.items()}
+    left = {cell: {_named(kind, config.out) for kind, config in _timing(sweep, cell)} for cell in sweep.cells}
+    plans = {}
+    for name, _ in on_whole_nodes(ray, _timed_unit, units):
+        for cell, names in left.items():
+            names.discard(name)
+            if not names and cell not in plans:
+                plans[cell] = submit(ray, _plan_unit, (sweep, cell))
+    return results(ray, [plans[c] for c in sweep.cells], "a plan")
+
+
+def _named(kind: str, out: str) -> str:
+    """A timing unit as a failure names it."""
+    return f"the {kind} {out}"
