@@ -190,8 +190,9 @@ ENTRIES: dict[str, Entry] = {
     "batch-engine/README.md": Entry("write-up: the batched pass beside llama.cpp, the batch plan scored, its fidelity",
                                     source="batch-engine/batch-pass.json"),
     "batch-engine/batch-pass.json": Entry(
-        "B sequences x n tokens in one pass, B 1-8, n 1-9: moespec dedup / llama.cpp 0.74-1.01 (run 1 of 5; over "
-        "five no cell slower in median); roofline share 30-84% (both engines ~30% at B = 8 x 9)"),
+        "B sequences x n tokens in one pass, B 1-8, n 1-9: moespec dedup / llama.cpp 0.63-1.06 (run 1 of 5; over "
+        "five 0.63 at B = 8 x 9, 1.02-1.06 in median at three one-token cells); roofline share 43-81% (moespec 43%, "
+        "llama.cpp 27% at B = 8 x 9)"),
     "batch-engine/batch-pass.txt": Entry("console output of benchmarks/batch_pass.py",
                                          source="batch-engine/batch-pass.json"),
     **{f"batch-engine/batch-pass-{i}.json": Entry(f"run {i} of 5 of benchmarks/batch_pass.py (the medians over the five "
