@@ -339,22 +339,29 @@ void wide_tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, 
     }
 }
 
-// y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, hi) with the wide tiles (bf16 weights and inputs, G >=
-// kWideMinTokens): as matvec_rows below, in column blocks of kWideColBytes of inputs and token blocks of at most
-// kWideTokens, prefetching up to kWidePrefetchMaxTokens.
-void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* const* xs, int64_t G, float* y,
-               int64_t ldy, float* res, const bf16* next) {
-    const int64_t blocks = (G + kWideTokens - 1) / kWideTokens;
-    const int64_t per_block = (G + blocks - 1) / blocks;
-    const int64_t kb = std::max<int64_t>(32, kWideColBlockBytes / (2 * G) / 32 * 32);
-    const bool pf = G <= kWidePrefetchMaxTokens;
-    const int64_t ahead = std::max<int64_t>(kTileRows, kPrefetchBytes / (K * 2) / kTileRows * kTileRows);  // rows
-    auto target = [&](int64_t r, int64_t rows) -> const bf16* {
+// Where a tile's prefetch points: the rows `ahead` rows past row r of a task's stream, rows [lo, hi) of w and then,
+// when `next` is not null, the same rows of the matrix `next` (same K) that the caller reads right after; null
+// unless all `rows` of them lie in it.
+template <class W>
+struct Ahead {
+    const W* w;
+    const W* next;
+    int64_t K, lo, hi, ahead;
+    const W* operator()(int64_t r, int64_t rows) const {
         const int64_t q = r + ahead;
         if (q + rows <= hi) return w + q * K;
         if (next && q >= hi && q + rows <= 2 * hi - lo) return next + (q - hi + lo) * K;
         return nullptr;
-    };
+    }
+};
+
+// The loop both tile sizes share: rows [lo, hi) in chunks of kRowChunk; within a chunk, the columns in blocks of kb
+// and the rows in tiles of kTileRows (the last ones one at a time), each tile applied to the G tokens in blocks of
+// per_block by tile(R, row, first token, k0, k1, sums), R a std::integral_constant; then the chunk's sums to
+// y[t * ldy + row - lo] (res: scratch of kRowChunk * G floats).
+template <class Tile>
+void in_tiles(int64_t K, int64_t lo, int64_t hi, int64_t G, int64_t per_block, int64_t kb, float* y, int64_t ldy,
+              float* res, Tile tile) {
     for (int64_t r0 = lo; r0 < hi; r0 += kRowChunk) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowChunk, hi - r0));
         std::fill(res, res + kRowChunk * G, 0.0f);
@@ -362,19 +369,35 @@ void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* con
             const int64_t k1 = std::min(K, k0 + kb);
             int r = 0;
             for (; r + kTileRows <= rows; r += kTileRows)
-                for (int64_t b = 0; b < G; b += per_block) {
-                    const bf16* pw = pf ? target(r0 + r + b / per_block * kTileRows, kTileRows) : nullptr;
-                    wide_tile_tokens<kTileRows>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
-                                                k0, k1, pw, res + r * G + b, G);
-                }
+                for (int64_t b = 0; b < G; b += per_block)
+                    tile(std::integral_constant<int, kTileRows>{}, r0 + r, b, k0, k1, res + r * G + b);
             for (; r < rows; ++r)
                 for (int64_t b = 0; b < G; b += per_block)
-                    wide_tile_tokens<1>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)), k0,
-                                        k1, nullptr, res + r * G + b, G);
+                    tile(std::integral_constant<int, 1>{}, r0 + r, b, k0, k1, res + r * G + b);
         }
         for (int r = 0; r < rows; ++r)
             for (int64_t t = 0; t < G; ++t) y[t * ldy + r0 - lo + r] = res[r * G + t];
     }
+}
+
+// y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, hi) with the wide tiles (bf16 weights and inputs, G >=
+// kWideMinTokens): as matvec_rows below, in column blocks of kWideColBlockBytes of inputs and token blocks of at
+// most kWideTokens; up to kWidePrefetchMaxTokens, each token block of a tile prefetches a tile of its own further
+// ahead, so the stream stays in flight while the later blocks read the tile from L1.
+void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* const* xs, int64_t G, float* y,
+               int64_t ldy, float* res, const bf16* next) {
+    const int64_t blocks = (G + kWideTokens - 1) / kWideTokens;
+    const int64_t per_block = (G + blocks - 1) / blocks;
+    const int64_t kb = std::max<int64_t>(32, kWideColBlockBytes / (2 * G) / 32 * 32);
+    const bool pf = G <= kWidePrefetchMaxTokens;
+    const Ahead<bf16> target{w, next, K, lo, hi,
+                             std::max<int64_t>(kTileRows, kPrefetchBytes / (K * 2) / kTileRows * kTileRows)};
+    in_tiles(K, lo, hi, G, per_block, kb, y, ldy, res, [&](auto R, int64_t r, int64_t b, int64_t k0, int64_t k1,
+                                                           float* sums) {
+        const bf16* pw = pf && R == kTileRows ? target(r + b / per_block * kTileRows, kTileRows) : nullptr;
+        wide_tile_tokens<decltype(R)::value>(w + r * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)), k0, k1,
+                                             pw, sums, G);
+    });
 }
 
 // fp32 values rounded to bf16 (nearest even, as to_bf16), 16 at a time.
@@ -422,17 +445,11 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
     const int64_t per_block = (G + blocks - 1) / blocks;
     const int64_t kb = std::max(kLineCols, kColBlockBytes / (4 * G) / kLineCols * kLineCols);
     const bool pf = G <= kPrefetchMaxTokens;
-    const int64_t ahead = std::max<int64_t>(kTileRows, kPrefetchBytes / (K * static_cast<int64_t>(sizeof(W))) /
-                                                           kTileRows * kTileRows);  // rows
-    // The rows `ahead` rows past row r of the stream, if all `rows` of them lie in it.
-    auto target = [&](int64_t r, int64_t rows) -> const W* {
-        const int64_t q = r + ahead;
-        if (q + rows <= hi) return w + q * K;
-        if (next && q >= hi && q + rows <= 2 * hi - lo) return next + (q - hi + lo) * K;
-        return nullptr;
-    };
+    const Ahead<W> target{w, next, K, lo, hi,
+                          std::max<int64_t>(kTileRows, kPrefetchBytes / (K * static_cast<int64_t>(sizeof(W))) /
+                                                           kTileRows * kTileRows)};  // rows
     if (pf && !warm)
-        for (int64_t r = lo; r < std::min(hi, lo + ahead); ++r)
+        for (int64_t r = lo; r < std::min(hi, lo + target.ahead); ++r)
             for (int64_t k = 0; k < K; k += kLineCols)
                 _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k), _MM_HINT_T1);
     if (G <= kSequentialMaxTokens) {
@@ -443,28 +460,12 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
         }
         return;
     }
-    for (int64_t r0 = lo; r0 < hi; r0 += kRowChunk) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRowChunk, hi - r0));
-        std::fill(res, res + kRowChunk * G, 0.0f);
-        for (int64_t k0 = 0; k0 < K; k0 += kb) {
-            const int64_t k1 = std::min(K, k0 + kb);
-            int r = 0;
-            for (; r + kTileRows <= rows; r += kTileRows) {
-                const W* pw = pf ? target(r0 + r, kTileRows) : nullptr;
-                for (int64_t b = 0; b < G; b += per_block)
-                    tile_tokens<kTileRows>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
-                                                  k0, k1, b == 0 ? pw : nullptr, res + r * G + b, G);
-            }
-            for (; r < rows; ++r) {
-                const W* pw = pf ? target(r0 + r, 1) : nullptr;
-                for (int64_t b = 0; b < G; b += per_block)
-                    tile_tokens<1>(w + (r0 + r) * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)),
-                                          k0, k1, b == 0 ? pw : nullptr, res + r * G + b, G);
-            }
-        }
-        for (int r = 0; r < rows; ++r)
-            for (int64_t t = 0; t < G; ++t) y[t * ldy + r0 - lo + r] = res[r * G + t];
-    }
+    in_tiles(K, lo, hi, G, per_block, kb, y, ldy, res, [&](auto R, int64_t r, int64_t b, int64_t k0, int64_t k1,
+                                                           float* sums) {
+        const W* pw = pf && b == 0 ? target(r, R) : nullptr;
+        tile_tokens<decltype(R)::value>(w + r * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)), k0, k1, pw,
+                                        sums, G);
+    });
 }
 
 // Rows per task of a matrix with rows of K weights: about kTaskBytes of weights, a multiple of kSplitAlign.
