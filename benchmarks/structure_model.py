@@ -13,6 +13,9 @@ a rerun skips what exists, and a bench interrupted midway resumes from its check
     flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py profile
     flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py model olmoe-1b-7b   # each MODEL
     .venv/bin/python benchmarks/structure_model.py table
+`--dtype q8_0` (or q4_0) measures and predicts ggml's pair (ggml-per-slot, ggml-mul_mat_id: what a bench of a GGUF
+format times) from a profile of that format (`profile --dtypes q8_0,q4_0 --profile FILE`), into MODEL/q8_0/;
+`--batches 1` leaves out the passes of B = 8.
 Models: the presets, `pair` (moespec/data/pair/target, its recorded WikiText-2 routing) and `heldout-1536x512`,
 `heldout-3072x1536` (OLMoE-class configs written into the results folder, N = 64, m = 8). A model with published reuse
 (OLMoE, Qwen3, gpt-oss) is routed by its calibrated default trace, the others (DeepSeek-V2-Lite, the held-out shapes)
@@ -31,12 +34,12 @@ from typing import Any
 import numpy as np
 
 from moespec import ArgumentError
-from moespec.defaults import KERNELS, PAIR_DIR, PAIR_TRACE, PROFILE, TRACE_DOCS, TRACE_TOKENS
+from moespec.defaults import BENCH_DTYPES, PAIR_DIR, PAIR_TRACE, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import load_profile
 from moespec.formats.files import provenance, write_json
 from moespec.measure.bench import BenchConfig, bench_layers, bench_passes, bench_trace, run_bench
-from moespec.measure.device_profile import ProfileConfig, run_profile
+from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.plan import PlanConfig, make_plan
@@ -90,14 +93,19 @@ def model_arg(name: str, out: Path) -> tuple[str, str]:
     return model, str(trace)
 
 
-def configs(name: str, out: Path) -> dict[int, BenchConfig]:
-    """The measured bench of each batch size (layer 0, both kernels)."""
+def model_dir(out: Path, name: str, dtype: str) -> Path:
+    """Where one model's benches and errors.json go: out/NAME for bf16, out/NAME/DTYPE for another format."""
+    return out / name if dtype == "bf16" else out / name / dtype
+
+
+def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...]) -> dict[int, BenchConfig]:
+    """The measured bench of each batch size (layer 0, both kernels of the format's pair: the bench's default)."""
     model, trace = model_arg(name, out)
     s = SETTINGS | LARGE.get(name, {})
-    return {batch: BenchConfig(out=str(out / name / f"bench-B{batch}.json"), model=model, layers=(0,), dtype="bf16",
-                               n=tuple(range(1, 10)) if batch == 1 else s["n8"], trace=trace, reps=s["reps"],
-                               windows=s["windows"], u_values=s["u_values"], batch=batch)
-            for batch in BATCHES}
+    return {batch: BenchConfig(out=str(model_dir(out, name, dtype) / f"bench-B{batch}.json"), model=model,
+                               layers=(0,), dtype=dtype, n=tuple(range(1, 10)) if batch == 1 else s["n8"],
+                               trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch)
+            for batch in batches}
 
 
 def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: Rates, cache: float) -> dict[str, Any]:
@@ -107,23 +115,24 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: Rates, cache:
     layers = bench_layers(config.layers, spec)
     trace, _ = bench_trace(spec, config.trace, config.seed)
     plan, _, ns = bench_passes(spec, config, trace, layers)
-    out: dict[str, Any] = {k: {} for k in KERNELS}
+    kinds = {name: kind for kind, name in pair_of(config.dtype).items()}
+    out: dict[str, Any] = {k: {} for k in kinds}
     for (layer, n), passes in plan.items():
         b = spec.expert_bytes(layer, config.dtype)
         ceiling = bench["ceiling_by_n_gbps"][str(n)]
         rows = {"chosen": bench["chosen"][str(layer)][str(n)], "window": bench["windows"][str(layer)][str(n)]}
         seen = {"chosen": 0, "window": 0}
-        for kernel in KERNELS:
+        for kernel in kinds:
             out[kernel][str(n)] = {"ceiling_gbps": ceiling, "passes": []}
         for p in passes:
             row = rows[p.source][seen[p.source]]
             seen[p.source] += 1
             assert row["U"] == p.U, "the regenerated passes must be the bench's"
-            for kernel in KERNELS:
+            for kernel, kind in kinds.items():
                 out[kernel][str(n)]["passes"].append(
                     {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
-                     "iqr_s": row["iqr_s"][kernel], "predicted_s": pass_time(rates, kernel, p.ids, b, ceiling, cache)})
-        for kernel in KERNELS:
+                     "iqr_s": row["iqr_s"][kernel], "predicted_s": pass_time(rates, kind, p.ids, b, ceiling, cache)})
+        for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
             measured, predicted = (float(np.mean([q[key] for q in windows])) for key in ("measured_s", "predicted_s"))
             out[kernel][str(n)] |= {"mean_measured_s": measured, "mean_predicted_s": predicted,
@@ -142,12 +151,15 @@ def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:
     return {"crossover": plan["crossover"], "k_hat": k_hat}
 
 
-def step_model(name: str, out: Path, profile_path: Path) -> None:
-    """Measure (unless done), predict and compare one model (module docstring); writes out/NAME/errors.json."""
+def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tuple[int, ...]) -> None:
+    """Measure (unless done), predict and compare one model in one format (module docstring); writes errors.json
+    in model_dir."""
     profile = load_profile(profile_path)
-    rates = Rates.from_profile(profile["dtypes"]["bf16"])
-    result: dict[str, Any] = {"model": name, "batches": {}}
-    for batch, config in configs(name, out).items():
+    if dtype not in profile.dtypes:
+        raise ArgumentError(f"{profile_path} timed {', '.join(profile.dtypes)}, not {dtype}")
+    rates = Rates.from_profile(profile["dtypes"][dtype])
+    result: dict[str, Any] = {"model": name, "dtype": dtype, "profile": str(profile_path), "batches": {}}
+    for batch, config in configs(name, out, dtype, batches).items():
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
         if not Path(config.out).exists():
             run_bench(config, say=print)
@@ -165,8 +177,8 @@ def step_model(name: str, out: Path, profile_path: Path) -> None:
             entry["plan"] = {"tau1_s": tau1, "measured": plan_summary(config.out, config.trace, tau1),
                              "predicted": plan_summary(predicted_out, config.trace, tau1)}
         result["batches"][str(batch)] = entry
-    result["provenance"] = provenance(profile["device"], "bf16")
-    write_json(out / name / "errors.json", result)
+    result["provenance"] = provenance(profile["device"], dtype)
+    write_json(model_dir(out, name, dtype) / "errors.json", result)
     print(json.dumps(summary_rows(result), indent=1))
 
 
@@ -178,7 +190,8 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             per_n = [abs(v["error"]) for v in by_n.values()]
             per_pass = [abs(q["predicted_s"] / q["measured_s"] - 1) for v in by_n.values() for q in v["passes"]]
             worst = max(by_n, key=lambda n: abs(by_n[n]["error"]))
-            rows.append({"model": result["model"], "batch": int(batch), "kernel": kernel,
+            rows.append({"model": result["model"], "dtype": result.get("dtype", "bf16"), "batch": int(batch),
+                         "kernel": kernel,
                          "median_error": float(np.median(per_n)), "max_error": max(per_n), "max_at_tokens": int(worst),
                          "pass_median_error": float(np.median(per_pass)), "pass_max_error": max(per_pass),
                          "ceiling_gbps": entry["ceiling_gbps"]})
@@ -186,30 +199,31 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def step_table(out: Path) -> None:
-    """table.json and table.md from every model's errors.json."""
+    """table.json and table.md from every model's errors.json, every format."""
     rows, sides = [], []
-    for name in MODELS:
-        path = out / name / "errors.json"
+    for name, dtype in [(name, dtype) for dtype in BENCH_DTYPES for name in MODELS]:
+        path = model_dir(out, name, dtype) / "errors.json"
         if not path.exists():
             continue
         result = json.loads(path.read_text())
         rows += summary_rows(result)
         entry = result["batches"]["1"]
-        sides.append({"model": name, "crossover": entry["crossover"],
+        sides.append({"model": name, "dtype": dtype, "crossover": entry["crossover"],
                       "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})
-    lines = ["| model | B | kernel | median error over n | max error over n (at tokens) | median / max over passes | "
-             "ceiling GB/s |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | {r['max_error']:.1%} "
+    lines = ["| model | dtype | B | kernel | median error over n | max error over n (at tokens) | median / max over "
+             "passes | ceiling GB/s |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | "
+              f"{r['max_error']:.1%} "
               f"({r['max_at_tokens']}) | {r['pass_median_error']:.1%} / {r['pass_max_error']:.1%} | "
               f"{r['ceiling_gbps']:.1f} |" for r in rows]
-    lines += ["", "| model | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
-                  "k_hat*(a) measured | k_hat*(a) predicted |", "|---|---|---|---|---|"]
+    lines += ["", "| model | dtype | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
+                  "k_hat*(a) measured | k_hat*(a) predicted |", "|---|---|---|---|---|---|"]
     for s in sides:
         plan = s["plan"] or {}
         shown = {side: plan.get(side, {}).get("k_hat") or plan.get(side, {}).get("refused", "-")
                  for side in ("measured", "predicted")}
         b8 = s["crossover_B8"] or {}
-        lines.append(f"| {s['model']} | {s['crossover']['measured']} / {s['crossover']['predicted']} | "
+        lines.append(f"| {s['model']} | {s['dtype']} | {s['crossover']['measured']} / {s['crossover']['predicted']} | "
                      f"{b8.get('measured')} / {b8.get('predicted')} | {shown['measured']} | {shown['predicted']} |")
     write_json(out / "table.json", {"rows": rows, "side_by_side": sides, "provenance": provenance()})
     (out / "table.md").write_text("\n".join(lines) + "\n")
@@ -222,17 +236,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("model", nargs="?", choices=MODELS, help="with `model`: the model to measure and predict")
     parser.add_argument("--out", default=str(OUT), help=f"results folder (default {OUT})")
     parser.add_argument("--reps", type=int, default=7, help="with `profile`: its rounds (default 7)")
+    parser.add_argument("--dtypes", default="bf16", help="with `profile`: the formats to time (default bf16)")
+    parser.add_argument("--dtype", default="bf16", choices=BENCH_DTYPES,
+                        help="with `model`: the format to measure and predict, with its pair (default bf16)")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help=f"with `model`: the batch sizes B (default {','.join(map(str, BATCHES))})")
+    parser.add_argument("--profile", help="the device profile written or read (default OUT/device.json)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile_path = out / "device.json"
+    profile_path = Path(args.profile) if args.profile else out / "device.json"
+    batches = tuple(int(b) for b in args.batches.split(","))
+    if not set(batches) <= set(BATCHES):
+        parser.error(f"--batches: some of {', '.join(map(str, BATCHES))}")
     if args.step == "profile":
-        run_profile(ProfileConfig(out=str(profile_path), reps=args.reps), say=print)
+        run_profile(ProfileConfig(out=str(profile_path), dtypes=tuple(args.dtypes.split(",")), reps=args.reps),
+                    say=print)
     elif args.step == "model":
         if args.model is None:
             parser.error("model: name the model")
         print(f"# {shlex.join([sys.executable, *sys.argv])}")
-        step_model(args.model, out, profile_path)
+        step_model(args.model, out, profile_path, args.dtype, batches)
     else:
         step_table(out)
     return 0

@@ -13,6 +13,7 @@ from cli_cases import one_line, refused, run_cli
 from moespec import ArgumentError
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
+from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.contention import default_threads
 from moespec.measure.timing import device_name
 from moespec.predict.structure import Rates, groups, hit_share, pass_time
@@ -58,12 +59,30 @@ def test_pass_time_exact() -> None:
     assert pass_time(RATES, "dedup", ids, b, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
 
 
+GGML = Rates(G=(1, 2), hot_s_per_byte=(3e-11, 4e-11), cold_excess_s_per_byte=(2e-11, 3e-11), group_s=2e-6,
+             pass_s=2e-4, node_s=5e-6)  # ggml's pair at a GGUF format: its own rates, a fixed cost per node
+
+
+def test_pass_time_of_ggml_pair_exact() -> None:
+    """ggml-per-slot runs one node per token (n - 1 nodes past the first), ggml-mul_mat_id one node for the pass."""
+    ids, b, c = np.array([[0, 1], [0, 2], [3, 1]]), 1e6, 40.0
+    cold1, hot1, cold2 = GGML.per_byte(1, c), GGML.per_byte(1, c, cold=False), GGML.per_byte(2, c)
+    assert cold1 == pytest.approx(1 / 40e9 + 2e-11) and hot1 == 3e-11 and cold2 == pytest.approx(1 / 40e9 + 3e-11)
+    # per slot: 6 groups; expert 0's second read after {1, 0} (2 MB) and 1's after {2, 0, 3, 1} (4 MB) in a 2 MB cache
+    assert pass_time(GGML, "slot", ids, b, c, 2e6) == pytest.approx(
+        2e-4 + 2 * 5e-6 + 6 * 2e-6 + b * (4 * cold1 + hot1 + (cold1 + hot1) / 2))
+    # dedup: experts 0 and 1 on two tokens each, 2 and 3 on one; one node
+    assert pass_time(GGML, "dedup", ids, b, c, 2e6) == pytest.approx(
+        2e-4 + 4 * 2e-6 + b * (2 * cold2 + 2 * cold1))
+    assert pass_time(GGML, "slot", ids[:1], b, c, 0.0) == pytest.approx(2e-4 + 2 * (2e-6 + b * cold1))  # one node
+
+
 @pytest.mark.parametrize("call", [
     lambda: RATES.per_byte(0, 50.0), lambda: RATES.per_byte(1, 0.0), lambda: groups("both", np.zeros((1, 2))),
     lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 50, 0),
     lambda: hit_share([(0, 1)], 1.0, -1.0), lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0),
     lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
-    lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0)])
+    lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6)])
 def test_domain(call) -> None:
     with pytest.raises(ArgumentError):
         call()
@@ -86,6 +105,21 @@ def profile_doc(**changes) -> dict:
            "self_check": {"slot": {"median": 0.02, "max": 0.05, "passes": 9},
                           "dedup": {"median": 0.03, "max": 0.06, "passes": 9}},
            "protocol": {"reps": 5, "flush_bytes": 64 << 20, "timer": "perf_counter"}, "provenance": {}}
+    return doc | changes
+
+
+Q8_0 = {"G": [1, 2, 4, 8, 16], "hot_s_per_byte": [3e-11, 3e-11, 4e-11, 8e-11, 16e-11],
+        "cold_excess_s_per_byte": [2e-11, 3e-11, 4e-11, 8e-11, 16e-11], "group_s": 2e-6, "pass_s": 2e-4, "node_s": 5e-6,
+        "matmul_peak_gflops": 300.0}  # ggml's pair on q8_0 blocks
+
+
+def ggml_doc(**changes) -> dict:
+    """profile_doc with q8_0 timed (ggml's pair) beside bf16, and each format's own self-check."""
+    doc = profile_doc()
+    doc["dtypes"]["q8_0"] = dict(Q8_0)
+    doc["self_check_by_dtype"] = {"bf16": doc["self_check"],
+                                  "q8_0": {"slot": {"median": 0.04, "max": 0.09, "passes": 9},
+                                           "dedup": {"median": 0.05, "max": 0.11, "passes": 9}}}
     return doc | changes
 
 
@@ -133,13 +167,41 @@ def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) 
     assert half["prediction"]["ceiling_source"] == "given"
 
 
+def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_trace: Path) -> None:
+    """--dtype q8_0 predicts the kernels a measured q8_0 bench times (ggml's pair, the pair a plan reads) from the
+    profile's q8_0 rates, with the q8_0 self-check as the stated error."""
+    profile = write(tmp_path / "device.json", ggml_doc())
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--dtype", "q8_0", "--trace", olmoe_trace, "--predict", profile, "--out", out])
+    assert code == 0, err
+    bench = load_bench(out)
+    assert bench["predicted"] is True and bench["dtype"] == "q8_0" and bench["pair"] == list(GGML_PEERS)
+    assert bench["kernels"]["ggml-mul_mat_id"]["implementation"] == "llama.cpp ggml, predicted"
+    assert bench["prediction"]["error"] == {"ggml-per-slot": 0.09, "ggml-mul_mat_id": 0.11}
+    b = bench["expert_bytes"]["0"]
+    assert b == 3 * 2048 * 1024 // 32 * 34  # OLMoE's expert in q8_0 blocks
+    one = 2e-4 + 8 * (2e-6 + b * (1 / 50e9 + 2e-11))  # one token: one node, 8 cold groups of one token
+    assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
+    by_n = {str(n): [row["median_s"]["ggml-per-slot"] for row in bench["windows"]["0"][str(n)]] for n in (1, 9)}
+    assert min(by_n["9"]) > max(by_n["1"]) + 8 * 5e-6  # nine tokens: eight more nodes, and more groups
+    code, err = run_cli(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out",
+                         tmp_path / "plan.json"])
+    assert code == 0, err
+    assert json.loads((tmp_path / "plan.json").read_text())["crossover"] == bench["crossover"]
+
+
 @pytest.mark.parametrize("doc, extra, words", [
     (profile_doc(threads=default_threads() + 1), [], ["threads"]),
     (profile_doc(device="cpu: another CPU, 2 threads"), [], ["another device"]),
     (profile_doc(device_kind="cuda"), [], ["cuda"]),
     (profile_doc(), ["--dtype", "fp32"], ["fp32"]),
     (profile_doc(), ["--dtype", "q8_0"], ["q8_0"]),
-    (profile_doc(), ["--kernels", "slot,torch-dedup"], ["our kernels"]),
+    (profile_doc(), ["--kernels", "slot,torch-dedup"], ["covers slot, dedup"]),
+    (profile_doc(), ["--kernels", "ggml-per-slot,ggml-mul_mat_id"], ["at bf16", "covers slot, dedup"]),
+    (ggml_doc(), ["--dtype", "q4_0"], ["q4_0", "q8_0"]),
+    (ggml_doc(), ["--dtype", "q8_0", "--kernels", "dedup"], ["covers ggml-per-slot, ggml-mul_mat_id"]),
+    (ggml_doc(), ["--dtype", "q8_0", "--kernels", "ggml-per-slot,hf-eager"], ["at q8_0"]),
+    (ggml_doc(dtypes={"q8_0": {k: v for k, v in Q8_0.items() if k != "node_s"}}), ["--dtype", "q8_0"], ["node_s"]),
     (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"cold_excess_s_per_byte": [-1.0] * 5}}), [],
      ["cold_excess_s_per_byte"]),
     (profile_doc(format_version=7), [], ["version"]),
@@ -168,6 +230,13 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="ascending whole numbers of tokens per group from 1"):
         load_profile(write(tmp_path / "d.json", bad))
     assert load_profile(write(tmp_path / "ok.json", profile_doc())).self_check() == {"slot": 0.05, "dedup": 0.06}
+    loaded = load_profile(write(tmp_path / "ggml.json", ggml_doc()))
+    assert loaded.self_check("q8_0") == {"slot": 0.09, "dedup": 0.11}
+    assert loaded.self_check("bf16") == {"slot": 0.05, "dedup": 0.06}
+    stray = ggml_doc()
+    stray["self_check_by_dtype"]["q4_0"] = stray["self_check_by_dtype"]["q8_0"]
+    with pytest.raises(Exception, match="self_check_by_dtype"):
+        load_profile(write(tmp_path / "stray.json", stray))
 
 
 def test_loader_reads_the_previous_version(tmp_path: Path) -> None:

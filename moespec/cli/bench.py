@@ -79,8 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE", help="save the paper's Figure 2 to FILE (.png/.pdf/.svg)")
     p.add_argument("--predict", metavar="DEVICE_JSON",
                    help="predict the times instead of timing them: the structural model on a device profile from "
-                        "`moespec profile` (our slot and dedup kernels, the formats the profile timed); bench.json "
-                        "then says predicted: true")
+                        "`moespec profile` (the formats the profile timed: our slot and dedup at bf16/fp32, ggml's "
+                        "pair at q8_0/q4_0); bench.json then says predicted: true")
     p.add_argument("--ceiling", type=float, metavar="GBPS",
                    help="with --predict: the streaming-read ceiling to predict at, GB/s (default: the profile's)")
     add_level_flags(p)

@@ -9,7 +9,7 @@ import json
 
 from moespec.cli.args import bounded
 from moespec.console import console
-from moespec.defaults import DTYPES, REPS_LIMIT, THREADS_LIMIT
+from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
 
 OUTPUTS = ("--out",)  # the path flags kept apart before any work (moespec.cli.args.check_paths)
@@ -19,7 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="where the kernels run: cpu (the native kernels; default cpu)")
     p.add_argument("--out", default="device.json", help="results file (default device.json)")
     p.add_argument("--dtypes", default="bf16", help=f"weight formats to time, comma-separated, of "
-                                                    f"{', '.join(DTYPES)} (default bf16)")
+                                                    f"{', '.join(BENCH_DTYPES)} (default bf16): our native kernels at "
+                                                    f"bf16 and fp32, ggml's pair (ggml-per-slot, ggml-mul_mat_id) at "
+                                                    f"the GGUF formats")
     p.add_argument("--reps", type=bounded(2, REPS_LIMIT), default=DEFAULT_REPS,
                    help=f"timed rounds over every microbenchmark (default {DEFAULT_REPS}, 2..{REPS_LIMIT:,})")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT),
@@ -32,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
-        out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group; "
-                  f"per G (tokens per expert) cold GB/s at the ceiling, hot GB/s: " +
+        out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group, "
+                  f"{entry.get('node_s', 0.0) * 1e6:.1f} us a node past the first; per G (tokens per expert) cold "
+                  f"GB/s at the ceiling, hot GB/s: " +
                   ", ".join(f"{g}: {1e-9 / (1e-9 / profile.ceiling_gbps + x):.0f}, {1e-9 / k:.0f}"
                             for g, x, k in zip(entry["G"], entry["cold_excess_s_per_byte"], entry["hot_s_per_byte"])))
     stream = profile["stream_read"]

@@ -15,8 +15,10 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     read (a ~1 MiB row task, its neighbours), on all threads
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
-  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, group_s, pass_s, matmul_peak_gflops}}
-           per weight format timed (bf16, fp32), from the native expert op on synthetic shapes only:
+  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, group_s, pass_s, node_s, matmul_peak_gflops}}
+           per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
+           q8_0, q4_0 from ggml's pair (ggml-per-slot, ggml-mul_mat_id: the kernels that run GGUF blocks,
+           moespec.kernels.peers.ggml_quantized):
            G [1, 2, ..]             tokens per group (one expert applied to G tokens), ascending from 1
            hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
            cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less 1 / the ceiling sampled right
@@ -24,10 +26,15 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     (moespec.predict.structure). Version 1 held efficiency e_G (a cold group's GB/s
                                     over the ceiling) instead; the loader reads it as x_G = (1 / e_G - 1) / ceiling_gbps
            group_s, pass_s          the fixed seconds of one group and of one call
-           matmul_peak_gflops       torch.matmul in that dtype (moespec.measure.timing.matmul_peak): the compute yardstick
+           node_s                   the fixed seconds of each node past the first of a call that runs one node per
+                                    token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
+           matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records;
+                                    moespec.measure.timing.matmul_peak): the compute yardstick
   shapes   {rates: [[d, f], ..], hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes timed
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
-           shape, which no rate was taken from: the error `bench --predict` states when given none
+           shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
+           each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
+           --predict` states (the dtype's where the file has it, else self_check)
   protocol {reps, flush_bytes, timer}, elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp,
            command)
 """
@@ -38,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import MoespecError
-from moespec.defaults import DEVICE_KINDS, DTYPES, KERNELS, REPS_LIMIT, THREADS_LIMIT
+from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT, THREADS_LIMIT
 from moespec.formats.files import Record, field, is_number, positive, read_json, version_problem
 
 FORMAT_NAME = "moespec-device-profile"
@@ -64,7 +71,7 @@ def _check_dtype(where: str, dtype: str, entry: Any) -> None:
             raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
     if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
         raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
-    for key in ("group_s", "pass_s"):
+    for key in ("group_s", "pass_s", *(("node_s",) if dtype in QUANTIZED or "node_s" in entry else ())):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
     positive(entry, where, "matmul_peak_gflops")
@@ -86,9 +93,12 @@ class DeviceProfile(Record):
         """The weight formats the profile timed."""
         return list(self["dtypes"])
 
-    def self_check(self) -> dict[str, float]:
-        """kernel -> the largest relative error of the profile's self-check (its stated error)."""
-        return {kernel: float(self["self_check"][kernel]["max"]) for kernel in KERNELS}
+    def self_check(self, dtype: str | None = None) -> dict[str, float]:
+        """kind (slot, dedup) -> the largest relative error of the profile's self-check (its stated error): of
+        `dtype`'s pair where the file has it, else the worst over its dtypes."""
+        by_dtype = self.get("self_check_by_dtype") or {}
+        check = by_dtype[dtype] if dtype in by_dtype else self["self_check"]
+        return {kernel: float(check[kernel]["max"]) for kernel in KERNELS}
 
 
 def load_profile(path: str | Path) -> DeviceProfile:
@@ -111,8 +121,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
         positive(doc, where, key)
     field(doc, where, "ceiling_kind", str)
     dtypes = field(doc, where, "dtypes", dict)
-    if not dtypes or not set(dtypes) <= set(DTYPES):
-        raise _fail(where, f"dtypes must time some of {', '.join(DTYPES)}, got {sorted(dtypes)}")
+    if not dtypes or not set(dtypes) <= set(BENCH_DTYPES):
+        raise _fail(where, f"dtypes must time some of {', '.join(BENCH_DTYPES)}, got {sorted(dtypes)}")
     for dtype, entry in dtypes.items():
         if doc["format_version"] == 1:  # e_G, a cold group's share of the ceiling, as the excess at this ceiling
             efficiency = entry.get("efficiency") if isinstance(entry, dict) else None
@@ -120,11 +130,15 @@ def load_profile(path: str | Path) -> DeviceProfile:
                 raise _fail(where, f"dtypes.{dtype}.efficiency must list positive numbers, one per G")
             entry["cold_excess_s_per_byte"] = [max(1 / e - 1, 0.0) / (doc["ceiling_gbps"] * 1e9) for e in efficiency]
         _check_dtype(where, dtype, entry)
-    for kernel in KERNELS:
-        for key in ("median", "max"):
-            value = field(doc, where, f"self_check.{kernel}.{key}")
-            if value < 0:
-                raise _fail(where, f"self_check.{kernel}.{key} = {value!r} must be >= 0")
+    by_dtype = doc.get("self_check_by_dtype", {})
+    if not isinstance(by_dtype, dict) or not set(by_dtype) <= set(dtypes):
+        raise _fail(where, "self_check_by_dtype must be an object keyed by the profile's dtypes")
+    for check in ("self_check", *(f"self_check_by_dtype.{dtype}" for dtype in by_dtype)):
+        for kernel in KERNELS:
+            for key in ("median", "max"):
+                value = field(doc, where, f"{check}.{kernel}.{key}")
+                if value < 0:
+                    raise _fail(where, f"{check}.{kernel}.{key} = {value!r} must be >= 0")
     reps = field(doc, where, "protocol.reps", int)
     if not 1 <= reps <= REPS_LIMIT:
         raise _fail(where, f"protocol.reps = {reps!r} must lie in 1..{REPS_LIMIT}")

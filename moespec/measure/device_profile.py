@@ -3,7 +3,9 @@
 moespec.theory.profile.
 
 Microbenchmarks of the kernels' building blocks, each through the kernels' own entry point (moespec.kernels.expert_op,
-native, at the threads asked) and never on a model's expert shapes (RATE_SHAPES and the others are synthetic; a test
+native, for bf16 and fp32; for a GGUF format, q8_0 or q4_0, ggml's pair through moespec.kernels.peers.ggml_quantized,
+ggml-mul_mat_id playing dedup and ggml-per-slot playing slot; at the threads asked) and never on a model's expert
+shapes (RATE_SHAPES and the others are synthetic; a test
 checks them against every preset and the trained pair):
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush, E experts of
@@ -14,6 +16,8 @@ checks them against every preset and the trained pair):
   bandwidth between calls is taken out call by call.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
   fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
+  ggml's pair adds its dedup kernel at the same passes and its per-slot kernel at 1, 2 and 4 tokens of 8 slots, so
+  the fixed time of each node past the first (node_s; ggml-per-slot runs one node per token) is told apart.
   A cold call pays more (its threads wake, its code and data come from memory); the model takes the cold ones, as
   every call the bench times follows a flush, and the hot ones are subtracted from the hot rate passes only.
 - self-check: both kernels on chosen ids (moespec.measure.passes.chosen_ids) of the check shape, n = 2..9: the model
@@ -35,10 +39,13 @@ import numpy as np
 import torch
 
 from moespec import MoespecError
-from moespec.defaults import DTYPES, KERNELS, REPS_LIMIT, TORCH_DTYPES
+from moespec.defaults import BENCH_DTYPES, KERNELS, QUANTIZED, REPS_LIMIT
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, DeviceProfile
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
-from moespec.kernels import expert_op, implementation
+from moespec.kernels import KERNELS as REGISTRY
+from moespec.kernels import PAIRS, expert_op, implementation
+from moespec.kernels.peers import GGML_PEERS, ggml_quantized
+from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.passes import chosen_ids
 from moespec.measure.timing import (
     StreamRead,
@@ -48,6 +55,7 @@ from moespec.measure.timing import (
     median_iqr,
     timer_for,
 )
+from moespec.model.weights import matrix_bytes
 from moespec.predict.structure import Rates, pass_time
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
@@ -59,6 +67,7 @@ HOT_EXPERTS = 2
 OVERHEAD_SHAPE = (64, 64)  # 24 KiB in bf16: its time is the fixed costs
 OVERHEAD_SLOTS = (1, 2, 4, 8)  # slots per token of the overhead passes (8 tokens: 8..64 groups)
 OVERHEAD_TOKENS = 8
+NODE_TOKENS = (1, 2, 4)  # ggml's per-slot overhead passes at fewer tokens (of 8 slots): one node per token
 CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
 CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
 G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
@@ -71,8 +80,9 @@ SEED = 0
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    """A profile: written to `out`; the device (cpu; the structural model covers the native CPU kernels), the
-    weight formats to time (of DTYPES), the timed rounds and the threads (None: torch.get_num_threads())."""
+    """A profile: written to `out`; the device (cpu; the structural model covers the CPU kernels), the weight
+    formats to time (of BENCH_DTYPES: our native kernels for bf16 and fp32, ggml's pair for the GGUF formats), the
+    timed rounds and the threads (None: torch.get_num_threads())."""
 
     out: str
     device: str = "cpu"
@@ -83,10 +93,10 @@ class ProfileConfig:
     def check(self) -> None:
         check_output(self.out)
         if self.device != "cpu":
-            raise MoespecError(f"--device {self.device}: the structural model covers the native CPU kernels; profile "
+            raise MoespecError(f"--device {self.device}: the structural model covers the CPU kernels; profile "
                                f"--device cpu")
-        if not self.dtypes or not set(self.dtypes) <= set(DTYPES):
-            raise MoespecError(f"--dtypes {','.join(self.dtypes)}: give some of {', '.join(DTYPES)}")
+        if not self.dtypes or not set(self.dtypes) <= set(BENCH_DTYPES):
+            raise MoespecError(f"--dtypes {','.join(self.dtypes)}: give some of {', '.join(BENCH_DTYPES)}")
         if isinstance(self.reps, bool) or not isinstance(self.reps, int) or not 2 <= self.reps <= REPS_LIMIT:
             raise MoespecError(f"--reps must be a whole number in 2..{REPS_LIMIT}, got {self.reps!r}")
 
@@ -103,21 +113,54 @@ class Item:
     ceilings: list[float] | None = None
 
 
-def _weights(d: int, f: int, experts: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(SEED)
-    return ((torch.randn(experts, 2 * f, d, generator=gen) * 0.02).to(dtype),
-            (torch.randn(experts, d, f, generator=gen) * 0.02).to(dtype))
+def pair_of(dtype: str) -> dict[str, str]:
+    """kind (slot, dedup) -> the kernel that plays it at `dtype`: ggml's pair for a GGUF format (the only kernels
+    that run its blocks), ours otherwise."""
+    return dict(zip(KERNELS, GGML_PEERS if dtype in QUANTIZED else PAIRS[0]))
 
 
-def _call(gate_up: torch.Tensor, down: torch.Tensor, kernel: str, ids: np.ndarray,
-          threads: int | None) -> Callable[[], object]:
-    """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once, in the weights' dtype)."""
-    n, m = ids.shape
-    gen = torch.Generator().manual_seed(SEED)
-    x = torch.randn(n, gate_up.shape[2], generator=gen).to(gate_up.dtype)
-    weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(gate_up.dtype)
-    ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
-    return lambda: expert_op(kernel, x, ids_t, weights, gate_up, down, threads=threads)
+@dataclass(frozen=True)
+class Weights:
+    """Seeded synthetic experts of one shape in one format: gate_up [E, 2f, d] and down [E, d, f] (GGUF blocks,
+    uint8, for a quantized format), and the bytes of one expert."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    dtype: str
+    d: int
+    f: int
+
+    @classmethod
+    def draw(cls, d: int, f: int, experts: int, dtype: str) -> Weights:
+        gen = torch.Generator().manual_seed(SEED)
+        tensors = [torch.randn(experts, *shape, generator=gen) * 0.02 for shape in ((2 * f, d), (d, f))]
+        if dtype in QUANTIZED:
+            return cls(*(gguf_blocks(t, dtype) for t in tensors), dtype, d, f)
+        return cls(*(t.to(torch_dtype(dtype)) for t in tensors), dtype, d, f)
+
+    @staticmethod
+    def bytes_of(d: int, f: int, dtype: str) -> int:
+        """Bytes of one expert of shape (d, f) in `dtype`: 2f rows of d weights and d rows of f."""
+        return 2 * matrix_bytes(f, d, dtype) + matrix_bytes(d, f, dtype)
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.bytes_of(self.d, self.f, self.dtype)
+
+    def call(self, kernel: str, ids: np.ndarray, threads: int | None) -> Callable[[], object]:
+        """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once: in the weights' dtype, fp32
+        for GGUF blocks, as the bench draws them)."""
+        n, m = ids.shape
+        gen = torch.Generator().manual_seed(SEED)
+        x_dtype = torch.float32 if self.dtype in QUANTIZED else self.gate_up.dtype
+        x = torch.randn(n, self.d, generator=gen).to(x_dtype)
+        weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(x_dtype)
+        ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+        if self.dtype in QUANTIZED:
+            shape = (self.gate_up.shape[0], self.d, self.f)
+            return lambda: ggml_quantized(kernel, x, ids_t, weights, self.gate_up, self.down, self.dtype, shape,
+                                          threads)
+        return lambda: expert_op(kernel, x, ids_t, weights, self.gate_up, self.down, threads=threads)
 
 
 def _same_experts(tokens: int, experts: int) -> np.ndarray:
@@ -125,45 +168,53 @@ def _same_experts(tokens: int, experts: int) -> np.ndarray:
     return np.tile(np.arange(experts, dtype=np.int64), (tokens, 1))
 
 
+def _overhead_passes(dtype: str) -> list[tuple[str, int, int]]:
+    """(kind, tokens, slots) of the overhead passes (module docstring): ggml's pair adds passes that tell its
+    per-slot kernel's nodes (one per token) from its groups."""
+    passes = [("slot", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS]
+    if dtype in QUANTIZED:
+        passes += [("dedup", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS]
+        passes += [("slot", t, max(OVERHEAD_SLOTS)) for t in NODE_TOKENS]
+    return passes
+
+
 def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], dict[str, Any]]:
-    """Every timed call of one dtype, and the bytes of the experts behind each key."""
-    tdtype = getattr(torch, TORCH_DTYPES[dtype])
-    size = torch.tensor([], dtype=tdtype).element_size()
+    """Every timed call of one dtype (through the kernels of its pair, pair_of), and the bytes of the experts behind
+    each key."""
+    pair = pair_of(dtype)
     items, info = [], {}
     for d, f in RATE_SHAPES:
-        b = 3 * d * f * size
-        cold_e = max(1, round(COLD_BYTES / b))
-        gu, dn = _weights(d, f, cold_e, tdtype)
+        cold_e = max(1, round(COLD_BYTES / Weights.bytes_of(d, f, dtype)))
+        w = Weights.draw(d, f, cold_e, dtype)
         for g in G_VALUES:
-            items.append(Item(("cold", d, f, g), _call(gu, dn, "dedup", _same_experts(g, cold_e), threads)))
-            info[("cold", d, f, g)] = (b, cold_e)
+            items.append(Item(("cold", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), threads)))
+            info[("cold", d, f, g)] = (w.expert_bytes, cold_e)
         if scaling and (d, f) == RATE_SHAPES[0]:
             for g in THREAD_SCALING_G:
-                items.append(Item(("threads_1", d, f, g), _call(gu, dn, "dedup", _same_experts(g, cold_e), 1)))
+                items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), 1)))
     for d, f in HOT_SHAPES:
-        gu, dn = _weights(d, f, HOT_EXPERTS, tdtype)
+        w = Weights.draw(d, f, HOT_EXPERTS, dtype)
         for g in G_VALUES:
-            items.append(Item(("hot", d, f, g), _call(gu, dn, "dedup", _same_experts(g, HOT_EXPERTS), threads),
+            items.append(Item(("hot", d, f, g), w.call(pair["dedup"], _same_experts(g, HOT_EXPERTS), threads),
                               cold=False))
-            info[("hot", d, f, g)] = (3 * d * f * size, HOT_EXPERTS)
-    d, f = OVERHEAD_SHAPE
-    gu, dn = _weights(d, f, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), tdtype)
-    for m in OVERHEAD_SLOTS:  # distinct experts in every slot: groups = 8 m
-        ids = np.arange(OVERHEAD_TOKENS * m, dtype=np.int64).reshape(OVERHEAD_TOKENS, m)
+            info[("hot", d, f, g)] = (w.expert_bytes, HOT_EXPERTS)
+    w = Weights.draw(*OVERHEAD_SHAPE, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), dtype)
+    for kind, tokens, m in _overhead_passes(dtype):  # distinct experts in every slot: groups = tokens m
+        ids = np.arange(tokens * m, dtype=np.int64).reshape(tokens, m)
         for cold in (True, False):
-            key = ("overhead", m, "cold" if cold else "hot")
-            items.append(Item(key, _call(gu, dn, "slot", ids, threads), cold=cold))
-            info[key] = (3 * d * f * size, OVERHEAD_TOKENS * m)
-    d, f = CHECK_SHAPE
-    gu, dn = _weights(d, f, CHECK_EXPERTS, tdtype)
+            key = ("overhead", kind, tokens, m, "cold" if cold else "hot")
+            items.append(Item(key, w.call(pair[kind], ids, threads), cold=cold))
+            nodes = tokens if kind == "slot" and dtype in QUANTIZED else 1  # ggml-per-slot: a node per token
+            info[key] = (w.expert_bytes, (tokens * m, nodes))
+    w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype)
     rng = np.random.default_rng(SEED)
     for n in CHECK_N:
         for u in sorted({CHECK_SLOTS, (CHECK_SLOTS + min(n * CHECK_SLOTS, CHECK_EXPERTS)) // 2,
                          min(n * CHECK_SLOTS, CHECK_EXPERTS)}):
             ids = chosen_ids(n, CHECK_SLOTS, CHECK_EXPERTS, u, rng)
-            for kernel in KERNELS:
-                items.append(Item(("check", kernel, n, u), _call(gu, dn, kernel, ids, threads)))
-                info[("check", kernel, n, u)] = (3 * d * f * size, ids)
+            for kind in KERNELS:
+                items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads)))
+                info[("check", kind, n, u)] = (w.expert_bytes, ids)
     return items, info
 
 
@@ -189,18 +240,23 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str]
 
 
 def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], state: str,
-           per_byte: Callable[[float], float]) -> tuple[float, float]:
-    """(pass_s, group_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after the same call):
-    least squares of the time left after the groups' bytes (per_byte(ceiling) seconds each) on the group count."""
-    counts, left = [], []
-    for k, (b, count) in info.items():
-        if k[0] == "overhead" and k[2] == state:
-            item = by_key[k]
+           per_byte: Callable[[float], float]) -> tuple[float, float, float]:
+    """(pass_s, group_s, node_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after the
+    same call): least squares of the time left after the groups' bytes (per_byte(ceiling) seconds each) on the group
+    count and the nodes past the first (node_s 0 where every pass is one node: our kernels)."""
+    rows, left = [], []
+    for k, (b, groups) in info.items():
+        if k[0] == "overhead" and k[-1] == state:
+            (count, nodes), item = groups, by_key[k]
             ceilings = item.ceilings or [1.0] * len(item.seconds)  # a hot call reads no memory: no ceiling
-            counts.append(count)
+            rows.append([1.0, count, nodes - 1])
             left.append(np.median([t - count * b * per_byte(c) for t, c in zip(item.seconds, ceilings)]))
-    slope, intercept = np.polyfit(counts, left, 1)
-    return max(float(intercept), 0.0), max(float(slope), 0.0)
+    design = np.array(rows)
+    if not design[:, 2].any():
+        design = design[:, :2]
+    coef = np.linalg.lstsq(design, np.array(left), rcond=None)[0]
+    pass_s, group_s, node_s = (*coef, 0.0)[:3]
+    return max(float(pass_s), 0.0), max(float(group_s), 0.0), max(float(node_s), 0.0)
 
 
 def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]) -> Rates:
@@ -210,8 +266,8 @@ def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], 
     the other settle them."""
     rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (0.0,) * len(G_VALUES), 0.0, 0.0)
     for _ in range(3):
-        hot_pass, hot_group = _fixed(by_key, info, "hot", lambda c: rates.per_byte(1, c, cold=False))
-        pass_s, group_s = _fixed(by_key, info, "cold", lambda c: rates.per_byte(1, c))
+        hot_pass, hot_group, _ = _fixed(by_key, info, "hot", lambda c: rates.per_byte(1, c, cold=False))
+        pass_s, group_s, node_s = _fixed(by_key, info, "cold", lambda c: rates.per_byte(1, c))
         kappa, excess = [], []
         for g in G_VALUES:
             hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group) / (b * e)
@@ -220,7 +276,7 @@ def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], 
             cold = [(t - pass_s - e * group_s) / (b * e) - 1 / (c * 1e9) for k, (b, e) in info.items()
                     if k[0] == "cold" and k[3] == g for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
             excess.append(max(float(np.median(cold)), 0.0))
-        rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s)
+        rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s, node_s)
     return rates
 
 
@@ -270,7 +326,9 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     threads = torch.get_num_threads()
     timer = timer_for(config.device)
     for dtype in config.dtypes:
-        if implementation("dedup", getattr(torch, TORCH_DTYPES[dtype]), "cpu") != "native":
+        if dtype in QUANTIZED and not set(GGML_PEERS) <= set(REGISTRY):
+            raise MoespecError(f"--dtypes {dtype}: ggml's kernels (ggml-python) are not installed here")
+        if dtype not in QUANTIZED and implementation("dedup", torch_dtype(dtype), "cpu") != "native":
             raise MoespecError(f"the native kernels are unavailable here ({dtype}): the profile times them only")
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
@@ -284,10 +342,10 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
         rates = _fit_rates(by_key, info)
-        peak = median_iqr(matmul_peak(timer, getattr(torch, TORCH_DTYPES[dtype])))[0]
+        peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
         doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
                              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
-                             "pass_s": rates.pass_s, "matmul_peak_gflops": peak}
+                             "pass_s": rates.pass_s, "node_s": rates.node_s, "matmul_peak_gflops": peak}
         checks[dtype] = _self_check(rates, by_key, info, cache)
         if i == 0:
             scaling = {"G": list(THREAD_SCALING_G), "speedup": [

@@ -121,7 +121,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, TORCH_DTYPES["fp32" if name in QUANTIZED else name])  # quantized: fp32, then blocks
 
 
-def _quantized(t: torch.Tensor, fmt: str) -> torch.Tensor:
+def gguf_blocks(t: torch.Tensor, fmt: str) -> torch.Tensor:
     """The GGUF blocks of t's rows (the last dimension) in `fmt`, quantized by the gguf package as llama.cpp's
     converter does: uint8 [..., K / block x block bytes]."""
     rows = gguf_quants.quantize(t.reshape(-1, t.shape[-1]).numpy(), GGMLQuantizationType[fmt.upper()])
@@ -144,7 +144,7 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: st
     if dtype in QUANTIZED:
         if device != "cpu":
             raise MoespecError(f"--dtype {dtype}: quantized experts run on the CPU (ggml's kernels) only")
-        gate_up, down = _quantized(gate_up, dtype), _quantized(down, dtype)
+        gate_up, down = gguf_blocks(gate_up, dtype), gguf_blocks(down, dtype)
     return LayerWeights(gate_up, down, *biases, act, dtype, (N, d, f))
 
 

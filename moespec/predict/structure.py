@@ -7,10 +7,19 @@ G tokens. The per-slot kernel makes one group per slot (G = 1), in token-major o
 group per distinct expert (G = the slots that name it), so its groups read each expert once. A group streams the
 expert's 2f gate and up rows of length d, then its d down rows of length f, b bytes in all (biases included).
 
-Time of a pass at a streaming ceiling C (bytes/s), a roofline per group:
+ggml's MUL_MAT_ID (moespec.kernels.peers, llama.cpp's CPU backend, on GGUF blocks) has the same structure: one node
+over the pass groups its rows by expert (ggml-mul_mat_id: the deduplicating kind), and ggml-per-slot runs one node
+per token, each applying its m experts to that one token (the per-slot kind, groups of G = 1 in token-major order);
+each extra node adds fixed time (the graph's node, its threads' barrier, the Python that builds it). Its rates are
+its own, from the same profile (a GGUF format's entry, timed through ggml's entry points).
 
-    t = pass_s + sum over groups g of [ group_s + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
+Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
+
+    t = pass_s + node_s (n - 1 for the per-slot kind, else 0)
+        + sum over groups g of [ group_s + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(1 / C + x(G), kappa(G))
+
+(node_s is 0 for our native kernels, which run any pass as one call.)
 
 A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
 memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); kappa(G) is
@@ -43,13 +52,15 @@ from moespec.arguments import show
 class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
     from 1) kappa = hot_s_per_byte and the cold loop's excess x = cold_excess_s_per_byte; group_s and pass_s the fixed
-    seconds of a group and of a call."""
+    seconds of a group and of a call; node_s those of each node past the first of a kernel that runs one node per
+    token (ggml-per-slot; 0 where a call is one node)."""
 
     G: tuple[int, ...]  # noqa: N815
     hot_s_per_byte: tuple[float, ...]
     cold_excess_s_per_byte: tuple[float, ...]
     group_s: float
     pass_s: float
+    node_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
@@ -57,14 +68,15 @@ class Rates:
         if len(self.hot_s_per_byte) != len(self.G) or len(self.cold_excess_s_per_byte) != len(self.G):
             raise ArgumentError("hot_s_per_byte and cold_excess_s_per_byte need one value per G")
         if min(self.hot_s_per_byte) <= 0 or min(self.cold_excess_s_per_byte) < 0 or self.group_s < 0 \
-                or self.pass_s < 0:
-            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s and pass_s >= 0")
+                or self.pass_s < 0 or self.node_s < 0:
+            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s and node_s "
+                                ">= 0")
 
     @classmethod
     def from_profile(cls, entry: Mapping[str, Any]) -> Rates:
-        """The rates of one `dtypes` entry of a validated device.json."""
+        """The rates of one `dtypes` entry of a validated device.json (node_s 0 where the entry has none)."""
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
-                   float(entry["group_s"]), float(entry["pass_s"]))
+                   float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)))
 
     def per_byte(self, g: int, ceiling_gbps: float, cold: bool = True) -> float:
         """Seconds per weight byte of a group of g tokens: max(1 / C + x(g), kappa(g)) when it reads from memory at a
@@ -120,6 +132,8 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, cei
     ids [n, m], b = expert_bytes per expert, at a streaming ceiling of ceiling_gbps GB/s."""
     order = groups(kind, ids)
     hot = hit_share(order, expert_bytes, cache_bytes)
-    return rates.pass_s + sum(rates.group_s + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps)
-                                                              + h * rates.per_byte(g, ceiling_gbps, cold=False))
-                              for (_, g), h in zip(order, hot))
+    nodes = len(ids) - 1 if kind == "slot" else 0
+    return rates.pass_s + rates.node_s * nodes + sum(
+        rates.group_s + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps)
+                                        + h * rates.per_byte(g, ceiling_gbps, cold=False))
+        for (_, g), h in zip(order, hot))

@@ -1,6 +1,8 @@
 """`moespec bench --predict device.json`: a bench.json whose operation times are predicted by the structural model
 (moespec.predict.structure) from a device profile (moespec.formats.devicefile) instead of timed, for a model nobody
-benchmarked: its shapes alone (a preset, a config.json, a GGUF file's header).
+benchmarked: its shapes alone (a preset, a config.json, a GGUF file's header). At bf16 or fp32 it predicts our
+kernels; at a GGUF format (q8_0, q4_0) ggml's pair, the kernels a measured bench of that format times (its default
+--kernels), from the profile's rates of that format.
 
 It predicts the very passes a measured bench would time (moespec.measure.bench.bench_passes: chosen ids over the U
 grid and windows of the routing trace, for each layer and n) and derives every key from them with the measured
@@ -18,23 +20,30 @@ from typing import Any, Callable
 import torch
 
 from moespec import MoespecError
-from moespec.defaults import KERNELS
 from moespec.formats.benchfile import Bench, too_small
 from moespec.formats.devicefile import DeviceProfile, load_profile
 from moespec.formats.files import holds_outputs, sha256_file, write_json
 from moespec.measure.bench import BenchConfig, bench_document, bench_layers, bench_passes, bench_trace, unit_record
 from moespec.measure.contention import on_own_cores
+from moespec.measure.device_profile import pair_of
+from moespec.measure.fits import engine_of
 from moespec.measure.timing import device_name
 from moespec.model.gguf import resolve_model
 from moespec.predict.structure import Rates, pass_time
 
-IMPLEMENTATION = "native, predicted"  # bench.json kernels.<k>.implementation of a predicted bench
+
+def implementation_of(kernel: str) -> str:
+    """bench.json kernels.<k>.implementation of a predicted bench: what the profile timed, predicted (native for
+    ours, the peer's engine for ggml's)."""
+    engine = engine_of(kernel)
+    return f"{'native' if engine == 'moespec' else engine}, predicted"
 
 
 def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
     """Refuse a profile that does not describe this bench: another device kind, another CPU, another thread count
     than the bench's (its `threads`, which predict_bench gives torch as a measured bench does), a weight format it
-    did not time, kernels it has no model of."""
+    did not time, kernels it has no model of (at a format, the pair that runs it: ours for bf16 and fp32, ggml's for
+    the GGUF formats, as a measured bench of that format names them)."""
     where = profile.path
     if config.device != profile["device_kind"]:
         raise MoespecError(f"{where}: profiled on {profile['device_kind']}, not --device {config.device}")
@@ -48,19 +57,21 @@ def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
     if config.dtype not in profile.dtypes:
         raise MoespecError(f"{where}: the model covers the formats the profile timed ({', '.join(profile.dtypes)}), "
                            f"not {config.dtype}: profile --dtypes {config.dtype}, or bench it")
-    kernels = config.kernel_list().split(",")
-    if not set(kernels) <= set(KERNELS):
-        raise MoespecError(f"--kernels {config.kernel_list()}: the structural model covers our kernels "
-                           f"({', '.join(KERNELS)}) only")
+    pair = list(pair_of(config.dtype).values())
+    if not set(config.kernel_list().split(",")) <= set(pair):
+        raise MoespecError(f"--kernels {config.kernel_list()}: at {config.dtype} the structural model covers "
+                           f"{', '.join(pair)} only")
 
 
-def predicted_units(rates: Rates, kernels: list[str], plan: dict[tuple[int, int], list[Any]], b: dict[int, float],
-                    ceiling_gbps: dict[int, float], cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
+def predicted_units(rates: Rates, kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
+                    b: dict[int, float], ceiling_gbps: dict[int, float],
+                    cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
     """The bench's units (moespec.measure.bench.unit_record) with each pass's predicted time in place of its timed
-    rounds: one sample per pass and kernel (IQR 0), each (layer, n) at the ceiling ceiling_gbps[n]."""
-    return {(layer, n): unit_record(layer, n, kernels, passes,
-                                    [{k: [pass_time(rates, k, p.ids, b[layer], ceiling_gbps[n], cache_bytes)]
-                                      for k in kernels} for p in passes], [ceiling_gbps[n]])
+    rounds: one sample per pass and kernel (kinds: name -> slot or dedup; IQR 0), each (layer, n) at the ceiling
+    ceiling_gbps[n]."""
+    return {(layer, n): unit_record(layer, n, list(kinds), passes,
+                                    [{k: [pass_time(rates, kind, p.ids, b[layer], ceiling_gbps[n], cache_bytes)]
+                                      for k, kind in kinds.items()} for p in passes], [ceiling_gbps[n]])
             for (layer, n), passes in plan.items()}
 
 
@@ -78,7 +89,8 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     check_profile(profile, config)
     spec = resolve_model(config.model)
     layers = bench_layers(config.layers, spec)
-    kernels = config.kernel_list().split(",")
+    role = {name: kind for kind, name in pair_of(config.dtype).items()}
+    kinds = {k: role[k] for k in config.kernel_list().split(",")}
     trace, trace_info = bench_trace(spec, config.trace, config.seed)
     plan, u, ns = bench_passes(spec, config, trace, layers)
     ceiling = profile.ceiling_gbps if ceiling_gbps is None else float(ceiling_gbps)
@@ -87,14 +99,15 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
     rates = Rates.from_profile(profile["dtypes"][config.dtype])
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
-    units = predicted_units(rates, kernels, plan, b, dict.fromkeys(ns, ceiling), profile["cache_bytes"])
+    units = predicted_units(rates, kinds, plan, b, dict.fromkeys(ns, ceiling), profile["cache_bytes"])
     device_keys = {"device": profile["device"], "device_kind": profile["device_kind"],
                    "ceiling_kind": profile["ceiling_kind"], "ceiling_gbps": ceiling, "ceiling_iqr_gbps": 0.0,
                    "ceiling_before_after_gbps": [ceiling, ceiling],
                    "matmul_peak_gflops": profile["dtypes"][config.dtype]["matmul_peak_gflops"]}
-    doc = bench_document(spec, config, {k: k for k in kernels}, units, layers, ns, u, trace_info,
-                         dict.fromkeys(kernels, IMPLEMENTATION), device_keys)
-    stated = profile.self_check()
+    doc = bench_document(spec, config, kinds, units, layers, ns, u, trace_info,
+                         {k: implementation_of(k) for k in kinds}, device_keys)
+    by_kind = profile.self_check(config.dtype)
+    stated = {k: by_kind[kind] for k, kind in kinds.items()}
     fit_eps = dict(doc["eps"])
     doc["eps"] = {k: fit_eps[k] + stated[k] for k in fit_eps}
     doc["eps_engine"] = {"moespec": max(doc["eps"].values())} if doc["eps"] else {}
