@@ -256,6 +256,14 @@ def test_ggml_peer_matches_reference(shape, dtype, kernel):
         assert rel_err(K.expert_op(kernel, *args, act=act), ref) < TOL["peer", dtype]
 
 
+@pytest.mark.skipif("ggml-mul_mat_id" not in K.KERNELS, reason="optional peer: pip install ggml-python")
+def test_ggml_per_slot_holds_a_pass_of_72_tokens():
+    """A pass of B = 8 sequences x 9 tokens: the per-slot graph's chain of concatenations grows with n^2 and must fit
+    the ggml context (ggml aborts the process when it does not)."""
+    args = make(72, 8, 16, 512, 64, torch.bfloat16)
+    assert rel_err(K.expert_op("ggml-per-slot", *args), K.reference_float64(*args)) < TOL["peer", torch.bfloat16]
+
+
 def test_biases_in_another_dtype_are_converted():
     x, ids, w, gu, dn, gub, db = make(3, 2, 5, 24, 16, torch.bfloat16, bias=True, seed=2)
     ref = K.reference_float64(x, ids, w, gu, dn, gub, db)

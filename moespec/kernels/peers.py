@@ -163,8 +163,9 @@ def _ggml_experts(x, ids, weights, gate_up, down, fmt: str, shape: tuple[int, in
     two_f = 2 * f
     inputs = [x.detach().float().contiguous(), ids.to(torch.int32).contiguous(),
               weights.detach().float().contiguous()]
-    # Activations (gate/up, h, per-slot outputs, float32) and the work buffer, with room to spare.
-    mem = 16 * (2 * f + 2 * d) * m * n + (4 << 20) + (n << 16)
+    # Activations (gate/up, h, per-slot outputs, float32) and the work buffer, with room to spare; per slot also the
+    # chain of concatenations, whose t-th output holds t tokens' [d, m] outputs: 4 d m (2 + ... + n) bytes.
+    mem = 16 * (2 * f + 2 * d) * m * n + (4 << 20) + (n << 16) + (2 * d * m * n * (n + 1) if per_slot else 0)
     wrap_ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=8 * ggml.ggml_tensor_overhead(), mem_buffer=None,
                                                     no_alloc=True))  # the 7 wrapped tensors below
     ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
