@@ -27,21 +27,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "expert_tiles.h"
 #include "simd_common.h"
 
 namespace {
 
-using namespace moespec_simd;  // bf16, to_f32, to_bf16, load8, hsum, cpu_has_dot
+using namespace moespec_simd;   // bf16, to_f32, to_bf16, load8, hsum, cpu_has_dot
+using namespace moespec_tiles;  // the register tiles (expert_tiles.h) and their sizes
 
 
-// fp32 lanes in one AVX2 register.
-constexpr int kLanes = 8;
-// Register tile: kTileRows weight rows x up to kTileTokens tokens, 12 accumulators plus the tokens' inputs
-// and one widened weight vector in the 16 ymm registers. Each input load then feeds 4 FMAs and each
-// weight load 3, which keeps the two FMA pipes busy (a 1 x 8 tile, one load per FMA, runs at ~half the
-// rate); and 4 rows of a 4 KiB-strided matrix still leave L1 ways free (8 rows would conflict in one set).
-constexpr int kTileRows = 4;
-constexpr int kTileTokens = 3;
 // Rows per work chunk (a multiple of kTileRows).
 constexpr int kRowChunk = 8;
 // One-token groups stream their rows one after the other, one row per tile, with no software prefetch:
@@ -67,11 +61,8 @@ constexpr int64_t kColBlockBytes = 16 << 10;
 // flight early; beyond, the pass is compute-bound, the hardware prefetcher keeps up, and the prefetch
 // instructions would only take issue slots from the FMAs (~30% measured on L2-resident rows).
 constexpr int64_t kPrefetchMaxTokens = 6;
-// The dot path's wide tiles, for groups of at least kWideMinTokens tokens (compute-bound from ~8 tokens): 512-bit
-// vdpbf16ps, 32 columns per instruction, kTileRows rows x up to kWideTokens tokens. 24 accumulators, the 6
-// tokens' inputs and one weight vector take 31 of the 32 zmm registers; each weight load feeds 6 instructions
-// and each input load 4, twice the columns per instruction of the 256-bit tile and twice its tokens.
-constexpr int kWideTokens = 6;
+// Groups of at least this many tokens take the wide tiles on the dot path (expert_tiles.h), compute-bound from
+// ~8 tokens.
 constexpr int64_t kWideMinTokens = 4;
 // Columns per block of the wide tiles: the bf16 inputs of all of a group's tokens over one block fit in 24 KiB
 // of L1 beside the tile's rows, so the token blocks after the first read the rows from L1.
@@ -93,43 +84,6 @@ constexpr int64_t kLookahead = 4;
 constexpr int kSpinsBeforeYield = 1 << 12;
 
 
-// Weight formats. A step is the columns one 256-bit weight load covers; it widens to kVecs fp32 vectors,
-// produced one at a time (half(p, v)) so a tile holds a single widened weight vector.
-template <class W>
-struct Fmt;
-
-template <>
-struct Fmt<float> {
-    static constexpr int kStep = 8, kVecs = 1;
-    static inline __m256 half(const float* p, int) { return _mm256_loadu_ps(p); }
-    static void pack(const float* src, int64_t lo, int64_t hi, int64_t, float* dst) {
-        std::copy(src + lo, src + hi, dst + lo);
-    }
-};
-
-// bf16 is the top half of an fp32. One 256-bit load holds 16 bf16, i.e. 8 dwords of (even, odd) element
-// pairs: shifting each dword left by 16 gives the even elements as fp32, masking off its low half gives
-// the odd ones, two cheap in-lane operations instead of a cross-lane widening. The inputs the weights
-// multiply are packed to match: within every full 16-column block, even columns first, then odd ones.
-template <>
-struct Fmt<bf16> {
-    static constexpr int kStep = 16, kVecs = 2;
-    static inline __m256 half(const bf16* p, int v) {
-        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm256_castsi256_ps(v == 0 ? _mm256_slli_epi32(raw, 16)
-                                          : _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-    }
-    // Packs columns [lo, hi) of a length-K vector; lo is a multiple of kStep. A partial last block stays.
-    static void pack(const float* src, int64_t lo, int64_t hi, int64_t K, float* dst) {
-        int64_t b = lo;
-        for (; b + kStep <= std::min(hi, K / kStep * kStep); b += kStep)
-            for (int i = 0; i < kStep / 2; ++i) {
-                dst[b + i] = src[b + 2 * i];
-                dst[b + kStep / 2 + i] = src[b + 2 * i + 1];
-            }
-        std::copy(src + b, src + hi, dst + b);
-    }
-};
 
 
 // e^x for fp32 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative
@@ -180,164 +134,6 @@ inline float act1(float g, float u, const ActParams& a) {
     return (u + 1.0f) * (g / (1.0f + std::exp(-a.alpha * g)));
 }
 
-// res[r * ldr + t] += <row r of w, xs[t]> over columns [k0, k1), for R rows (stride ldw) and G packed token
-// vectors. Each step widens one weight vector at a time (per row, per half) against the inputs of all G
-// tokens held in registers.
-// With `pw` not null, each cache line of weights read at row r, column k also requests the line of
-// pw + r * ldw + k into L2 (the same columns of rows further down the stream).
-// (The fma path: fp32 inputs, any weights.)
-template <class W, int R, int G>
-inline void dot_tile(const W* w, int64_t ldw, const float* const* xs, int64_t k0, int64_t k1, const W* pw,
-                     float* res, int64_t ldr) {
-    using F = Fmt<W>;
-    constexpr int V = F::kVecs;
-    // Accumulators per (row, token): per half, and for the smallest tiles per half and step parity too, so
-    // that at least 4 FMA chains (one-row tiles) or 8 hide the FMA latency.
-    constexpr int A = R * G * V <= 4 ? 2 * V : R * G * V <= 8 ? V : 1;
-    constexpr int64_t kLineCols = 64 / sizeof(W);
-    static_assert(kLineCols == 2 * F::kStep, "a cache line is two steps");
-    __m256 acc[R][G][A];
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-            _Pragma("GCC unroll 4") for (int a = 0; a < A; ++a) acc[r][t][a] = _mm256_setzero_ps();
-    auto step = [&](int64_t k, int p) __attribute__((always_inline)) {
-        _Pragma("GCC unroll 2") for (int v = 0; v < V; ++v) {
-            __m256 xv[G];
-            _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) xv[t] = _mm256_loadu_ps(xs[t] + k + v * kLanes);
-            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
-                const __m256 wv = F::half(w + r * ldw + k, v);
-                _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-                    acc[r][t][(p * V + v) % A] = _mm256_fmadd_ps(wv, xv[t], acc[r][t][(p * V + v) % A]);
-            }
-        }
-    };
-    int64_t k = k0;
-    if (pw)
-        for (; k + kLineCols <= k1; k += kLineCols) {
-            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(pw + r * ldw + k), _MM_HINT_T1);
-            step(k, 0);
-            step(k + F::kStep, 1);
-        }
-    for (; k + kLineCols <= k1; k += kLineCols) {
-        step(k, 0);
-        step(k + F::kStep, 1);
-    }
-    for (; k + F::kStep <= k1; k += F::kStep) step(k, 0);
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) {
-            __m256 sum = acc[r][t][0];
-            _Pragma("GCC unroll 4") for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[r][t][a]);
-            float s = hsum(sum);
-            for (int64_t kk = k; kk < k1; ++kk) s += to_f32(w[r * ldw + kk]) * xs[t][kk];
-            res[r * ldr + t] += s;
-        }
-}
-
-template <class W, int R>
-void dot_tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, const W* pf,
-                     float* res, int64_t ldr) {
-    static_assert(kTileTokens == 3, "dispatches token blocks of 1 to 3");
-    switch (G) {
-        case 1: dot_tile<W, R, 1>(w, ldw, xs, k0, k1, pf, res, ldr); break;
-        case 2: dot_tile<W, R, 2>(w, ldw, xs, k0, k1, pf, res, ldr); break;
-        default: dot_tile<W, R, 3>(w, ldw, xs, k0, k1, pf, res, ldr); break;
-    }
-}
-
-#define MOESPEC_DOT_ISA "avx512f,avx512bw,avx512vl,avx512bf16"
-#define MOESPEC_DOT_TARGET __attribute__((target(MOESPEC_DOT_ISA)))
-
-// The same tile on the dot path (AVX512-BF16, chosen at run time): vdpbf16ps adds w[2i] x[2i] + w[2i+1]
-// x[2i+1], both products exact, into fp32 lane i, so bf16 weights meet bf16 inputs in their natural order,
-// 16 columns per instruction, with no widening: one load and one instruction per 16 weights and token
-// where the fma tile spends two widenings, two input loads and two FMAs. Small tiles keep two
-// accumulators per (row, token), for even and odd steps, to hide the instruction's latency. Phase 1 on
-// this path measured +5-9% at ~35 GB/s and +10-20% at ~60 GB/s (with the sequential one-token rows).
-template <int R, int G>
-MOESPEC_DOT_TARGET void dot_tile_bf16(const bf16* w, int64_t ldw, const bf16* const* xs, int64_t k0, int64_t k1,
-                                      const bf16* pw, float* res, int64_t ldr) {
-    constexpr int A = R * G <= 4 ? 2 : 1;
-    __m256 acc[R][G][A];
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-            _Pragma("GCC unroll 2") for (int a = 0; a < A; ++a) acc[r][t][a] = _mm256_setzero_ps();
-    auto step = [&](int64_t k, int a) __attribute__((always_inline, target(MOESPEC_DOT_ISA))) {
-        __m256bh xv[G];
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-            xv[t] = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[t] + k));
-        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
-            const __m256bh wv = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + k));
-            _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) acc[r][t][a] = _mm256_dpbf16_ps(acc[r][t][a], wv, xv[t]);
-        }
-    };
-    int64_t k = k0;
-    for (; k + 32 <= k1; k += 32) {  // one cache line per row
-        if (pw)
-            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(pw + r * ldw + k), _MM_HINT_T1);
-        step(k, 0);
-        step(k + 16, A - 1);
-    }
-    if (k + 16 <= k1) {
-        step(k, 0);
-        k += 16;
-    }
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) {
-            __m256 sum = acc[r][t][0];
-            if constexpr (A == 2) sum = _mm256_add_ps(sum, acc[r][t][1]);
-            float s = hsum(sum);
-            for (int64_t kk = k; kk < k1; ++kk) s += to_f32(w[r * ldw + kk]) * to_f32(xs[t][kk]);
-            res[r * ldr + t] += s;
-        }
-}
-
-// The wide tile (dot path, 512-bit): res[r * ldr + t] += <row r of w, xs[t]> over columns [k0, k1) for R rows
-// and G <= kWideTokens tokens. A last partial step of fewer than 32 columns loads under a mask (masked lanes
-// read nothing and add zero), so any K works. With `pw` not null each row's cache line at column k also
-// requests the line of pw + r * ldw + k into L2.
-template <int R, int G>
-MOESPEC_DOT_TARGET void wide_tile(const bf16* w, int64_t ldw, const bf16* const* xs, int64_t k0, int64_t k1,
-                                  const bf16* pw, float* res, int64_t ldr) {
-    __m512 acc[R][G];
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) acc[r][t] = _mm512_setzero_ps();
-    auto step = [&](int64_t k, __mmask32 mask) __attribute__((always_inline, target(MOESPEC_DOT_ISA))) {
-        __m512bh xv[G];
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t)
-            xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(mask, xs[t] + k);
-        _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {
-            const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * ldw + k);
-            _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
-        }
-    };
-    int64_t k = k0;
-    if (pw)
-        for (; k + 32 <= k1; k += 32) {
-            _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(pw + r * ldw + k), _MM_HINT_T1);
-            step(k, ~__mmask32(0));
-        }
-    for (; k + 32 <= k1; k += 32) step(k, ~__mmask32(0));
-    if (k < k1) step(k, static_cast<__mmask32>((uint64_t(1) << (k1 - k)) - 1));
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
-        _Pragma("GCC unroll 16") for (int t = 0; t < G; ++t) res[r * ldr + t] += _mm512_reduce_add_ps(acc[r][t]);
-}
-
-template <int R>
-void wide_tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, int64_t k0, int64_t k1, const bf16* pw,
-                      float* res, int64_t ldr) {
-    static_assert(kWideTokens == 6, "dispatches token blocks of 1 to 6");
-    switch (G) {
-        case 1: wide_tile<R, 1>(w, ldw, xs, k0, k1, pw, res, ldr); break;
-        case 2: wide_tile<R, 2>(w, ldw, xs, k0, k1, pw, res, ldr); break;
-        case 3: wide_tile<R, 3>(w, ldw, xs, k0, k1, pw, res, ldr); break;
-        case 4: wide_tile<R, 4>(w, ldw, xs, k0, k1, pw, res, ldr); break;
-        case 5: wide_tile<R, 5>(w, ldw, xs, k0, k1, pw, res, ldr); break;
-        default: wide_tile<R, 6>(w, ldw, xs, k0, k1, pw, res, ldr); break;
-    }
-}
 
 // Where a tile's prefetch points: the rows `ahead` rows past row r of a task's stream, rows [lo, hi) of w and then,
 // when `next` is not null, the same rows of the matrix `next` (same K) that the caller reads right after; null
@@ -400,29 +196,6 @@ void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* con
     });
 }
 
-// fp32 values rounded to bf16 (nearest even, as to_bf16), 16 at a time.
-MOESPEC_DOT_TARGET void round_bf16(const float* src, int64_t count, bf16* dst) {
-    int64_t i = 0;
-    for (; i + 16 <= count; i += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-    for (; i < count; ++i) dst[i] = to_bf16(src[i]);
-}
-
-// A tile of R rows for G = 1..kTileTokens tokens: the fma path for fp32 inputs, the dot path for bf16.
-template <int R, class W>
-void tile_tokens(const W* w, int64_t ldw, const float* const* xs, int G, int64_t k0, int64_t k1, const W* pf,
-                 float* res, int64_t ldr) {
-    dot_tile_tokens<W, R>(w, ldw, xs, G, k0, k1, pf, res, ldr);
-}
-template <int R>
-void tile_tokens(const bf16* w, int64_t ldw, const bf16* const* xs, int G, int64_t k0, int64_t k1, const bf16* pf,
-                 float* res, int64_t ldr) {
-    switch (G) {
-        case 1: dot_tile_bf16<R, 1>(w, ldw, xs, k0, k1, pf, res, ldr); break;
-        case 2: dot_tile_bf16<R, 2>(w, ldw, xs, k0, k1, pf, res, ldr); break;
-        default: dot_tile_bf16<R, 3>(w, ldw, xs, k0, k1, pf, res, ldr); break;
-    }
-}
 
 
 // y[t * ldy + r - lo] = <row r of w, xs[t]> over K columns, for rows [lo, hi) and any number G of packed
