@@ -3,9 +3,9 @@ edge shapes, plus the byte model and the layout conversion of transformers' expe
 
 Tolerances, on the largest absolute error divided by the largest absolute reference output:
 - fp32: 1e-5 for every kernel (all accumulate in fp32; observed ~4e-7);
-- bf16, our native kernels: 8e-3 (fp32 accumulation, one rounding of the output to bf16: <= 2^-9 each);
-- bf16, pure-torch fallback and HF peers: 3e-2 (they round the gate/up products, h and each slot's output
-  to bf16 on the way, a few 2^-9 roundings compounded).
+- bf16: 3e-2 for every kernel. The pure-torch fallback and HF peers round the gate/up products, h and each slot's
+  output to bf16 on the way; our native kernels accumulate in fp32 and round h (as the model's bf16 forward does)
+  and the output: a few 2^-9 roundings, which a sum that cancels makes larger relative to its result (TOL).
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from moespec import MoespecError
 from moespec import kernels as K
 from moespec.kernels import native
 
+# bf16: a sum that cancels (d = 1: one down row of f terms) keeps a few bf16 ulps of its terms: 1.3% at worst over
+# 3,000 random shapes of test_native_random_shapes' space for our native kernels.
 TOL = {
-    ("native", torch.float32): 1e-5, ("native", torch.bfloat16): 8e-3,
+    ("native", torch.float32): 1e-5, ("native", torch.bfloat16): 3e-2,
     ("torch", torch.float32): 1e-5, ("torch", torch.bfloat16): 3e-2,
     ("peer", torch.float32): 1e-5, ("peer", torch.bfloat16): 3e-2,
 }
@@ -262,6 +264,13 @@ def test_ggml_per_slot_holds_a_pass_of_72_tokens():
     the ggml context (ggml aborts the process when it does not)."""
     args = make(72, 8, 16, 512, 64, torch.bfloat16)
     assert rel_err(K.expert_op("ggml-per-slot", *args), K.reference_float64(*args)) < TOL["peer", torch.bfloat16]
+
+
+@pytest.mark.skipif("ggml-mul_mat_id" not in K.KERNELS, reason="optional peer: pip install ggml-python")
+def test_ggml_per_slot_holds_more_nodes_than_ggmls_default_graph():
+    """300 tokens: one node group per token, past the 2048 nodes of ggml's default graph (ggml aborts past its size)."""
+    args = make(300, 2, 5, 16, 8, torch.float32)
+    assert rel_err(K.expert_op("ggml-per-slot", *args), K.reference_float64(*args)) < TOL["peer", torch.float32]
 
 
 def test_biases_in_another_dtype_are_converted():

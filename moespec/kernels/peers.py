@@ -150,6 +150,9 @@ def _ggml_type(fmt: str) -> int:
             "q4_0": ggml.GGML_TYPE_Q4_0}[fmt]
 
 
+GRAPH_NODES_PER_TOKEN = 16  # the per-slot graph's nodes for one token (views, products, activation, biases, write)
+
+
 def _ggml_experts(x, ids, weights, gate_up, down, fmt: str, shape: tuple[int, int, int], biases, act, threads,
                   per_slot: bool) -> torch.Tensor:
     """llama.cpp's ggml MUL_MAT_ID on the CPU backend (ggml-python bindings) over expert weights held as raw bytes
@@ -163,9 +166,11 @@ def _ggml_experts(x, ids, weights, gate_up, down, fmt: str, shape: tuple[int, in
     two_f = 2 * f
     inputs = [x.detach().float().contiguous(), ids.to(torch.int32).contiguous(),
               weights.detach().float().contiguous()]
-    # Activations (gate/up, h, per-slot outputs, float32) and the work buffer, with room to spare; per slot also the
-    # chain of concatenations, whose t-th output holds t tokens' [d, m] outputs: 4 d m (2 + ... + n) bytes.
-    mem = 16 * (2 * f + 2 * d) * m * n + (4 << 20) + (n << 16) + (2 * d * m * n * (n + 1) if per_slot else 0)
+    # Activations (gate/up, h, per-slot outputs, float32) and the work buffer, with room to spare, and the graph:
+    # per slot ~10 nodes a token (GRAPH_NODES_PER_TOKEN leaves room), past ggml's default of 2048 from ~200 tokens.
+    nodes = max(ggml.GGML_DEFAULT_GRAPH_SIZE, GRAPH_NODES_PER_TOKEN * n + 64) if per_slot else \
+        ggml.GGML_DEFAULT_GRAPH_SIZE
+    mem = 16 * (2 * f + 2 * d) * m * n + (4 << 20) + (n << 16) + ggml.ggml_graph_overhead_custom(nodes, False)
     wrap_ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=8 * ggml.ggml_tensor_overhead(), mem_buffer=None,
                                                     no_alloc=True))  # the 7 wrapped tensors below
     ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
@@ -197,20 +202,21 @@ def _ggml_experts(x, ids, weights, gate_up, down, fmt: str, shape: tuple[int, in
         bias_in = None if biases[0] is None else wrap(biases[0], [two_f, N], ggml.GGML_TYPE_F32)
         bias_out = None if biases[1] is None else wrap(biases[1], [d, N], ggml.GGML_TYPE_F32)
         x_all, sel_all = wrap(xs, [d, 1, n], ggml.GGML_TYPE_F32), wrap(idx, [m, n], ggml.GGML_TYPE_I32)
-        if per_slot:
-            parts = [experts_of(ggml.ggml_view_3d(ctx, x_all, d, 1, 1, x_all.contents.nb[1], x_all.contents.nb[2],
-                                                  t * x_all.contents.nb[2]),
-                                ggml.ggml_view_2d(ctx, sel_all, m, 1, sel_all.contents.nb[1],
-                                                  t * sel_all.contents.nb[1]), 1) for t in range(n)]
-            y = parts[0]
-            for part in parts[1:]:
-                y = ggml.ggml_concat(ctx, y, part, 2)
+        graph = ggml.ggml_new_graph_custom(ctx, nodes, False)
+        if per_slot:  # each token's node writes its [d, m] outputs into its slice of y, as llama.cpp's cache writes
+            y = ggml.ggml_new_tensor_3d(ctx, ggml.GGML_TYPE_F32, d, m, n)
+            for t in range(n):
+                part = experts_of(ggml.ggml_view_3d(ctx, x_all, d, 1, 1, x_all.contents.nb[1], x_all.contents.nb[2],
+                                                    t * x_all.contents.nb[2]),
+                                  ggml.ggml_view_2d(ctx, sel_all, m, 1, sel_all.contents.nb[1],
+                                                    t * sel_all.contents.nb[1]), 1)
+                ggml.ggml_build_forward_expand(graph, ggml.ggml_cpy(ctx, part, ggml.ggml_view_3d(
+                    ctx, y, d, m, 1, y.contents.nb[1], y.contents.nb[2], t * y.contents.nb[2])))
         else:
             y = experts_of(x_all, sel_all, n)
         y = ggml.ggml_mul(ctx, y, wrap(ws, [1, m, n], ggml.GGML_TYPE_F32))
         out = ggml.ggml_sum_rows(ctx, ggml.ggml_cont(ctx, ggml.ggml_permute(ctx, y, 1, 0, 2, 3)))  # [1, d, n]
-        graph = ggml.ggml_new_graph(ctx)
-        ggml.ggml_build_forward_expand(graph, out)
+        ggml.ggml_build_forward_expand(graph, out)  # after every slice's write: ggml computes nodes in graph order
         ggml.ggml_graph_compute_with_ctx(ctx, graph, threads or torch.get_num_threads())
         result = torch.from_numpy(ggml.utils.to_numpy(out).copy()).reshape(n, d)
     finally:
