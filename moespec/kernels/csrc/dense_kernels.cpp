@@ -111,29 +111,7 @@ inline __m256 hsum8(const float* p) {
 // `first`, issuing the prefetch requests pf. The partials stay vectors until the row
 // tile has seen all columns, so a column block costs R * G loads and stores, not R * G horizontal sums.
 
-// fma path, fp32 weights: one 8-column load per row and step.
-// fma path, bf16 weights: one 256-bit load holds 16 bf16, i.e. 8 dwords of (even, odd) element pairs:
-// shifting each dword left by 16 gives the even elements as fp32, masking off its low half the odd ones,
-// two in-lane operations instead of a cross-lane widening. The inputs are packed to match: within every
-// 16-column block, even columns first, then odd ones.
-template <class W>
-struct FmaFmt;
-
-template <>
-struct FmaFmt<float> {
-    static constexpr int kStep = 8, kVecs = 1;
-    static inline __m256 half(const float* p, int) { return _mm256_loadu_ps(p); }
-};
-
-template <>
-struct FmaFmt<bf16> {
-    static constexpr int kStep = 16, kVecs = 2;
-    static inline __m256 half(const bf16* p, int v) {
-        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm256_castsi256_ps(v == 0 ? _mm256_slli_epi32(raw, 16)
-                                          : _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-    }
-};
+// fma path: the weights widened to fp32 (Widen, simd_common.h), the inputs packed to match.
 
 // Up to R * G = 12 accumulators, G inputs and one widened weight vector fill the 16 ymm registers; each
 // input load feeds R FMAs, each weight vector G. Small tiles (R * G * kVecs <= 8) keep one accumulator per
@@ -141,7 +119,7 @@ struct FmaFmt<bf16> {
 template <class W, int R, int G>
 void fma_tile(const W* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* part, int64_t ldp,
               bool first, Prefetch pf) {
-    using F = FmaFmt<W>;
+    using F = Widen<W>;
     constexpr int V = F::kVecs;
     constexpr int A = R * G * V <= 8 ? V : 1;
     __m256 acc[R][G][A];
@@ -223,7 +201,7 @@ template <class W_>
 struct FmaPath {
     using W = W_;
     using X = float;
-    static constexpr int kStep = FmaFmt<W>::kStep, kMaxG = 3, kL1PrefetchMaxTokens = 4;
+    static constexpr int kStep = Widen<W>::kStep, kMaxG = 3, kL1PrefetchMaxTokens = 4;
     template <int R, int G>
     static void tile(const W* w, int64_t ldw, const X* x, int64_t ldx, int64_t cols, float* part, int64_t ldp,
                      bool first, Prefetch pf) {

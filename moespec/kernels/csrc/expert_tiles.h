@@ -36,32 +36,19 @@ constexpr int kTileTokens = 3;
 constexpr int kWideTokens = 6;
 
 
-// Weight formats. A step is the columns one 256-bit weight load covers; it widens to kVecs fp32 vectors,
-// produced one at a time (half(p, v)) so a tile holds a single widened weight vector.
+// Weight formats: the widening (Widen, simd_common.h) and how the inputs a weight multiplies are packed to match.
 template <class W>
 struct Fmt;
 
 template <>
-struct Fmt<float> {
-    static constexpr int kStep = 8, kVecs = 1;
-    static inline __m256 half(const float* p, int) { return _mm256_loadu_ps(p); }
+struct Fmt<float> : Widen<float> {
     static void pack(const float* src, int64_t lo, int64_t hi, int64_t, float* dst) {
         std::copy(src + lo, src + hi, dst + lo);
     }
 };
 
-// bf16 is the top half of an fp32. One 256-bit load holds 16 bf16, i.e. 8 dwords of (even, odd) element
-// pairs: shifting each dword left by 16 gives the even elements as fp32, masking off its low half gives
-// the odd ones, two cheap in-lane operations instead of a cross-lane widening. The inputs the weights
-// multiply are packed to match: within every full 16-column block, even columns first, then odd ones.
 template <>
-struct Fmt<bf16> {
-    static constexpr int kStep = 16, kVecs = 2;
-    static inline __m256 half(const bf16* p, int v) {
-        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm256_castsi256_ps(v == 0 ? _mm256_slli_epi32(raw, 16)
-                                          : _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-    }
+struct Fmt<bf16> : Widen<bf16> {
     // Packs columns [lo, hi) of a length-K vector; lo is a multiple of kStep. A partial last block stays.
     static void pack(const float* src, int64_t lo, int64_t hi, int64_t K, float* dst) {
         int64_t b = lo;

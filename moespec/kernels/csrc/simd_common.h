@@ -1,6 +1,7 @@
-// What moespec's native kernel files share: the bf16 type and its conversions, eight values widened to fp32 (load8), a horizontal sum of an
-// AVX2 register, and the run-time check for the AVX512-BF16 dot-product instructions. Everything here is inline,
-// so the translation units of the one library include it without clashing.
+// What moespec's native kernel files share: the bf16 type and its conversions, eight values widened to fp32 (load8), a
+// weight format's widening in the fma tiles (Widen), a horizontal sum of an AVX2 register, and the run-time check for
+// the AVX512-BF16 dot-product instructions. Everything here is inline, so the translation units of the one library
+// include it without clashing.
 #pragma once
 
 #include <immintrin.h>
@@ -34,6 +35,31 @@ inline __m256 load8(const bf16* p) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+
+// A weight format's AVX2 widening: a step is the columns one 256-bit weight load covers; it widens to kVecs fp32
+// vectors, one at a time (half(p, v)), so a tile holds a single widened weight vector. bf16 is the top half of an
+// fp32: one load holds 16 bf16, i.e. 8 dwords of (even, odd) element pairs; shifting each dword left by 16 gives the
+// even elements as fp32, masking off its low half the odd ones, two in-lane operations instead of a cross-lane
+// widening. The inputs such a weight multiplies are packed to match: within every 16-column block, even columns
+// first, then odd ones.
+template <class W>
+struct Widen;
+
+template <>
+struct Widen<float> {
+    static constexpr int kStep = 8, kVecs = 1;
+    static inline __m256 half(const float* p, int) { return _mm256_loadu_ps(p); }
+};
+
+template <>
+struct Widen<bf16> {
+    static constexpr int kStep = 16, kVecs = 2;
+    static inline __m256 half(const bf16* p, int v) {
+        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm256_castsi256_ps(v == 0 ? _mm256_slli_epi32(raw, 16)
+                                          : _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    }
+};
 
 inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
