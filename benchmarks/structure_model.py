@@ -1,4 +1,4 @@
-"""Validation of the structural model of the expert kernels (moespec.predict.structure), leave-one-out: no parameter
+"""Validation of the structural model of the expert kernels (moespec.kernels.structure), leave-one-out: no parameter
 of the model is fitted on any model it predicts. The device profile (`moespec profile`) is taken once on synthetic
 shapes only; then, for one MoE layer of each preset, of the trained pair's target and of two shapes no model has,
 the expert operation of both our kernels is measured (`moespec bench`: n = 1..9, and passes of B = 8 windows x n
@@ -43,7 +43,7 @@ from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.plan import PlanConfig, make_plan
-from moespec.predict.structure import Rates, pass_time
+from moespec.kernels.structure import Rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
 

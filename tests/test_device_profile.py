@@ -16,7 +16,7 @@ from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
 from moespec.measure import device_profile
 from moespec.model.spec import PRESETS
-from moespec.predict.structure import Rates
+from moespec.kernels.structure import Rates
 
 
 def test_no_profiled_shape_is_a_models() -> None:

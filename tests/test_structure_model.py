@@ -1,4 +1,4 @@
-"""The structural model of the expert kernels (moespec.predict.structure) on synthetic device profiles, exact; `bench
+"""The structural model of the expert kernels (moespec.kernels.structure) on synthetic device profiles, exact; `bench
 --predict` writes a bench that validates and plans; its refusals (issue 35)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
 from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.contention import default_threads
 from moespec.measure.timing import device_name
-from moespec.predict.structure import Rates, groups, hit_share, pass_time
+from moespec.kernels.structure import Rates, groups, hit_share, pass_time
 from moespec.routing.synth import synthesize
 
 RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), cold_excess_s_per_byte=(5e-12, 1e-11, 2e-11),

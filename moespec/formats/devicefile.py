@@ -1,6 +1,6 @@
 """device.json: the results file of `moespec profile` (moespec.measure.device_profile), its typed record
 `DeviceProfile` and its only loader `load_profile`, which validates it; `bench --predict` reads it through here and
-moespec.predict.structure turns its rates into expert-op times.
+moespec.kernels.structure turns its rates into expert-op times.
 
 device.json (FORMAT_NAME, FORMAT_VERSION):
   format, format_version
@@ -23,7 +23,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
            cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less 1 / the ceiling sampled right
                                     after it (median), so a cold group takes max(1 / ceiling + x_G, kappa_G) per byte
-                                    (moespec.predict.structure). Version 1 held efficiency e_G (a cold group's GB/s
+                                    (moespec.kernels.structure). Version 1 held efficiency e_G (a cold group's GB/s
                                     over the ceiling) instead; the loader reads it as x_G = (1 / e_G - 1) / ceiling_gbps
            group_s, pass_s          the fixed seconds of one group and of one call
            node_s                   the fixed seconds of each node past the first of a call that runs one node per

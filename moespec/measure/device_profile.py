@@ -1,5 +1,5 @@
 """`moespec profile`: the one-time device profile the structural model of the expert kernels reads
-(moespec.predict.structure; written as device.json, moespec.formats.devicefile). Not the acceptance profile of
+(moespec.kernels.structure; written as device.json, moespec.formats.devicefile). Not the acceptance profile of
 moespec.theory.profile.
 
 Microbenchmarks of the kernels' building blocks, each through the kernels' own entry point (moespec.kernels.expert_op,
@@ -56,7 +56,7 @@ from moespec.measure.timing import (
     timer_for,
 )
 from moespec.model.weights import matrix_bytes
-from moespec.predict.structure import Rates, pass_time
+from moespec.kernels.structure import Rates, pass_time
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))

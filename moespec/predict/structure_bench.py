@@ -1,5 +1,5 @@
 """`moespec bench --predict device.json`: a bench.json whose operation times are predicted by the structural model
-(moespec.predict.structure) from a device profile (moespec.formats.devicefile) instead of timed, for a model nobody
+(moespec.kernels.structure) from a device profile (moespec.formats.devicefile) instead of timed, for a model nobody
 benchmarked: its shapes alone (a preset, a config.json, a GGUF file's header). At bf16 or fp32 it predicts our
 kernels; at a GGUF format (q8_0, q4_0) ggml's pair, the kernels a measured bench of that format times (its default
 --kernels), from the profile's rates of that format.
@@ -29,7 +29,7 @@ from moespec.measure.device_profile import pair_of
 from moespec.measure.fits import engine_of
 from moespec.measure.timing import device_name
 from moespec.model.gguf import resolve_model
-from moespec.predict.structure import Rates, pass_time
+from moespec.kernels.structure import Rates, pass_time
 
 
 def implementation_of(kernel: str) -> str:
