@@ -178,6 +178,7 @@ def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_
     assert bench["predicted"] is True and bench["dtype"] == "q8_0" and bench["pair"] == list(GGML_PEERS)
     assert bench["kernels"]["ggml-mul_mat_id"]["implementation"] == "llama.cpp ggml, predicted"
     assert bench["prediction"]["error"] == {"ggml-per-slot": 0.09, "ggml-mul_mat_id": 0.11}
+    assert bench["eps_engine"] == {"llama.cpp ggml": max(bench["eps"].values())}  # ggml's pair, not ours
     b = bench["expert_bytes"]["0"]
     assert b == 3 * 2048 * 1024 // 32 * 34  # OLMoE's expert in q8_0 blocks
     one = 2e-4 + 8 * (2e-6 + b * (1 / 50e9 + 2e-11))  # one token: one node, 8 cold groups of one token

@@ -119,6 +119,14 @@ def engine_of(kernel: str) -> str:
     return ENGINES.get(prefix, prefix) if rest else "moespec"
 
 
+def eps_by_engine(eps: dict[str, float]) -> dict[str, float]:
+    """eps_engine: per engine (engine_of), the largest eps of its kernels."""
+    engines: dict[str, list[float]] = {}
+    for kernel, value in eps.items():
+        engines.setdefault(engine_of(kernel), []).append(value)
+    return {e: max(v) for e, v in engines.items()}
+
+
 def _rows(units: Units, layer: int, source: str) -> list[tuple[int, dict[str, Any]]]:
     """(n, pass) of one layer's passes of one source, by n."""
     return [(n, row) for (lay, n), unit in sorted(units.items()) if lay == layer
@@ -189,13 +197,10 @@ def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], la
     r = {} if pair is None else {
         n: kernels[pair[1]]["beta_gbps"][str(n)] / kernels[pair[0]]["beta_gbps"][str(n)] for n in ns}
     eps = {k: float(np.median(v)) for k, v in errors.items() if v}
-    engines: dict[str, list[float]] = {}
-    for kernel, value in eps.items():
-        engines.setdefault(engine_of(kernel), []).append(value)
     ceilings = {n: [c for layer in layers for c in units[layer, n].get("ceiling_gbps", [])] for n in ns}
     by_n = {str(n): float(np.median(c)) for n, c in ceilings.items() if c}
     return {"kernels": kernels, "pair": pair, "r": {str(n): v for n, v in r.items()}, "u": {str(n): u[n] for n in ns},
-            "eps": eps, "eps_engine": {e: max(v) for e, v in engines.items()},
+            "eps": eps, "eps_engine": eps_by_engine(eps),
             "crossover": theory.crossover({n: r[n] - u[n] for n in ns if n in r}),  # (7): dedup faster where u < r
             "fits": fits, "per_layer": per_layer, **({"ceiling_by_n_gbps": by_n} if len(by_n) == len(ns) else {})}
 

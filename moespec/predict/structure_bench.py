@@ -26,7 +26,7 @@ from moespec.formats.files import holds_outputs, sha256_file, write_json
 from moespec.measure.bench import BenchConfig, bench_document, bench_layers, bench_passes, bench_trace, unit_record
 from moespec.measure.contention import on_own_cores
 from moespec.measure.device_profile import pair_of
-from moespec.measure.fits import engine_of
+from moespec.measure.fits import engine_of, eps_by_engine
 from moespec.measure.timing import device_name
 from moespec.model.gguf import resolve_model
 from moespec.kernels.structure import Rates, pass_time
@@ -110,7 +110,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     stated = {k: by_kind[kind] for k, kind in kinds.items()}
     fit_eps = dict(doc["eps"])
     doc["eps"] = {k: fit_eps[k] + stated[k] for k in fit_eps}
-    doc["eps_engine"] = {"moespec": max(doc["eps"].values())} if doc["eps"] else {}
+    doc["eps_engine"] = eps_by_engine(doc["eps"])
     doc["protocol"] |= {"flush_bytes": profile["protocol"]["flush_bytes"], "timer": "predicted"}
     doc |= {"predicted": True,
             "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
