@@ -86,10 +86,10 @@ from moespec.formats.files import (
     check_contention_record,
     check_level_record,
     field,
+    format_problem,
     is_number,
     positive,
     read_json,
-    version_problem,
 )
 
 FORMAT_NAME = "moespec-bench"
@@ -263,9 +263,7 @@ def load_bench(path: str | Path) -> Bench:
     LEGACY_KEYS it lacks. Raises MoespecError naming the file."""
     where = str(path)
     doc = read_json(path, "bench")
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise _fail(where, f"not a moespec bench file (format is not {FORMAT_NAME!r})")
-    problem = version_problem(doc, "bench", FORMAT_VERSION)
+    problem = format_problem(doc, "bench", FORMAT_NAME, FORMAT_VERSION)
     if problem:
         raise _fail(where, problem)
     for key, kind in REQUIRED.items():

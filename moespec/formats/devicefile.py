@@ -46,7 +46,7 @@ from typing import Any
 
 from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT, THREADS_LIMIT
-from moespec.formats.files import Record, field, is_number, positive, read_json, version_problem
+from moespec.formats.files import Record, field, format_problem, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-device-profile"
 FORMAT_VERSION = 2
@@ -106,9 +106,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
     self-check); one line naming the file and the problem otherwise."""
     where = str(path)
     doc = read_json(path, "device profile")
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise _fail(where, f"not a moespec device profile (format is not {FORMAT_NAME!r})")
-    problem = version_problem(doc, "device profile", FORMAT_VERSION)
+    problem = format_problem(doc, "device profile", FORMAT_NAME, FORMAT_VERSION, "device profile")
     if problem:
         raise _fail(where, problem)
     field(doc, where, "device", str)

@@ -253,6 +253,14 @@ def read_json_bytes(path: str | os.PathLike, what: str) -> tuple[Any, bytes]:
     return parse_json(raw, str(path)), raw
 
 
+def format_problem(doc: Any, what: str, name: str, current: int, label: str | None = None) -> str | None:
+    """Why `doc` is not a JSON object of format `name` (a moespec `label`, default "`what` file") at a version this
+    moespec reads (version_problem), or None: the first check of every loader."""
+    if not isinstance(doc, dict) or doc.get("format") != name:
+        return f"not a moespec {label or what + ' file'} (format is not {name!r})"
+    return version_problem(doc, what, current)
+
+
 def version_problem(doc: Mapping[str, Any], what: str, current: int) -> str | None:
     """Why `doc` (a `what` file) has a format version this moespec does not read, or None. At 0.x a loader reads
     its format's current version and the one before it (what the previous release wrote, results/ included), filling

@@ -90,11 +90,11 @@ from moespec.formats.runsfile import RATES
 from moespec.formats.files import (
     Record,
     check_numbers,
+    format_problem,
     is_number,
     positive,
     read_json_bytes,
     sha256_file,
-    version_problem,
 )
 
 FORMAT_NAME = "moespec-plan"
@@ -168,9 +168,7 @@ def _check_rows(rows: Any, key: str, version: str, kmax: int) -> str | None:
 
 def _check_plan(doc: Any) -> str | None:
     """The first problem with a plan document, or None."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        return f"not a moespec plan file (format is not {FORMAT_NAME!r})"
-    problem = version_problem(doc, "plan", FORMAT_VERSION)
+    problem = format_problem(doc, "plan", FORMAT_NAME, FORMAT_VERSION)
     if problem:
         return problem
     for key, kind in REQUIRED.items():

@@ -112,11 +112,11 @@ from moespec.formats.files import (
     check_level_record,
     check_numbers,
     field,
+    format_problem,
     is_interval,
     is_number,
     read_json,
     timestamp,
-    version_problem,
 )
 from moespec.model.weights import format_name
 
@@ -296,9 +296,7 @@ def load_runs(path: str | Path) -> Runs:
     """Read a runs.json and check what every reader needs: a JSON object of this format and version, naming its
     model, device kind and dtype, with an integer depth >= 0. Raises MoespecError naming the file."""
     doc = read_json(path, "runs")
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise MoespecError(f"{path}: not a moespec runs file (format is not {FORMAT_NAME!r})")
-    problem = version_problem(doc, "runs", FORMAT_VERSION)
+    problem = format_problem(doc, "runs", FORMAT_NAME, FORMAT_VERSION)
     if problem:
         raise MoespecError(f"{path}: {problem}")
     rows = doc.get("throughput")
