@@ -12,6 +12,13 @@ experts it selects (attention over the cache, 4 (d + n) x heads x head_dim per t
 at depth 512). Bytes per token fall with B n while FLOPs per token stay, so the pass moves from memory-bound toward
 compute-bound. Its floor is max(bytes / streaming-read ceiling, FLOPs / matmul peak), both ceilings measured on
 this machine in the same run (moespec.measure.timing); the roofline share is that floor over the measured time.
+That floor assumes the pass's reads and multiply-adds overlap as one stream. They cannot across its phases: a layer's
+experts wait on its attention and router, the next layer's attention on its experts, the head on the last layer,
+and no cache holds a layer's experts ahead of time. So the pass also has a phase floor, the sum of each phase's own
+roofline: the dense matrices (every dense bf16 matrix does B n FLOPs per byte, so they are one phase),
+max(D / read, dense FLOPs / peak); the experts, max(union bytes / read, expert FLOPs / peak); the caches, kv / read.
+Where the dense phase is compute-bound and the experts' memory-bound (large B n) the phase floor exceeds the floor,
+and a pass cannot reach the floor's share above floor / phase floor.
 GB/s and GFLOP/s are those bytes and FLOPs over each engine's time: the same work for every engine (the per-slot
 kernel reads B n m experts per layer, more than the union: `experts_slot_bytes` in the JSON).
 
@@ -125,15 +132,15 @@ class Moespec:
             tap.close()
         return [distinct_experts(torch.from_numpy(ids[:, layer])) for layer in range(ids.shape[1])]
 
-    def parameters_per_token(self) -> int:
+    def parameters_per_token(self) -> tuple[int, int]:
         """The weights one token multiplies: every matrix but the experts and the embedding table (a lookup), and
-        the m experts it selects in each MoE layer."""
+        the m experts it selects in each MoE layer (dense, experts)."""
         experts = [p for module in moe_experts(self.model) for p in module.parameters()]
         embed, head = self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight
         seen = {id(p) for p in experts}
         dense = sum(p.numel() for p in self.model.parameters() if id(p) not in seen)
         dense -= embed.numel() if embed is not head else 0
-        return dense + sum(p.numel() for p in experts) * self.lm.spec.m // self.lm.spec.N
+        return dense, sum(p.numel() for p in experts) * self.lm.spec.m // self.lm.spec.N
 
 
 class Llama:
@@ -158,26 +165,40 @@ class Llama:
 
 
 # ---- the work of a pass ---------------------------------------------------------------------------------------
-def work(lm: Any, b: int, n: int, depth: int, unions: list[int], per_token: int) -> dict:
-    """Bytes (dense once, the union of experts, B KV caches), the per-slot kernel's expert bytes, and FLOPs."""
+def work(lm: Any, b: int, n: int, depth: int, unions: list[int], per_token: tuple[int, int]) -> dict:
+    """Bytes (dense once, the union of experts, B KV caches), the per-slot kernel's expert bytes, and FLOPs, in all
+    and of the dense and the expert phase (per_token: the dense and the expert parameters one token multiplies)."""
     spec = lm.spec
     experts = sum(u * spec.expert_bytes(layer, FORMAT) for layer, u in enumerate(unions))
     dense, kv = spec.dense_bytes(FORMAT, tokens=b * n), b * spec.kv_bytes(k=n - 1, depth=depth)
+    dense_flops, experts_flops = (2 * p * b * n for p in per_token)
     return {"dense_bytes": dense, "experts_bytes": experts, "kv_bytes": kv, "bytes": dense + experts + kv,
             "unions": unions, "experts_slot_bytes": b * n * spec.m * spec.W(FORMAT),
-            "flops": 2 * per_token * b * n}
+            "dense_flops": dense_flops, "experts_flops": experts_flops, "flops": dense_flops + experts_flops}
+
+
+def floors(w: dict, gbps: float, gflops: float) -> tuple[float, float]:
+    """The pass's floor, max(bytes / read, FLOPs / peak), and its phase floor, the sum of the dense, expert and
+    cache phases' own rooflines (module docstring), in seconds."""
+    read, peak = gbps * 1e9, gflops * 1e9
+    phases = (max(w["dense_bytes"] / read, w["dense_flops"] / peak)
+              + max(w["experts_bytes"] / read, w["experts_flops"] / peak) + w["kv_bytes"] / read)
+    return max(w["bytes"] / read, w["flops"] / peak), phases
 
 
 def cell_stats(samples: dict[str, list[float]], w: dict, gbps: float, gflops: float,
                rng: np.random.Generator) -> dict:
-    """Per engine: the median [95% interval], GB/s, GFLOP/s and roofline share; the ratios moespec / llama.cpp."""
-    floor = max(w["bytes"] / (gbps * 1e9), w["flops"] / (gflops * 1e9))
-    out: dict[str, Any] = {"floor_s": floor, "bound": "memory" if w["bytes"] / gbps >= w["flops"] / gflops
-                           else "compute", "engines": {}, "ratio": {}}
+    """Per engine: the median [95% interval], GB/s, GFLOP/s, roofline and phase-floor shares; the ratios moespec /
+    llama.cpp."""
+    floor, phases = floors(w, gbps, gflops)
+    out: dict[str, Any] = {"floor_s": floor, "phase_floor_s": phases,
+                           "bound": "memory" if w["bytes"] / gbps >= w["flops"] / gflops else "compute",
+                           "engines": {}, "ratio": {}}
     for engine, times in samples.items():
         med, lo, hi = bootstrap_median(times, rng)
         out["engines"][engine] = {"median_s": med, "lo_s": lo, "hi_s": hi, "gbps": w["bytes"] / med / 1e9,
-                                  "gflops": w["flops"] / med / 1e9, "roofline_share": floor / med}
+                                  "gflops": w["flops"] / med / 1e9, "roofline_share": floor / med,
+                                  "phase_share": phases / med}
     for engine in ENGINES[1:]:
         med, lo, hi = bootstrap_median([a / b for a, b in zip(samples[engine], samples[LLAMA])], rng)
         out["ratio"][engine] = {"median": med, "lo": lo, "hi": hi}
@@ -204,17 +225,19 @@ def print_report(result: dict) -> None:
         print(f"{cell['B']:>3}{cell['n']:>3}  " + "".join(f"{ms(e):<26}" for e in ENGINES)
               + "".join(f"{ratio(e):>21}" for e in ENGINES[1:]))
     print("\nwork per pass: MB = dense + union of experts (sum over layers, of N each) + KV caches, 1e6 B; GFLOP = "
-          "2 x parameters per token x B n; floor = max(MB / read ceiling, GFLOP / matmul peak); per engine GB/s, "
-          "GFLOP/s and % of the floor (roofline share)")
-    print(f"{'B':>3}{'n':>3}{'union':>7}{'MB':>8}{'GFLOP':>8}{'floor':>9}{'bound':>8}  "
-          + "".join(f"{e:>22}" for e in ENGINES))
-    print(" " * 46 + "".join(f"{'GB/s GFLOP/s share':>22}" for _ in ENGINES))
+          "2 x parameters per token x B n; floor = max(MB / read ceiling, GFLOP / matmul peak); phases = the sum of "
+          "the dense, expert and cache phases' own floors; per engine GB/s, GFLOP/s, % of the floor (roofline "
+          "share) and % of the phase floor")
+    print(f"{'B':>3}{'n':>3}{'union':>7}{'MB':>8}{'GFLOP':>8}{'floor':>9}{'phases':>9}{'bound':>8}  "
+          + "".join(f"{e:>26}" for e in ENGINES))
+    print(" " * 55 + "".join(f"{'GB/s GFLOP/s share phase':>26}" for _ in ENGINES))
     for cell in result["cells"]:
         w, s = cell["work"], cell["stats"]
         rate = lambda e: (f"{s['engines'][e]['gbps']:.1f} {s['engines'][e]['gflops']:.0f} "
-                          f"{100 * s['engines'][e]['roofline_share']:.0f}%")
+                          f"{100 * s['engines'][e]['roofline_share']:.0f}% {100 * s['engines'][e]['phase_share']:.0f}%")
         print(f"{cell['B']:>3}{cell['n']:>3}{sum(w['unions']):>7}{w['bytes'] / 1e6:8.0f}{w['flops'] / 1e9:8.2f}"
-              f"{s['floor_s'] * 1e3:7.2f}ms{s['bound']:>8}  " + "".join(f"{rate(e):>22}" for e in ENGINES))
+              f"{s['floor_s'] * 1e3:7.2f}ms{s['phase_floor_s'] * 1e3:7.2f}ms{s['bound']:>8}  "
+              + "".join(f"{rate(e):>26}" for e in ENGINES))
 
 
 # ---- main -----------------------------------------------------------------------------------------------------
@@ -295,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
         cells.append({"B": b, "n": n, "work": w, "stats": cell_stats(times, w, gbps, gflops, rng),
                       "samples_s": times})
     result = {
-        "format": "moespec-batch-pass", "format_version": 1, "out": args.out,
+        "format": "moespec-batch-pass", "format_version": 2, "out": args.out,
         "provenance": started | {"device": timer.name, "load_average_after": os.getloadavg(),
                                  "versions": started["versions"] | {"llama-cpp-python": version("llama-cpp-python")}},
         "model": lm.spec.to_dict(), "dtype": FORMAT, "gguf": str(gguf.resolve()), "depth": args.depth,
         "batches": args.batches, "n": args.n, "rounds": args.rounds, "threads": args.threads, "seed": args.seed,
-        "engines": list(ENGINES), "parameters_per_token": per_token,
+        "engines": list(ENGINES), "parameters_per_token": sum(per_token),
+        "parameters_per_token_dense_experts": list(per_token),
         "moespec": {"dense": ours.dense, "pass_kind": batch_pass_kind(lm.model, tokens[most, longest],
                                                                      ours.caches[:most])},
         "llama_cpp": {"timing": "one llama_decode of B n tokens (each with its sequence id and position, every "
