@@ -131,7 +131,8 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: Rates, cache:
             for kernel, kind in kinds.items():
                 out[kernel][str(n)]["passes"].append(
                     {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
-                     "iqr_s": row["iqr_s"][kernel], "predicted_s": pass_time(rates, kind, p.ids, b, ceiling, cache)})
+                     "iqr_s": row["iqr_s"][kernel], "predicted_s": pass_time(rates, kind, p.ids, b, spec.expert_rows,
+                                                                            ceiling, cache)})
         for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
             measured, predicted = (float(np.mean([q[key] for q in windows])) for key in ("measured_s", "predicted_s"))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from cli_cases import one_line, refused
 
+from moespec import ArgumentError
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
@@ -24,12 +25,13 @@ def test_no_profiled_shape_is_a_models() -> None:
     models = {(s.hidden, s.expert_width) for s in PRESETS.values()} | {(pair["hidden_size"],
                                                                          pair["intermediate_size"])}
     models |= {(1536, 512), (3072, 1536)}  # the validation's held-out shapes (benchmarks/structure_model.py)
-    profiled = {*device_profile.RATE_SHAPES, *device_profile.HOT_SHAPES, device_profile.OVERHEAD_SHAPE,
-                device_profile.CHECK_SHAPE}
+    profiled = {*device_profile.RATE_SHAPES, *device_profile.GGUF_RATE_SHAPES, *device_profile.HOT_SHAPES,
+                device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE}
     assert not profiled & models
 
 
-TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "HOT_SHAPES": ((128, 64),), "G_VALUES": (1, 2, 3),
+TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128), (128, 192), (96, 96)),
+        "HOT_SHAPES": ((128, 64),), "G_VALUES": (1, 2, 3),
         "COLD_BYTES": 1 << 20, "CHECK_N": (2,), "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
         "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,)}  # every one a multiple of a GGUF block (32)
 
@@ -44,7 +46,8 @@ def test_smoke_run_on_tiny_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     rates = Rates.from_profile(loaded["dtypes"]["bf16"])
     assert rates.per_byte(2, loaded.ceiling_gbps) > 0 and set(loaded.self_check()) == {"slot", "dedup"}
     assert loaded["provenance"]["command"] and loaded["threads"] >= 1
-    assert loaded["dtypes"]["bf16"]["node_s"] == 0  # our kernels run a pass as one call
+    assert loaded["dtypes"]["bf16"]["node_s"] == 0 and "row_s" not in loaded["dtypes"]["bf16"]  # one call, no rows
+    assert loaded["shapes"]["rates"] == {"bf16": [[256, 128], [128, 192]]}
 
 
 @pytest.mark.skipif("ggml-mul_mat_id" not in KERNELS, reason="ggml-python is not installed")
@@ -58,6 +61,8 @@ def test_smoke_run_of_ggml_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     loaded = load_profile(tmp_path / "device.json")
     entry = loaded["dtypes"]["q8_0"]
     assert loaded.dtypes == ["q8_0"] and entry["G"] == [1, 2, 3] and entry["node_s"] >= 0
+    assert len(entry["row_s"]) == 3 and min(entry["row_s"]) >= 0  # ggml's per-row time, on its own rate shapes
+    assert loaded["shapes"]["rates"] == {"q8_0": [[256, 128], [128, 192], [96, 96]]}
     assert set(loaded["self_check_by_dtype"]["q8_0"]) >= {"slot", "dedup"}
     assert loaded.self_check("q8_0") == {k: loaded["self_check_by_dtype"]["q8_0"][k]["max"] for k in ("slot", "dedup")}
     assert device_profile.Weights.bytes_of(64, 32, "q8_0") == 3 * 64 * 32 // 32 * 34  # 34 bytes per 32 weights
@@ -66,20 +71,72 @@ def test_smoke_run_of_ggml_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_fixed_costs_fit_exact() -> None:
     """_fixed recovers a call's, a group's and a node's fixed seconds from overhead passes built from them, the
-    groups' bytes taken out at each call's own ceiling; our kernels' passes (one node each) give node_s 0."""
-    pass_s, group_s, node_s, b, per_byte = 80e-6, 0.5e-6, 6e-6, 1e4, 1e-11
+    groups' bytes (at each call's own ceiling) and rows taken out; our kernels' passes (one node each) give node_s
+    0."""
+    pass_s, group_s, node_s, b, rows = 80e-6, 0.5e-6, 6e-6, 1e4, 192
+    rates = Rates((1, 2), (1e-11, 2e-11), (5e-12, 1e-11), 0.0, 0.0, row_s=(9e-9, 2e-8))
     for dtype, nodes_seen in (("q8_0", True), ("bf16", False)):
         by_key, info = {}, {}
         for kind, tokens, m in device_profile._overhead_passes(dtype):
             groups, nodes = tokens * m, tokens if kind == "slot" and nodes_seen else 1  # ggml-per-slot: a node a token
             ceilings = [40.0, 80.0]
-            seconds = [pass_s + group_s * groups + node_s * (nodes - 1) + groups * b * per_byte * 80 / c
-                       for c in ceilings]
+            seconds = [pass_s + group_s * groups + node_s * (nodes - 1)
+                       + groups * (b * (1 / (c * 1e9) + 5e-12) + rows * 9e-9) for c in ceilings]
             key = ("overhead", kind, tokens, m, "cold")
             by_key[key] = device_profile.Item(key, lambda: None, seconds=seconds, ceilings=ceilings)
-            info[key] = (b, (groups, nodes))
-        fitted = device_profile._fixed(by_key, info, "cold", lambda c: per_byte * 80 / c)
+            info[key] = (b, rows, (groups, nodes))
+        fitted = device_profile._fixed(by_key, info, "cold", rates)
         assert np.allclose(fitted, (pass_s, group_s, node_s if nodes_seen else 0.0), rtol=1e-9, atol=1e-15)
+
+
+def test_excess_and_row_exact() -> None:
+    """x + r u through shapes' cold seconds per byte (u their rows per byte); neither below 0."""
+    u = [1e-3, 2e-3, 4e-3]
+    assert np.allclose(device_profile.excess_and_row([(v, 7e-12 + 9e-9 * v) for v in u]), (7e-12, 9e-9), rtol=1e-9)
+    assert device_profile.excess_and_row([(v, 3e-11 - 1e-9 * v) for v in u]) == (pytest.approx(3e-11 - 2e-12), 0.0)
+    x, r = device_profile.excess_and_row([(v, -1e-11 + 9e-9 * v) for v in u])
+    assert x == 0.0 and r == pytest.approx(sum(v * (-1e-11 + 9e-9 * v) for v in u) / sum(v * v for v in u))
+    with pytest.raises(ArgumentError, match="two or more row lengths"):
+        device_profile.excess_and_row([(1e-3, 1e-11), (1e-3, 2e-11)])
+
+
+def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rate, hot and overhead passes timed as the model says (ggml's: with a per-row time) give back its x_G, r_G,
+    kappa_G and fixed costs (to the fixed point of the alternating fit)."""
+    monkeypatch.setattr(device_profile, "G_VALUES", (1, 2))
+    x, r, kappa = {1: 1e-11, 2: 3e-11}, {1: 9e-9, 2: 2.4e-8}, {1: 2e-11, 2: 4e-11}
+    pass_s, group_s, node_s, hot_pass, hot_group = 1.2e-4, 1e-7, 3e-5, 5e-5, 5e-8
+    by_key, info = {}, {}
+
+    def add(key, b, rows, groups, seconds, ceilings=None):
+        by_key[key] = device_profile.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
+                                          ceilings=ceilings)
+        info[key] = (b, rows, groups)
+
+    for d, f in ((384, 384), (1600, 1600), (3840, 640), (4224, 12800)):
+        b, rows, e = device_profile.Weights.bytes_of(d, f, "q8_0"), 2 * f + d, 3
+        for g in (1, 2):
+            ceilings = [45.0, 90.0]
+            add(("cold", d, f, g), b, rows, e, [pass_s + e * (group_s + rows * r[g] + b * (1 / (c * 1e9) + x[g]))
+                                                for c in ceilings], ceilings)
+    for d, f in device_profile.HOT_SHAPES:
+        b, rows = device_profile.Weights.bytes_of(d, f, "q8_0"), 2 * f + d
+        for g in (1, 2):
+            add(("hot", d, f, g), b, rows, 2, [hot_pass + 2 * (hot_group + rows * r[g] + b * kappa[g])] * 3)
+    b, rows = device_profile.Weights.bytes_of(64, 64, "q8_0"), 192
+    for kind, tokens, m in device_profile._overhead_passes("q8_0"):
+        groups, nodes = tokens * m, tokens if kind == "slot" else 1
+        add(("overhead", kind, tokens, m, "cold"), b, rows, (groups, nodes),
+            [pass_s + node_s * (nodes - 1) + groups * (group_s + rows * r[1] + b * (1 / 60e9 + x[1]))], [60.0])
+        add(("overhead", kind, tokens, m, "hot"), b, rows, (groups, nodes),
+            [hot_pass + node_s * (nodes - 1) + groups * (hot_group + rows * r[1] + b * kappa[1])])
+    rates = device_profile._fit_rates(by_key, info, per_row=True)
+    assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
+    assert rates.row_s == pytest.approx((r[1], r[2]), rel=1e-3)
+    assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
+    assert (rates.pass_s, rates.group_s, rates.node_s) == pytest.approx((pass_s, group_s, node_s), rel=1e-3)
+    ours = device_profile._fit_rates(by_key, info, per_row=False)  # our kernels' fit: one rate per G, no rows
+    assert ours.row_s == () and ours.cold_excess_s_per_byte[0] > x[1]
 
 
 @pytest.mark.parametrize("argv, words", [

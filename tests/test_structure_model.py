@@ -52,34 +52,48 @@ def test_pass_time_exact() -> None:
     cold1, hot1, cold2 = RATES.per_byte(1, c), RATES.per_byte(1, c, cold=False), RATES.per_byte(2, c)
     # slot: 4 groups of one token; expert 0's second slot finds it cached (experts {1, 0} = 2 MB fit 2 MB), or half
     # of it in a 1 MB cache
-    assert pass_time(RATES, "slot", ids, b, c, 2e6) == pytest.approx(1e-4 + 4e-6 + b * (3 * cold1 + hot1))
-    assert pass_time(RATES, "slot", ids, b, c, 1e6) == pytest.approx(1e-4 + 4e-6 + b * (3.5 * cold1 + hot1 / 2))
-    assert pass_time(RATES, "slot", ids, b, c, 0.0) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
-    # dedup: expert 0 on 2 tokens, 1 and 2 on one each, every expert read once from memory
-    assert pass_time(RATES, "dedup", ids, b, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
+    assert pass_time(RATES, "slot", ids, b, 700, c, 2e6) == pytest.approx(1e-4 + 4e-6 + b * (3 * cold1 + hot1))
+    assert pass_time(RATES, "slot", ids, b, 700, c, 1e6) == pytest.approx(1e-4 + 4e-6 + b * (3.5 * cold1 + hot1 / 2))
+    assert pass_time(RATES, "slot", ids, b, 700, c, 0.0) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
+    # dedup: expert 0 on 2 tokens, 1 and 2 on one each, every expert read once from memory; no row_s: rows cost 0
+    assert pass_time(RATES, "dedup", ids, b, 700, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
 
 
 GGML = Rates(G=(1, 2), hot_s_per_byte=(3e-11, 4e-11), cold_excess_s_per_byte=(2e-11, 3e-11), group_s=2e-6,
-             pass_s=2e-4, node_s=5e-6)  # ggml's pair at a GGUF format: its own rates, a fixed cost per node
+             pass_s=2e-4, node_s=5e-6, row_s=(1e-8, 3e-8))  # ggml's pair: its own rates, fixed costs per node and row
 
 
 def test_pass_time_of_ggml_pair_exact() -> None:
-    """ggml-per-slot runs one node per token (n - 1 nodes past the first), ggml-mul_mat_id one node for the pass."""
-    ids, b, c = np.array([[0, 1], [0, 2], [3, 1]]), 1e6, 40.0
+    """ggml-per-slot runs one node per token (n - 1 nodes past the first), ggml-mul_mat_id one node for the pass;
+    every group pays its expert's rows at r(G), cached or not."""
+    ids, b, rows, c = np.array([[0, 1], [0, 2], [3, 1]]), 1e6, 600, 40.0
     cold1, hot1, cold2 = GGML.per_byte(1, c), GGML.per_byte(1, c, cold=False), GGML.per_byte(2, c)
     assert cold1 == pytest.approx(1 / 40e9 + 2e-11) and hot1 == 3e-11 and cold2 == pytest.approx(1 / 40e9 + 3e-11)
+    row1, row2 = 600 * 1e-8, 600 * 3e-8
     # per slot: 6 groups; expert 0's second read after {1, 0} (2 MB) and 1's after {2, 0, 3, 1} (4 MB) in a 2 MB cache
-    assert pass_time(GGML, "slot", ids, b, c, 2e6) == pytest.approx(
-        2e-4 + 2 * 5e-6 + 6 * 2e-6 + b * (4 * cold1 + hot1 + (cold1 + hot1) / 2))
+    assert pass_time(GGML, "slot", ids, b, rows, c, 2e6) == pytest.approx(
+        2e-4 + 2 * 5e-6 + 6 * (2e-6 + row1) + b * (4 * cold1 + hot1 + (cold1 + hot1) / 2))
     # dedup: experts 0 and 1 on two tokens each, 2 and 3 on one; one node
-    assert pass_time(GGML, "dedup", ids, b, c, 2e6) == pytest.approx(
-        2e-4 + 4 * 2e-6 + b * (2 * cold2 + 2 * cold1))
-    assert pass_time(GGML, "slot", ids[:1], b, c, 0.0) == pytest.approx(2e-4 + 2 * (2e-6 + b * cold1))  # one node
+    assert pass_time(GGML, "dedup", ids, b, rows, c, 2e6) == pytest.approx(
+        2e-4 + 4 * 2e-6 + 2 * row2 + 2 * row1 + b * (2 * cold2 + 2 * cold1))
+    assert pass_time(GGML, "slot", ids[:1], b, rows, c, 0.0) == pytest.approx(
+        2e-4 + 2 * (2e-6 + row1 + b * cold1))  # one node
+
+
+def test_per_row_interpolated_and_past_the_grid() -> None:
+    """r(G) on the profile's G as kappa is: linear between, on the line of the last two past the grid; none: 0."""
+    rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (0.0,) * 3, 0.0, 0.0, row_s=(1e-8, 2e-8, 3e-8))
+    assert [rates.per_row(g) for g in (1, 3, 4, 6)] == pytest.approx([1e-8, 2.5e-8, 3e-8, 4e-8])
+    assert RATES.per_row(3) == 0.0 and Rates.from_profile({**Q8_0, "row_s": [1e-8] * 5}).row_s == (1e-8,) * 5
+    assert Rates.from_profile(Q8_0).row_s == ()  # a version-2 entry: no per-row time
 
 
 @pytest.mark.parametrize("call", [
     lambda: RATES.per_byte(0, 50.0), lambda: RATES.per_byte(1, 0.0), lambda: groups("both", np.zeros((1, 2))),
-    lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 50, 0),
+    lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 10, 50, 0),
+    lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 1.0, 0, 50, 0), lambda: RATES.per_row(0),
+    lambda: Rates((1, 2), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0, row_s=(1e-9,)),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, row_s=(-1e-9,)),
     lambda: hit_share([(0, 1)], 1.0, -1.0), lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0),
     lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
     lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6)])
@@ -110,13 +124,14 @@ def profile_doc(**changes) -> dict:
 
 Q8_0 = {"G": [1, 2, 4, 8, 16], "hot_s_per_byte": [3e-11, 3e-11, 4e-11, 8e-11, 16e-11],
         "cold_excess_s_per_byte": [2e-11, 3e-11, 4e-11, 8e-11, 16e-11], "group_s": 2e-6, "pass_s": 2e-4, "node_s": 5e-6,
-        "matmul_peak_gflops": 300.0}  # ggml's pair on q8_0 blocks
+        "matmul_peak_gflops": 300.0}  # ggml's pair on q8_0 blocks, as version 2 wrote it (no row_s)
+ROW_S = [1e-8, 2e-8, 3e-8, 4e-8, 5e-8]  # version 3: ggml's fixed seconds per weight row
 
 
 def ggml_doc(**changes) -> dict:
     """profile_doc with q8_0 timed (ggml's pair) beside bf16, and each format's own self-check."""
     doc = profile_doc()
-    doc["dtypes"]["q8_0"] = dict(Q8_0)
+    doc["dtypes"]["q8_0"] = Q8_0 | {"row_s": ROW_S}
     doc["self_check_by_dtype"] = {"bf16": doc["self_check"],
                                   "q8_0": {"slot": {"median": 0.04, "max": 0.09, "passes": 9},
                                            "dedup": {"median": 0.05, "max": 0.11, "passes": 9}}}
@@ -181,7 +196,8 @@ def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_
     assert bench["eps_engine"] == {"llama.cpp ggml": max(bench["eps"].values())}  # ggml's pair, not ours
     b = bench["expert_bytes"]["0"]
     assert b == 3 * 2048 * 1024 // 32 * 34  # OLMoE's expert in q8_0 blocks
-    one = 2e-4 + 8 * (2e-6 + b * (1 / 50e9 + 2e-11))  # one token: one node, 8 cold groups of one token
+    # one token: one node, 8 cold groups of one token, each OLMoE's 2 x 1024 + 2048 rows at r(1)
+    one = 2e-4 + 8 * (2e-6 + 4096 * 1e-8 + b * (1 / 50e9 + 2e-11))
     assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
     by_n = {str(n): [row["median_s"]["ggml-per-slot"] for row in bench["windows"]["0"][str(n)]] for n in (1, 9)}
     assert min(by_n["9"]) > max(by_n["1"]) + 8 * 5e-6  # nine tokens: eight more nodes, and more groups
@@ -202,7 +218,11 @@ def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_
     (ggml_doc(), ["--dtype", "q4_0"], ["q4_0", "q8_0"]),
     (ggml_doc(), ["--dtype", "q8_0", "--kernels", "dedup"], ["covers ggml-per-slot, ggml-mul_mat_id"]),
     (ggml_doc(), ["--dtype", "q8_0", "--kernels", "ggml-per-slot,hf-eager"], ["at q8_0"]),
-    (ggml_doc(dtypes={"q8_0": {k: v for k, v in Q8_0.items() if k != "node_s"}}), ["--dtype", "q8_0"], ["node_s"]),
+    (ggml_doc(dtypes={"q8_0": {k: v for k, v in (Q8_0 | {"row_s": ROW_S}).items() if k != "node_s"}}),
+     ["--dtype", "q8_0"], ["node_s"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0}), ["--dtype", "q8_0"], ["q8_0.row_s"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S[:4]}}), ["--dtype", "q8_0"], ["row_s", "5 numbers"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": [-1.0] * 5}}), ["--dtype", "q8_0"], ["row_s", ">= 0"]),
     (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"cold_excess_s_per_byte": [-1.0] * 5}}), [],
      ["cold_excess_s_per_byte"]),
     (profile_doc(format_version=7), [], ["version"]),
@@ -241,11 +261,14 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
 
 
 def test_loader_reads_the_previous_version(tmp_path: Path) -> None:
-    """Version 1 held each cold group's share e_G of the ceiling; it loads as the excess (1 / e_G - 1) / ceiling."""
-    doc = profile_doc(format_version=1)
-    entry = doc["dtypes"]["bf16"]
-    del entry["cold_excess_s_per_byte"]
-    entry["efficiency"] = [0.8, 0.5, 0.5, 1.25, 0.25]
-    loaded = load_profile(write(tmp_path / "v1.json", doc))
-    assert loaded["dtypes"]["bf16"]["cold_excess_s_per_byte"] == pytest.approx(
-        [0.25 / 50e9, 1 / 50e9, 1 / 50e9, 0.0, 3 / 50e9])
+    """Version 2 had no row_s: a GGUF entry without it loads, and the model reads it as no per-row time; version 3
+    requires it of a GGUF format, not of ours; version 1 is no longer read."""
+    v2 = ggml_doc(format_version=2)
+    v2["dtypes"]["q8_0"] = dict(Q8_0)
+    loaded = load_profile(write(tmp_path / "v2.json", v2))
+    assert Rates.from_profile(loaded["dtypes"]["q8_0"]).per_row(1) == 0.0
+    v3 = load_profile(write(tmp_path / "v3.json", ggml_doc()))
+    assert FORMAT_VERSION == 3 and "row_s" not in v3["dtypes"]["bf16"]
+    assert Rates.from_profile(v3["dtypes"]["q8_0"]).per_row(2) == 2e-8
+    with pytest.raises(Exception, match="version 1 is not supported"):
+        load_profile(write(tmp_path / "v1.json", profile_doc(format_version=1)))

@@ -15,7 +15,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     read (a ~1 MiB row task, its neighbours), on all threads
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
-  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, group_s, pass_s, node_s, matmul_peak_gflops}}
+  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, group_s, pass_s, node_s, matmul_peak_gflops}}
            per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
            q8_0, q4_0 from ggml's pair (ggml-per-slot, ggml-mul_mat_id: the kernels that run GGUF blocks,
            moespec.kernels.peers.ggml_quantized):
@@ -23,14 +23,18 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
            cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less 1 / the ceiling sampled right
                                     after it (median), so a cold group takes max(1 / ceiling + x_G, kappa_G) per byte
-                                    (moespec.kernels.structure). Version 1 held efficiency e_G (a cold group's GB/s
-                                    over the ceiling) instead; the loader reads it as x_G = (1 / e_G - 1) / ceiling_gbps
+                                    (moespec.kernels.structure)
+           row_s [..]               r_G >= 0: the fixed seconds per weight row of a group (ggml's vec_dot call per
+                                    row and token), fitted with x_G over rate shapes of many row lengths; required of
+                                    a GGUF format from version 3, absent for our kernels (no per-row cost) and in
+                                    version 2 (read as none, the model of that version)
            group_s, pass_s          the fixed seconds of one group and of one call
            node_s                   the fixed seconds of each node past the first of a call that runs one node per
                                     token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
            matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records;
                                     moespec.measure.timing.matmul_peak): the compute yardstick
-  shapes   {rates: [[d, f], ..], hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes timed
+  shapes   {rates: {dtype: [[d, f], ..]}, hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes
+           timed (a GGUF format's rate shapes span more row lengths than ours; version 2: rates one list)
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
            shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
            each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
@@ -49,7 +53,7 @@ from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REP
 from moespec.formats.files import Record, field, format_problem, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-device-profile"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 RATE_KEYS = ("hot_s_per_byte", "cold_excess_s_per_byte")  # per-G lists of a dtype's rates
 
 
@@ -57,8 +61,9 @@ def _fail(path: str, problem: str) -> MoespecError:
     return MoespecError(f"{path}: {problem}")
 
 
-def _check_dtype(where: str, dtype: str, entry: Any) -> None:
-    """One dtype's rates: G ascending whole numbers from 1, each rate list as long and positive."""
+def _check_dtype(where: str, dtype: str, entry: Any, version: int) -> None:
+    """One dtype's rates: G ascending whole numbers from 1, each rate list as long and positive (row_s: of a GGUF
+    format from `version` 3, optional otherwise)."""
     if not isinstance(entry, dict):
         raise _fail(where, f"dtypes.{dtype} must be an object")
     g = entry.get("G")
@@ -71,6 +76,10 @@ def _check_dtype(where: str, dtype: str, entry: Any) -> None:
             raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
     if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
         raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
+    if "row_s" in entry or (dtype in QUANTIZED and version >= 3):
+        values = entry.get("row_s")
+        if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and v >= 0 for v in values)):
+            raise _fail(where, f"dtypes.{dtype}.row_s must list {len(g)} numbers >= 0, one per G")
     for key in ("group_s", "pass_s", *(("node_s",) if dtype in QUANTIZED or "node_s" in entry else ())):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
@@ -122,12 +131,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
     if not dtypes or not set(dtypes) <= set(BENCH_DTYPES):
         raise _fail(where, f"dtypes must time some of {', '.join(BENCH_DTYPES)}, got {sorted(dtypes)}")
     for dtype, entry in dtypes.items():
-        if doc["format_version"] == 1:  # e_G, a cold group's share of the ceiling, as the excess at this ceiling
-            efficiency = entry.get("efficiency") if isinstance(entry, dict) else None
-            if not (isinstance(efficiency, list) and all(is_number(v) and v > 0 for v in efficiency)):
-                raise _fail(where, f"dtypes.{dtype}.efficiency must list positive numbers, one per G")
-            entry["cold_excess_s_per_byte"] = [max(1 / e - 1, 0.0) / (doc["ceiling_gbps"] * 1e9) for e in efficiency]
-        _check_dtype(where, dtype, entry)
+        _check_dtype(where, dtype, entry, doc["format_version"])
     by_dtype = doc.get("self_check_by_dtype", {})
     if not isinstance(by_dtype, dict) or not set(by_dtype) <= set(dtypes):
         raise _fail(where, "self_check_by_dtype must be an object keyed by the profile's dtypes")

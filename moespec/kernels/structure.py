@@ -11,15 +11,25 @@ ggml's MUL_MAT_ID (moespec.kernels.peers, llama.cpp's CPU backend, on GGUF block
 over the pass groups its rows by expert (ggml-mul_mat_id: the deduplicating kind), and ggml-per-slot runs one node
 per token, each applying its m experts to that one token (the per-slot kind, groups of G = 1 in token-major order);
 each extra node adds fixed time (the graph's node, its threads' barrier, the Python that builds it). Its rates are
-its own, from the same profile (a GGUF format's entry, timed through ggml's entry points).
+its own, from the same profile (a GGUF format's entry, timed through ggml's entry points). ggml also spends fixed time
+per weight row: llama.cpp's ggml/src/ggml-cpu/ggml-cpu.c (ggml_compute_forward_mul_mat_id) hands each expert's rows
+to the threads in chunks of 64 rows (16 once a group has more than one token) claimed from a per-expert atomic
+counter, with no barrier between experts, and ggml_compute_forward_mul_mat_id_one_chunk calls vec_dot once per row
+and token: the call, its block loop's start and horizontal sum, the store of one result and the chunk's claim are
+r(G) seconds per row of a group, not overlapped with the row's stream. So ggml's cold seconds per byte of an expert
+is 1 / C + x(G) + r(G) / (its bytes per row): faster for longer rows, which larger experts have (measured through
+ggml's entry point at G = 1 on q8_0 experts of 0.2-160 MB with rows of 256-12288 weights: ~9 ns per row explains
+each expert's time to within ~6%, where one rate per G misses by up to ~47% and a fixed time per group by ~20%).
+Our native kernels make no call per row (a row task is a tile of rows) and one rate per G fits their experts of
+0.4-126 MB to ~2% in median at G = 1 the same way: r = 0 there.
 
 Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
 
     t = pass_s + node_s (n - 1 for the per-slot kind, else 0)
-        + sum over groups g of [ group_s + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
+        + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(1 / C + x(G), kappa(G))
 
-(node_s is 0 for our native kernels, which run any pass as one call.)
+(b bytes and R weight rows per expert; node_s and r are 0 for our native kernels, which run any pass as one call.)
 
 A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
 memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); kappa(G) is
@@ -27,8 +37,8 @@ the seconds per byte of a group whose weights sit in the cache: the issue rate o
 limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the ceiling no longer
 matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a device profile
 (moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes, none a model's; G
-between the profile's values is interpolated linearly and past its largest extrapolated (kappa on the line through
-its last two values, x at its last value). A per-slot group re-reading an expert finds the share
+between the profile's values is interpolated linearly and past its largest extrapolated (kappa and r, the loop's work,
+on the line through their last two values, x at its last value). A per-slot group re-reading an expert finds the share
 min(1, cache / D) of it in the cache, D the distinct expert bytes read since its expert's previous slot, its own
 included (all of it when they fit; a cyclic re-read of more than the cache still finds part, as the last-level
 cache's replacement is not strict LRU); a first read, and every group of the deduplicating kernel (which reads each
@@ -51,9 +61,10 @@ from moespec.arguments import show
 @dataclass(frozen=True)
 class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
-    from 1) kappa = hot_s_per_byte and the cold loop's excess x = cold_excess_s_per_byte; group_s and pass_s the fixed
-    seconds of a group and of a call; node_s those of each node past the first of a kernel that runs one node per
-    token (ggml-per-slot; 0 where a call is one node)."""
+    from 1) kappa = hot_s_per_byte, the cold loop's excess x = cold_excess_s_per_byte and the fixed seconds per weight
+    row r = row_s (ggml's; empty: none, our kernels); group_s and pass_s the fixed seconds of a group and of a call;
+    node_s those of each node past the first of a kernel that runs one node per token (ggml-per-slot; 0 where a call
+    is one node)."""
 
     G: tuple[int, ...]  # noqa: N815
     hot_s_per_byte: tuple[float, ...]
@@ -61,12 +72,15 @@ class Rates:
     group_s: float
     pass_s: float
     node_s: float = 0.0
+    row_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
             raise ArgumentError(f"G must ascend from 1, got {show(self.G)}")
         if len(self.hot_s_per_byte) != len(self.G) or len(self.cold_excess_s_per_byte) != len(self.G):
             raise ArgumentError("hot_s_per_byte and cold_excess_s_per_byte need one value per G")
+        if self.row_s and (len(self.row_s) != len(self.G) or min(self.row_s) < 0):
+            raise ArgumentError(f"row_s must be empty or hold one value >= 0 per G, got {show(self.row_s)}")
         if min(self.hot_s_per_byte) <= 0 or min(self.cold_excess_s_per_byte) < 0 or self.group_s < 0 \
                 or self.pass_s < 0 or self.node_s < 0:
             raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s and node_s "
@@ -74,26 +88,41 @@ class Rates:
 
     @classmethod
     def from_profile(cls, entry: Mapping[str, Any]) -> Rates:
-        """The rates of one `dtypes` entry of a validated device.json (node_s 0 where the entry has none)."""
+        """The rates of one `dtypes` entry of a validated device.json (node_s 0 and no row_s where the entry has
+        none)."""
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
-                   float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)))
+                   float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
+                   tuple(entry.get("row_s", ())))
+
+    def per_row(self, g: int) -> float:
+        """Fixed seconds per weight row of a group of g tokens (0 without row_s): r(g) interpolated, past the
+        profile's G on the line through its last two values."""
+        _check_tokens(g)
+        return _on_grid(self.G, self.row_s, g) if self.row_s else 0.0
 
     def per_byte(self, g: int, ceiling_gbps: float, cold: bool = True) -> float:
         """Seconds per weight byte of a group of g tokens: max(1 / C + x(g), kappa(g)) when it reads from memory at a
         ceiling of C = ceiling_gbps GB/s, kappa(g) when the cache serves it."""
-        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
-            raise ArgumentError(f"g must be a whole number of tokens >= 1, got {show(g)}")
+        _check_tokens(g)
         if not ceiling_gbps > 0:
             raise ArgumentError(f"ceiling_gbps must be positive, got {show(ceiling_gbps)}")
-        grid = np.asarray(self.G, dtype=float)
-        if g <= self.G[-1]:
-            kappa = float(np.interp(g, grid, self.hot_s_per_byte))
-            excess = float(np.interp(g, grid, self.cold_excess_s_per_byte))
-        else:  # past the profile: the inner loop's time grows on the line of its last two G, the excess stays
-            k = self.hot_s_per_byte
-            slope = (k[-1] - k[-2]) / (self.G[-1] - self.G[-2]) if len(k) > 1 else 0.0
-            kappa, excess = k[-1] + max(slope, 0.0) * (g - self.G[-1]), self.cold_excess_s_per_byte[-1]
+        kappa = _on_grid(self.G, self.hot_s_per_byte, g)
+        excess = float(np.interp(g, self.G, self.cold_excess_s_per_byte))  # past the grid: its last value
         return max(1.0 / (ceiling_gbps * 1e9) + excess, kappa) if cold else kappa
+
+
+def _check_tokens(g: int) -> None:
+    if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
+        raise ArgumentError(f"g must be a whole number of tokens >= 1, got {show(g)}")
+
+
+def _on_grid(grid: Sequence[int], values: Sequence[float], g: int) -> float:
+    """The inner loop's work at g tokens: interpolated on the profile's G, past its largest on the line through its
+    last two values (never falling)."""
+    if g <= grid[-1]:
+        return float(np.interp(g, grid, values))
+    slope = (values[-1] - values[-2]) / (grid[-1] - grid[-2]) if len(values) > 1 else 0.0
+    return values[-1] + max(slope, 0.0) * (g - grid[-1])
 
 
 def groups(kind: str, ids: np.ndarray) -> list[tuple[int, int]]:
@@ -126,14 +155,17 @@ def hit_share(order: Sequence[tuple[int, int]], expert_bytes: float, cache_bytes
     return out
 
 
-def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, ceiling_gbps: float,
+def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, expert_rows: int, ceiling_gbps: float,
               cache_bytes: float) -> float:
     """Predicted seconds of one pass of the expert operation (the module docstring): kernel kind 'slot' or 'dedup',
-    ids [n, m], b = expert_bytes per expert, at a streaming ceiling of ceiling_gbps GB/s."""
+    ids [n, m], b = expert_bytes and R = expert_rows weight rows per expert, at a streaming ceiling of ceiling_gbps
+    GB/s."""
+    if isinstance(expert_rows, bool) or not isinstance(expert_rows, (int, np.integer)) or expert_rows < 1:
+        raise ArgumentError(f"expert_rows must be a whole number >= 1, got {show(expert_rows)}")
     order = groups(kind, ids)
     hot = hit_share(order, expert_bytes, cache_bytes)
     nodes = len(ids) - 1 if kind == "slot" else 0
     return rates.pass_s + rates.node_s * nodes + sum(
-        rates.group_s + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps)
-                                        + h * rates.per_byte(g, ceiling_gbps, cold=False))
+        rates.group_s + expert_rows * rates.per_row(g)
+        + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps) + h * rates.per_byte(g, ceiling_gbps, cold=False))
         for (_, g), h in zip(order, hot))

@@ -13,7 +13,11 @@ checks them against every preset and the trained pair):
   HOT_EXPERTS experts of ~4 MB each, which the cache keeps (two, so the threads' row tasks overlap across groups as
   in a real pass). kappa_G is the hot seconds per byte; the cold loop's excess x_G the median over cold calls of
   their seconds per byte less 1 / C, C the ceiling sampled right after each, so the drift of a shared host's
-  bandwidth between calls is taken out call by call.
+  bandwidth between calls is taken out call by call. ggml's pair spends fixed time per weight row
+  (moespec.kernels.structure), so a GGUF format is timed on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with
+  rows of 384-12800 weights, and per G its cold seconds per byte less 1 / C (each shape's median over its calls) is
+  fitted as x_G + r_G / (bytes per row), least squares over the shapes, neither below 0: r_G (row_s) the fixed
+  seconds per row, subtracted before kappa too.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
   fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
   ggml's pair adds its dedup kernel at the same passes and its per-slot kernel at 1, 2 and 4 tokens of 8 slots, so
@@ -38,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
 from moespec.defaults import BENCH_DTYPES, KERNELS, QUANTIZED, REPS_LIMIT
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, DeviceProfile
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
@@ -60,6 +64,13 @@ from moespec.kernels.structure import Rates, pass_time
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
+# A GGUF format's (ggml's pair) rate shapes: its per-row time needs rows of many lengths, so experts of ~0.5 to
+# ~170 MB in q8_0 (rows of 384 to 12800 weights; two of the same bytes with the long rows in gate/up or in down)
+GGUF_RATE_SHAPES = ((384, 384), (832, 832), (1600, 1600), (3840, 640), (640, 3840), (2688, 2688), (4352, 4352),
+                    (4224, 12800))
+# Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
+# per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
+FIT_PASSES = 10
 # Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
 # MB measured partly from memory here)
 HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
@@ -147,6 +158,11 @@ class Weights:
     def expert_bytes(self) -> int:
         return self.bytes_of(self.d, self.f, self.dtype)
 
+    @property
+    def rows(self) -> int:
+        """Weight rows of one expert: 2f gate and up rows and d down rows."""
+        return 2 * self.f + self.d
+
     def call(self, kernel: str, ids: np.ndarray, threads: int | None) -> Callable[[], object]:
         """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once: in the weights' dtype, fp32
         for GGUF blocks, as the bench draws them)."""
@@ -178,18 +194,24 @@ def _overhead_passes(dtype: str) -> list[tuple[str, int, int]]:
     return passes
 
 
+def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
+    """The cold rate passes' shapes of a dtype: GGUF_RATE_SHAPES for a GGUF format (ggml's per-row time needs
+    rows of many lengths), RATE_SHAPES for our kernels."""
+    return GGUF_RATE_SHAPES if dtype in QUANTIZED else RATE_SHAPES
+
+
 def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], dict[str, Any]]:
-    """Every timed call of one dtype (through the kernels of its pair, pair_of), and the bytes of the experts behind
-    each key."""
-    pair = pair_of(dtype)
+    """Every timed call of one dtype (through the kernels of its pair, pair_of), and the bytes and rows of the
+    experts behind each key."""
+    pair, shapes = pair_of(dtype), rate_shapes(dtype)
     items, info = [], {}
-    for d, f in RATE_SHAPES:
+    for d, f in shapes:
         cold_e = max(1, round(COLD_BYTES / Weights.bytes_of(d, f, dtype)))
         w = Weights.draw(d, f, cold_e, dtype)
         for g in G_VALUES:
             items.append(Item(("cold", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), threads)))
-            info[("cold", d, f, g)] = (w.expert_bytes, cold_e)
-        if scaling and (d, f) == RATE_SHAPES[0]:
+            info[("cold", d, f, g)] = (w.expert_bytes, w.rows, cold_e)
+        if scaling and (d, f) == shapes[0]:
             for g in THREAD_SCALING_G:
                 items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), 1)))
     for d, f in HOT_SHAPES:
@@ -197,7 +219,7 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
         for g in G_VALUES:
             items.append(Item(("hot", d, f, g), w.call(pair["dedup"], _same_experts(g, HOT_EXPERTS), threads),
                               cold=False))
-            info[("hot", d, f, g)] = (w.expert_bytes, HOT_EXPERTS)
+            info[("hot", d, f, g)] = (w.expert_bytes, w.rows, HOT_EXPERTS)
     w = Weights.draw(*OVERHEAD_SHAPE, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), dtype)
     for kind, tokens, m in _overhead_passes(dtype):  # distinct experts in every slot: groups = tokens m
         ids = np.arange(tokens * m, dtype=np.int64).reshape(tokens, m)
@@ -205,7 +227,7 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
             key = ("overhead", kind, tokens, m, "cold" if cold else "hot")
             items.append(Item(key, w.call(pair[kind], ids, threads), cold=cold))
             nodes = tokens if kind == "slot" and dtype in QUANTIZED else 1  # ggml-per-slot: a node per token
-            info[key] = (w.expert_bytes, (tokens * m, nodes))
+            info[key] = (w.expert_bytes, w.rows, (tokens * m, nodes))
     w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype)
     rng = np.random.default_rng(SEED)
     for n in CHECK_N:
@@ -214,7 +236,7 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
             ids = chosen_ids(n, CHECK_SLOTS, CHECK_EXPERTS, u, rng)
             for kind in KERNELS:
                 items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads)))
-                info[("check", kind, n, u)] = (w.expert_bytes, ids)
+                info[("check", kind, n, u)] = (w.expert_bytes, w.rows, ids)
     return items, info
 
 
@@ -240,17 +262,20 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str]
 
 
 def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], state: str,
-           per_byte: Callable[[float], float]) -> tuple[float, float, float]:
+           rates: Rates) -> tuple[float, float, float]:
     """(pass_s, group_s, node_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after the
-    same call): least squares of the time left after the groups' bytes (per_byte(ceiling) seconds each) on the group
-    count and the nodes past the first (node_s 0 where every pass is one node: our kernels)."""
+    same call): least squares of the time left after the groups' bytes and rows (rates at G = 1, cold at each call's
+    ceiling or hot) on the group count and the nodes past the first (node_s 0 where every pass is one node: our
+    kernels)."""
     rows, left = [], []
-    for k, (b, groups) in info.items():
+    cold = state == "cold"
+    for k, (b, r, groups) in info.items():
         if k[0] == "overhead" and k[-1] == state:
             (count, nodes), item = groups, by_key[k]
             ceilings = item.ceilings or [1.0] * len(item.seconds)  # a hot call reads no memory: no ceiling
             rows.append([1.0, count, nodes - 1])
-            left.append(np.median([t - count * b * per_byte(c) for t, c in zip(item.seconds, ceilings)]))
+            left.append(np.median([t - count * (b * rates.per_byte(1, c, cold) + r * rates.per_row(1))
+                                   for t, c in zip(item.seconds, ceilings)]))
     design = np.array(rows)
     if not design[:, 2].any():
         design = design[:, :2]
@@ -259,24 +284,47 @@ def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]
     return max(float(pass_s), 0.0), max(float(group_s), 0.0), max(float(node_s), 0.0)
 
 
-def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]) -> Rates:
-    """kappa_G, x_G and the cold pass_s and group_s (module docstring). A hot call has fixed costs of its own (its
-    threads are awake and its code cached), taken from the hot overhead passes and subtracted before kappa; the
-    fixed costs and the rates depend on each other only through small corrections, so three passes of each given
-    the other settle them."""
-    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), (0.0,) * len(G_VALUES), 0.0, 0.0)
-    for _ in range(3):
-        hot_pass, hot_group, _ = _fixed(by_key, info, "hot", lambda c: rates.per_byte(1, c, cold=False))
-        pass_s, group_s, node_s = _fixed(by_key, info, "cold", lambda c: rates.per_byte(1, c))
-        kappa, excess = [], []
+def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(x, r) of y = x + r u, least squares over points (u, y): u a shape's rows per byte, y its cold seconds per
+    byte less 1 / C; neither below 0 (r 0 and x the median of y where the line falls, x 0 and r through the origin
+    where it would start below 0)."""
+    u, y = (np.array(v, dtype=float) for v in zip(*points))
+    if len(points) < 2 or np.ptp(u) == 0:
+        raise ArgumentError(f"a per-row time needs shapes of two or more row lengths, got {len(set(u))}")
+    r, x = np.polyfit(u, y, 1)
+    if r < 0:
+        return max(float(np.median(y)), 0.0), 0.0
+    if x < 0:
+        return 0.0, max(float(u @ y / (u @ u)), 0.0)
+    return float(x), float(r)
+
+
+def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], per_row: bool) -> Rates:
+    """kappa_G, x_G, r_G where per_row (a GGUF format: ggml's pair) and the cold pass_s and group_s (module
+    docstring). A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the
+    hot overhead passes and subtracted before kappa; the fixed costs and the rates depend on each other only through
+    small corrections, so alternating passes settle them (FIT_PASSES)."""
+    zeros = (0.0,) * len(G_VALUES)
+    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
+    for _ in range(FIT_PASSES):
+        hot_pass, hot_group, _ = _fixed(by_key, info, "hot", rates)
+        pass_s, group_s, node_s = _fixed(by_key, info, "cold", rates)
+        kappa, excess, row = [], [], []
         for g in G_VALUES:
-            hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group) / (b * e)
-                   for k, (b, e) in info.items() if k[0] == "hot" and k[3] == g]
+            cold = {k: [(t - pass_s - e * group_s) / (b * e) - 1 / (c * 1e9)
+                        for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
+                    for k, (b, _, e) in info.items() if k[0] == "cold" and k[3] == g}
+            if per_row:
+                x, r = excess_and_row([(info[k][1] / info[k][0], float(np.median(v))) for k, v in cold.items()])
+            else:
+                x, r = max(float(np.median([y for v in cold.values() for y in v])), 0.0), 0.0
+            hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group - e * rows * r) / (b * e)
+                   for k, (b, rows, e) in info.items() if k[0] == "hot" and k[3] == g]
             kappa.append(max(float(np.median(hot)), 1e-15))
-            cold = [(t - pass_s - e * group_s) / (b * e) - 1 / (c * 1e9) for k, (b, e) in info.items()
-                    if k[0] == "cold" and k[3] == g for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
-            excess.append(max(float(np.median(cold)), 0.0))
-        rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s, node_s)
+            excess.append(x)
+            row.append(r)
+        rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
+                      tuple(row) if per_row else ())
     return rates
 
 
@@ -285,13 +333,13 @@ def _self_check(rates: Rates, by_key: dict[tuple[Any, ...], Item], info: dict[tu
     """Per kernel: median and largest relative error of the model on the check passes, each predicted at the median
     ceiling of its own calls; and every pass's numbers."""
     rows = []
-    for k, (b, ids) in info.items():
+    for k, (b, expert_rows, ids) in info.items():
         if k[0] == "check":
             item = by_key[k]
             ceiling = float(np.median(item.ceilings))
             rows.append({"kernel": k[1], "n": k[2], "U": k[3], "ceiling_gbps": ceiling,
                          "measured_s": float(np.median(item.seconds)),
-                         "predicted_s": pass_time(rates, k[1], ids, b, ceiling, cache_bytes)})
+                         "predicted_s": pass_time(rates, k[1], ids, b, expert_rows, ceiling, cache_bytes)})
     out: dict[str, Any] = {"passes": rows}
     for kernel in KERNELS:
         errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows if r["kernel"] == kernel]
@@ -341,16 +389,19 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         _time_rounds(items, config.reps, timer, say)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
-        rates = _fit_rates(by_key, info)
+        rates = _fit_rates(by_key, info, per_row=dtype in QUANTIZED)
         peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
         doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
                              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
                              "pass_s": rates.pass_s, "node_s": rates.node_s, "matmul_peak_gflops": peak}
+        if rates.row_s:
+            doc_dtypes[dtype]["row_s"] = list(rates.row_s)
         checks[dtype] = _self_check(rates, by_key, info, cache)
         if i == 0:
+            first = rate_shapes(dtype)[0]
             scaling = {"G": list(THREAD_SCALING_G), "speedup": [
-                float(np.median(by_key["threads_1", *RATE_SHAPES[0], g].seconds)
-                      / np.median(by_key["cold", *RATE_SHAPES[0], g].seconds)) for g in THREAD_SCALING_G]}
+                float(np.median(by_key["threads_1", *first, g].seconds)
+                      / np.median(by_key["cold", *first, g].seconds)) for g in THREAD_SCALING_G]}
     scaling["ceiling_gbps"] = median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]
     stream = _stream_chunks(timer, config.reps)
     after = timer.ceiling()
@@ -359,7 +410,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
            "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
            "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],
            "cache_bytes": cache, "stream_read": stream, "threads_1": scaling, "dtypes": doc_dtypes,
-           "shapes": {"rates": [list(s) for s in RATE_SHAPES], "hot": [list(s) for s in HOT_SHAPES],
+           "shapes": {"rates": {dtype: [list(s) for s in rate_shapes(dtype)] for dtype in config.dtypes},
+                      "hot": [list(s) for s in HOT_SHAPES],
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
            "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
                                                                                              "passes")}

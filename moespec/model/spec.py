@@ -233,6 +233,11 @@ class ModelSpec:
             raise MoespecError(f"model {self.name}: MoE layer {layer} outside 0..{self.L - 1}")
         return self._ffn_bytes(self.expert_width, self.moe_layers[layer], fmt, bias=self.expert_bias)
 
+    @property
+    def expert_rows(self) -> int:
+        """Weight rows of one routed expert: its gate and up rows (f each, or up alone) and its d down rows."""
+        return (2 if self.gated else 1) * self.expert_width + self.hidden
+
     def W(self, fmt: str) -> int:  # noqa: N802 - the paper's symbol
         """W = sum over MoE layers of w_l."""
         return sum(self.expert_bytes(layer, fmt) for layer in range(self.L))

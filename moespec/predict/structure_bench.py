@@ -64,13 +64,14 @@ def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
 
 
 def predicted_units(rates: Rates, kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
-                    b: dict[int, float], ceiling_gbps: dict[int, float],
+                    b: dict[int, float], rows: int, ceiling_gbps: dict[int, float],
                     cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
     """The bench's units (moespec.measure.bench.unit_record) with each pass's predicted time in place of its timed
-    rounds: one sample per pass and kernel (kinds: name -> slot or dedup; IQR 0), each (layer, n) at the ceiling
-    ceiling_gbps[n]."""
+    rounds: one sample per pass and kernel (kinds: name -> slot or dedup; IQR 0), experts of b[layer] bytes and
+    `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n]."""
     return {(layer, n): unit_record(layer, n, list(kinds), passes,
-                                    [{k: [pass_time(rates, kind, p.ids, b[layer], ceiling_gbps[n], cache_bytes)]
+                                    [{k: [pass_time(rates, kind, p.ids, b[layer], rows, ceiling_gbps[n],
+                                                    cache_bytes)]
                                       for k, kind in kinds.items()} for p in passes], [ceiling_gbps[n]])
             for (layer, n), passes in plan.items()}
 
@@ -99,7 +100,8 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
     rates = Rates.from_profile(profile["dtypes"][config.dtype])
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
-    units = predicted_units(rates, kinds, plan, b, dict.fromkeys(ns, ceiling), profile["cache_bytes"])
+    units = predicted_units(rates, kinds, plan, b, spec.expert_rows, dict.fromkeys(ns, ceiling),
+                            profile["cache_bytes"])
     device_keys = {"device": profile["device"], "device_kind": profile["device_kind"],
                    "ceiling_kind": profile["ceiling_kind"], "ceiling_gbps": ceiling, "ceiling_iqr_gbps": 0.0,
                    "ceiling_before_after_gbps": [ceiling, ceiling],
