@@ -10,8 +10,8 @@ measured bench's ceiling), the crossover and k_hat*(a) of `moespec plan` side by
 
 Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
 a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
-    flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py profile
-    flock /work/scratch/s32/cpu.lock .venv/bin/python benchmarks/structure_model.py model olmoe-1b-7b   # each MODEL
+    .venv/bin/python benchmarks/structure_model.py profile
+    .venv/bin/python benchmarks/structure_model.py model olmoe-1b-7b   # each MODEL
     .venv/bin/python benchmarks/structure_model.py table
 `--dtype q8_0` (or q4_0) measures and predicts ggml's pair (ggml-per-slot, ggml-mul_mat_id: what a bench of a GGUF
 format times) from a profile of that format (`profile --dtypes q8_0,q4_0 --profile FILE`), into MODEL/q8_0/;

@@ -110,6 +110,7 @@ AD = "adaptive-draft/"
 STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "pair",
                     "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
 STRUCTURE_GGUF = {"q8_0": STRUCTURE_MODELS, "q4_0": ("olmoe-1b-7b", "heldout-1536x512")}  # validated GGUF formats
+STRUCTURE_GGUF_B8 = ("olmoe-1b-7b", "qwen3-30b-a3b", "heldout-1536x512")  # q8_0 also at passes of 8..72 tokens
 ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
@@ -155,13 +156,17 @@ ENTRIES: dict[str, Entry] = {
        for m in STRUCTURE_MODELS},
     **{f"structure-model/log-{m}.txt": Entry(f"console output of the {m} step",
                                              source=f"structure-model/{m}/errors.json") for m in STRUCTURE_MODELS},
-    # the same for ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF formats, n = 1..9
+    # the same for ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF formats, n = 1..9 (and B = 8)
     "structure-model/device-ggml.json": Entry("the device profile of ggml's pair at q8_0 and q4_0 (moespec profile "
                                               "--dtypes q8_0,q4_0, synthetic shapes only) the GGUF predictions use"),
     **{f"structure-model/{m}/{dt}/{kind}-B1.json": Entry(
         f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m} "
         f"in {dt}, ggml's pair, MoE layer 0, n = 1..9")
        for dt, models in STRUCTURE_GGUF.items() for m in models for kind in ("bench", "predicted")},
+    **{f"structure-model/{m}/q8_0/{kind}-B8.json": Entry(
+        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m} "
+        f"in q8_0, ggml's pair, MoE layer 0, passes of 8 windows x n tokens")
+       for m in STRUCTURE_GGUF_B8 for kind in ("bench", "predicted")},
     **{f"structure-model/{m}/{dt}/errors.json": Entry(f"{m} in {dt}, ggml's pair: every pass measured and predicted, "
                                                       f"the error per n")
        for dt, models in STRUCTURE_GGUF.items() for m in models},
