@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from cli_cases import one_line, refused, run_cli
 
-from moespec import ArgumentError
+from moespec import ArgumentError, cli
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
 from moespec.kernels.peers import GGML_PEERS
 from moespec.measure.contention import default_threads
 from moespec.measure.timing import device_name
+from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, groups, hit_share, pass_time
 from moespec.routing.synth import synthesize
 
@@ -233,6 +234,31 @@ def test_refusals(tmp_path: Path, capsys, olmoe_trace: Path, doc: dict, extra: l
     err = refused([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", tmp_path / "b.json", *extra],
                   capsys, tmp_path)
     one_line(err, *words)
+
+
+def test_profile_checks_flag_a_moving_host(tmp_path: Path) -> None:
+    """A quiet profile has no warning; a ceiling that moved while it ran, or a self-check past the limit (of the
+    format asked for), one line each naming the file, the last saying what to do."""
+    quiet = load_profile(write(tmp_path / "quiet.json", ggml_doc(ceiling_before_after_gbps=[48.0, 53.0])))
+    assert profile_checks(quiet, "quiet.json") == []
+    moved = load_profile(write(tmp_path / "moved.json", profile_doc(ceiling_before_after_gbps=[35.0, 51.0])))
+    [line] = profile_checks(moved, "moved.json")
+    assert line.startswith("moved.json: the streaming read moved") and "(50.0 GB/s during its calls, before 35.0 " \
+        "GB/s)" in line and "after" not in line and "moespec profile" in line
+    doc = ggml_doc()
+    doc["self_check_by_dtype"]["q8_0"]["slot"]["max"] = 0.6
+    bad = load_profile(write(tmp_path / "bad.json", doc))
+    [line] = profile_checks(bad, "bad.json", "q8_0")
+    assert "misses by up to 60% at q8_0 (over 25%)" in line and "quieter machine" in line
+    assert profile_checks(bad, "bad.json", "bf16") == [] and len(profile_checks(bad, "bad.json")) == 1
+
+
+def test_predict_prints_the_profile_warning(tmp_path: Path, capsys, olmoe_trace: Path) -> None:
+    doc = profile_doc(ceiling_before_after_gbps=[30.0, 31.0])
+    profile = write(tmp_path / "device.json", doc)
+    assert cli.main([str(a) for a in [*PREDICT, "--trace", olmoe_trace, "--predict", profile,
+                                      "--out", tmp_path / "b.json"]]) == 0
+    assert "warning: " + str(profile) + ": the streaming read moved" in " ".join(capsys.readouterr().out.split())
 
 
 def test_refusals_of_files_and_flags(tmp_path: Path, capsys, olmoe_trace: Path) -> None:

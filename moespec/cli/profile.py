@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.text import Text
+
 from moespec.cli.args import bounded
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
+from moespec.predict.checks import profile_checks
 
 OUTPUTS = ("--out",)  # the path flags kept apart before any work (moespec.cli.args.check_paths)
 
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     check = profile["self_check"]
     out.print("self-check on the check shape: " + "; ".join(
         f"{k} median {v['median']:.1%}, max {v['max']:.1%} over {v['passes']} passes" for k, v in check.items()))
+    for line in profile_checks(profile, args.out):
+        out.print(Text.assemble(("warning: ", "bold red"), line))
     out.print(f"wrote {args.out} in {profile['elapsed_s']:.0f} s (ceiling {profile['ceiling_gbps']:.1f} GB/s)")
     print(json.dumps({"device": profile["device"], "threads": profile["threads"], "dtypes": profile.dtypes,
                       "ceiling_gbps": round(profile.ceiling_gbps, 2), "self_check": check, "out": args.out}))
