@@ -157,6 +157,10 @@ ENTRIES: dict[str, Entry] = {
     **{f"structure-model/log-{m}.txt": Entry(f"console output of the {m} step",
                                              source=f"structure-model/{m}/errors.json") for m in STRUCTURE_MODELS},
     # the same for ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF formats, n = 1..9 (and B = 8)
+    "structure-model/stream-share.json": Entry("how much of a cold one-token pass follows the streaming read: t/b = x + "
+                                               "s/C over calls spanning host states; ours s 0.81, ggml's q8_0 0.46"),
+    "structure-model/stream-share.txt": Entry("console output of stream-share.json",
+                                              source="structure-model/stream-share.json"),
     "structure-model/device-ggml.json": Entry("the device profile of ggml's pair at q8_0 and q4_0 (moespec profile "
                                               "--dtypes q8_0,q4_0, synthetic shapes only) the GGUF predictions use"),
     **{f"structure-model/{m}/{dt}/{kind}-B1.json": Entry(
