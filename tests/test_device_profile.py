@@ -100,6 +100,61 @@ def test_excess_and_row_exact() -> None:
         device_profile.excess_and_row([(1e-3, 1e-11), (1e-3, 2e-11)])
 
 
+def test_stream_fit_exact() -> None:
+    """y = x + s / C + r u over calls that met two host states gives back x, s and r; one state, or s outside
+    [0, 1], fixes s at 1 or its bound and fits the rest."""
+    ceilings, shapes_u = (30.0, 40.0, 55.0), (1e-3, 2e-3, 4e-3)
+    calls = lambda x, s, r, u: [(x + s / (c * 1e9) + r * u, 1 / (c * 1e9)) for c in ceilings]  # noqa: E731
+    shapes = [(u, calls(8e-12, 0.4, 9e-9, u)) for u in shapes_u]
+    assert device_profile.stream_fit(shapes, per_row=True) == pytest.approx((8e-12, 0.4, 9e-9), rel=1e-6)
+    ours = [(u, calls(3e-12, 0.8, 0.0, u)) for u in shapes_u]
+    assert device_profile.stream_fit(ours, per_row=False) == pytest.approx((3e-12, 0.8, 0.0), rel=1e-6)
+    one_state = [(u, [(2e-11 + 1 / 50e9 * s, 1 / 50e9) for s in (0.9, 1.0, 1.1)]) for u in shapes_u]
+    x, share, r = device_profile.stream_fit(one_state, per_row=False)
+    assert share == 1.0 and x == pytest.approx(2e-11) and r == 0.0
+    steep = [(u, calls(1e-12, 1.6, 0.0, u)) for u in shapes_u]
+    assert device_profile.stream_fit(steep, per_row=False)[1] == 1.0
+    flat = [(u, calls(3e-11, -0.5, 0.0, u)) for u in shapes_u]
+    assert device_profile.stream_fit(flat, per_row=False)[1] == 0.0
+
+
+def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our kernels' cold calls timed as the model says with s = 0.6, at ceilings of two host states, and the
+    overhead and hot passes: the fit gives back s, x and kappa."""
+    monkeypatch.setattr(device_profile, "G_VALUES", (1, 2))
+    x, share, kappa, pass_s, group_s = {1: 2e-11, 2: 3e-11}, {1: 0.6, 2: 0.5}, {1: 1e-11, 2: 1.5e-11}, 1e-4, 5e-7
+    by_key, info = {}, {}
+    for d, f in device_profile.RATE_SHAPES:
+        b, e = device_profile.Weights.bytes_of(d, f, "bf16"), 4
+        for g in (1, 2):
+            ceilings = [32.0, 36.0, 52.0, 55.0]
+            seconds = [pass_s + e * (group_s + b * max(share[g] / (c * 1e9) + x[g], 1 / (c * 1e9), kappa[g]))
+                       for c in ceilings]
+            by_key[("cold", d, f, g)] = device_profile.Item(("cold", d, f, g), lambda: None, seconds=seconds,
+                                                            ceilings=ceilings)
+            info[("cold", d, f, g)] = (b, 2 * f + d, e)
+    for d, f in device_profile.HOT_SHAPES:
+        b = device_profile.Weights.bytes_of(d, f, "bf16")
+        for g in (1, 2):
+            by_key[("hot", d, f, g)] = device_profile.Item(("hot", d, f, g), lambda: None, cold=False,
+                                                           seconds=[pass_s + 2 * (group_s + b * kappa[g])] * 3)
+            info[("hot", d, f, g)] = (b, 2 * f + d, 2)
+    b = device_profile.Weights.bytes_of(64, 64, "bf16")
+    for kind, tokens, m in device_profile._overhead_passes("bf16"):
+        groups = tokens * m
+        for state, c in (("cold", 40.0), ("hot", None)):
+            per = max(share[1] / (c * 1e9) + x[1], 1 / (c * 1e9), kappa[1]) if c else kappa[1]
+            key = ("overhead", kind, tokens, m, state)
+            by_key[key] = device_profile.Item(key, lambda: None, cold=c is not None,
+                                              seconds=[pass_s + groups * (group_s + b * per)],
+                                              ceilings=[c] if c else None)
+            info[key] = (b, 192, (groups, 1))
+    rates = device_profile._fit_rates(by_key, info, per_row=False)
+    assert rates.stream_share == pytest.approx((share[1], share[2]), rel=1e-3)
+    assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
+    assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
+
+
 def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rate, hot and overhead passes timed as the model says (ggml's: with a per-row time) give back its x_G, r_G,
     kappa_G and fixed costs (to the fixed point of the alternating fit)."""

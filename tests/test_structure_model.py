@@ -81,6 +81,17 @@ def test_pass_time_of_ggml_pair_exact() -> None:
         2e-4 + 2 * (2e-6 + row1 + b * cold1))  # one node
 
 
+def test_stream_share_in_the_cold_rate_exact() -> None:
+    """cold = max(s / C + x, 1 / C, kappa), s interpolated on G (its last value past the grid), 1 where absent."""
+    rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (3e-11, 4e-11, 5e-11), 0.0, 0.0, stream_share=(0.5, 0.7, 0.9))
+    assert rates.per_byte(1, 25.0) == pytest.approx(0.5 / 25e9 + 3e-11)
+    assert rates.per_byte(3, 25.0) == pytest.approx(0.8 / 25e9 + 4.5e-11)
+    assert rates.per_byte(8, 400.0) == pytest.approx(8e-11)  # kappa on its last line past the grid, over the stream
+    fast = Rates((1,), (1e-12,), (0.0,), 0.0, 0.0, stream_share=(0.2,))
+    assert fast.per_byte(1, 50.0) == pytest.approx(1 / 50e9)  # never faster than the stream itself
+    assert RATES.per_byte(1, 50.0) == pytest.approx(1 / 50e9 + 5e-12)  # no stream_share: all of the stream
+
+
 def test_per_row_interpolated_and_past_the_grid() -> None:
     """r(G) on the profile's G as kappa is: linear between, on the line of the last two past the grid; none: 0."""
     rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (0.0,) * 3, 0.0, 0.0, row_s=(1e-8, 2e-8, 3e-8))
@@ -95,6 +106,8 @@ def test_per_row_interpolated_and_past_the_grid() -> None:
     lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 1.0, 0, 50, 0), lambda: RATES.per_row(0),
     lambda: Rates((1, 2), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0, row_s=(1e-9,)),
     lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, row_s=(-1e-9,)),
+    lambda: Rates((1, 2), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0, stream_share=(0.5,)),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, stream_share=(1.5,)),
     lambda: hit_share([(0, 1)], 1.0, -1.0), lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0),
     lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
     lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6)])
@@ -224,6 +237,10 @@ def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_
     (ggml_doc(dtypes={"q8_0": Q8_0}), ["--dtype", "q8_0"], ["q8_0.row_s"]),
     (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S[:4]}}), ["--dtype", "q8_0"], ["row_s", "5 numbers"]),
     (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": [-1.0] * 5}}), ["--dtype", "q8_0"], ["row_s", ">= 0"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S, "stream_share": [0.5] * 4}}), ["--dtype", "q8_0"],
+     ["stream_share", "5 numbers in [0, 1]"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S, "stream_share": [1.2] * 5}}), ["--dtype", "q8_0"],
+     ["stream_share"]),
     (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"cold_excess_s_per_byte": [-1.0] * 5}}), [],
      ["cold_excess_s_per_byte"]),
     (profile_doc(format_version=7), [], ["version"]),

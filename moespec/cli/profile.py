@@ -12,6 +12,7 @@ from rich.text import Text
 from moespec.cli.args import bounded
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
+from moespec.kernels.structure import Rates
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
 from moespec.predict.checks import profile_checks
 
@@ -37,11 +38,13 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
+        rates = Rates.from_profile(entry)
         out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group, "
                   f"{entry.get('node_s', 0.0) * 1e6:.1f} us a node past the first; per G (tokens per expert) cold "
-                  f"GB/s at the ceiling, hot GB/s: " +
-                  ", ".join(f"{g}: {1e-9 / (1e-9 / profile.ceiling_gbps + x):.0f}, {1e-9 / k:.0f}"
-                            for g, x, k in zip(entry["G"], entry["cold_excess_s_per_byte"], entry["hot_s_per_byte"])))
+                  f"GB/s at the ceiling, hot GB/s, the stream's share s: " +
+                  ", ".join(f"{g}: {1e-9 / rates.per_byte(g, profile.ceiling_gbps):.0f}, {1e-9 / k:.0f}, {s:.2f}"
+                            for g, k, s in zip(rates.G, rates.hot_s_per_byte,
+                                               rates.stream_share or (1.0,) * len(rates.G))))
     stream = profile["stream_read"]
     out.print("cold streaming read by chunk: " + ", ".join(
         f"{c >> 10} KiB {v:.1f} GB/s" for c, v in zip(stream["chunk_bytes"], stream["gbps"])))

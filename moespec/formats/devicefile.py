@@ -15,19 +15,22 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     read (a ~1 MiB row task, its neighbours), on all threads
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
-  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, group_s, pass_s, node_s, matmul_peak_gflops}}
+  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, group_s, pass_s, node_s,
+          matmul_peak_gflops}}
            per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
            q8_0, q4_0 from ggml's pair (ggml-per-slot, ggml-mul_mat_id: the kernels that run GGUF blocks,
            moespec.kernels.peers.ggml_quantized):
            G [1, 2, ..]             tokens per group (one expert applied to G tokens), ascending from 1
            hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
-           cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less 1 / the ceiling sampled right
-                                    after it (median), so a cold group takes max(1 / ceiling + x_G, kappa_G) per byte
-                                    (moespec.kernels.structure)
+           cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less s_G / the ceiling sampled
+                                    right after it (median) (moespec.kernels.structure)
            row_s [..]               r_G >= 0: the fixed seconds per weight row of a group (ggml's vec_dot call per
                                     row and token), fitted with x_G over rate shapes of many row lengths; required of
                                     a GGUF format from version 3, absent for our kernels (no per-row cost) and in
                                     version 2 (read as none, the model of that version)
+           stream_share [..]        s_G in [0, 1]: the share of the stream's time 1 / C a cold group's time follows
+                                    (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
+                                    calls met more than one state of the host, else 1; optional (absent: 1)
            group_s, pass_s          the fixed seconds of one group and of one call
            node_s                   the fixed seconds of each node past the first of a call that runs one node per
                                     token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
@@ -80,6 +83,11 @@ def _check_dtype(where: str, dtype: str, entry: Any, version: int) -> None:
         values = entry.get("row_s")
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and v >= 0 for v in values)):
             raise _fail(where, f"dtypes.{dtype}.row_s must list {len(g)} numbers >= 0, one per G")
+    if "stream_share" in entry:
+        values = entry["stream_share"]
+        if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and 0 <= v <= 1
+                                                                           for v in values)):
+            raise _fail(where, f"dtypes.{dtype}.stream_share must list {len(g)} numbers in [0, 1], one per G")
     for key in ("group_s", "pass_s", *(("node_s",) if dtype in QUANTIZED or "node_s" in entry else ())):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")

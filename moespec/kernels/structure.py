@@ -27,23 +27,26 @@ Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per gr
 
     t = pass_s + node_s (n - 1 for the per-slot kind, else 0)
         + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
-    cold(G) = max(1 / C + x(G), kappa(G))
+    cold(G) = max(s(G) / C + x(G), 1 / C, kappa(G))
 
 (b bytes and R weight rows per expert; node_s and r are 0 for our native kernels, which run any pass as one call.)
 
 A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
-memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); kappa(G) is
-the seconds per byte of a group whose weights sit in the cache: the issue rate of the inner loop at G tokens, its
-limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the ceiling no longer
-matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a device profile
-(moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes, none a model's; G
-between the profile's values is interpolated linearly and past its largest extrapolated (kappa and r, the loop's work,
-on the line through their last two values, x at its last value). A per-slot group re-reading an expert finds the share
-min(1, cache / D) of it in the cache, D the distinct expert bytes read since its expert's previous slot, its own
-included (all of it when they fit; a cyclic re-read of more than the cache still finds part, as the last-level
-cache's replacement is not strict LRU); a first read, and every group of the deduplicating kernel (which reads each
-expert once), is cold. The ceiling C is a device measurement, never a parameter: a prediction is made at the
-profile's own ceiling or at one measured beside the times it is compared with.
+memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); s(G) in [0,
+1] is the share of the stream's time the group's time follows as C moves (benchmarks/stream_share.py: ~0.8 for our
+kernels at one token, ~0.3-0.5 for ggml's, whose loop hides much of a slower stream), fitted where the profile's
+calls met more than one state of the host and 1 (all of it) where they did not, as no single state can tell s from
+x; kappa(G) is the seconds per byte of a group whose weights sit in the cache: the issue rate of the inner loop at G
+tokens, its limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the
+ceiling no longer matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a
+device profile (moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes,
+none a model's; G between the profile's values is interpolated linearly and past its largest extrapolated (kappa and
+r, the loop's work, on the line through their last two values, x and s at their last values). A per-slot group re-reading an
+expert finds the share min(1, cache / D) of it in the cache, D the distinct expert bytes read since its expert's
+previous slot, its own included (all of it when they fit; a cyclic re-read of more than the cache still finds part,
+as the last-level cache's replacement is not strict LRU); a first read, and every group of the deduplicating kernel
+(which reads each expert once), is cold. The ceiling C is a device measurement, never a parameter: a prediction is
+made at the profile's own ceiling or at one measured beside the times it is compared with.
 """
 
 from __future__ import annotations
@@ -62,9 +65,9 @@ from moespec.arguments import show
 class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
     from 1) kappa = hot_s_per_byte, the cold loop's excess x = cold_excess_s_per_byte and the fixed seconds per weight
-    row r = row_s (ggml's; empty: none, our kernels); group_s and pass_s the fixed seconds of a group and of a call;
-    node_s those of each node past the first of a kernel that runs one node per token (ggml-per-slot; 0 where a call
-    is one node)."""
+    row r = row_s (ggml's; empty: none, our kernels) and the stream's share s = stream_share (empty: 1 at every G);
+    group_s and pass_s the fixed seconds of a group and of a call; node_s those of each node past the first of a
+    kernel that runs one node per token (ggml-per-slot; 0 where a call is one node)."""
 
     G: tuple[int, ...]  # noqa: N815
     hot_s_per_byte: tuple[float, ...]
@@ -73,6 +76,7 @@ class Rates:
     pass_s: float
     node_s: float = 0.0
     row_s: tuple[float, ...] = ()
+    stream_share: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
@@ -81,6 +85,10 @@ class Rates:
             raise ArgumentError("hot_s_per_byte and cold_excess_s_per_byte need one value per G")
         if self.row_s and (len(self.row_s) != len(self.G) or min(self.row_s) < 0):
             raise ArgumentError(f"row_s must be empty or hold one value >= 0 per G, got {show(self.row_s)}")
+        if self.stream_share and (len(self.stream_share) != len(self.G)
+                                  or not all(0 <= v <= 1 for v in self.stream_share)):
+            raise ArgumentError(f"stream_share must be empty or hold one value in [0, 1] per G, got "
+                                f"{show(self.stream_share)}")
         if min(self.hot_s_per_byte) <= 0 or min(self.cold_excess_s_per_byte) < 0 or self.group_s < 0 \
                 or self.pass_s < 0 or self.node_s < 0:
             raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s and node_s "
@@ -88,11 +96,11 @@ class Rates:
 
     @classmethod
     def from_profile(cls, entry: Mapping[str, Any]) -> Rates:
-        """The rates of one `dtypes` entry of a validated device.json (node_s 0 and no row_s where the entry has
-        none)."""
+        """The rates of one `dtypes` entry of a validated device.json (node_s 0, no row_s and no stream_share where
+        the entry has none)."""
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
-                   tuple(entry.get("row_s", ())))
+                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())))
 
     def per_row(self, g: int) -> float:
         """Fixed seconds per weight row of a group of g tokens (0 without row_s): r(g) interpolated, past the
@@ -101,14 +109,18 @@ class Rates:
         return _on_grid(self.G, self.row_s, g) if self.row_s else 0.0
 
     def per_byte(self, g: int, ceiling_gbps: float, cold: bool = True) -> float:
-        """Seconds per weight byte of a group of g tokens: max(1 / C + x(g), kappa(g)) when it reads from memory at a
-        ceiling of C = ceiling_gbps GB/s, kappa(g) when the cache serves it."""
+        """Seconds per weight byte of a group of g tokens: max(s(g) / C + x(g), 1 / C, kappa(g)) when it reads from
+        memory at a ceiling of C = ceiling_gbps GB/s, kappa(g) when the cache serves it."""
         _check_tokens(g)
         if not ceiling_gbps > 0:
             raise ArgumentError(f"ceiling_gbps must be positive, got {show(ceiling_gbps)}")
         kappa = _on_grid(self.G, self.hot_s_per_byte, g)
+        if not cold:
+            return kappa
         excess = float(np.interp(g, self.G, self.cold_excess_s_per_byte))  # past the grid: its last value
-        return max(1.0 / (ceiling_gbps * 1e9) + excess, kappa) if cold else kappa
+        share = float(np.interp(g, self.G, self.stream_share)) if self.stream_share else 1.0
+        stream = 1.0 / (ceiling_gbps * 1e9)
+        return max(share * stream + excess, stream, kappa)
 
 
 def _check_tokens(g: int) -> None:

@@ -12,12 +12,14 @@ checks them against every preset and the trained pair):
   ~48 MiB in all, past the last-level cache) on every rate shape, and hot (the same pass run just before) on HOT_SHAPES,
   HOT_EXPERTS experts of ~4 MB each, which the cache keeps (two, so the threads' row tasks overlap across groups as
   in a real pass). kappa_G is the hot seconds per byte; the cold loop's excess x_G the median over cold calls of
-  their seconds per byte less 1 / C, C the ceiling sampled right after each, so the drift of a shared host's
-  bandwidth between calls is taken out call by call. ggml's pair spends fixed time per weight row
-  (moespec.kernels.structure), so a GGUF format is timed on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with
-  rows of 384-12800 weights, and per G its cold seconds per byte less 1 / C (each shape's median over its calls) is
-  fitted as x_G + r_G / (bytes per row), least squares over the shapes, neither below 0: r_G (row_s) the fixed
-  seconds per row, subtracted before kappa too.
+  their seconds per byte less s_G / C, C the ceiling sampled right after each, so the drift of a shared host's
+  bandwidth between calls is taken out call by call. s_G (stream_share) is the least-squares coefficient of 1 / C
+  in the cold calls' seconds per byte where those calls met more than one state of the host (STATE_SPREAD), in
+  [0, 1], else 1 (stream_fit). ggml's pair spends fixed time per weight row (moespec.kernels.structure), so a GGUF
+  format is timed on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows of 384-12800 weights, and per G its
+  cold seconds per byte less s_G / C (each shape's median over its calls) is fitted as x_G + r_G / (bytes per row),
+  least squares over the shapes, neither below 0: r_G (row_s) the fixed seconds per row, subtracted before kappa
+  too.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
   fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
   ggml's pair adds its dedup kernel at the same passes and its per-slot kernel at 1, 2 and 4 tokens of 8 slots, so
@@ -68,6 +70,10 @@ RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
 # ~170 MB in q8_0 (rows of 384 to 12800 weights; two of the same bytes with the long rows in gate/up or in down)
 GGUF_RATE_SHAPES = ((384, 384), (832, 832), (1600, 1600), (3840, 640), (640, 3840), (2688, 2688), (4352, 4352),
                     (4224, 12800))
+# The stream's share s_G is fitted only where the profile's calls met more than one state of the host: 1 / C spread
+# over at least this share of its median (10th to 90th percentile). A quiet run's calls spread 0.1-0.2; runs on this
+# host while its streaming read moved between ~30 and ~55 GB/s spread ~0.5 (benchmarks/stream_share.py).
+STATE_SPREAD = 0.25
 # Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
 # per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
 FIT_PASSES = 10
@@ -286,7 +292,7 @@ def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any]
 
 def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(x, r) of y = x + r u, least squares over points (u, y): u a shape's rows per byte, y its cold seconds per
-    byte less 1 / C; neither below 0 (r 0 and x the median of y where the line falls, x 0 and r through the origin
+    byte less s / C; neither below 0 (r 0 and x the median of y where the line falls, x 0 and r through the origin
     where it would start below 0)."""
     u, y = (np.array(v, dtype=float) for v in zip(*points))
     if len(points) < 2 or np.ptp(u) == 0:
@@ -299,8 +305,26 @@ def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
     return float(x), float(r)
 
 
+def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: bool) -> tuple[float, float, float]:
+    """(x, s, r) of a cold group's seconds per byte y = x + s / C + r u (moespec.kernels.structure) from its calls:
+    per shape (u: its rows per byte, [(y, 1 / C) per call]). s is the least-squares coefficient of 1 / C, clipped to
+    [0, 1], where the calls' 1 / C spread over STATE_SPREAD of its median, else 1; then, with s fixed, x and r as
+    before (excess_and_row over the shapes' medians where per_row, else x the median), neither below 0."""
+    calls = [(u, y, w) for u, rows in shapes for y, w in rows]
+    u, y, w = (np.array(v, dtype=float) for v in zip(*calls))
+    share = 1.0
+    if (np.percentile(w, 90) - np.percentile(w, 10)) >= STATE_SPREAD * np.median(w):
+        design = np.column_stack([np.ones_like(w), w, *([u] if per_row else [])])
+        share = float(np.clip(np.linalg.lstsq(design, y, rcond=None)[0][1], 0.0, 1.0))
+    if per_row:
+        x, r = excess_and_row([(ui, float(np.median([yi - share * wi for yi, wi in rows]))) for ui, rows in shapes])
+    else:
+        x, r = max(float(np.median(y - share * w)), 0.0), 0.0
+    return x, share, r
+
+
 def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], per_row: bool) -> Rates:
-    """kappa_G, x_G, r_G where per_row (a GGUF format: ggml's pair) and the cold pass_s and group_s (module
+    """kappa_G, x_G, s_G, r_G where per_row (a GGUF format: ggml's pair) and the cold pass_s and group_s (module
     docstring). A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the
     hot overhead passes and subtracted before kappa; the fixed costs and the rates depend on each other only through
     small corrections, so alternating passes settle them (FIT_PASSES)."""
@@ -309,22 +333,19 @@ def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], 
     for _ in range(FIT_PASSES):
         hot_pass, hot_group, _ = _fixed(by_key, info, "hot", rates)
         pass_s, group_s, node_s = _fixed(by_key, info, "cold", rates)
-        kappa, excess, row = [], [], []
+        kappa, excess, shares, row = [], [], [], []
         for g in G_VALUES:
-            cold = {k: [(t - pass_s - e * group_s) / (b * e) - 1 / (c * 1e9)
-                        for t, c in zip(by_key[k].seconds, by_key[k].ceilings)]
-                    for k, (b, _, e) in info.items() if k[0] == "cold" and k[3] == g}
-            if per_row:
-                x, r = excess_and_row([(info[k][1] / info[k][0], float(np.median(v))) for k, v in cold.items()])
-            else:
-                x, r = max(float(np.median([y for v in cold.values() for y in v])), 0.0), 0.0
+            x, share, r = stream_fit([(rows / b, [((t - pass_s - e * group_s) / (b * e), 1 / (c * 1e9))
+                                                  for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
+                                      for k, (b, rows, e) in info.items() if k[0] == "cold" and k[3] == g], per_row)
             hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group - e * rows * r) / (b * e)
                    for k, (b, rows, e) in info.items() if k[0] == "hot" and k[3] == g]
             kappa.append(max(float(np.median(hot)), 1e-15))
             excess.append(x)
+            shares.append(share)
             row.append(r)
         rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else ())
+                      tuple(row) if per_row else (), tuple(shares))
     return rates
 
 
@@ -393,7 +414,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
         doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
                              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
-                             "pass_s": rates.pass_s, "node_s": rates.node_s, "matmul_peak_gflops": peak}
+                             "pass_s": rates.pass_s, "node_s": rates.node_s, "matmul_peak_gflops": peak,
+                             "stream_share": list(rates.stream_share)}
         if rates.row_s:
             doc_dtypes[dtype]["row_s"] = list(rates.row_s)
         checks[dtype] = _self_check(rates, by_key, info, cache)
