@@ -161,6 +161,10 @@ ENTRIES: dict[str, Entry] = {
                                                "s/C over calls spanning host states; ours s 0.81, ggml's q8_0 0.46"),
     "structure-model/stream-share.txt": Entry("console output of stream-share.json",
                                               source="structure-model/stream-share.json"),
+    "structure-model/stream-share-ab.json": Entry("one profile's timings fitted with the stream's share s_G and with "
+                                                  "s = 1: s_G's errors at or under s = 1's on every ggml bench"),
+    "structure-model/stream-share-ab.txt": Entry("console output of stream-share-ab.json",
+                                                 source="structure-model/stream-share-ab.json"),
     "structure-model/device-ggml.json": Entry("the device profile of ggml's pair at q8_0 and q4_0 (moespec profile "
                                               "--dtypes q8_0,q4_0, synthetic shapes only) the GGUF predictions use"),
     **{f"structure-model/{m}/{dt}/{kind}-B1.json": Entry(
