@@ -106,6 +106,13 @@ FOLDERS = {
         source="llama-cpp/llama-cpp-verify.json"),
 }
 
+
+def with_console(stem: str, claim: str) -> dict[str, Entry]:
+    """A result STEM.json with `claim` and the console output beside it, STEM.txt."""
+    return {f"{stem}.json": Entry(claim), f"{stem}.txt": Entry(f"console output of {stem.rsplit('/', 1)[-1]}.json",
+                                                             source=f"{stem}.json")}
+
+
 AD = "adaptive-draft/"
 STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "pair",
                     "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
@@ -157,14 +164,10 @@ ENTRIES: dict[str, Entry] = {
     **{f"structure-model/log-{m}.txt": Entry(f"console output of the {m} step",
                                              source=f"structure-model/{m}/errors.json") for m in STRUCTURE_MODELS},
     # the same for ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF formats, n = 1..9 (and B = 8)
-    "structure-model/stream-share.json": Entry("how much of a cold one-token pass follows the streaming read: t/b = x + "
-                                               "s/C over calls spanning host states; ours s 0.81, ggml's q8_0 0.46"),
-    "structure-model/stream-share.txt": Entry("console output of stream-share.json",
-                                              source="structure-model/stream-share.json"),
-    "structure-model/stream-share-ab.json": Entry("one profile's timings fitted with the stream's share s_G and with "
-                                                  "s = 1: s_G's errors at or under s = 1's on every ggml bench"),
-    "structure-model/stream-share-ab.txt": Entry("console output of stream-share-ab.json",
-                                                 source="structure-model/stream-share-ab.json"),
+    **with_console("structure-model/stream-share", "how much of a cold one-token pass follows the streaming read: "
+                   "t/b = x + s/C over calls spanning host states; ours s 0.81, ggml's q8_0 0.46"),
+    **with_console("structure-model/stream-share-ab", "one profile's timings fitted with the stream's share s_G and "
+                   "with s = 1: s_G's errors at or under s = 1's on every ggml bench"),
     "structure-model/device-ggml.json": Entry("the device profile of ggml's pair at q8_0 and q4_0 (moespec profile "
                                               "--dtypes q8_0,q4_0, synthetic shapes only) the GGUF predictions use"),
     **{f"structure-model/{m}/{dt}/{kind}-B1.json": Entry(
