@@ -35,12 +35,8 @@ def fits(dtype: str) -> tuple[dict, list[float]]:
     device_profile._time_rounds(items, REPS, CpuTimer(), lambda text: None)
     by_key = {item.key: item for item in items}
     per_row = dtype in QUANTIZED
-    out = {"stream_share": device_profile._fit_rates(by_key, info, per_row)}
-    spread, device_profile.STATE_SPREAD = device_profile.STATE_SPREAD, float("inf")  # no spread suffices: s = 1
-    try:
-        out["all_of_the_stream"] = device_profile._fit_rates(by_key, info, per_row)
-    finally:
-        device_profile.STATE_SPREAD = spread
+    out = {"stream_share": device_profile._fit_rates(by_key, info, per_row),  # no spread suffices below: s = 1
+           "all_of_the_stream": device_profile._fit_rates(by_key, info, per_row, state_spread=float("inf"))}
     return out, [c for item in items for c in (item.ceilings or [])]
 
 

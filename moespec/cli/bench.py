@@ -34,9 +34,8 @@ from moespec.measure.bench import (
     run_bench,
 )
 from moespec.formats.benchfile import noise_verdict
-from moespec.formats.devicefile import load_profile
 from moespec.measure.level import describe as describe_level
-from moespec.predict.checks import bench_checks, profile_checks
+from moespec.predict.checks import bench_checks
 from moespec.predict.structure_bench import predict_bench
 from moespec.report.figures import bandwidth_figure, check_plot, save_figure
 from moespec.report.tables import bench_tables
@@ -114,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"ceiling: {bench['ceiling_kind']} {before:.1f} GB/s before the timing, {after:.1f} GB/s after")
     if line := describe_level(bench.get("level")):
         out.print(line)
-    warnings = profile_checks(load_profile(args.predict), args.predict, dtype) if args.predict else []
+    warnings = bench["prediction"]["profile_warnings"] if bench.get("predicted") else []
     for line in warnings + bench_checks(bench, args.out):  # too small to time, noisy: each with the setting to change
         out.print(Text.assemble(("warning: ", "bold red"), line))
     if bench.get("predicted"):

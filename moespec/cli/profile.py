@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group, "
                   f"{entry.get('node_s', 0.0) * 1e6:.1f} us a node past the first; per G (tokens per expert) cold "
                   f"GB/s at the ceiling, hot GB/s, the stream's share s: " +
-                  ", ".join(f"{g}: {1e-9 / rates.per_byte(g, profile.ceiling_gbps):.0f}, {1e-9 / k:.0f}, {s:.2f}"
-                            for g, k, s in zip(rates.G, rates.hot_s_per_byte,
-                                               rates.stream_share or (1.0,) * len(rates.G))))
+                  ", ".join(f"{g}: {1e-9 / rates.per_byte(g, profile.ceiling_gbps):.0f}, "
+                            f"{1e-9 / rates.per_byte(g, profile.ceiling_gbps, cold=False):.0f}, {rates.share(g):.2f}"
+                            for g in rates.G))
     stream = profile["stream_read"]
     out.print("cold streaming read by chunk: " + ", ".join(
         f"{c >> 10} KiB {v:.1f} GB/s" for c, v in zip(stream["chunk_bytes"], stream["gbps"])))

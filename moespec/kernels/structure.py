@@ -41,12 +41,13 @@ tokens, its limit once the loop, not memory, is the slower (at G = 1 memory is, 
 ceiling no longer matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a
 device profile (moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes,
 none a model's; G between the profile's values is interpolated linearly and past its largest extrapolated (kappa and
-r, the loop's work, on the line through their last two values, x and s at their last values). A per-slot group re-reading an
-expert finds the share min(1, cache / D) of it in the cache, D the distinct expert bytes read since its expert's
-previous slot, its own included (all of it when they fit; a cyclic re-read of more than the cache still finds part,
-as the last-level cache's replacement is not strict LRU); a first read, and every group of the deduplicating kernel
-(which reads each expert once), is cold. The ceiling C is a device measurement, never a parameter: a prediction is
-made at the profile's own ceiling or at one measured beside the times it is compared with.
+r, the loop's work, on the line through their last two values, x and s at their last values). A per-slot group
+re-reading an expert finds the share min(1, cache / D) of it in the cache, D the distinct expert bytes read since
+its expert's previous slot, its own included (all of it when they fit; a cyclic re-read of more than the cache still
+finds part, as the last-level cache's replacement is not strict LRU); a first read, and every group of the
+deduplicating kernel (which reads each expert once), is cold. The ceiling C is a device measurement, never a
+parameter: a prediction is made at the profile's own ceiling or at one measured beside the times it is compared
+with.
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ class Rates:
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
                    tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())))
 
+    def share(self, g: int) -> float:
+        """The stream's share s(g) of a cold group of g tokens: interpolated, its last value past the profile's G; 1
+        without stream_share."""
+        _check_tokens(g)
+        return float(np.interp(g, self.G, self.stream_share)) if self.stream_share else 1.0
+
     def per_row(self, g: int) -> float:
         """Fixed seconds per weight row of a group of g tokens (0 without row_s): r(g) interpolated, past the
         profile's G on the line through its last two values."""
@@ -118,9 +125,8 @@ class Rates:
         if not cold:
             return kappa
         excess = float(np.interp(g, self.G, self.cold_excess_s_per_byte))  # past the grid: its last value
-        share = float(np.interp(g, self.G, self.stream_share)) if self.stream_share else 1.0
         stream = 1.0 / (ceiling_gbps * 1e9)
-        return max(share * stream + excess, stream, kappa)
+        return max(self.share(g) * stream + excess, stream, kappa)
 
 
 def _check_tokens(g: int) -> None:

@@ -305,15 +305,16 @@ def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
     return float(x), float(r)
 
 
-def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: bool) -> tuple[float, float, float]:
+def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: bool,
+               state_spread: float = STATE_SPREAD) -> tuple[float, float, float]:
     """(x, s, r) of a cold group's seconds per byte y = x + s / C + r u (moespec.kernels.structure) from its calls:
     per shape (u: its rows per byte, [(y, 1 / C) per call]). s is the least-squares coefficient of 1 / C, clipped to
-    [0, 1], where the calls' 1 / C spread over STATE_SPREAD of its median, else 1; then, with s fixed, x and r as
+    [0, 1], where the calls' 1 / C spread over state_spread of its median, else 1; then, with s fixed, x and r as
     before (excess_and_row over the shapes' medians where per_row, else x the median), neither below 0."""
     calls = [(u, y, w) for u, rows in shapes for y, w in rows]
     u, y, w = (np.array(v, dtype=float) for v in zip(*calls))
     share = 1.0
-    if (np.percentile(w, 90) - np.percentile(w, 10)) >= STATE_SPREAD * np.median(w):
+    if (np.percentile(w, 90) - np.percentile(w, 10)) >= state_spread * np.median(w):
         design = np.column_stack([np.ones_like(w), w, *([u] if per_row else [])])
         share = float(np.clip(np.linalg.lstsq(design, y, rcond=None)[0][1], 0.0, 1.0))
     if per_row:
@@ -323,9 +324,10 @@ def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: b
     return x, share, r
 
 
-def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], per_row: bool) -> Rates:
-    """kappa_G, x_G, s_G, r_G where per_row (a GGUF format: ggml's pair) and the cold pass_s and group_s (module
-    docstring). A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the
+def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], per_row: bool,
+               state_spread: float = STATE_SPREAD) -> Rates:
+    """kappa_G, x_G, s_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's pair) and the cold
+    pass_s and group_s (module docstring). A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the
     hot overhead passes and subtracted before kappa; the fixed costs and the rates depend on each other only through
     small corrections, so alternating passes settle them (FIT_PASSES)."""
     zeros = (0.0,) * len(G_VALUES)
@@ -337,7 +339,8 @@ def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], 
         for g in G_VALUES:
             x, share, r = stream_fit([(rows / b, [((t - pass_s - e * group_s) / (b * e), 1 / (c * 1e9))
                                                   for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
-                                      for k, (b, rows, e) in info.items() if k[0] == "cold" and k[3] == g], per_row)
+                                      for k, (b, rows, e) in info.items() if k[0] == "cold" and k[3] == g],
+                                     per_row, state_spread)
             hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group - e * rows * r) / (b * e)
                    for k, (b, rows, e) in info.items() if k[0] == "hot" and k[3] == g]
             kappa.append(max(float(np.median(hot)), 1e-15))

@@ -29,6 +29,7 @@ from moespec.measure.device_profile import pair_of
 from moespec.measure.fits import engine_of, eps_by_engine
 from moespec.measure.timing import device_name
 from moespec.model.gguf import resolve_model
+from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, pass_time
 
 
@@ -119,6 +120,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
                            "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
                            "ceiling_source": "profile" if ceiling_gbps is None else "given",
                            "error": stated, "error_source": "profile self-check (largest relative error)",
+                           "profile_warnings": profile_checks(profile, str(profile_path), config.dtype),
                            "fit_eps": fit_eps},
             "skipped_kernels": {}, "level": None, "contention": None, "resumed_rounds": 0,
             "elapsed_s": time.perf_counter() - started}
