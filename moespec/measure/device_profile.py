@@ -327,9 +327,9 @@ def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: b
 def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], per_row: bool,
                state_spread: float = STATE_SPREAD) -> Rates:
     """kappa_G, x_G, s_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's pair) and the cold
-    pass_s and group_s (module docstring). A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the
-    hot overhead passes and subtracted before kappa; the fixed costs and the rates depend on each other only through
-    small corrections, so alternating passes settle them (FIT_PASSES)."""
+    pass_s and group_s (module docstring). A hot call has fixed costs of its own (its threads are awake and its code
+    cached), taken from the hot overhead passes and subtracted before kappa; the fixed costs and the rates depend on
+    each other only through small corrections, so alternating passes settle them (FIT_PASSES)."""
     zeros = (0.0,) * len(G_VALUES)
     rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
     for _ in range(FIT_PASSES):
