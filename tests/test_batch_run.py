@@ -13,7 +13,8 @@ from moespec import MoespecError
 from moespec.formats.runsfile import BATCH_ROW_KEYS, load_runs
 from moespec.formats.trace import Trace, load_trace
 from moespec.measure import rounds
-from moespec.measure.batch_run import batch_windows, pass_kernels
+from moespec.measure.batch_run import batch_unit_checks, batch_windows, pass_kernels, round_order, throughput_rows
+from moespec.model import speculative
 
 SMALL = ["--depth", "8", "--n", "1,2,3", "--reps", "2", "--max-reps", "2", "--k", "0,1,2", "--a", "0.5,0.9",
          "--prompts", "1", "--tokens", "5", "--dtype", "fp32"]
@@ -65,3 +66,50 @@ def test_batch_windows_come_from_distinct_documents(trace_path):
     with pytest.raises(MoespecError, match="4 document"):
         batch_windows(trace, 2, 3, 5, 1, seed=0)
     assert pass_kernels({1: "slot", 3: "dedup"}, 4) == {4: "slot", 12: "dedup"} and pass_kernels(None, 2) is None
+
+
+def test_round_order_alternates():
+    assert round_order([0, 1, 2], 0) == [0, 1, 2] and round_order([2, 0, 1], 1) == [2, 1, 0]
+
+
+def test_throughput_rows_from_rounds():
+    rounds = {0.5: {"per_k": {"0": {"steps": [1.0, 3.0], "emitted": 4, "seconds": 4.0, "exact": True},
+                              "2": {"steps": [2.0], "emitted": 6, "seconds": 2.0, "exact": True}}},
+              0.9: {"per_k": {"0": {"steps": [2.0, 2.0], "emitted": 4, "seconds": 4.0, "exact": True},
+                              "2": {"steps": [4.0, 6.0], "emitted": 10, "seconds": 10.0, "exact": False}}}}
+    rows = throughput_rows(rounds, 2, "auto", [0, 2])
+    assert [(r["k"], r["a"]) for r in rows] == [(0, 0.5), (0, 0.9), (2, 0.5), (2, 0.9)]
+    assert [r["step_time_s"] for r in rows] == [2.0, 2.0, 4.0, 4.0]  # the median over every round at k
+    assert rows[0]["tokens_per_s"] == pytest.approx(2 / 2.0)  # B G_a(0) / V_B(0)
+    assert rows[3]["tokens_per_s"] == pytest.approx(2 * (1 + 0.9 + 0.81) / 4.0)
+    assert [r["counted_tokens_per_s"] for r in rows] == [1.0, 1.0, 3.0, 1.0]  # the round's own emitted / seconds
+    assert [r["steps"] for r in rows] == [2, 2, 1, 2] and [r["greedy_exact"] for r in rows] == [True] * 2 + [False] * 2
+
+
+def test_round_unit_check_refuses_a_bad_unit():
+    check = batch_unit_checks([1], ["slot"])["batch round"]
+    good = {"per_k": {"1": {"steps": [0.1], "emitted": 2, "seconds": 0.1, "exact": True}}}
+    check(good, "u")
+    for bad in ({"per_k": {"1": {"steps": [], "emitted": 2, "seconds": 0.1, "exact": True}}},
+                {"per_k": {"1": {"steps": [-1.0], "emitted": 2, "seconds": 0.1, "exact": True}}},
+                {"per_k": {"1": {"steps": [0.1], "emitted": -1, "seconds": 0.1, "exact": True}}},
+                {"per_k": {"1": {"steps": [0.1], "emitted": 2, "seconds": 0.1}}}, {"rows": []}):
+        with pytest.raises(MoespecError, match="^u: "):
+            check(bad, "u")
+
+
+def test_every_k_of_a_round_decodes_on_the_same_draws(tiny_checkpoints, trace_path, tmp_path, monkeypatch):
+    seeds = {}
+    real = speculative.OracleDraft
+
+    def recording(continuation, a, seed, vocab_size, prompt_len):
+        seeds.setdefault((a, prompt_len, tuple(continuation[:4])), set()).add(seed)
+        return real(continuation, a, seed, vocab_size, prompt_len)
+
+    monkeypatch.setattr(rounds, "DISTURBED", 0.0)
+    monkeypatch.setattr(speculative, "OracleDraft", recording)
+    code, err = run_cli(["run", "--model", tiny_checkpoints["olmoe"], *SMALL, "--batch", "2", "--out",
+                         tmp_path / "r.json"])
+    assert code == 0, err
+    batch_seeds = [s for (a, _, _), s in seeds.items()]
+    assert batch_seeds and all(len(s) == 1 for s in batch_seeds)  # one seed per sequence and a, whatever the k

@@ -11,12 +11,16 @@ select, so the kernel AUTO runs is the plan's for the pass's total token count.
    back. Routing replayed from the trace is B windows of n tokens from B distinct documents (sequences are
    independent). The rounds, their reference reads, the level and the stopping rule are the run's
    (moespec.measure.rounds.timed_rounds), one set of rounds per B.
-2. throughput at batch B: per cell (policy, k) and acceptance a of the grid, B prompts of the run's depth decoded
-   together (`batch_decode_steps`, until the first reaches the run's tokens) with the oracle draft at a, each
-   sequence on its own seed. Recorded: the median step time V_B(k) over the cell's steps (a step's time does not
-   depend on a), the computed rate B G_a(k) / V_B(k) (`tokens_per_s`, the statistic of the batch-one rows) and the
-   counted rate, every emitted token of every sequence over the steps' time (`counted_tokens_per_s`), and whether
-   each sequence's tokens are its plain greedy decoding's.
+2. throughput at batch B: one round per acceptance a of the grid, in which B prompts of the run's depth are decoded
+   together (`batch_decode_steps`, until the first reaches the run's tokens) at every k in turn (k = 0: plain
+   decoding; ascending and descending in alternate rounds), so the k compared at one a run seconds apart, under
+   one state of the host, as interleaved rounds compare kernels. Each sequence's oracle draft is seeded by the
+   sequence alone: every k decodes it on the same right and wrong positions (common random numbers), and the
+   k at one a differ by their length, not by their luck. Recorded per (policy, k, a): the median step time
+   V_B(k) over every round's steps at k (a step's time does not depend on a), the computed rate B G_a(k) / V_B(k)
+   (`tokens_per_s`, the statistic of the batch-one rows), the counted rate, every emitted token of every sequence
+   over the steps' time in a's round (`counted_tokens_per_s`), and whether each sequence's tokens are its plain
+   greedy decoding's at that k.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ import torch
 
 from moespec import theory
 from moespec.defaults import KERNELS
-from moespec.formats.checkpoint import Checkpoint, UnitChecks, require, unit_rng
+from moespec.formats.checkpoint import Checkpoint, UnitChecks, is_count, require, unit_rng
 from moespec.formats.files import is_number
 from moespec.formats.planfile import load_plan
-from moespec.formats.runsfile import BATCH_ROW_KEYS
 from moespec.formats.trace import Trace
 from moespec.measure.contention import Cores
 from moespec.measure.decoding import PREFILL_POLICY, prompts
@@ -46,18 +49,26 @@ from moespec.model.load import LoadedModel
 from moespec.model.policies import set_policy, set_replay
 
 BATCH_UNIT = "batch verify rounds {}"  # the checkpoint unit of batch B's verify rounds
-CELL_UNIT = "batch cell {} {} {}"  # (B, policy, k): a finished throughput cell
+ROUND_UNIT = "batch round {} {} {}"  # (B, policy, a): one acceptance's decodings at every k
+ROUND_KEYS = ("steps", "emitted", "seconds", "exact")  # per k of a round unit
 
 
 def batch_unit_checks(ns: list[int], policies: list[str]) -> UnitChecks:
-    """The checks of a resumed run's batch units (moespec.formats.checkpoint): verify rounds and finished cells."""
-    def check_cell(unit: Any, where: str) -> None:
-        rows = unit.get("rows") if isinstance(unit, dict) else None
-        require(isinstance(rows, list) and all(isinstance(r, dict) and tuple(r) == BATCH_ROW_KEYS for r in rows),
-                where, f"rows must be a list of objects with the keys {', '.join(BATCH_ROW_KEYS)}")
-        require(all(is_number(r["step_time_s"]) and r["step_time_s"] > 0 for r in rows), where,
-                "step_time_s must be positive times")
-    return {BATCH_UNIT.format(""): verify_unit_check(ns, policies), CELL_UNIT.format("", "", "").rstrip(): check_cell}
+    """The checks of a resumed run's batch units (moespec.formats.checkpoint): verify rounds and finished rounds
+    of the throughput grid."""
+    def check_round(unit: Any, where: str) -> None:
+        per_k = unit.get("per_k") if isinstance(unit, dict) else None
+        require(isinstance(per_k, dict) and all(isinstance(v, dict) and tuple(v) == ROUND_KEYS
+                                                for v in per_k.values()), where,
+                f"per_k must map each k to an object with the keys {', '.join(ROUND_KEYS)}")
+        for k, v in per_k.items():
+            require(isinstance(v["steps"], list) and bool(v["steps"]) and all(is_number(t) and t > 0
+                                                                             for t in v["steps"]),
+                    where, f"per_k.{k}.steps must be positive step times")
+            require(is_count(v["emitted"]) and is_number(v["seconds"]) and v["seconds"] > 0
+                    and isinstance(v["exact"], bool), where,
+                    f"per_k.{k} needs emitted >= 0 tokens, seconds > 0 and exact true or false")
+    return {BATCH_UNIT.format(""): verify_unit_check(ns, policies), ROUND_UNIT.format("", "", "").rstrip(): check_round}
 
 
 def pass_kernels(kernel_by_n: dict[int, str] | None, batch: int) -> dict[int, str] | None:
@@ -123,43 +134,58 @@ def verify_summary(units: dict[int, dict[str, Any]], policies: list[str], seed: 
                   for n in ns}}
 
 
-def measure_batch_cell(lm: LoadedModel, batch: int, policy: str, k: int, acceptances: list[float], config: Any,
-                       kernel_by_n: dict[int, str] | None, prompts_: BatchPrompts, checkpoint: Checkpoint,
-                       advance: Any) -> dict[str, Any]:
-    """One throughput cell at batch B: per acceptance, B prompts decoded together with the oracle at a (k = 0:
-    plain decoding of the batch, once); its step times, computed and counted rates (module docstring)."""
-    key = CELL_UNIT.format(batch, policy, k)
+def measure_batch_round(lm: LoadedModel, batch: int, policy: str, a: float, order: list[int], config: Any,
+                        kernel_by_n: dict[int, str] | None, prompts_: BatchPrompts, checkpoint: Checkpoint,
+                        advance: Any) -> dict[str, Any]:
+    """Acceptance a's round at batch B: the B prompts decoded together at every k of `order` in turn, the oracle at
+    a (k = 0: plain decoding); per k its step times, the tokens emitted, their seconds, and whether each sequence's
+    tokens are its plain greedy decoding's (module docstring)."""
+    key = ROUND_UNIT.format(batch, policy, a)
     if key in checkpoint.units:
         return checkpoint.units[key]
     states, want = prompts_.plain(policy, kernel_by_n)
     set_policy(lm.model, policy, pass_kernels(kernel_by_n, batch))
-    vocab, steps, per_a, exact = lm.model.config.vocab_size, [], {}, True
+    vocab, per_k = lm.model.config.vocab_size, {}
     with torch.inference_mode():
-        for a in (acceptances if k else [None]):
-            drafts = [speculative.OracleDraft(w, a, seed=config.seed + 97 * b + k, vocab_size=vocab,
+        for k in order:
+            drafts = [speculative.OracleDraft(w, a, seed=config.seed + 97 * b, vocab_size=vocab,
                                               prompt_len=s.length) if k else speculative.NO_DRAFT
                       for b, (w, s) in enumerate(zip(want, states))]
             target = BatchGreedy(lm.model, [copy.deepcopy(s.cache) for s in states])
             tokens, records = batch_decode_steps(target, prompts_.contexts, [s.first for s in states], drafts, k,
                                                  config.tokens, prompts_.route, until_first=True)
-            exact &= all(t == w[:len(t)] for t, w in zip(tokens, want))
-            emitted = sum(sum(j + 1 for j in r.accepted) for r in records)
-            per_a["plain" if a is None else str(a)] = {"emitted": emitted, "seconds": sum(r.step_s for r in records),
-                                                        "steps": len(records)}
-            steps += [r.step_s for r in records]
+            per_k[str(k)] = {"steps": [r.step_s for r in records],
+                             "emitted": sum(sum(j + 1 for j in r.accepted) for r in records),
+                             "seconds": sum(r.step_s for r in records),
+                             "exact": all(t == w[:len(t)] for t, w in zip(tokens, want))}
             advance(1)
     set_replay(lm.model, None)
-    V = float(np.median(steps))
+    unit = {"per_k": per_k}
+    checkpoint.save(key, unit)
+    return unit
+
+
+def round_order(ks: list[int], index: int) -> list[int]:
+    """The k of the index-th round in the order they run: ascending in even rounds, descending in odd ones."""
+    return sorted(ks, reverse=index % 2 == 1)
+
+
+def throughput_rows(rounds: dict[float, dict[str, Any]], batch: int, policy: str, ks: list[int]) -> list[dict]:
+    """The batch throughput rows (BATCH_ROW_KEYS) of one policy per (k, a) from its rounds ({a: round unit}):
+    V_B(k) the median step time over every round at k, the computed rate B G_a(k) / V_B(k), the counted rate of
+    a's round at k."""
     rows = []
-    for a in acceptances:
-        counted = per_a["plain" if k == 0 else str(a)]
-        rows.append({"policy": policy, "k": k, "a": a, "step_time_s": V,
-                     "tokens_per_s": batch * float(theory.geometric_sum(a, k)) / V,
-                     "counted_tokens_per_s": counted["emitted"] / counted["seconds"],
-                     "steps": counted["steps"], "greedy_exact": exact})
-    cell = {"rows": rows}
-    checkpoint.save(key, cell)
-    return cell
+    for k in ks:
+        cells = [r["per_k"][str(k)] for r in rounds.values()]
+        V = float(np.median([t for c in cells for t in c["steps"]]))
+        exact = all(c["exact"] for c in cells)
+        for a, r in rounds.items():
+            cell = r["per_k"][str(k)]
+            rows.append({"policy": policy, "k": k, "a": a, "step_time_s": V,
+                         "tokens_per_s": batch * float(theory.geometric_sum(a, k)) / V,
+                         "counted_tokens_per_s": cell["emitted"] / cell["seconds"],
+                         "steps": len(cell["steps"]), "greedy_exact": exact})
+    return rows
 
 
 def plan_kernels(path: str | None, batches: list[int], kernel_by_n: dict[int, str] | None
@@ -189,10 +215,10 @@ def measure_batches(lm: LoadedModel, batches: list[int], ns: list[int], ks: list
         if throughput:
             batch_prompts = BatchPrompts(lm, batch, config, trace)
             for policy in cell_policies:
-                for k in ks:
-                    cell = measure_batch_cell(lm, batch, policy, k, acceptances, config, kernel_by_n, batch_prompts,
-                                              checkpoint, advance)
-                    entry["throughput"] += cell["rows"]
+                rounds = {a: measure_batch_round(lm, batch, policy, a, round_order(ks, i), config, kernel_by_n,
+                                                 batch_prompts, checkpoint, advance)
+                          for i, a in enumerate(acceptances)}
+                entry["throughput"] += throughput_rows(rounds, batch, policy, ks)
         per_batch[str(batch)] = entry
     return {"batches": batches, "per_batch": per_batch}
 

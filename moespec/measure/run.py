@@ -378,8 +378,9 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; verify pass: {verify_pass(lm.model)}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
-    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts + \
-        len(batches) * (len(ns) * config.reps * len(policies) + len(ks) * len(acceptances) * config.throughput)
+    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts + sum(  # batch B: AUTO where planned
+        len(ns) * config.reps * (len(KERNELS) + bool(kernels[b]))
+        + (1 if kernels[b] else len(KERNELS)) * len(ks) * len(acceptances) * config.throughput for b in batches)
     ceilings = {"before": measure_stream_read()}
     level = run_level(config, plan_info, checkpoint, say, device.split(":")[0])
     if note := checkpoint.describe():
