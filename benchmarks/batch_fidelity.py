@@ -31,6 +31,7 @@ from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import RATES, load_runs
 from moespec.measure.run import RunConfig, run_engine
+from moespec.predict.acceptance import plan_rate
 from moespec.predict.batch_score import VERSIONS, score_batches
 from moespec.predict.plan import PlanConfig, make_plan
 
@@ -63,17 +64,22 @@ def repetition(args: argparse.Namespace, folder: Path, seed: int) -> dict:
 
 
 def scored(folder: Path, seed: int, verify: dict, runs: dict) -> dict:
-    """One repetition's batch rules, per version of its plan's batch map (those the plan has), and its ceilings."""
+    """One repetition's batch rules, per version of its plan's batch map (those the plan has), on the rate the plan
+    names (`rules`) and on the other (`rules_by_rate`), and its ceilings."""
     plan = load_plan(folder / "plan.json")
     versions = [v for v in VERSIONS if v == "measured" or plan["batch"].get("predicted") is not None]
-    return {"folder": str(folder), "seed": seed, "rules": {v: score_batches(plan, runs, version=v) for v in versions},
+    other = {rate: {v: score_batches(plan | {"throughput_rate": rate}, runs, version=v) for v in versions}
+             for rate in RATES if rate != plan_rate(plan)}
+    return {"folder": str(folder), "seed": seed, "rate": plan_rate(plan),
+            "rules": {v: score_batches(plan, runs, version=v) for v in versions}, "rules_by_rate": other,
             "ceiling_gbps": {"verify": verify["ceiling_gbps"], "scored": runs["ceiling_gbps"]}}
 
 
-def summary(reps: list[dict], version: str) -> dict:
-    """One version's rules over the repetitions that score it: per B the acceptances within one and the crossover
-    rule, median and range; B_stop's and all rules' pass rates."""
-    rules = [r["rules"][version] for r in reps if version in r["rules"]]
+def summary(reps: list[dict], version: str, rate: str | None = None) -> dict:
+    """One version's rules over the repetitions that score it (on the plan's rate, or on `rate`): per B the
+    acceptances within one and the crossover rule, median and range; B_stop's and all rules' pass rates."""
+    rules = [r["rules"][version] if rate in (None, r["rate"]) else r["rules_by_rate"][rate][version]
+             for r in reps if version in r["rules"]]
     out = {}
     for b in rules[0]["per_batch"]:
         within = [r["per_batch"][b]["k_hat_within_one"] for r in rules]
@@ -113,17 +119,22 @@ def main() -> int:
                               for b, e in rules["per_batch"].items())
                   + f"; B_stop {'holds' if rules['b_stop_holds'] else 'fails'}", flush=True)
     versions = [v for v in VERSIONS if any(v in r["rules"] for r in reps)]
+    other = sorted({rate for r in reps for rate in r["rules_by_rate"]})
     doc = {"command": " ".join(map(shlex.quote, sys.argv)), "summary": {v: summary(reps, v) for v in versions},
+           "summary_by_rate": {rate: {v: summary(reps, v, rate) for v in versions} for rate in other},
            "repetitions": reps, "provenance": started}
     write_json(args.out, doc)
-    for version, block in doc["summary"].items():
+    named = "/".join(sorted({r["rate"] for r in reps}))  # the rate the plans name
+    blocks = [(f"{v} ({named} rate, the plan's)", b) for v, b in doc["summary"].items()] + [
+        (f"{v} ({rate} rate)", b) for rate, by in doc["summary_by_rate"].items() for v, b in by.items()]
+    for name, block in blocks:
         n = block["repeats"]
         for b, e in block["per_batch"].items():
             w = e["k_hat_within_one"]
-            print(f"{version}, B = {b}: k_hat within one at {w['median']:g} of {w['of']} (median; range "
+            print(f"{name}, B = {b}: k_hat within one at {w['median']:g} of {w['of']} (median; range "
                   f"{w['min']}-{w['max']}); k_hat rule {e['k_hat_holds']} of {n}, crossover rule "
                   f"{e['crossover_holds']} of {n}")
-        print(f"{version}: B_stop rule {block['b_stop_holds']} of {n}; all batch rules {block['all_hold']} of {n}")
+        print(f"{name}: B_stop rule {block['b_stop_holds']} of {n}; all batch rules {block['all_hold']} of {n}")
     return 0
 
 

@@ -40,7 +40,12 @@ What it does.
    round so every pass starts a round as often. Medians with 95% bootstrap intervals over the rounds
    (moespec.measure.rounds.bootstrap_median); the ratio moespec / llama.cpp is the median of the per-round ratios
    (the rounds pair the engines) with its interval.
-5. Ceilings: the streaming read and the bf16 matmul peak, before the first round and after the last.
+5. Ceilings: the streaming read and the bf16 matmul peak, before the first round and after the last, and a
+   short sample of each (ROUND_STREAM_READS reads, ROUND_MATMULS products) before every round and after the
+   last. This host's read moves by 2x within seconds, so a pass is judged against the ceilings around its own
+   round: its round share is the pass's floor at the mean of the samples bracketing its round over its time, and
+   the table's share and phase share are each engine's median over rounds with a 95% interval. The share at the
+   run's ceilings (the median of the before and after samples) stays in the JSON (`run_roofline_share`).
 
 Caveats.
 - Routing: random weights route however they route (close to uniform over the N experts); a trained model's tokens
@@ -80,7 +85,7 @@ from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.experts import distinct_experts
 from moespec.measure.decoding import PREFILL_POLICY
 from moespec.measure.rounds import bootstrap_median
-from moespec.measure.timing import CpuTimer, matmul_peak, measure_stream_read
+from moespec.measure.timing import CpuTimer, StreamRead, matmul_peak, measure_stream_read
 from moespec.model.batched import batch_logits, batch_pass_kind
 from moespec.model.cache import new_cache
 from moespec.model.dense import set_dense
@@ -94,6 +99,8 @@ LLAMA = "llama.cpp"
 POLICIES = ("dedup", "slot")  # moespec's expert kernels, each an engine of the table
 ENGINES = (LLAMA, *(f"moespec {p}" for p in POLICIES))
 LLAMA_N_BATCH = 2048  # llama-bench's default n_batch; raised to B n where a pass holds more
+ROUND_STREAM_READS = 3  # 256 MiB each: ~15 ms a round at 50 GB/s
+ROUND_MATMULS = 2  # 1024 x 2048 x 2048 bf16 each, after a warm-up: ~0.1 s a round at 400 GFLOP/s
 
 
 # ---- the two engines ------------------------------------------------------------------------------------------
@@ -186,19 +193,38 @@ def floors(w: dict, gbps: float, gflops: float) -> tuple[float, float]:
     return max(w["bytes"] / read, w["flops"] / peak), phases
 
 
+def round_sample(read: StreamRead, timer: CpuTimer) -> dict[str, list[float]]:
+    """The short ceiling sample taken between rounds: GB/s of ROUND_STREAM_READS reads, GFLOP/s of ROUND_MATMULS
+    bf16 products."""
+    return {"stream": [read() for _ in range(ROUND_STREAM_READS)],
+            "matmul": matmul_peak(timer, torch.bfloat16, ROUND_MATMULS)}
+
+
+def round_ceilings(samples: list[dict[str, list[float]]]) -> list[tuple[float, float]]:
+    """Per round, (GB/s, GFLOP/s): the mean of the medians of the samples taken before it and after it."""
+    at = [(float(np.median(s["stream"])), float(np.median(s["matmul"]))) for s in samples]
+    return [((a[0] + b[0]) / 2, (a[1] + b[1]) / 2) for a, b in zip(at, at[1:])]
+
+
 def cell_stats(samples: dict[str, list[float]], w: dict, gbps: float, gflops: float,
-               rng: np.random.Generator) -> dict:
-    """Per engine: the median [95% interval], GB/s, GFLOP/s, roofline and phase-floor shares; the ratios moespec /
+               per_round: list[tuple[float, float]], rng: np.random.Generator) -> dict:
+    """Per engine: the median [95% interval], GB/s, GFLOP/s, the roofline and phase-floor shares over rounds (each
+    pass against its round's ceilings, per_round) with 95% intervals and at the run's ceilings; the ratios moespec /
     llama.cpp."""
     floor, phases = floors(w, gbps, gflops)
     out: dict[str, Any] = {"floor_s": floor, "phase_floor_s": phases,
                            "bound": "memory" if w["bytes"] / gbps >= w["flops"] / gflops else "compute",
                            "engines": {}, "ratio": {}}
+    round_floors = [floors(w, *c) for c in per_round]  # [rounds] (floor, phase floor) at the round's ceilings
     for engine, times in samples.items():
         med, lo, hi = bootstrap_median(times, rng)
+        share = bootstrap_median([f / t for (f, _), t in zip(round_floors, times)], rng)
+        phase = bootstrap_median([p / t for (_, p), t in zip(round_floors, times)], rng)
         out["engines"][engine] = {"median_s": med, "lo_s": lo, "hi_s": hi, "gbps": w["bytes"] / med / 1e9,
-                                  "gflops": w["flops"] / med / 1e9, "roofline_share": floor / med,
-                                  "phase_share": phases / med}
+                                  "gflops": w["flops"] / med / 1e9, "roofline_share": share[0],
+                                  "roofline_share_ci": list(share[1:]), "phase_share": phase[0],
+                                  "phase_share_ci": list(phase[1:]), "run_roofline_share": floor / med,
+                                  "run_phase_share": phases / med}
     for engine in ENGINES[1:]:
         med, lo, hi = bootstrap_median([a / b for a, b in zip(samples[engine], samples[LLAMA])], rng)
         out["ratio"][engine] = {"median": med, "lo": lo, "hi": hi}
@@ -211,6 +237,9 @@ def print_report(result: dict) -> None:
     print(f"ceilings ({result['threads']} threads): streaming read {c['stream_gbps']:.2f} GB/s (before "
           f"{c['stream_before_gbps']:.2f}, after {c['stream_after_gbps']:.2f}); bf16 matmul {c['matmul_gflops']:.0f} "
           f"GFLOP/s (before {c['matmul_before_gflops']:.0f}, after {c['matmul_after_gflops']:.0f})")
+    stream, matmul = ([r[key] for r in c["per_round"]] for key in ("stream_gbps", "matmul_gflops"))
+    print(f"ceilings per round: streaming read {min(stream):.1f}-{max(stream):.1f} GB/s (median "
+          f"{np.median(stream):.1f}), bf16 matmul {min(matmul):.0f}-{max(matmul):.0f} GFLOP/s")
     print(f"moespec: dense {result['moespec']['dense']}, batched pass {result['moespec']['pass_kind']}; routing: "
           "random weights, routed as they route (the unions are moespec's routing of each cell's tokens)")
     print(f"\nverify pass of B sequences x n tokens at depth {result['depth']}, ms: median [95% interval] over "
@@ -226,8 +255,9 @@ def print_report(result: dict) -> None:
               + "".join(f"{ratio(e):>21}" for e in ENGINES[1:]))
     print("\nwork per pass: MB = dense + union of experts (sum over layers, of N each) + KV caches, 1e6 B; GFLOP = "
           "2 x parameters per token x B n; floor = max(MB / read ceiling, GFLOP / matmul peak); phases = the sum of "
-          "the dense, expert and cache phases' own floors; per engine GB/s, GFLOP/s, % of the floor (roofline "
-          "share) and % of the phase floor")
+          "the dense, expert and cache phases' own floors (both at the run's ceilings); per engine GB/s, GFLOP/s, "
+          "% of the floor (roofline share) and % of the phase floor, each pass against the ceilings sampled around "
+          "its round: median over rounds")
     print(f"{'B':>3}{'n':>3}{'union':>7}{'MB':>8}{'GFLOP':>8}{'floor':>9}{'phases':>9}{'bound':>8}  "
           + "".join(f"{e:>26}" for e in ENGINES))
     print(" " * 55 + "".join(f"{'GB/s GFLOP/s share phase':>26}" for _ in ENGINES))
@@ -297,12 +327,16 @@ def main(argv: list[str] | None = None) -> int:
             theirs.time(ids, timer.flush)
         passes = [(engine, cell) for cell in tokens for engine in ENGINES]
         samples: dict[tuple, list[float]] = {p: [] for p in passes}
+        read = StreamRead(threads=args.threads)
+        at_rounds = [round_sample(read, timer)]
         for r in range(args.rounds):
             shift = r * len(passes) // args.rounds
             for engine, cell in passes[shift:] + passes[:shift]:
                 samples[engine, cell].append(theirs.time(tokens[cell], timer.flush) if engine == LLAMA else
                                              ours.time(engine.split()[1], tokens[cell], timer.flush))
-            say(f"round {r + 1}/{args.rounds} ({time.perf_counter() - began:.0f} s)")
+            at_rounds.append(round_sample(read, timer))
+            say(f"round {r + 1}/{args.rounds} ({time.perf_counter() - began:.0f} s; {at_rounds[-1]['stream'][0]:.0f} "
+                f"GB/s)")
     finally:
         theirs.close()
     ceilings |= {"stream_after": measure_stream_read(threads=args.threads),
@@ -310,15 +344,15 @@ def main(argv: list[str] | None = None) -> int:
 
     gbps = float(np.median(ceilings["stream_before"] + ceilings["stream_after"]))
     gflops = float(np.median(ceilings["matmul_before"] + ceilings["matmul_after"]))
-    per_token = ours.parameters_per_token()
+    per_token, per_round = ours.parameters_per_token(), round_ceilings(at_rounds)
     cells = []
     for (b, n), ids in tokens.items():
         w = work(lm, b, n, args.depth, unions[b, n], per_token)
         times = {engine: samples[engine, (b, n)] for engine in ENGINES}
-        cells.append({"B": b, "n": n, "work": w, "stats": cell_stats(times, w, gbps, gflops, rng),
+        cells.append({"B": b, "n": n, "work": w, "stats": cell_stats(times, w, gbps, gflops, per_round, rng),
                       "samples_s": times})
     result = {
-        "format": "moespec-batch-pass", "format_version": 2, "out": args.out,
+        "format": "moespec-batch-pass", "format_version": 3, "out": args.out,
         "provenance": started | {"device": timer.name, "load_average_after": os.getloadavg(),
                                  "versions": started["versions"] | {"llama-cpp-python": version("llama-cpp-python")}},
         "model": lm.spec.to_dict(), "dtype": FORMAT, "gguf": str(gguf.resolve()), "depth": args.depth,
@@ -335,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                      "stream_before_gbps": float(np.median(ceilings["stream_before"])),
                      "stream_after_gbps": float(np.median(ceilings["stream_after"])),
                      "matmul_before_gflops": float(np.median(ceilings["matmul_before"])),
-                     "matmul_after_gflops": float(np.median(ceilings["matmul_after"])), "samples": ceilings},
+                     "matmul_after_gflops": float(np.median(ceilings["matmul_after"])), "samples": ceilings,
+                     "rounds": at_rounds, "per_round": [{"stream_gbps": g, "matmul_gflops": f} for g, f in per_round]},
         "wall_s": time.perf_counter() - began,
         "cells": cells,
     }

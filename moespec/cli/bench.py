@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     for line in warnings + bench_checks(bench, args.out):  # too small to time, noisy: each with the setting to change
         out.print(Text.assemble(("warning: ", "bold red"), line))
     if bench.get("predicted"):
-        out.print(f"predicted, not timed: at {bench['ceiling_gbps']:.1f} GB/s, stated error " + ", ".join(
-            f"{k} {v:.1%}" for k, v in bench["prediction"]["error"].items()) + f" ({bench['prediction']['error_source']})")
+        stated = ", ".join(f"{k} {v:.1%}" for k, v in bench["prediction"]["error"].items())
+        out.print(f"predicted, not timed: at {bench['ceiling_gbps']:.1f} GB/s, stated error {stated} "
+                  f"({bench['prediction']['error_source']})")
     out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {bench['elapsed_s']:.0f} s")
     rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
     print(json.dumps({"model": bench["model"], "device_kind": bench["device_kind"], "dtype": bench["dtype"],

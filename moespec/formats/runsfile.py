@@ -169,7 +169,8 @@ class Runs(Record):
         """self[key], an integer in its INTEGERS bounds."""
         value, (least, most) = self.get(key), INTEGERS[key]
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-            raise MoespecError(f"{self.where}: {key} = {_short(value)} must be an integer >= {least} (at most {most:,})")
+            raise MoespecError(f"{self.where}: {key} = {_short(value)} must be an integer >= {least} "
+                               f"(at most {most:,})")
         return value
 
     @property

@@ -61,7 +61,7 @@ from moespec.measure.timing import (
     median_iqr,
     timer_for,
 )
-from moespec.model.weights import matrix_bytes
+from moespec.model.weights import expert_rows, matrix_bytes
 from moespec.kernels.structure import Rates, pass_time
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
@@ -166,8 +166,7 @@ class Weights:
 
     @property
     def rows(self) -> int:
-        """Weight rows of one expert: 2f gate and up rows and d down rows."""
-        return 2 * self.f + self.d
+        return expert_rows(self.d, self.f)
 
     def call(self, kernel: str, ids: np.ndarray, threads: int | None) -> Callable[[], object]:
         """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once: in the weights' dtype, fp32

@@ -37,7 +37,14 @@ from moespec import ArgumentError, MoespecError
 from moespec.defaults import LAYERS_LIMIT
 from moespec.formats.files import read_json
 from moespec.formats.trace import MAX_EXPERTS
-from moespec.model.weights import FORMATS, matrix_bytes, matrix_format, router_weight_bytes, vector_bytes
+from moespec.model.weights import (
+    FORMATS,
+    expert_rows,
+    matrix_bytes,
+    matrix_format,
+    router_weight_bytes,
+    vector_bytes,
+)
 
 SUPPORTED_MODEL_TYPES = ("olmoe", "qwen3_moe", "gpt_oss", "deepseek_v2", "mixtral")
 
@@ -235,8 +242,8 @@ class ModelSpec:
 
     @property
     def expert_rows(self) -> int:
-        """Weight rows of one routed expert: its gate and up rows (f each, or up alone) and its d down rows."""
-        return (2 if self.gated else 1) * self.expert_width + self.hidden
+        """Weight rows of one routed expert (moespec.model.weights.expert_rows)."""
+        return expert_rows(self.hidden, self.expert_width, self.gated)
 
     def W(self, fmt: str) -> int:  # noqa: N802 - the paper's symbol
         """W = sum over MoE layers of w_l."""

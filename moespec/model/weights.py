@@ -74,6 +74,11 @@ def matrix_bytes(rows: int, cols: int, fmt: str) -> int:
     block_bytes, block = FORMATS[fmt]
     return rows * math.ceil(cols / block) * block_bytes
 
+def expert_rows(hidden: int, width: int, gated: bool = True) -> int:
+    """Weight rows of one routed expert of hidden size d and width f: its gate and up rows (f each, or up alone) and
+    its d down rows."""
+    return (2 if gated else 1) * width + hidden
+
 def _use_more_bits(layer: int, layers: int) -> bool:
     """llama.cpp's choice of the layers that get more bits in the _M k-quant mixes (about half)."""
     eighth = layers // 8

@@ -67,7 +67,8 @@ def too_small_line(bench: Mapping[str, Any], where: str) -> str | None:
 
 def bench_checks(bench: Mapping[str, Any], where: str) -> list[str]:
     """A bench whose expert operation is too small to time (too_small), timed beside another process, or whose
-    timings are noisy (noise_verdict), each line naming what to change; else, where it resumed rounds of an earlier run, that --fresh times them now."""
+    timings are noisy (noise_verdict), each line naming what to change; else, where it resumed rounds of an earlier
+    run, that --fresh times them now."""
     small = too_small_line(bench, where)
     out = [small] if small else []
     if contended := describe(record_at(bench, "contention") or None, "timed calls"):
