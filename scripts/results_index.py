@@ -220,9 +220,9 @@ ENTRIES: dict[str, Entry] = {
     "batch-engine/README.md": Entry("write-up: the batched pass beside llama.cpp, the batch plan scored, its fidelity",
                                     source="batch-engine/batch-pass.json"),
     "batch-engine/batch-pass.json": Entry(
-        "B sequences x n tokens in one pass, B 1-8, n 1-9: moespec dedup / llama.cpp 0.63-1.06 (run 1 of 5; over "
-        "five 0.63 at B = 8 x 9, 1.02-1.06 in median at three one-token cells); roofline share 43-81% (moespec 43%, "
-        "llama.cpp 27% at B = 8 x 9)"),
+        "B sequences x n tokens in one pass, B 1-8, n 1-9, each pass against the ceilings sampled around its round: "
+        "moespec dedup / llama.cpp 0.61-0.97 in median over five runs (run 1 of 5); dedup roofline share 50-81%, "
+        "llama.cpp's 32-79%"),
     "batch-engine/batch-pass.txt": Entry("console output of benchmarks/batch_pass.py",
                                          source="batch-engine/batch-pass.json"),
     **{f"batch-engine/batch-pass-{i}.json": Entry(f"run {i} of 5 of benchmarks/batch_pass.py (the medians over the five "
@@ -236,6 +236,12 @@ ENTRIES: dict[str, Entry] = {
     "batch-engine/runs.json": Entry("the scored run at B = 1, 2, 4, 8: k_hat within one at 3-4 of 4 acceptances per "
                                     "B, B_stop within a grid step, greedy tokens exact"),
     "batch-engine/fidelity.json": Entry("the batch chain five times (benchmarks/batch_fidelity.py)"),
+    **with_console("batch-engine/fidelity-rounds",
+                   "the batch chain five times at the paper's 11 acceptances, one decoding round per acceptance "
+                   "(benchmarks/batch_fidelity.py): k_hat within one at 9, 10, 10, 10 of 11 (B = 1, 2, 4, 8, median "
+                   "of the measured map), crossover 5 of 5, B_stop 2 of 5 (misses at a = 0.4 only)"),
+    "batch-engine/bench-fidelity-rounds.json": Entry("the demo's bench (out/demo-s34) fidelity-rounds.json's plans "
+                                                     "are made with"),
     "batch-engine/fidelity-11.json": Entry("the batch chain five times at the paper's 11 acceptances, both versions of the "
                                            "batch map scored (benchmarks/batch_fidelity.py)"),
     "batch-engine/fidelity-11.txt": Entry("console output of benchmarks/batch_fidelity.py for fidelity-11.json",
