@@ -190,3 +190,23 @@ def test_native_entry_point_rejects_bad_arguments():
 
 def test_status_names_the_library():
     assert dense.status().startswith("native (")
+
+
+@pytest.mark.skipif(dense.pack(torch.zeros(2, 2, dtype=torch.bfloat16)) is None, reason="torch without oneDNN")
+@pytest.mark.parametrize("n", [17, 72])
+def test_packed_linear_equals_torch_past_max_tokens(n):
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randn(96, 64, generator=gen).bfloat16()
+    b = torch.randn(96, generator=gen).bfloat16()
+    x = torch.randn(n, 64, generator=gen).bfloat16()
+    packed = dense.pack(w)
+    torch.testing.assert_close(dense.packed_linear(x, packed), torch.nn.functional.linear(x, w), atol=0, rtol=0)
+    torch.testing.assert_close(dense.packed_linear(x, packed, b), torch.nn.functional.linear(x, w, b),
+                               atol=1e-2, rtol=1e-2)
+
+
+def test_pack_takes_contiguous_cpu_bf16_matrices_only():
+    w = torch.randn(8, 4)
+    assert dense.pack(w) is None  # fp32: measured no faster, left to F.linear
+    assert dense.pack(w.bfloat16().t()) is None and dense.pack(w.bfloat16()[0]) is None
+    assert dense.pack(torch.empty(0, 4, dtype=torch.bfloat16)) is None

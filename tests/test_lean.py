@@ -18,7 +18,7 @@ import torch
 from conftest import VOCAB_SIZE
 from transformers import AutoModelForCausalLM
 
-from moespec.kernels import native
+from moespec.kernels import dense, native
 from moespec.model import lean
 from moespec.model.cache import new_cache
 from moespec.model.dense import native_attention_calls, native_calls, set_dense
@@ -191,3 +191,22 @@ def test_a_model_moved_after_the_install_runs_transformers_forward(tiny_configs)
         out = model(input_ids=torch.arange(30, 33)[None], use_cache=True, cache=cache).logits
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     assert model._moespec_dense.lean.attention_calls == 0 and model._moespec_dense.lean.fused_calls == 0
+
+
+def test_passes_past_max_tokens_multiply_packed_weights(tiny_configs):
+    model = model_of(tiny_configs, "olmoe", torch.bfloat16)
+    set_dense(model, "native")
+    installed = model._moespec_dense.lean
+    head = model.lm_head
+    x = torch.randn(dense.MAX_TOKENS + 4, head.weight.shape[1]).bfloat16()
+    with torch.inference_mode():
+        got = installed.linear(x, head)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, head.weight), atol=0, rtol=0)
+        if dense.pack(head.weight) is None:  # torch without oneDNN: F.linear, nothing packed
+            assert installed.packs[head][1] is None
+            return
+        assert head in installed.packs
+        head.weight.mul_(2)  # a weight written to is packed again
+        torch.testing.assert_close(installed.linear(x, head), torch.nn.functional.linear(x, head.weight),
+                                   atol=0, rtol=0)
+        assert installed.linear(x[:3], head) is not None and len(installed.packs) == 1  # few rows: the native kernel

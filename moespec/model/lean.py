@@ -118,8 +118,9 @@ class RotaryTable:
 
 
 class Lean:
-    """What `install` puts on a model: its instance forward, the routers' instance forwards, the rotary table, and
-    the counts of native calls made by the passes it ran (`linear_calls`, `attention_calls`)."""
+    """What `install` puts on a model: its instance forward, the routers' instance forwards, the rotary table, the
+    counts of native calls made by the passes it ran (`linear_calls`, `attention_calls`), and oneDNN's packed
+    copies of the bf16 dense weights that batched passes of more than MAX_TOKENS rows multiply (`packs`)."""
 
     def __init__(self, model: Any) -> None:
         self.model, self.qk_norm = model, QK_NORM[model.config.model_type]
@@ -133,6 +134,7 @@ class Lean:
             router.forward = _RouterForward(router, self)
         self.fused = [_layer_weights(layer, self.qk_norm) for layer in model.model.layers]
         self.fused_calls = 0  # layers run by the one-call layer kernel
+        self.packs: dict[torch.nn.Module, tuple[tuple, torch.Tensor | None]] = {}  # layer -> (weight key, packed)
 
     def remove(self) -> None:
         for module in (self.model, *self.routers):
@@ -157,10 +159,24 @@ class Lean:
 
     def linear(self, x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
         y = dense.linear_if_taken(x, layer.weight, layer.bias)
-        if y is None:
+        if y is not None:
+            self.linear_calls += 1
+            return y
+        packed = self.packed(layer) if x.dim() == 2 and x.shape[0] > dense.MAX_TOKENS and x.dtype == torch.bfloat16 \
+            else None
+        if packed is None or (layer.bias is not None and layer.bias.dtype != torch.bfloat16):
             return F.linear(x, layer.weight, layer.bias)
-        self.linear_calls += 1
-        return y
+        return dense.packed_linear(x.contiguous(), packed, layer.bias)
+
+    def packed(self, layer: torch.nn.Linear) -> torch.Tensor | None:
+        """The oneDNN copy of a layer's weight for passes of more than MAX_TOKENS rows (moespec.kernels.dense.pack),
+        made at its first such pass and made again if the weight is replaced or written to; None where it has none."""
+        w = layer.weight
+        key = (w.data_ptr(), w._version, tuple(w.shape))
+        have = self.packs.get(layer)
+        if have is None or have[0] != key:
+            have = self.packs[layer] = (key, dense.pack(w.detach()))
+        return have[1]
 
     def attention_block(self, a: Any, x: torch.Tensor, parts: list[Part]) -> torch.Tensor:
         """o_proj(attention) of one layer for x [T, d], the rows of one or more sequences: each part (its rows,
