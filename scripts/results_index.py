@@ -221,8 +221,8 @@ ENTRIES: dict[str, Entry] = {
                                     source="batch-engine/batch-pass.json"),
     "batch-engine/batch-pass.json": Entry(
         "B sequences x n tokens in one pass, B 1-8, n 1-9, each pass against the ceilings sampled around its round: "
-        "moespec dedup / llama.cpp 0.61-0.97 in median over five runs (run 1 of 5); dedup roofline share 50-81%, "
-        "llama.cpp's 32-79%"),
+        "moespec dedup / llama.cpp 0.57-0.97 in median over five runs (run 1 of 5); dedup roofline share 56-84%, "
+        "llama.cpp's 34-81%"),
     "batch-engine/batch-pass.txt": Entry("console output of benchmarks/batch_pass.py",
                                          source="batch-engine/batch-pass.json"),
     **{f"batch-engine/batch-pass-{i}.json": Entry(f"run {i} of 5 of benchmarks/batch_pass.py (the medians over the five "

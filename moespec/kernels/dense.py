@@ -9,7 +9,8 @@ kernel (dense_kernels.cpp) reads each W row once per call and applies it to all 
 fp32 accumulation, the OpenMP threads sharing the rows of W. Its fma path (AVX2 + FMA, every dtype) keeps up
 with memory to n ~ 4-5 on two cores; its dot path (AVX512-BF16, for bf16 W and bf16 x on CPUs that have
 it) doubles the multiply-add rate and keeps up to n ~ 6-8; past that, both are bound by their
-multiply-adds and the time grows with n.
+multiply-adds and the time grows with n. Past MAX_TOKENS rows (a batched pass of B sequences) a call is a small
+GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
 
 Shape legend
     n  tokens: the product of x's leading dimensions, 1..16

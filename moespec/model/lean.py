@@ -15,7 +15,9 @@ implementations) runs the same steps from Python: RMSNorm and rotary one native 
 (moespec.kernels.token_ops), every matrix the native dense kernel, attention the native kernel with its implicit
 causal mask, the KV cache written in place (moespec.model.cache), and the MoE block as transformers' own module,
 so expert policies, routing replay and router hooks (moespec.model.policies, the tracer) work unchanged. Both
-give the same bits (tests/test_lean.py).
+give the same bits (tests/test_lean.py). moespec.model.batched runs these steps over the rows of B sequences at once;
+past MAX_TOKENS rows a bf16 matrix multiplies oneDNN's packed copy of its weight (moespec.kernels.dense.pack), made
+at the first such pass and kept: the dense weights' bytes a second time in memory.
 
 Where it applies (`unsupported` says why not): a model of these families on the CPU in fp32 or bf16 on transformers'
 sdpa attention, full attention only (every cache layer an InPlaceLayer: no sliding window), rotary over the whole
