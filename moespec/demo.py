@@ -41,7 +41,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from moespec import MoespecError, theory
+from moespec import MoespecError, __version__, theory
 from moespec.defaults import (
     DEPTH,
     DTYPES,
@@ -57,7 +57,7 @@ from moespec.defaults import (
 )
 from moespec.formats.benchfile import Bench, load_bench
 from moespec.formats.demofile import DRAFTING_FILE, STEPS_FILE, Demo, Steps, load_drafting
-from moespec.formats.files import check_output, holds_outputs, provenance, write_json
+from moespec.formats.files import check_output, holds_outputs, provenance, source_commit, write_json
 from moespec.formats.planfile import Plan, load_plan
 from moespec.formats.runsfile import RATES, Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
@@ -282,11 +282,17 @@ class WaitCap:
                      "going on at the level it has[/]")
 
 
+def step_settings(config: DemoConfig) -> dict[str, Any]:
+    """What a finished measuring step was made with, so a re-run reuses it only under the same: the demo's settings
+    and the code that measured (moespec's version and, in a git checkout, its commit)."""
+    return vars(config) | {"code": {"moespec": __version__, "git": source_commit()}}
+
+
 @holds_outputs(lambda config: config.outputs)
 def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     """The whole chain on the built-in default (module docstring); returns what demo.json records (written to
     config.out/demo.json with every other artifact, with its provenance; all of them locked meanwhile). A re-run
-    with the same settings reuses the finished steps."""
+    with the same settings and code reuses the finished steps (step_settings)."""
     config.check()
     out_dir = Path(config.out)
     result, trace, stats = routing_and_theory(config.model, config.format, config.depth, config.kmax, config.tokens,
@@ -294,7 +300,7 @@ def demo(config: DemoConfig, view: DemoView = Quiet()) -> Demo:
     view.say(f"[bold]1. routing[/bold]: synthetic {trace.meta.get('process')} trace -> {out_dir / 'trace.npz'}")
     view.routing(stats, trace, str(out_dir / "trace.npz"))
     view.theory(result)
-    steps = Steps(out_dir, vars(config), view.say)
+    steps = Steps(out_dir, step_settings(config), view.say)
     if config.drafting and config.bench_reps and PAIR_DIR.is_dir():  # a measurement: --bench-reps 0 skips it too
         view.say("[bold]2b. drafting[/bold] on the trained pair (moespec/data/pair): the acceptance profile, every "
                  "constant k, transformers' heuristic and the online policy")

@@ -18,7 +18,9 @@ from cli_cases import one_line
 from cli_cases import run_cli as main
 
 from moespec import MoespecError, cli
+from moespec.demo import DemoConfig, step_settings
 from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.demofile import Steps
 from moespec.formats.lock import lock_file
 from moespec.measure import bench, rounds
 from moespec.measure.run import RunConfig, run_engine
@@ -186,3 +188,15 @@ def test_the_demo_checks_every_step_before_writing(args, flag, tmp_path):
 
 def test_the_run_normalizes_acceptances():
     assert RunConfig(a=(0.9, 0.5, 0.9)).acceptances == RunConfig(a=(0.5, 0.9)).acceptances == [0.5, 0.9]
+
+
+def test_demo_steps_of_other_code_are_measured_again(tmp_path):
+    settings = step_settings(DemoConfig(out=str(tmp_path)))
+    assert settings["code"]["moespec"] and "git" in settings["code"]  # the code that measured is part of them
+    ran = []
+    Steps(tmp_path, settings, print).run(tmp_path / "a.json", lambda: (tmp_path / "a.json").write_text("{}"))
+    Steps(tmp_path, settings, ran.append).run(tmp_path / "a.json", lambda: ran.append("measured"))
+    assert ran and ran[0].startswith("reusing")  # same settings and code: reused
+    other = settings | {"code": {"moespec": "0.0.0", "git": None}}
+    Steps(tmp_path, other, print).run(tmp_path / "a.json", lambda: ran.append("measured"))
+    assert ran[-1] == "measured"  # other code: measured again

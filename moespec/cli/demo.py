@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed, default=0, help="seed of the synthetic routing (default 0)")
     p.add_argument("--out", default=DEFAULT_OUT_DIR,
                    help=f"folder for every artifact (trace, bench, plan, runs, report; default {DEFAULT_OUT_DIR}); "
-                        f"a re-run with the same settings reuses what is there")
+                        f"a re-run with the same settings and code reuses what is there")
     p.add_argument("--bench-reps", type=bounded(0, REPS_LIMIT), default=BENCH_REPS,
                    help=f"repetitions of the short bench (default {BENCH_REPS}, at most {REPS_LIMIT:,}; 0 skips the "
                         f"measurement)")

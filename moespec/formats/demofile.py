@@ -63,7 +63,7 @@ class Steps:
     def run(self, artifact: Path, step: Callable[[], Any]) -> None:
         """step() unless it already wrote `artifact` with these settings."""
         if artifact.name in self.done and artifact.exists():
-            self.say(f"reusing {artifact} (same settings; delete it to measure again)")
+            self.say(f"reusing {artifact} (same settings and code; delete it to measure again)")
             return
         step()
         self.done.append(artifact.name)
