@@ -34,12 +34,14 @@ HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 pytestmark = pytest.mark.skipif(not (TARGET / "model.safetensors").is_file(), reason="no trained pair")
 
 # Small settings per step: one bench layer at n = 1..3 (kmax 2), verify passes at depth 64 for at most 1 s per n,
-# a throughput grid of k = 0..2 at two acceptances, one prompt of 6 tokens per cell; score and staircase print JSON.
+# a throughput grid of k = 0..2 at two acceptances, two prompts of 6 tokens per cell (the oracle's prompts take the
+# acceptances in turn, so every k is decoded at both: the counted rate then has a row for whatever k_hat* the noisy
+# verify times give); score and staircase print JSON.
 VERIFY = ["--n", "1-3", "--depth", "64", "--reps", "5", "--max-reps", "10", "--budget", "1"]
 SMALL = {"export": [], "trace": [], "report": [], "plan": ["--kmax", "2"], "score": ["--json"],
          "staircase": ["--json"],
          "bench": ["--layers", "0", "--n", "1-3", "--reps", "1", "--windows", "2", "--u-values", "2"],
-         "verify": VERIFY, "run": [*VERIFY, "--k", "0-2", "--a", "0.5,0.9", "--prompts", "1", "--tokens", "6"]}
+         "verify": VERIFY, "run": [*VERIFY, "--k", "0-2", "--a", "0.5,0.9", "--prompts", "2", "--tokens", "6"]}
 NEEDS_LLAMA = "--gguf"  # the flag of the steps that run llama.cpp itself (trace, run --engine llama.cpp)
 PRINTS_JSON = ("score", "staircase")  # the steps that write no file: their --json output is read instead
 
