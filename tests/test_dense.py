@@ -210,3 +210,7 @@ def test_pack_takes_contiguous_cpu_bf16_matrices_only():
     assert dense.pack(w) is None  # fp32: measured no faster, left to F.linear
     assert dense.pack(w.bfloat16().t()) is None and dense.pack(w.bfloat16()[0]) is None
     assert dense.pack(torch.empty(0, 4, dtype=torch.bfloat16)) is None
+    rows = torch.zeros(dense.MAX_TOKENS + 1, 4, dtype=torch.bfloat16)
+    assert dense.packed_takes(rows) and dense.packed_takes(rows, torch.zeros(8, dtype=torch.bfloat16))
+    assert not dense.packed_takes(rows[:dense.MAX_TOKENS]) and not dense.packed_takes(rows.float())
+    assert not dense.packed_takes(rows, torch.zeros(8))  # an fp32 bias: F.linear

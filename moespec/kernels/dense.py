@@ -174,6 +174,12 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
+def packed_takes(x: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether a call goes to `packed_linear`: x [n, K] bf16 of more than MAX_TOKENS rows, bias None or bf16."""
+    return x.dim() == 2 and x.shape[0] > MAX_TOKENS and x.dtype == torch.bfloat16 and (
+        bias is None or bias.dtype == torch.bfloat16)
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T + b [n, M] for x [n, K] bf16 and `pack`'s copy of W; bias None or [M] bf16."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")

@@ -164,9 +164,8 @@ class Lean:
         if y is not None:
             self.linear_calls += 1
             return y
-        packed = self.packed(layer) if x.dim() == 2 and x.shape[0] > dense.MAX_TOKENS and x.dtype == torch.bfloat16 \
-            else None
-        if packed is None or (layer.bias is not None and layer.bias.dtype != torch.bfloat16):
+        packed = self.packed(layer) if dense.packed_takes(x, layer.bias) else None
+        if packed is None:
             return F.linear(x, layer.weight, layer.bias)
         return dense.packed_linear(x.contiguous(), packed, layer.bias)
 
