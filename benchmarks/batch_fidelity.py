@@ -27,9 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from moespec import MoespecError
+from moespec.cli.args import bounded
+from moespec.defaults import GENERATED_LIMIT, REPS_LIMIT, SAMPLES_LIMIT
+from moespec.formats.benchfile import load_bench
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.runsfile import RATES, load_runs
+from moespec.formats.trace import load_trace
 from moespec.measure.run import RunConfig, run_engine
 from moespec.predict.acceptance import plan_rate
 from moespec.predict.batch_score import VERSIONS, score_batches
@@ -100,14 +105,17 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=512)
     p.add_argument("--batches", type=lambda t: [int(b) for b in t.split(",")], default=list(DEFAULT_BATCHES))
     p.add_argument("--a", type=lambda t: [float(a) for a in t.split(",")], default=list(DEFAULT_A))
-    p.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help="batch one's prompts per cell")
-    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens per sequence and cell")
+    p.add_argument("--prompts", type=bounded(1, SAMPLES_LIMIT), default=DEFAULT_PROMPTS,
+                   help="batch one's prompts per cell")
+    p.add_argument("--tokens", type=bounded(1, GENERATED_LIMIT), default=DEFAULT_TOKENS,
+                   help="tokens per sequence and cell")
     p.add_argument("--rate", choices=sorted(RATES), default=DEFAULT_RATE, help="the throughput rate the plan names")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=bounded(1, REPS_LIMIT), default=5)
     p.add_argument("--work", default="out/batch-fidelity", help="one folder per repetition under it")
     p.add_argument("--out", required=True, help="the summary JSON")
     args = p.parse_args()
     check_output(args.out)
+    load_bench(args.bench), load_trace(args.trace)  # both readable before any folder is made or pass is timed
     started = provenance("cpu", "bf16")
     reps = []
     for i in range(args.repeats):
@@ -139,4 +147,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except MoespecError as err:  # bad input met by the chain (a bench, trace or output path): one line
+        print(f"batch_fidelity: {err}", file=sys.stderr)
+        sys.exit(2)
