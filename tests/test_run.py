@@ -246,6 +246,19 @@ def test_throughput_cells_interleave_by_prompt(monkeypatch):
     assert by["slot", 0, None]["step_time_s"] == pytest.approx(V) and by["slot", 0, None]["prompts"] == 3
 
 
+@pytest.mark.parametrize("a", [None, (0.5, 0.9), (0.7,)])
+def test_default_prompts_decode_every_acceptance_in_every_cell(a):
+    """By default a cell has one prompt per acceptance, so the counted rate (the plan's default) has a row at every
+    (k, a); a draft model has no grid to cover; an explicit --prompts wins."""
+    config = R.RunConfig(a=a)
+    assert config.prompt_count == len(config.acceptances)
+    for k in range(9):
+        met = {D.prompt_acceptance(k, i, config.acceptances) for i in range(config.prompt_count)}
+        assert met == set(config.acceptances), k
+    assert R.RunConfig(a=a, draft_model="d").prompt_count == R.DRAFT_MODEL_PROMPTS
+    assert R.RunConfig(a=a, prompts=3).prompt_count == 3
+
+
 def test_an_acceptance_no_prompt_met_keeps_its_row():
     """More acceptances than prompts: the row of an a no prompt ran at has T_a(k) over the cell's V(k) and no
     realized numbers."""

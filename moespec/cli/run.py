@@ -39,7 +39,7 @@ from moespec.defaults import (
 from moespec.formats.runsfile import RATES
 from moespec.measure.level import describe as describe_level
 from moespec.measure.llama_run import run_llama_cpp
-from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, RunConfig, run_engine
+from moespec.measure.run import DEFAULT_LAYERS, DEFAULT_REPS, DRAFT_MODEL_PROMPTS, RunConfig, run_engine
 from moespec.model.dense import DENSE
 from moespec.predict.verdict import measured_crossover
 
@@ -149,7 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                "0.2..0.98)")
     p.add_argument("--prompts", type=bounded(1, SAMPLES_LIMIT), default=RunConfig.prompts,
                    help=f"prompts per throughput cell (policy, k), the oracle's taking the acceptances in turn "
-                        f"(default {RunConfig.prompts}, at most {SAMPLES_LIMIT:,})")
+                        f"(default one per acceptance, so the counted rate has every (k, a); {DRAFT_MODEL_PROMPTS} "
+                        f"with --draft-model; at most {SAMPLES_LIMIT:,})")
     p.add_argument("--tokens", type=bounded(1, GENERATED_LIMIT), default=RunConfig.tokens,
                    help=f"tokens generated per prompt (default {RunConfig.tokens}, at most {GENERATED_LIMIT:,})")
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")

@@ -199,7 +199,7 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
         key = {"engine": "llama.cpp", "gguf": started["llama_cpp"]["gguf"], "draft_gguf": config.draft_gguf,
                "threads": config.threads, "depth": config.depth, "n": ns, "reps": config.reps,
                "max_reps": config.max_reps, "target": config.target, "budget_s": config.budget_s, "k": ks,
-               "a": acceptances, "prompts": config.prompts, "tokens": config.tokens, "seed": config.seed,
+               "a": acceptances, "prompts": config.prompt_count, "tokens": config.tokens, "seed": config.seed,
                "plan": plan_info, "level_gbps": config.level_gbps,
                "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s)}
         checkpoint = Checkpoint(config.out, key, "run", config.fresh, run_unit_checks(ns, [POLICY]))
@@ -209,20 +209,20 @@ def run_llama_cpp(config: RunConfig, say: Callable[[str], None] = lambda text: N
             say(note)
         ceilings = {"before": measure_stream_read()}
         level = run_level(config, plan_info, checkpoint, say)
-        with checkpoint, progress("run", len(ns) * config.reps + len(cells) * config.prompts,
+        with checkpoint, progress("run", len(ns) * config.reps + len(cells) * config.prompt_count,
                                   enabled=sys.stderr.isatty()) as advance:
             cores = Cores(config.threads, fit=False)
             units = measure_verify(contexts.first, config, ns, checkpoint, advance, level, cores)
             ceilings["between"] = measure_stream_read()
             ps = [Prompt(ids, contexts.new(), drafts.new() if drafts else None, config.tokens + max(ks))
-                  for ids in prompts(config.prompts, config.depth, vocab, config.seed)] if cells else []
+                  for ids in prompts(config.prompt_count, config.depth, vocab, config.seed)] if cells else []
 
             def unit(cell: Cell, i: int) -> dict:
                 a = prompt_acceptance(cell[1], i, oracle)
                 return cores.watched(lambda: level.measured(
                     lambda: decode_cell(ps[i], i, cell[1], a, config.seed + i, config.tokens)))
 
-            measured = [row for cell, prompts_done in interleaved(cells, config.prompts, checkpoint, unit, advance)
+            measured = [row for cell, prompts_done in interleaved(cells, config.prompt_count, checkpoint, unit, advance)
                         for row in cell_rows(*cell, prompts_done, oracle)]
         ceilings["after"] = measure_stream_read()
     finally:

@@ -80,6 +80,7 @@ DEFAULT_REPS = 7  # verify-time samples per (policy, n) at least: a median and a
 # budget per pass size: a pass of the 2-layer demo model takes 30-200 ms, so 60 rounds of four policies fit in it.
 TARGET = 0.05
 MAX_REPS = 60
+DRAFT_MODEL_PROMPTS = 2  # prompts per cell for a draft model (it has no acceptance grid to cover)
 BUDGET_S = 60.0
 # ---- the model, the prompts and the replayed routing ------------------------------------------------------
 def load_plan_kernels(path: str | None, dtype: str, device_kind: str) -> tuple[dict[str, Any] | None,
@@ -190,7 +191,7 @@ def summarize(model: dict[str, Any], config: RunConfig, units: dict[int, dict[st
     doc = {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, **model, "device": started["device"],
         "device_kind": started["device"].split(":")[0], "dtype": config.dtype, "depth": config.depth,
-        "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
+        "prompts": config.prompt_count, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
         "kernel_by_n": None if kernel_by_n is None else {str(n): k for n, k in sorted(kernel_by_n.items())},
         **verify,
         "verify_samples_s": {p: {str(n): samples[p][n] for n in ns} for p in policies},
@@ -220,7 +221,8 @@ class RunConfig:
     """One engine run: the model (a local checkpoint `model`, or a `preset` with random weights cut to `layers`
     decoder layers), its dtype and device, a plan whose AUTO policy runs beside slot and dedup, the context depth,
     the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
-    None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell; `throughput=False` measures
+    None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell, None: `prompt_count`;
+    `throughput=False` measures
     the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed, the
     host's bandwidth level to keep the rounds at (`level_gbps`, `level_wait_s`: off unless asked for, on the CPU
     only; moespec.measure.level.pin_wait); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it;
@@ -245,7 +247,7 @@ class RunConfig:
     dense: str = DEFAULT_DENSE
     k: tuple[int, ...] = tuple(range(KMAX + 1))
     a: tuple[float, ...] | None = None
-    prompts: int = 2
+    prompts: int | None = None
     tokens: int = 32
     throughput: bool = True
     draft_model: str | None = None
@@ -276,7 +278,7 @@ class RunConfig:
                                f"{self.target} and {self.budget_s}")
         for flag, value, least, most in (("--depth", self.depth, 1, DEPTH_LIMIT), ("--reps", self.reps, 2, REPS_LIMIT),
                                          ("--max-reps", self.max_reps, 2, REPS_LIMIT),
-                                         ("--prompts", self.prompts, 1, SAMPLES_LIMIT),
+                                         ("--prompts", self.prompt_count, 1, SAMPLES_LIMIT),
                                          ("--tokens", self.tokens, 1, GENERATED_LIMIT),
                                          ("--layers", 1 if self.layers is None else self.layers, 1, LAYERS_LIMIT)):
             if not least <= value <= most:
@@ -294,6 +296,15 @@ class RunConfig:
         for a in self.acceptances:
             if not 0 <= a < 1:
                 raise MoespecError(f"--a: acceptance {a} outside [0, 1) (a = 1 drafts forever; score refuses it)")
+
+    @property
+    def prompt_count(self) -> int:
+        """Prompts per throughput cell: `prompts`, by default one per acceptance of the oracle's grid, so that every
+        cell decodes every acceptance and the counted rate (the plan's default) has a row at each (k, a); a draft
+        model drafts at its own acceptance: DRAFT_MODEL_PROMPTS."""
+        if self.prompts is not None:
+            return self.prompts
+        return DRAFT_MODEL_PROMPTS if self.draft_model is not None else len(self.acceptances)
 
     @property
     def acceptances(self) -> list[float]:
@@ -367,7 +378,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
            "budget_s": config.budget_s, "level_gbps": config.level_gbps,
            "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "outside": config.outside, "dense": config.dense, "k": ks, "a": acceptances,
-           "prompts": config.prompts, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
+           "prompts": config.prompt_count, "tokens": config.tokens, "replay": config.replay, "plan": plan_info,
            "seed": config.seed, "draft_model": config.draft_model, "spec": lm.spec.to_dict(), "device": device,
            "threads": config.threads, "replay_sha256": config.replay and sha256_file(config.replay),
            "batch": sorted(set(config.batch))}
@@ -378,7 +389,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
     say(f"moespec run: {lm.source} ({lm.spec.L} MoE layers, {config.dtype}, {device}); dense weights: "
         f"{dense_path}; verify pass: {verify_pass(lm.model)}; policies "
         f"{', '.join(policies)}; depth {config.depth}; replay {config.replay or 'off (the router decides)'}")
-    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompts + sum(  # batch B: AUTO where planned
+    total = len(ns) * config.reps * len(verify) + len(cells) * config.prompt_count + sum(  # batch B: AUTO where planned
         len(ns) * config.reps * (len(KERNELS) + bool(kernels[b]))
         + (1 if kernels[b] else len(KERNELS)) * len(ks) * len(acceptances) * config.throughput for b in batches)
     ceilings = {"before": measure_stream_read()}
@@ -390,7 +401,7 @@ def run_engine(config: RunConfig, say: Callable[[str], None] = lambda text: None
         with checkpoint, progress("run", total, enabled=sys.stderr.isatty()) as advance:
             units = measure_verify(lm, config, ns, verify, kernel_by_n, trace, checkpoint, advance, level, cores)
             ceilings["between"] = measure_stream_read()
-            ps = Prompts(lm, config.prompts, config.depth, config.tokens, config.seed, trace, config.replay)
+            ps = Prompts(lm, config.prompt_count, config.depth, config.tokens, config.seed, trace, config.replay)
             measured = measure_throughput(lm, cells, kernel_by_n, ps, None if drafter else acceptances, checkpoint,
                                           drafter, advance, level, cores)
             batch = measure_batches(lm, batches, ns, ks, acceptances, config, kernels, trace, config.throughput,
