@@ -224,7 +224,8 @@ def print_report(result: dict, ns: list[int]) -> None:
         row = rows[str(n)]
         ratio = lambda r: "-" if r is None else f"{r['ratio']:.2f}"
         print(f"{n:>2}  {ms(row['llama_cpp']):<24}{ms(row['llama_cpp_api']):<24}{ms(row['moespec']['slot']):<24}"
-              f"{ms(row['moespec']['dedup']):<24}{ratio(row['ratio']['dedup']):>12}{ratio(row['ratio_api']['dedup']):>10}")
+              f"{ms(row['moespec']['dedup']):<24}{ratio(row['ratio']['dedup']):>12}"
+              f"{ratio(row['ratio_api']['dedup']):>10}")
     print(f"\nbytes per pass (MB = 1e6 B) and the physical limit bytes / {c['median_gbps']:.2f} GB/s; "
           "% of limit = limit / measured time (llama.cpp's bytes are of the dedup kind)")
     print(f"{'n':>2}{'dense':>9}{'kv':>7}{'U(n)':>7}{'slot MB':>9}{'dedup MB':>10}{'limit slot':>12}{'limit dedup':>13}"

@@ -7,7 +7,7 @@ which it moves them (from a benchmark of the expert operation). moespec turns bo
 pass size and the best draft length per acceptance rate, with proved error bands.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 class MoespecError(Exception):

@@ -8,7 +8,8 @@ runs.json (FORMAT_NAME, FORMAT_VERSION; n, k keys are strings):
   plan {path, sha256} or null, kernel_by_n (the AUTO policy used, or null)
   verify_time_s       {policy: {n: median s}}        verify_time_ci_s {policy: {n: [lo, hi]}} (95% bootstrap)
                       policies slot, dedup, auto (with a plan) and outside (the expert operation taken out: the
-                      time of the rest of the pass, which the plan's whole-pass version reads; absent in version-1 files)
+                      time of the rest of the pass, which the plan's whole-pass version reads; absent in version-1
+                      files)
   verify_samples_s    {policy: {n: [s, ...]}}
   saving_s            {n: {median, lo, hi}}           S(n) = tau_slot(n) - tau_dedup(n), 95% bootstrap interval
   crossover           smallest n >= 2 from which the median saving stays positive (null if none)
@@ -286,9 +287,10 @@ def _check_batch(block: Any, path: str) -> None:
         if not isinstance(rows, list) or not all(isinstance(r, Mapping) and tuple(r) == BATCH_ROW_KEYS for r in rows):
             raise MoespecError(f"{path}: {where}.throughput must be rows of the keys {', '.join(BATCH_ROW_KEYS)}")
         for i, r in enumerate(rows):
+            rates = ("step_time_s", "tokens_per_s", "counted_tokens_per_s")
             if r["policy"] not in POLICIES or type(r["k"]) is not int or not 0 <= r["k"] <= KMAX_LIMIT or \
-                    not is_number(r["a"]) or not 0 <= r["a"] <= 1 or not all(
-                    is_number(r[key]) and r[key] > 0 for key in ("step_time_s", "tokens_per_s", "counted_tokens_per_s")):
+                    not is_number(r["a"]) or not 0 <= r["a"] <= 1 or not all(is_number(r[key]) and r[key] > 0
+                                                                             for key in rates):
                 raise MoespecError(f"{path}: {where}.throughput[{i}]: a policy, k in 0..{KMAX_LIMIT}, a in [0, 1] and "
                                    f"positive times and rates")
 

@@ -250,8 +250,8 @@ def saving_figure(plan: Any, runs: Any | None) -> Figure:
 def acceptance_figure(per_policy: dict[str, list[dict]], predicted: dict[tuple[str, float], float],
                       deltas: dict[str, float | None], kmax: int, loss_limit: float) -> Figure:
     """Figure 5: per policy and acceptance, k_hat* vs the measured best k, the throughput lost at k_hat* vs the
-    bound (20), and the speedup error vs the band (21) (moespec.predict.acceptance.acceptance_rows gives the rows); three
-    panels across the page's width, one legend below them."""
+    bound (20), and the speedup error vs the band (21) (moespec.predict.acceptance.acceptance_rows gives the rows);
+    three panels across the page's width, one legend below them."""
     with _style(FULL_WIDTH_IN):
         fig = Figure(figsize=(FULL_WIDTH_IN, 4.2), layout="constrained")
         ax_k, ax_loss, ax_err = fig.subplots(1, 3)
