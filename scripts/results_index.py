@@ -118,6 +118,9 @@ STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-
                     "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
 STRUCTURE_GGUF = {"q8_0": STRUCTURE_MODELS, "q4_0": ("olmoe-1b-7b", "heldout-1536x512")}  # validated GGUF formats
 STRUCTURE_GGUF_B8 = ("olmoe-1b-7b", "qwen3-30b-a3b", "heldout-1536x512")  # q8_0 also at passes of 8..72 tokens
+# structure-model/same-session/: (model, format folder, B) of each measured and predicted bench
+SAME_SESSION = ([(m, "", 1) for m in STRUCTURE_MODELS] + [(m, "", 8) for m in ("olmoe-1b-7b", "heldout-1536x512")]
+                + [(m, "q8_0/", 1) for m in STRUCTURE_MODELS] + [(m, "q4_0/", 1) for m in STRUCTURE_GGUF["q4_0"]])
 ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
@@ -184,6 +187,34 @@ ENTRIES: dict[str, Entry] = {
     **{f"structure-model/log-{m}-{dt}.txt": Entry(f"console output of the {m} {dt} step",
                                                   source=f"structure-model/{m}/{dt}/errors.json")
        for dt, models in STRUCTURE_GGUF.items() for m in models},
+    # the same validation with each format's profile taken in the benches' own session (same-session/)
+    **{f"structure-model/same-session/{name}.json": Entry(claim) for name, claim in (
+        ("device", "bf16 profile taken just before the bf16 benches beside it (ceiling 34.9 GB/s, self-check 3.5% / "
+                   "9.5% slot, 3.2% / 10.7% dedup)"),
+        ("device-q8_0", "q8_0 profile of ggml's pair taken just before the q8_0 benches beside it (32.7 GB/s)"),
+        ("device-q4_0", "q4_0 profile of ggml's pair, taken in a faster state (49.2 GB/s) than its benches (31-34)"),
+        ("table", "per model, format and kernel: median and largest error over n; dedup within 10% / 20% on 6 of 8 "
+                  "bf16 models, slot on 3; crossover equal on every bf16 bench"))},
+    "structure-model/same-session/table.md": Entry("table.json as markdown",
+                                                   source="structure-model/same-session/table.json"),
+    **{f"structure-model/same-session/log-profile{sfx}.txt": Entry(
+        f"console output of the {dt} profile", source=f"structure-model/same-session/device{sfx}.json")
+       for sfx, dt in (("", "bf16"), ("-q8_0", "q8_0"), ("-q4_0", "q4_0"))},
+    **{f"structure-model/same-session/configs/{m}/config.json": Entry(
+        f"the OLMoE-class config of the held-out shape {m}", source="structure-model/same-session/table.json")
+       for m in ("heldout-1536x512", "heldout-3072x1536")},
+    **{f"structure-model/same-session/{m}/{sub}{kind}-B{b}.json": Entry(
+        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}"
+        f"{' in ' + sub[:-1] + ', ggml' + chr(39) + 's pair' if sub else ''}, MoE layer 0, "
+        f"{'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, profile of the same session")
+       for m, sub, b in SAME_SESSION for kind in ("bench", "predicted")},
+    **{f"structure-model/same-session/{m}/{sub}errors.json": Entry(
+        f"{m}{' in ' + sub[:-1] if sub else ''}: every pass measured and predicted, the error per n")
+       for m, sub in {(m, sub) for m, sub, _ in SAME_SESSION}},
+    **{f"structure-model/same-session/log-{m}{'-' + sub[:-1] if sub else ''}.txt": Entry(
+        f"console output of the {m} {sub[:-1] or 'bf16'} step",
+        source=f"structure-model/same-session/{m}/{sub}errors.json")
+       for m, sub in {(m, sub) for m, sub, _ in SAME_SESSION}},
     # batch: passes of B sequences
     "batch/README.md": Entry("write-up of the four benches at batch B = 1, 2, 4, 8",
                              source="batch/bench-olmoe-bf16-B8.json"),
@@ -221,8 +252,8 @@ ENTRIES: dict[str, Entry] = {
                                     source="batch-engine/batch-pass.json"),
     "batch-engine/batch-pass.json": Entry(
         "B sequences x n tokens in one pass, B 1-8, n 1-9, each pass against the ceilings sampled around its round: "
-        "moespec dedup / llama.cpp 0.57-0.97 in median over five runs (run 1 of 5); dedup roofline share 56-84%, "
-        "llama.cpp's 34-81%"),
+        "moespec dedup / llama.cpp 0.59-0.98 in median over five runs (run 1 of 5); dedup roofline share 54-81%, "
+        "llama.cpp's 33-80%"),
     "batch-engine/batch-pass.txt": Entry("console output of benchmarks/batch_pass.py",
                                          source="batch-engine/batch-pass.json"),
     **{f"batch-engine/batch-pass-{i}.json": Entry(f"run {i} of 5 of benchmarks/batch_pass.py (the medians over the five "

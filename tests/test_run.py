@@ -256,6 +256,7 @@ def test_default_prompts_decode_every_acceptance_in_every_cell(a):
         met = {D.prompt_acceptance(k, i, config.acceptances) for i in range(config.prompt_count)}
         assert met == set(config.acceptances), k
     assert R.RunConfig(a=a, draft_model="d").prompt_count == R.DRAFT_MODEL_PROMPTS
+    assert R.RunConfig(a=a, draft_gguf="d.gguf").prompt_count == R.DRAFT_MODEL_PROMPTS
     assert R.RunConfig(a=a, prompts=3).prompt_count == 3
 
 

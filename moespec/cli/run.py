@@ -150,7 +150,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=bounded(1, SAMPLES_LIMIT), default=RunConfig.prompts,
                    help=f"prompts per throughput cell (policy, k), the oracle's taking the acceptances in turn "
                         f"(default one per acceptance, so the counted rate has every (k, a); {DRAFT_MODEL_PROMPTS} "
-                        f"with --draft-model; at most {SAMPLES_LIMIT:,})")
+                        f"with a draft model; at most {SAMPLES_LIMIT:,})")
     p.add_argument("--tokens", type=bounded(1, GENERATED_LIMIT), default=RunConfig.tokens,
                    help=f"tokens generated per prompt (default {RunConfig.tokens}, at most {GENERATED_LIMIT:,})")
     p.add_argument("--no-throughput", action="store_true", help="measure the verify times only")

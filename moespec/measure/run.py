@@ -301,10 +301,11 @@ class RunConfig:
     def prompt_count(self) -> int:
         """Prompts per throughput cell: `prompts`, by default one per acceptance of the oracle's grid, so that every
         cell decodes every acceptance and the counted rate (the plan's default) has a row at each (k, a); a draft
-        model drafts at its own acceptance: DRAFT_MODEL_PROMPTS."""
+        model (--draft-model, or --draft-gguf on llama.cpp) drafts at its own acceptance: DRAFT_MODEL_PROMPTS."""
         if self.prompts is not None:
             return self.prompts
-        return DRAFT_MODEL_PROMPTS if self.draft_model is not None else len(self.acceptances)
+        drafted = self.draft_model is not None or self.draft_gguf is not None
+        return DRAFT_MODEL_PROMPTS if drafted else len(self.acceptances)
 
     @property
     def acceptances(self) -> list[float]:
