@@ -15,7 +15,7 @@ from moespec import ArgumentError
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
-from moespec.measure import device_profile
+from moespec.measure import cache_probe, device_profile
 from moespec.model.spec import PRESETS
 from moespec.kernels.structure import Rates
 
@@ -26,20 +26,27 @@ def test_no_profiled_shape_is_a_models() -> None:
                                                                          pair["intermediate_size"])}
     models |= {(1536, 512), (3072, 1536)}  # the validation's held-out shapes (benchmarks/structure_model.py)
     profiled = {*device_profile.RATE_SHAPES, *device_profile.GGUF_RATE_SHAPES, *device_profile.HOT_SHAPES,
-                device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE}
+                device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE, device_profile.PROBE_SHAPE}
     assert not profiled & models
 
 
 TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128), (128, 192), (96, 96)),
         "HOT_SHAPES": ((128, 64),), "G_VALUES": (1, 2, 3),
         "COLD_BYTES": 1 << 20, "CHECK_N": (2,), "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
-        "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,)}  # every one a multiple of a GGUF block (32)
+        "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,), "PROBE_SHAPE": (128, 64)}  # multiples of 32 (GGUF)
 
 
-def test_smoke_run_on_tiny_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every stage of the profile on tiny shapes and a few G, 2 rounds: the file validates and the rates load."""
+@pytest.fixture
+def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TINY's shapes, and cache probe distances of a few of its experts."""
     for name, value in TINY.items():
         monkeypatch.setattr(device_profile, name, value)
+    monkeypatch.setattr(cache_probe, "PROBE_DISTANCES", (96 << 10, 384 << 10))
+
+
+def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:
+    """Every stage of the profile on tiny shapes and a few G, 2 rounds: the file validates and the rates load; the
+    cache a re-read finds is measured, at most the last-level cache."""
     profile = device_profile.run_profile(device_profile.ProfileConfig(out=str(tmp_path / "device.json"), reps=2))
     loaded = load_profile(tmp_path / "device.json")
     assert loaded == dict(profile) and loaded.dtypes == ["bf16"] and loaded["dtypes"]["bf16"]["G"] == [1, 2, 3]
@@ -48,14 +55,15 @@ def test_smoke_run_on_tiny_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert loaded["provenance"]["command"] and loaded["threads"] >= 1
     assert loaded["dtypes"]["bf16"]["node_s"] == 0 and "row_s" not in loaded["dtypes"]["bf16"]  # one call, no rows
     assert loaded["shapes"]["rates"] == {"bf16": [[256, 128], [128, 192]]}
+    probe = loaded["cache_probe"]
+    assert 0 < loaded["cache_bytes"] <= loaded["cache_nominal_bytes"] and probe["kernel"] == "slot"
+    assert probe["shape"] == [128, 64] and len(probe["distances_bytes"]) == len(probe["measured_s"]) == 2
 
 
 @pytest.mark.skipif("ggml-mul_mat_id" not in KERNELS, reason="ggml-python is not installed")
-def test_smoke_run_of_ggml_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_smoke_run_of_ggml_pair(tmp_path: Path, tiny: None) -> None:
     """--dtypes q8_0 times ggml's pair through its own entry point: the entry has its rates, a node's fixed cost and
-    its own self-check."""
-    for name, value in TINY.items():
-        monkeypatch.setattr(device_profile, name, value)
+    its own self-check; ggml's per-slot kernel runs the cache probe."""
     config = device_profile.ProfileConfig(out=str(tmp_path / "device.json"), dtypes=("q8_0",), reps=2)
     device_profile.run_profile(config)
     loaded = load_profile(tmp_path / "device.json")
@@ -63,6 +71,7 @@ def test_smoke_run_of_ggml_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert loaded.dtypes == ["q8_0"] and entry["G"] == [1, 2, 3] and entry["node_s"] >= 0
     assert len(entry["row_s"]) == 3 and min(entry["row_s"]) >= 0  # ggml's per-row time, on its own rate shapes
     assert loaded["shapes"]["rates"] == {"q8_0": [[256, 128], [128, 192], [96, 96]]}
+    assert loaded["cache_probe"]["kernel"] == "ggml-per-slot"
     assert set(loaded["self_check_by_dtype"]["q8_0"]) >= {"slot", "dedup"}
     assert loaded.self_check("q8_0") == {k: loaded["self_check_by_dtype"]["q8_0"][k]["max"] for k in ("slot", "dedup")}
     assert device_profile.Weights.bytes_of(64, 32, "q8_0") == 3 * 64 * 32 // 32 * 34  # 34 bytes per 32 weights

@@ -125,7 +125,7 @@ def profile_doc(**changes) -> dict:
     device = f"{device_name().rsplit(',', 1)[0]}, {threads} threads"
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": device, "device_kind": "cpu",
            "threads": threads, "ceiling_kind": "streaming read", "ceiling_gbps": 50.0,
-           "ceiling_iqr_gbps": 1.0, "cache_bytes": 32 << 20,
+           "ceiling_iqr_gbps": 1.0, "cache_bytes": 16 << 20, "cache_nominal_bytes": 32 << 20,
            "dtypes": {"bf16": {"G": g, "hot_s_per_byte": [1e-11 * max(1, x / 4) for x in g],
                                "cold_excess_s_per_byte": [5e-12, 1e-11, 2e-11, 3e-11, 4e-11], "group_s": 1e-6,
                                "pass_s": 1e-4,
@@ -138,8 +138,8 @@ def profile_doc(**changes) -> dict:
 
 Q8_0 = {"G": [1, 2, 4, 8, 16], "hot_s_per_byte": [3e-11, 3e-11, 4e-11, 8e-11, 16e-11],
         "cold_excess_s_per_byte": [2e-11, 3e-11, 4e-11, 8e-11, 16e-11], "group_s": 2e-6, "pass_s": 2e-4, "node_s": 5e-6,
-        "matmul_peak_gflops": 300.0}  # ggml's pair on q8_0 blocks, as version 2 wrote it (no row_s)
-ROW_S = [1e-8, 2e-8, 3e-8, 4e-8, 5e-8]  # version 3: ggml's fixed seconds per weight row
+        "matmul_peak_gflops": 300.0}  # ggml's pair on q8_0 blocks, less its per-row time
+ROW_S = [1e-8, 2e-8, 3e-8, 4e-8, 5e-8]  # ggml's fixed seconds per weight row
 
 
 def ggml_doc(**changes) -> dict:
@@ -304,14 +304,22 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
 
 
 def test_loader_reads_the_previous_version(tmp_path: Path) -> None:
-    """Version 2 had no row_s: a GGUF entry without it loads, and the model reads it as no per-row time; version 3
-    requires it of a GGUF format, not of ours; version 1 is no longer read."""
-    v2 = ggml_doc(format_version=2)
-    v2["dtypes"]["q8_0"] = dict(Q8_0)
-    loaded = load_profile(write(tmp_path / "v2.json", v2))
-    assert Rates.from_profile(loaded["dtypes"]["q8_0"]).per_row(1) == 0.0
-    v3 = load_profile(write(tmp_path / "v3.json", ggml_doc()))
-    assert FORMAT_VERSION == 3 and "row_s" not in v3["dtypes"]["bf16"]
-    assert Rates.from_profile(v3["dtypes"]["q8_0"]).per_row(2) == 2e-8
-    with pytest.raises(Exception, match="version 1 is not supported"):
-        load_profile(write(tmp_path / "v1.json", profile_doc(format_version=1)))
+    """Version 3 had no measured cache: its cache_bytes (the last-level cache) loads without cache_nominal_bytes;
+    version 4 needs the nominal size, at least the measured one; row_s is required of a GGUF format, not of ours;
+    version 2 is no longer read."""
+    v3 = ggml_doc(format_version=3)
+    del v3["cache_nominal_bytes"]
+    assert load_profile(write(tmp_path / "v3.json", v3))["cache_bytes"] == 16 << 20
+    v4 = load_profile(write(tmp_path / "v4.json", ggml_doc()))
+    assert FORMAT_VERSION == 4 and "row_s" not in v4["dtypes"]["bf16"]
+    assert Rates.from_profile(v4["dtypes"]["q8_0"]).per_row(2) == 2e-8
+    for changes, needle in (({"cache_nominal_bytes": None}, "cache_nominal_bytes"),
+                            ({"cache_nominal_bytes": 8 << 20}, "exceeds cache_nominal_bytes")):
+        with pytest.raises(Exception, match=needle):
+            load_profile(write(tmp_path / "bad.json", ggml_doc() | changes))
+    no_rows = ggml_doc()
+    no_rows["dtypes"]["q8_0"] = {k: v for k, v in Q8_0.items() if k != "row_s"}
+    with pytest.raises(Exception, match="row_s"):
+        load_profile(write(tmp_path / "rows.json", no_rows))
+    with pytest.raises(Exception, match="version 2 is not supported"):
+        load_profile(write(tmp_path / "v2.json", profile_doc(format_version=2)))

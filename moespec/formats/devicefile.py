@@ -9,8 +9,14 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
   ceiling_kind, ceiling_gbps, ceiling_iqr_gbps, ceiling_before_after_gbps
                                     the streaming-read ceiling (moespec.measure.timing) of this run: median and IQR
                                     over every sample taken between the timed calls, and the medians before and after
-  cache_bytes                       the last-level cache (sysfs): a per-slot re-read of an expert with fewer distinct
-                                    bytes read since its previous read than this is served by the cache
+  cache_bytes                       the cache a per-slot re-read finds: a re-read of an expert with D distinct bytes
+                                    read since its previous read finds min(1, cache_bytes / D) of it cached; from
+                                    version 4 measured (moespec.measure.cache_probe), before it the last-level cache
+  cache_nominal_bytes               (version 4) the last-level cache's size (sysfs), cache_bytes' upper bound
+  cache_probe  {kernel, shape, expert_bytes, identified, distances_bytes, measured_s, ceiling_gbps, predicted_s}
+                                    (version 4) the probe's passes: re-read distances, measured medians and the
+                                    model's times at cache_bytes; identified false: they could not tell capacities
+                                    apart (cached and cold reads cost alike), cache_bytes is the nominal size
   stream_read  {chunk_bytes: [..], gbps: [..], iqr_gbps: [..]}  a cold streaming read of each chunk size the kernels
                                     read (a ~1 MiB row task, its neighbours), on all threads
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
@@ -26,8 +32,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     right after it (median) (moespec.kernels.structure)
            row_s [..]               r_G >= 0: the fixed seconds per weight row of a group (ggml's vec_dot call per
                                     row and token), fitted with x_G over rate shapes of many row lengths; required of
-                                    a GGUF format from version 3, absent for our kernels (no per-row cost) and in
-                                    version 2 (read as none, the model of that version)
+                                    a GGUF format, absent for our kernels (no per-row cost)
            stream_share [..]        s_G in [0, 1]: the share of the stream's time 1 / C a cold group's time follows
                                     (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
                                     calls met more than one state of the host, else 1; optional (absent: 1)
@@ -37,7 +42,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records;
                                     moespec.measure.timing.matmul_peak): the compute yardstick
   shapes   {rates: {dtype: [[d, f], ..]}, hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes
-           timed (a GGUF format's rate shapes span more row lengths than ours; version 2: rates one list)
+           timed (a GGUF format's rate shapes span more row lengths than ours)
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
            shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
            each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
@@ -56,7 +61,7 @@ from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REP
 from moespec.formats.files import Record, field, format_problem, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-device-profile"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 RATE_KEYS = ("hot_s_per_byte", "cold_excess_s_per_byte")  # per-G lists of a dtype's rates
 
 
@@ -64,9 +69,9 @@ def _fail(path: str, problem: str) -> MoespecError:
     return MoespecError(f"{path}: {problem}")
 
 
-def _check_dtype(where: str, dtype: str, entry: Any, version: int) -> None:
+def _check_dtype(where: str, dtype: str, entry: Any) -> None:
     """One dtype's rates: G ascending whole numbers from 1, each rate list as long and positive (row_s: of a GGUF
-    format from `version` 3, optional otherwise)."""
+    format, optional otherwise)."""
     if not isinstance(entry, dict):
         raise _fail(where, f"dtypes.{dtype} must be an object")
     g = entry.get("G")
@@ -79,7 +84,7 @@ def _check_dtype(where: str, dtype: str, entry: Any, version: int) -> None:
             raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
     if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
         raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
-    if "row_s" in entry or (dtype in QUANTIZED and version >= 3):
+    if "row_s" in entry or dtype in QUANTIZED:
         values = entry.get("row_s")
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and v >= 0 for v in values)):
             raise _fail(where, f"dtypes.{dtype}.row_s must list {len(g)} numbers >= 0, one per G")
@@ -132,14 +137,19 @@ def load_profile(path: str | Path) -> DeviceProfile:
     threads = doc.get("threads")
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= THREADS_LIMIT:
         raise _fail(where, f"threads = {threads!r} must be a whole number in 1..{THREADS_LIMIT}")
-    for key in ("ceiling_gbps", "cache_bytes"):
+    for key in ("ceiling_gbps", "cache_bytes", *(("cache_nominal_bytes",) if doc["format_version"] >= 4 else ())):
         positive(doc, where, key)
+    if not isinstance(doc.get("cache_probe", {}), dict):
+        raise _fail(where, "cache_probe must be an object")
+    if doc["format_version"] >= 4 and doc["cache_bytes"] > doc["cache_nominal_bytes"]:
+        raise _fail(where, f"cache_bytes = {doc['cache_bytes']} exceeds cache_nominal_bytes = "
+                           f"{doc['cache_nominal_bytes']}, the last-level cache")
     field(doc, where, "ceiling_kind", str)
     dtypes = field(doc, where, "dtypes", dict)
     if not dtypes or not set(dtypes) <= set(BENCH_DTYPES):
         raise _fail(where, f"dtypes must time some of {', '.join(BENCH_DTYPES)}, got {sorted(dtypes)}")
     for dtype, entry in dtypes.items():
-        _check_dtype(where, dtype, entry, doc["format_version"])
+        _check_dtype(where, dtype, entry)
     by_dtype = doc.get("self_check_by_dtype", {})
     if not isinstance(by_dtype, dict) or not set(by_dtype) <= set(dtypes):
         raise _fail(where, "self_check_by_dtype must be an object keyed by the profile's dtypes")

@@ -31,6 +31,9 @@ checks them against every preset and the trained pair):
   own stated error.
 - streaming read at the chunk sizes the kernels read (a row task is ~1 MiB), cold; thread scaling: the rate passes
   and the streaming read on one thread.
+- cache: the capacity a per-slot re-read finds (moespec.measure.cache_probe): cold per-slot passes re-reading a
+  cycle of synthetic experts at known distances, the first dtype's; `cache_bytes` is the fitted capacity, at most
+  the last-level cache's size (`cache_nominal_bytes`).
 Every timed call follows a cache flush (moespec.measure.timing, the bench's Timer), in rounds whose order is rotated
 so drift hits every item alike; medians and IQRs over rounds.
 """
@@ -63,6 +66,7 @@ from moespec.measure.timing import (
 )
 from moespec.model.weights import expert_rows, matrix_bytes
 from moespec.kernels.structure import Rates, pass_time
+from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
@@ -219,6 +223,12 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
         if scaling and (d, f) == shapes[0]:
             for g in THREAD_SCALING_G:
                 items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), 1)))
+    if scaling:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), with the first dtype's pair
+        cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype))
+        w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype)
+        for k in cycles:
+            items.append(Item(("cache", k), w.call(pair["slot"], probe_ids(k), threads)))
+            info[("cache", k)] = (w.expert_bytes, w.rows, probe_ids(k))
     for d, f in HOT_SHAPES:
         w = Weights.draw(d, f, HOT_EXPERTS, dtype)
         for g in G_VALUES:
@@ -405,7 +415,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
     doc_dtypes, checks, scaling, all_ceilings = {}, {}, None, list(before)
-    cache = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor)
+    nominal = cache = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor)
     for i, dtype in enumerate(config.dtypes):
         items, info = _items(dtype, config.threads, scaling=i == 0)
         say(f"{dtype}: {len(items)} timed calls per round")
@@ -420,6 +430,10 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                              "stream_share": list(rates.stream_share)}
         if rates.row_s:
             doc_dtypes[dtype]["row_s"] = list(rates.row_s)
+        if i == 0:
+            keys = sorted(k for k in info if k[0] == "cache")
+            cache, probe = measured_capacity(rates, pair_of(dtype)["slot"], PROBE_SHAPE, [
+                (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], *info[keys[0]][:2], nominal)
         checks[dtype] = _self_check(rates, by_key, info, cache)
         if i == 0:
             first = rate_shapes(dtype)[0]
@@ -433,7 +447,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
            "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
            "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],
-           "cache_bytes": cache, "stream_read": stream, "threads_1": scaling, "dtypes": doc_dtypes,
+           "cache_bytes": cache, "cache_nominal_bytes": nominal, "cache_probe": probe,
+           "stream_read": stream, "threads_1": scaling, "dtypes": doc_dtypes,
            "shapes": {"rates": {dtype: [list(s) for s in rate_shapes(dtype)] for dtype in config.dtypes},
                       "hot": [list(s) for s in HOT_SHAPES],
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},

@@ -80,8 +80,8 @@ DEFAULT_REPS = 7  # verify-time samples per (policy, n) at least: a median and a
 # budget per pass size: a pass of the 2-layer demo model takes 30-200 ms, so 60 rounds of four policies fit in it.
 TARGET = 0.05
 MAX_REPS = 60
-DRAFT_MODEL_PROMPTS = 2  # prompts per cell for a draft model (it has no acceptance grid to cover)
 BUDGET_S = 60.0
+DRAFT_MODEL_PROMPTS = 2  # prompts per cell for a draft model (it has no acceptance grid to cover)
 # ---- the model, the prompts and the replayed routing ------------------------------------------------------
 def load_plan_kernels(path: str | None, dtype: str, device_kind: str) -> tuple[dict[str, Any] | None,
                                                                               dict[int, str] | None]:
@@ -222,11 +222,10 @@ class RunConfig:
     decoder layers), its dtype and device, a plan whose AUTO policy runs beside slot and dedup, the context depth,
     the verify pass sizes `n` and samples per (policy, n), the throughput grid (draft lengths `k`, acceptances `a`:
     None is the paper's 11; `prompts` prompts of `tokens` generated tokens per cell, None: `prompt_count`;
-    `throughput=False` measures
-    the verify times only), a draft model instead of the oracle, a trace whose routing is replayed, the seed, the
-    host's bandwidth level to keep the rounds at (`level_gbps`, `level_wait_s`: off unless asked for, on the CPU
-    only; moespec.measure.level.pin_wait); written to `out`, checkpointed in OUT.partial/ (a rerun resumes it;
-    `fresh` drops it)."""
+    `throughput=False` measures the verify times only), a draft model instead of the oracle, a trace whose routing
+    is replayed, the seed, the host's bandwidth level to keep the rounds at (`level_gbps`, `level_wait_s`: off
+    unless asked for, on the CPU only; moespec.measure.level.pin_wait); written to `out`, checkpointed in
+    OUT.partial/ (a rerun resumes it; `fresh` drops it)."""
 
     out: str = "runs.json"
     model: str | None = None
