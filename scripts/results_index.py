@@ -215,6 +215,29 @@ ENTRIES: dict[str, Entry] = {
         f"console output of the {m} {sub[:-1] or 'bf16'} step",
         source=f"structure-model/same-session/{m}/{sub}errors.json")
        for m, sub in {(m, sub) for m, sub, _ in SAME_SESSION}},
+    # the bf16 validation on a profile that measures the cache a per-slot re-read finds (measured-cache/)
+    "structure-model/measured-cache/device.json": Entry(
+        "bf16 profile, format 4: the cache a per-slot re-read finds measured at 11.5 MiB of the 32 MiB L3 (ceiling 31.4 "
+        "GB/s, self-check 2.0% / 6.6% slot, 1.0% / 3.2% dedup)"),
+    "structure-model/measured-cache/table.json": Entry(
+        "per model and kernel: median and largest error over n with the measured cache; both kernels within 10% / 20% "
+        "on 5 of 8 models, slot median 1.3-7.1% on all"),
+    "structure-model/measured-cache/table.md": Entry("table.json as markdown",
+                                                     source="structure-model/measured-cache/table.json"),
+    "structure-model/measured-cache/log-profile.txt": Entry("console output of moespec profile",
+                                                            source="structure-model/measured-cache/device.json"),
+    **{f"structure-model/measured-cache/configs/{m}/config.json": Entry(
+        f"the OLMoE-class config of the held-out shape {m}", source="structure-model/measured-cache/table.json")
+       for m in ("heldout-1536x512", "heldout-3072x1536")},
+    **{f"structure-model/measured-cache/{m}/{kind}-B{b}.json": Entry(
+        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}, "
+        f"MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, the measured cache's profile")
+       for m, sub, b in SAME_SESSION if not sub for kind in ("bench", "predicted")},
+    **{f"structure-model/measured-cache/{m}/errors.json": Entry(
+        f"{m}: every pass measured and predicted with the measured cache, the error per n") for m in STRUCTURE_MODELS},
+    **{f"structure-model/measured-cache/log-{m}.txt": Entry(
+        f"console output of the {m} step", source=f"structure-model/measured-cache/{m}/errors.json")
+       for m in STRUCTURE_MODELS},
     # batch: passes of B sequences
     "batch/README.md": Entry("write-up of the four benches at batch B = 1, 2, 4, 8",
                              source="batch/bench-olmoe-bf16-B8.json"),
