@@ -15,9 +15,10 @@ B, ROWS, NOMINAL = 1 << 20, 1216, 32 << 20
 
 
 def test_probe_passes_re_read_at_their_distance() -> None:
-    cycles = cache_probe.probe_cycles(B)
+    cycles = cache_probe.probe_cycles(B, NOMINAL)
     assert cycles == sorted(set(cycles)) and cycles[0] >= 2
-    assert [k * B for k in cycles] == list(cache_probe.PROBE_DISTANCES)  # 1 MiB experts: every distance exact
+    assert [k * B for k in cycles] == [round(s * NOMINAL) for s in cache_probe.PROBE_SHARES]  # 1 MiB experts: exact
+    assert cache_probe.probe_cycles(B, 256 << 20)[-1] == 384  # the distances follow the nominal cache
     ids = cache_probe.probe_ids(5)
     assert ids.shape == (5 * cache_probe.PROBE_CYCLES, 1) and ids[:, 0].tolist()[:7] == [0, 1, 2, 3, 4, 0, 1]
     shares = hit_share([(int(e), 1) for e in ids[:, 0]], B, 8 * B)  # D = 5 B for every re-read
@@ -25,7 +26,9 @@ def test_probe_passes_re_read_at_their_distance() -> None:
     assert hit_share([(int(e), 1) for e in cache_probe.probe_ids(16)[:, 0]], B, 8 * B)[16:] == [0.5] * 32
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ArgumentError, match="must be a whole number"):
-            cache_probe.probe_cycles(bad)
+            cache_probe.probe_cycles(bad, NOMINAL)
+        with pytest.raises(ArgumentError, match="nominal_bytes must be a whole number"):
+            cache_probe.probe_cycles(B, bad)
         with pytest.raises(ArgumentError, match="must be a whole number"):
             cache_probe.probe_ids(bad)
 
@@ -33,16 +36,16 @@ def test_probe_passes_re_read_at_their_distance() -> None:
 @pytest.mark.parametrize("capacity", [3 << 19, 6 << 20, 13 << 20, 32 << 20])
 def test_fit_recovers_the_capacity(capacity: int) -> None:
     passes = [(cache_probe.probe_ids(k), pass_time(RATES, "slot", cache_probe.probe_ids(k), B, ROWS, 50.0, capacity),
-               50.0) for k in cache_probe.probe_cycles(B)]
+               50.0) for k in cache_probe.probe_cycles(B, NOMINAL)]
     fitted, predicted, identified = cache_probe.fit_capacity(RATES, "slot", passes, B, ROWS, NOMINAL)
     assert fitted == capacity and identified and np.allclose(predicted, [s for _, s, _ in passes], rtol=1e-12)
 
 
 def test_fit_stays_within_the_nominal_cache_and_records_the_probe() -> None:
-    """Passes faster than any capacity explains fit the nominal size, the grid's top (a nominal size off the grid's
-    step included); rates whose cached and cold bytes cost alike cannot tell capacities apart: the nominal size
-    stands; the record holds what was timed."""
-    cycles = cache_probe.probe_cycles(B)
+    """Passes faster than any capacity explains fit the nominal size, the grid's top; rates whose cached and cold
+    bytes cost alike cannot tell capacities apart: the nominal size stands (one not a multiple of 64 too); the record
+    holds what was timed."""
+    cycles = cache_probe.probe_cycles(B, NOMINAL)
     timed = [(cache_probe.probe_ids(k), [1e-6, 2e-6, 3e-6], [40.0, 50.0, 60.0]) for k in cycles]
     capacity, record = cache_probe.measured_capacity(RATES, "slot", (896, 320), timed, B, ROWS, NOMINAL)
     assert capacity == NOMINAL and record["distances_bytes"] == [k * B for k in cycles]

@@ -41,7 +41,7 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """TINY's shapes, and cache probe distances of a few of its experts."""
     for name, value in TINY.items():
         monkeypatch.setattr(device_profile, name, value)
-    monkeypatch.setattr(cache_probe, "PROBE_DISTANCES", (96 << 10, 384 << 10))
+    monkeypatch.setattr(cache_probe, "PROBE_SHARES", (1 / 256, 1 / 64))  # re-reads at a few tiny experts
 
 
 def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:

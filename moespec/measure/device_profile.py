@@ -224,7 +224,7 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
             for g in THREAD_SCALING_G:
                 items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), 1)))
     if scaling:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), with the first dtype's pair
-        cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype))
+        cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), flush_bytes() // 2)
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype)
         for k in cycles:
             items.append(Item(("cache", k), w.call(pair["slot"], probe_ids(k), threads)))
@@ -415,7 +415,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
     doc_dtypes, checks, scaling, all_ceilings = {}, {}, None, list(before)
-    nominal = cache = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor)
+    nominal = cache = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor): as _items
     for i, dtype in enumerate(config.dtypes):
         items, info = _items(dtype, config.threads, scaling=i == 0)
         say(f"{dtype}: {len(items)} timed calls per round")
