@@ -121,6 +121,30 @@ STRUCTURE_GGUF_B8 = ("olmoe-1b-7b", "qwen3-30b-a3b", "heldout-1536x512")  # q8_0
 # structure-model/same-session/: (model, format folder, B) of each measured and predicted bench
 SAME_SESSION = ([(m, "", 1) for m in STRUCTURE_MODELS] + [(m, "", 8) for m in ("olmoe-1b-7b", "heldout-1536x512")]
                 + [(m, "q8_0/", 1) for m in STRUCTURE_MODELS] + [(m, "q4_0/", 1) for m in STRUCTURE_GGUF["q4_0"]])
+
+
+def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str) -> dict[str, Entry]:
+    """The entries of one run of benchmarks/structure_model.py into `folder`: its table, held-out configs, each
+    (model, format folder, B) of `runs`' measured and predicted bench, each model's errors and console output;
+    `profile` says which profile predicted them."""
+    pairs = sorted({(m, sub) for m, sub, _ in runs})
+    fmt = lambda sub: f" in {sub[:-1]}, ggml's pair" if sub else ""  # noqa: E731
+    return {
+        f"{folder}/table.md": Entry("table.json as markdown", source=f"{folder}/table.json"),
+        **{f"{folder}/configs/{m}/config.json": Entry(f"the OLMoE-class config of the held-out shape {m}",
+                                                      source=f"{folder}/table.json")
+           for m in ("heldout-1536x512", "heldout-3072x1536")},
+        **{f"{folder}/{m}/{sub}{kind}-B{b}.json": Entry(
+            f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}"
+            f"{fmt(sub)}, MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, {profile}")
+           for m, sub, b in runs for kind in ("bench", "predicted")},
+        **{f"{folder}/{m}/{sub}errors.json": Entry(
+            f"{m}{fmt(sub)}: every pass measured and predicted, the error per n") for m, sub in pairs},
+        **{f"{folder}/log-{m}{'-' + sub[:-1] if sub else ''}.txt": Entry(
+            f"console output of the {m} {sub[:-1] or 'bf16'} step", source=f"{folder}/{m}/{sub}errors.json")
+           for m, sub in pairs}}
+
+
 ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
@@ -195,49 +219,21 @@ ENTRIES: dict[str, Entry] = {
         ("device-q4_0", "q4_0 profile of ggml's pair, taken in a faster state (49.2 GB/s) than its benches (31-34)"),
         ("table", "per model, format and kernel: median and largest error over n; dedup within 10% / 20% on 6 of 8 "
                   "bf16 models, slot on 3; crossover equal on every bf16 bench"))},
-    "structure-model/same-session/table.md": Entry("table.json as markdown",
-                                                   source="structure-model/same-session/table.json"),
     **{f"structure-model/same-session/log-profile{sfx}.txt": Entry(
         f"console output of the {dt} profile", source=f"structure-model/same-session/device{sfx}.json")
        for sfx, dt in (("", "bf16"), ("-q8_0", "q8_0"), ("-q4_0", "q4_0"))},
-    **{f"structure-model/same-session/configs/{m}/config.json": Entry(
-        f"the OLMoE-class config of the held-out shape {m}", source="structure-model/same-session/table.json")
-       for m in ("heldout-1536x512", "heldout-3072x1536")},
-    **{f"structure-model/same-session/{m}/{sub}{kind}-B{b}.json": Entry(
-        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}"
-        f"{' in ' + sub[:-1] + ', ggml' + chr(39) + 's pair' if sub else ''}, MoE layer 0, "
-        f"{'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, profile of the same session")
-       for m, sub, b in SAME_SESSION for kind in ("bench", "predicted")},
-    **{f"structure-model/same-session/{m}/{sub}errors.json": Entry(
-        f"{m}{' in ' + sub[:-1] if sub else ''}: every pass measured and predicted, the error per n")
-       for m, sub in {(m, sub) for m, sub, _ in SAME_SESSION}},
-    **{f"structure-model/same-session/log-{m}{'-' + sub[:-1] if sub else ''}.txt": Entry(
-        f"console output of the {m} {sub[:-1] or 'bf16'} step",
-        source=f"structure-model/same-session/{m}/{sub}errors.json")
-       for m, sub in {(m, sub) for m, sub, _ in SAME_SESSION}},
+    **validation_folder("structure-model/same-session", SAME_SESSION, "profile of the same session"),
     # the bf16 validation on a profile that measures the cache a per-slot re-read finds (measured-cache/)
     "structure-model/measured-cache/device.json": Entry(
-        "bf16 profile, format 4: the cache a per-slot re-read finds measured at 11.5 MiB of the 32 MiB L3 (ceiling 31.4 "
-        "GB/s, self-check 2.0% / 6.6% slot, 1.0% / 3.2% dedup)"),
+        "bf16 profile, format 4: the cache a per-slot re-read finds measured at 11.5 MiB of the 32 MiB L3 "
+        "(ceiling 31.4 GB/s, self-check 2.0% / 6.6% slot, 1.0% / 3.2% dedup)"),
     "structure-model/measured-cache/table.json": Entry(
         "per model and kernel: median and largest error over n with the measured cache; both kernels within 10% / 20% "
         "on 5 of 8 models, slot median 1.3-7.1% on all"),
-    "structure-model/measured-cache/table.md": Entry("table.json as markdown",
-                                                     source="structure-model/measured-cache/table.json"),
     "structure-model/measured-cache/log-profile.txt": Entry("console output of moespec profile",
                                                             source="structure-model/measured-cache/device.json"),
-    **{f"structure-model/measured-cache/configs/{m}/config.json": Entry(
-        f"the OLMoE-class config of the held-out shape {m}", source="structure-model/measured-cache/table.json")
-       for m in ("heldout-1536x512", "heldout-3072x1536")},
-    **{f"structure-model/measured-cache/{m}/{kind}-B{b}.json": Entry(
-        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}, "
-        f"MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, the measured cache's profile")
-       for m, sub, b in SAME_SESSION if not sub for kind in ("bench", "predicted")},
-    **{f"structure-model/measured-cache/{m}/errors.json": Entry(
-        f"{m}: every pass measured and predicted with the measured cache, the error per n") for m in STRUCTURE_MODELS},
-    **{f"structure-model/measured-cache/log-{m}.txt": Entry(
-        f"console output of the {m} step", source=f"structure-model/measured-cache/{m}/errors.json")
-       for m in STRUCTURE_MODELS},
+    **validation_folder("structure-model/measured-cache", [run for run in SAME_SESSION if not run[1]],
+                        "the measured cache's profile"),
     # batch: passes of B sequences
     "batch/README.md": Entry("write-up of the four benches at batch B = 1, 2, 4, 8",
                              source="batch/bench-olmoe-bf16-B8.json"),

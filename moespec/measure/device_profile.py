@@ -209,9 +209,10 @@ def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
     return GGUF_RATE_SHAPES if dtype in QUANTIZED else RATE_SHAPES
 
 
-def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], dict[str, Any]]:
+def _items(dtype: str, threads: int | None, nominal: int | None) -> tuple[list[Item], dict[str, Any]]:
     """Every timed call of one dtype (through the kernels of its pair, pair_of), and the bytes and rows of the
-    experts behind each key."""
+    experts behind each key; with `nominal` (the last-level cache's bytes: the first dtype) the thread scaling and the
+    cache probe too."""
     pair, shapes = pair_of(dtype), rate_shapes(dtype)
     items, info = [], {}
     for d, f in shapes:
@@ -220,15 +221,16 @@ def _items(dtype: str, threads: int | None, scaling: bool) -> tuple[list[Item], 
         for g in G_VALUES:
             items.append(Item(("cold", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), threads)))
             info[("cold", d, f, g)] = (w.expert_bytes, w.rows, cold_e)
-        if scaling and (d, f) == shapes[0]:
+        if nominal and (d, f) == shapes[0]:
             for g in THREAD_SCALING_G:
                 items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), 1)))
-    if scaling:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), with the first dtype's pair
-        cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), flush_bytes() // 2)
+    if nominal:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), with the first dtype's pair
+        cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), nominal)
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype)
         for k in cycles:
-            items.append(Item(("cache", k), w.call(pair["slot"], probe_ids(k), threads)))
-            info[("cache", k)] = (w.expert_bytes, w.rows, probe_ids(k))
+            ids = probe_ids(k)
+            items.append(Item(("cache", k), w.call(pair["slot"], ids, threads)))
+            info[("cache", k)] = (w.expert_bytes, w.rows, ids)
     for d, f in HOT_SHAPES:
         w = Weights.draw(d, f, HOT_EXPERTS, dtype)
         for g in G_VALUES:
@@ -415,9 +417,9 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
     doc_dtypes, checks, scaling, all_ceilings = {}, {}, None, list(before)
-    nominal = cache = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor): as _items
+    nominal = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor)
     for i, dtype in enumerate(config.dtypes):
-        items, info = _items(dtype, config.threads, scaling=i == 0)
+        items, info = _items(dtype, config.threads, nominal if i == 0 else None)
         say(f"{dtype}: {len(items)} timed calls per round")
         _time_rounds(items, config.reps, timer, say)
         by_key = {item.key: item for item in items}
@@ -430,16 +432,16 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                              "stream_share": list(rates.stream_share)}
         if rates.row_s:
             doc_dtypes[dtype]["row_s"] = list(rates.row_s)
-        if i == 0:
+        if i == 0:  # the cache probe's and the thread scaling's calls ran with the first dtype
             keys = sorted(k for k in info if k[0] == "cache")
+            expert_bytes, rows = info[keys[0]][:2]
             cache, probe = measured_capacity(rates, pair_of(dtype)["slot"], PROBE_SHAPE, [
-                (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], *info[keys[0]][:2], nominal)
-        checks[dtype] = _self_check(rates, by_key, info, cache)
-        if i == 0:
+                (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], expert_bytes, rows, nominal)
             first = rate_shapes(dtype)[0]
             scaling = {"G": list(THREAD_SCALING_G), "speedup": [
                 float(np.median(by_key["threads_1", *first, g].seconds)
                       / np.median(by_key["cold", *first, g].seconds)) for g in THREAD_SCALING_G]}
+        checks[dtype] = _self_check(rates, by_key, info, cache)
     scaling["ceiling_gbps"] = median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]
     stream = _stream_chunks(timer, config.reps)
     after = timer.ceiling()
