@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from cli_cases import one_line, refused
 
-from moespec import ArgumentError
+from moespec import ArgumentError, cli
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
@@ -207,3 +207,12 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
     (["--device", "cuda"], ["--device"]), (["--dtypes", "q5_0"], ["--dtypes"]), (["--reps", "1"], ["--reps"])])
 def test_refusals(tmp_path: Path, capsys, argv: list[str], words: list[str]) -> None:
     one_line(refused(["profile", "--out", tmp_path / "d.json", *argv], capsys, tmp_path), *words)
+
+
+def test_cli_prints_the_measured_cache(tmp_path: Path, tiny: None, capsys) -> None:
+    """`moespec profile` end to end on tiny shapes: exit 0, the file loads, and its console names the cache a re-read
+    finds beside the last-level cache."""
+    assert cli.main(["profile", "--out", str(tmp_path / "d.json"), "--reps", "2"]) == 0
+    loaded = load_profile(tmp_path / "d.json")
+    out = capsys.readouterr().out
+    assert "cache a per-slot re-read finds" in out and f"{loaded['cache_nominal_bytes'] / 2**20:.0f} MiB" in out
