@@ -24,6 +24,7 @@ from moespec.defaults import BENCH_DTYPES, QUANTIZED
 from moespec.formats.benchfile import load_bench
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.measure import device_profile
+from moespec.measure.profile_fit import fit_rates
 from moespec.measure.timing import CpuTimer, flush_bytes
 
 REPS = 7  # the profile's default rounds
@@ -31,12 +32,12 @@ REPS = 7  # the profile's default rounds
 
 def fits(dtype: str) -> tuple[dict, list[float]]:
     """Both fits of one format's freshly timed profile calls, and the calls' ceilings (GB/s)."""
-    items, info = device_profile._items(dtype, None, scaling=False)
+    items, info = device_profile._items(dtype, None, None)
     device_profile._time_rounds(items, REPS, CpuTimer(), lambda text: None)
     by_key = {item.key: item for item in items}
-    per_row = dtype in QUANTIZED
-    out = {"stream_share": device_profile._fit_rates(by_key, info, per_row),  # no spread suffices below: s = 1
-           "all_of_the_stream": device_profile._fit_rates(by_key, info, per_row, state_spread=float("inf"))}
+    per_row, g_values = dtype in QUANTIZED, device_profile.G_VALUES
+    out = {"stream_share": fit_rates(by_key, info, g_values, per_row),  # no spread suffices below: s = 1
+           "all_of_the_stream": fit_rates(by_key, info, g_values, per_row, state_spread=float("inf"))}
     return out, [c for item in items for c in (item.ceilings or [])]
 
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench = load_bench(config.out)
                 row = {"model": name, "batch": batch, "ceiling_gbps": bench["ceiling_gbps"]}
                 for label, rates in fitted.items():
-                    errors = structure_model.pass_errors(config, bench, rates, cache)
+                    errors = structure_model.pass_errors(config, bench, dict.fromkeys(("slot", "dedup"), rates), cache)
                     values = [abs(v["error"]) for by_n in errors.values() for v in by_n.values()]
                     row[label] = {"median": float(np.median(values)), "max": max(values)}
                 entry["benches"].append(row)

@@ -43,7 +43,7 @@ from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.plan import PlanConfig, make_plan
-from moespec.kernels.structure import Rates, pass_time
+from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
 
@@ -98,19 +98,21 @@ def model_dir(out: Path, name: str, dtype: str) -> Path:
     return out / name if dtype == "bf16" else out / name / dtype
 
 
-def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...]) -> dict[int, BenchConfig]:
-    """The measured bench of each batch size (layer 0, both kernels of the format's pair: the bench's default)."""
+def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: str = "cpu") -> dict[int, BenchConfig]:
+    """The measured bench of each batch size (layer 0, both kernels of the format's pair: the bench's default) on
+    `device`."""
     model, trace = model_arg(name, out)
     s = SETTINGS | LARGE.get(name, {})
     return {batch: BenchConfig(out=str(model_dir(out, name, dtype) / f"bench-B{batch}.json"), model=model,
                                layers=(0,), dtype=dtype, n=tuple(range(1, 10)) if batch == 1 else s["n8"],
-                               trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch)
+                               trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch,
+                               device=device)
             for batch in batches}
 
 
-def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: Rates, cache: float) -> dict[str, Any]:
-    """Per kernel and n: each pass's measured median and predicted time (at the ceiling the bench sampled at that
-    n), and the relative error of the mean over the recorded windows."""
+def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rates], cache: float) -> dict[str, Any]:
+    """Per kernel and n: each pass's measured median and predicted time (rates[kind], at the ceiling the bench sampled
+    at that n), and the relative error of the mean over the recorded windows."""
     spec = resolve_model(config.model)
     layers = bench_layers(config.layers, spec)
     trace, _ = bench_trace(spec, config.trace, config.seed)
@@ -131,8 +133,8 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: Rates, cache:
             for kernel, kind in kinds.items():
                 out[kernel][str(n)]["passes"].append(
                     {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
-                     "iqr_s": row["iqr_s"][kernel], "predicted_s": pass_time(rates, kind, p.ids, b, spec.expert_rows,
-                                                                            ceiling, cache)})
+                     "iqr_s": row["iqr_s"][kernel],
+                     "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache)})
         for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
             measured, predicted = (float(np.mean([q[key] for q in windows])) for key in ("measured_s", "predicted_s"))
@@ -153,14 +155,14 @@ def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:
 
 
 def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tuple[int, ...]) -> None:
-    """Measure (unless done), predict and compare one model in one format (module docstring); writes errors.json
-    in model_dir."""
+    """Measure (unless done), predict and compare one model in one format on the profile's device kind (module
+    docstring); writes errors.json in model_dir."""
     profile = load_profile(profile_path)
     if dtype not in profile.dtypes:
         raise ArgumentError(f"{profile_path} timed {', '.join(profile.dtypes)}, not {dtype}")
-    rates = Rates.from_profile(profile["dtypes"][dtype])
+    rates = kind_rates(profile["dtypes"][dtype])
     result: dict[str, Any] = {"model": name, "dtype": dtype, "profile": str(profile_path), "batches": {}}
-    for batch, config in configs(name, out, dtype, batches).items():
+    for batch, config in configs(name, out, dtype, batches, profile["device_kind"]).items():
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
         if not Path(config.out).exists():
             run_bench(config, say=print)
@@ -243,6 +245,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
                         help=f"with `model`: the batch sizes B (default {','.join(map(str, BATCHES))})")
     parser.add_argument("--profile", help="the device profile written or read (default OUT/device.json)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="with `profile`: the device to profile (cpu: the native kernels; cuda: the Triton ones, "
+                             "whose passes take up to 16 tokens: --batches 1); `model` runs on the profile's")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -251,8 +256,8 @@ def main(argv: list[str]) -> int:
     if not set(batches) <= set(BATCHES):
         parser.error(f"--batches: some of {', '.join(map(str, BATCHES))}")
     if args.step == "profile":
-        run_profile(ProfileConfig(out=str(profile_path), dtypes=tuple(args.dtypes.split(",")), reps=args.reps),
-                    say=print)
+        run_profile(ProfileConfig(out=str(profile_path), device=args.device, dtypes=tuple(args.dtypes.split(",")),
+                                  reps=args.reps), say=print)
     elif args.step == "model":
         if args.model is None:
             parser.error("model: name the model")

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from cli_cases import one_line, refused
 
-from moespec import ArgumentError, cli
+from moespec import ArgumentError, MoespecError, cli
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
-from moespec.measure import cache_probe, device_profile
+from moespec.measure import cache_probe, device_profile, profile_fit
 from moespec.model.spec import PRESETS
-from moespec.kernels.structure import Rates
+from moespec.kernels.structure import Rates, kind_rates
 
 
 def test_no_profiled_shape_is_a_models() -> None:
@@ -92,21 +92,21 @@ def test_fixed_costs_fit_exact() -> None:
             seconds = [pass_s + group_s * groups + node_s * (nodes - 1)
                        + groups * (b * (1 / (c * 1e9) + 5e-12) + rows * 9e-9) for c in ceilings]
             key = ("overhead", kind, tokens, m, "cold")
-            by_key[key] = device_profile.Item(key, lambda: None, seconds=seconds, ceilings=ceilings)
+            by_key[key] = profile_fit.Item(key, lambda: None, seconds=seconds, ceilings=ceilings)
             info[key] = (b, rows, (groups, nodes))
-        fitted = device_profile._fixed(by_key, info, "cold", rates)
+        fitted = profile_fit.fixed_costs(by_key, info, "cold", rates)
         assert np.allclose(fitted, (pass_s, group_s, node_s if nodes_seen else 0.0), rtol=1e-9, atol=1e-15)
 
 
 def test_excess_and_row_exact() -> None:
     """x + r u through shapes' cold seconds per byte (u their rows per byte); neither below 0."""
     u = [1e-3, 2e-3, 4e-3]
-    assert np.allclose(device_profile.excess_and_row([(v, 7e-12 + 9e-9 * v) for v in u]), (7e-12, 9e-9), rtol=1e-9)
-    assert device_profile.excess_and_row([(v, 3e-11 - 1e-9 * v) for v in u]) == (pytest.approx(3e-11 - 2e-12), 0.0)
-    x, r = device_profile.excess_and_row([(v, -1e-11 + 9e-9 * v) for v in u])
+    assert np.allclose(profile_fit.excess_and_row([(v, 7e-12 + 9e-9 * v) for v in u]), (7e-12, 9e-9), rtol=1e-9)
+    assert profile_fit.excess_and_row([(v, 3e-11 - 1e-9 * v) for v in u]) == (pytest.approx(3e-11 - 2e-12), 0.0)
+    x, r = profile_fit.excess_and_row([(v, -1e-11 + 9e-9 * v) for v in u])
     assert x == 0.0 and r == pytest.approx(sum(v * (-1e-11 + 9e-9 * v) for v in u) / sum(v * v for v in u))
     with pytest.raises(ArgumentError, match="two or more row lengths"):
-        device_profile.excess_and_row([(1e-3, 1e-11), (1e-3, 2e-11)])
+        profile_fit.excess_and_row([(1e-3, 1e-11), (1e-3, 2e-11)])
 
 
 def test_stream_fit_exact() -> None:
@@ -115,22 +115,21 @@ def test_stream_fit_exact() -> None:
     ceilings, shapes_u = (30.0, 40.0, 55.0), (1e-3, 2e-3, 4e-3)
     calls = lambda x, s, r, u: [(x + s / (c * 1e9) + r * u, 1 / (c * 1e9)) for c in ceilings]  # noqa: E731
     shapes = [(u, calls(8e-12, 0.4, 9e-9, u)) for u in shapes_u]
-    assert device_profile.stream_fit(shapes, per_row=True) == pytest.approx((8e-12, 0.4, 9e-9), rel=1e-6)
+    assert profile_fit.stream_fit(shapes, per_row=True) == pytest.approx((8e-12, 0.4, 9e-9), rel=1e-6)
     ours = [(u, calls(3e-12, 0.8, 0.0, u)) for u in shapes_u]
-    assert device_profile.stream_fit(ours, per_row=False) == pytest.approx((3e-12, 0.8, 0.0), rel=1e-6)
+    assert profile_fit.stream_fit(ours, per_row=False) == pytest.approx((3e-12, 0.8, 0.0), rel=1e-6)
     one_state = [(u, [(2e-11 + 1 / 50e9 * s, 1 / 50e9) for s in (0.9, 1.0, 1.1)]) for u in shapes_u]
-    x, share, r = device_profile.stream_fit(one_state, per_row=False)
+    x, share, r = profile_fit.stream_fit(one_state, per_row=False)
     assert share == 1.0 and x == pytest.approx(2e-11) and r == 0.0
     steep = [(u, calls(1e-12, 1.6, 0.0, u)) for u in shapes_u]
-    assert device_profile.stream_fit(steep, per_row=False)[1] == 1.0
+    assert profile_fit.stream_fit(steep, per_row=False)[1] == 1.0
     flat = [(u, calls(3e-11, -0.5, 0.0, u)) for u in shapes_u]
-    assert device_profile.stream_fit(flat, per_row=False)[1] == 0.0
+    assert profile_fit.stream_fit(flat, per_row=False)[1] == 0.0
 
 
 def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> None:
     """Our kernels' cold calls timed as the model says with s = 0.6, at ceilings of two host states, and the
     overhead and hot passes: the fit gives back s, x and kappa."""
-    monkeypatch.setattr(device_profile, "G_VALUES", (1, 2))
     x, share, kappa, pass_s, group_s = {1: 2e-11, 2: 3e-11}, {1: 0.6, 2: 0.5}, {1: 1e-11, 2: 1.5e-11}, 1e-4, 5e-7
     by_key, info = {}, {}
     for d, f in device_profile.RATE_SHAPES:
@@ -139,26 +138,27 @@ def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> Non
             ceilings = [32.0, 36.0, 52.0, 55.0]
             seconds = [pass_s + e * (group_s + b * max(share[g] / (c * 1e9) + x[g], 1 / (c * 1e9), kappa[g]))
                        for c in ceilings]
-            by_key[("cold", d, f, g)] = device_profile.Item(("cold", d, f, g), lambda: None, seconds=seconds,
-                                                            ceilings=ceilings)
-            info[("cold", d, f, g)] = (b, 2 * f + d, e)
+            key = ("cold", "dedup", d, f, g)
+            by_key[key] = profile_fit.Item(key, lambda: None, seconds=seconds, ceilings=ceilings)
+            info[key] = (b, 2 * f + d, e)
     for d, f in device_profile.HOT_SHAPES:
         b = device_profile.Weights.bytes_of(d, f, "bf16")
         for g in (1, 2):
-            by_key[("hot", d, f, g)] = device_profile.Item(("hot", d, f, g), lambda: None, cold=False,
-                                                           seconds=[pass_s + 2 * (group_s + b * kappa[g])] * 3)
-            info[("hot", d, f, g)] = (b, 2 * f + d, 2)
+            key = ("hot", "dedup", d, f, g)
+            by_key[key] = profile_fit.Item(key, lambda: None, cold=False,
+                                           seconds=[pass_s + 2 * (group_s + b * kappa[g])] * 3)
+            info[key] = (b, 2 * f + d, 2)
     b = device_profile.Weights.bytes_of(64, 64, "bf16")
     for kind, tokens, m in device_profile._overhead_passes("bf16"):
         groups = tokens * m
         for state, c in (("cold", 40.0), ("hot", None)):
             per = max(share[1] / (c * 1e9) + x[1], 1 / (c * 1e9), kappa[1]) if c else kappa[1]
             key = ("overhead", kind, tokens, m, state)
-            by_key[key] = device_profile.Item(key, lambda: None, cold=c is not None,
+            by_key[key] = profile_fit.Item(key, lambda: None, cold=c is not None,
                                               seconds=[pass_s + groups * (group_s + b * per)],
                                               ceilings=[c] if c else None)
             info[key] = (b, 192, (groups, 1))
-    rates = device_profile._fit_rates(by_key, info, per_row=False)
+    rates = profile_fit.fit_rates(by_key, info, (1, 2), per_row=False)
     assert rates.stream_share == pytest.approx((share[1], share[2]), rel=1e-3)
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
@@ -167,13 +167,12 @@ def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rate, hot and overhead passes timed as the model says (ggml's: with a per-row time) give back its x_G, r_G,
     kappa_G and fixed costs (to the fixed point of the alternating fit)."""
-    monkeypatch.setattr(device_profile, "G_VALUES", (1, 2))
     x, r, kappa = {1: 1e-11, 2: 3e-11}, {1: 9e-9, 2: 2.4e-8}, {1: 2e-11, 2: 4e-11}
     pass_s, group_s, node_s, hot_pass, hot_group = 1.2e-4, 1e-7, 3e-5, 5e-5, 5e-8
     by_key, info = {}, {}
 
     def add(key, b, rows, groups, seconds, ceilings=None):
-        by_key[key] = device_profile.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
+        by_key[key] = profile_fit.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
                                           ceilings=ceilings)
         info[key] = (b, rows, groups)
 
@@ -181,12 +180,12 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
         b, rows, e = device_profile.Weights.bytes_of(d, f, "q8_0"), 2 * f + d, 3
         for g in (1, 2):
             ceilings = [45.0, 90.0]
-            add(("cold", d, f, g), b, rows, e, [pass_s + e * (group_s + rows * r[g] + b * (1 / (c * 1e9) + x[g]))
-                                                for c in ceilings], ceilings)
+            add(("cold", "dedup", d, f, g), b, rows, e,
+                [pass_s + e * (group_s + rows * r[g] + b * (1 / (c * 1e9) + x[g])) for c in ceilings], ceilings)
     for d, f in device_profile.HOT_SHAPES:
         b, rows = device_profile.Weights.bytes_of(d, f, "q8_0"), 2 * f + d
         for g in (1, 2):
-            add(("hot", d, f, g), b, rows, 2, [hot_pass + 2 * (hot_group + rows * r[g] + b * kappa[g])] * 3)
+            add(("hot", "dedup", d, f, g), b, rows, 2, [hot_pass + 2 * (hot_group + rows * r[g] + b * kappa[g])] * 3)
     b, rows = device_profile.Weights.bytes_of(64, 64, "q8_0"), 192
     for kind, tokens, m in device_profile._overhead_passes("q8_0"):
         groups, nodes = tokens * m, tokens if kind == "slot" else 1
@@ -194,17 +193,17 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
             [pass_s + node_s * (nodes - 1) + groups * (group_s + rows * r[1] + b * (1 / 60e9 + x[1]))], [60.0])
         add(("overhead", kind, tokens, m, "hot"), b, rows, (groups, nodes),
             [hot_pass + node_s * (nodes - 1) + groups * (hot_group + rows * r[1] + b * kappa[1])])
-    rates = device_profile._fit_rates(by_key, info, per_row=True)
+    rates = profile_fit.fit_rates(by_key, info, (1, 2), per_row=True)
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
     assert rates.row_s == pytest.approx((r[1], r[2]), rel=1e-3)
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
     assert (rates.pass_s, rates.group_s, rates.node_s) == pytest.approx((pass_s, group_s, node_s), rel=1e-3)
-    ours = device_profile._fit_rates(by_key, info, per_row=False)  # our kernels' fit: one rate per G, no rows
+    ours = profile_fit.fit_rates(by_key, info, (1, 2), per_row=False)  # our kernels' fit: one rate per G, no rows
     assert ours.row_s == () and ours.cold_excess_s_per_byte[0] > x[1]
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--device", "cuda"], ["--device"]), (["--dtypes", "q5_0"], ["--dtypes"]), (["--reps", "1"], ["--reps"])])
+    (["--device", "tpu"], ["--device"]), (["--dtypes", "q5_0"], ["--dtypes"]), (["--reps", "1"], ["--reps"])])
 def test_refusals(tmp_path: Path, capsys, argv: list[str], words: list[str]) -> None:
     one_line(refused(["profile", "--out", tmp_path / "d.json", *argv], capsys, tmp_path), *words)
 
@@ -216,3 +215,71 @@ def test_cli_prints_the_measured_cache(tmp_path: Path, tiny: None, capsys) -> No
     loaded = load_profile(tmp_path / "d.json")
     out = capsys.readouterr().out
     assert "cache a per-slot re-read finds" in out and f"{loaded['cache_nominal_bytes'] / 2**20:.0f} MiB" in out
+
+
+def test_fit_rates_apart_gives_each_kind_its_own() -> None:
+    """Where the per-slot kernel is a program of its own (`apart`: the Triton kernels), each kind's rates and fixed
+    costs come from its own rate and overhead passes: both recovered exactly from passes timed as the model says."""
+    truth = {"dedup": {"x": 4e-12, "kappa": 1e-13, "pass_s": 2.0e-5, "group_s": 1e-7},
+             "slot": {"x": 9e-12, "kappa": 2e-13, "pass_s": 1.2e-5, "group_s": 3e-7}}
+    by_key, info = {}, {}
+
+    def add(key, b, e, seconds, ceilings=None):
+        by_key[key] = profile_fit.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
+                                       ceilings=ceilings)
+        info[key] = (b, 100, e)
+
+    for kind, t in truth.items():
+        def per(c):  # seconds per byte: cold at c GB/s, hot (None)
+            return 1 / (c * 1e9) + t["x"] if c else t["kappa"]
+        for d, f in ((2560, 640), (1024, 1920)):
+            b, e = device_profile.Weights.bytes_of(d, f, "bf16"), 6
+            for state, c in (("cold", 4000.0), ("hot", None)):
+                add((state, kind, d, f, 1), b, e, [t["pass_s"] * (c is not None) + e * (t["group_s"] * (c is not None)
+                                                                                     + b * per(c))] * 3,
+                    [c] * 3 if c else None)
+        b = device_profile.Weights.bytes_of(64, 64, "bf16")
+        for m in (1, 2, 4, 8):
+            for state, c in (("cold", 4000.0), ("hot", None)):
+                cold = c is not None
+                add(("overhead", kind, 8, m, state), b, (8 * m, 1),
+                    [t["pass_s"] * cold + 8 * m * (t["group_s"] * cold + b * per(c))], [c] if c else None)
+    for kind, t in truth.items():
+        rates = profile_fit.fit_rates(by_key, info, (1,), per_row=False, kind=kind, apart=True)
+        assert (rates.pass_s, rates.group_s) == pytest.approx((t["pass_s"], t["group_s"]), rel=1e-6)
+        assert rates.cold_excess_s_per_byte[0] == pytest.approx(t["x"], rel=1e-6)
+        assert rates.hot_s_per_byte[0] == pytest.approx(t["kappa"], rel=1e-6)
+    mixed = profile_fit.fit_rates(by_key, info, (1,), per_row=False, kind="slot")  # both kinds' fixed costs at once
+    assert mixed.pass_s != pytest.approx(truth["slot"]["pass_s"], rel=1e-3)
+
+
+def test_cuda_sizes_and_a_profile_with_the_slot_kernel_apart(tmp_path: Path, tiny: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's sizes follow its L2 (G up to the Triton kernels' 16 tokens); the profile with the per-slot kernel
+    apart (here on the CPU's native kernels) writes the slot's own rates, which the loader validates and the model
+    reads for the slot kind only."""
+    cuda = device_profile.sizes_for("cuda", 60 << 20)
+    assert cuda.apart and max(cuda.g_values) == 16 and cuda.cold_bytes == 240 << 20 and cuda.hot_bytes == 24 << 20 \
+        and cuda.device == "cuda"
+    assert not device_profile.sizes_for("cpu").apart
+    monkeypatch.setattr(device_profile, "sizes_for", lambda kind, l2=0: device_profile.Sizes(
+        (1, 2), 1 << 20, 1 << 18, True, "cpu"))
+    device_profile.run_profile(device_profile.ProfileConfig(out=str(tmp_path / "device.json"), reps=2))
+    loaded = load_profile(tmp_path / "device.json")
+    entry = loaded["dtypes"]["bf16"]
+    assert entry["G"] == [1, 2] and entry["slot"]["G"] == [1] and loaded["sizes"]["slot_apart"]
+    rates = kind_rates(entry)
+    assert rates["slot"].hot_s_per_byte == tuple(entry["slot"]["hot_s_per_byte"])
+    assert rates["dedup"].hot_s_per_byte == tuple(entry["hot_s_per_byte"])
+    bad = json.loads((tmp_path / "device.json").read_text())
+    bad["dtypes"]["bf16"]["slot"]["G"] = [2]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(MoespecError, match=r"bad.json: dtypes.bf16.slot.G"):
+        load_profile(tmp_path / "bad.json")
+
+
+def test_probe_one_token_a_cycle() -> None:
+    """The probe's passes for kernels of few tokens a pass: the same slots in token-major order, one token a cycle."""
+    ids = cache_probe.probe_ids(5, token_a_cycle=True)
+    assert ids.shape == (cache_probe.PROBE_CYCLES, 5)
+    assert (ids.reshape(-1) == cache_probe.probe_ids(5).reshape(-1)).all()

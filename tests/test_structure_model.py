@@ -196,6 +196,22 @@ def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) 
     assert half["prediction"]["ceiling_source"] == "given"
 
 
+def test_predicted_bench_reads_the_slot_kernels_own_rates(tmp_path: Path, olmoe_trace: Path) -> None:
+    """A profile whose per-slot kernel has rates of its own (dtypes.bf16.slot: the Triton kernels on a GPU): the slot
+    kernel's passes are predicted at those, the dedup kernel's at the entry's."""
+    entry = profile_doc()["dtypes"]["bf16"]
+    slot = {"G": [1], "hot_s_per_byte": [2e-11], "cold_excess_s_per_byte": [7e-12], "group_s": 2e-6, "pass_s": 1.5e-4}
+    profile = write(tmp_path / "device.json", profile_doc(dtypes={"bf16": entry | {"slot": slot}}))
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", out])
+    assert code == 0, err
+    bench = load_bench(out)
+    b = bench["expert_bytes"]["0"]
+    one = {row["U"]: row["median_s"] for row in bench["windows"]["0"]["1"]}[8]  # one token: 8 cold groups
+    assert one["dedup"] == pytest.approx(1e-4 + 8 * (1e-6 + b * (1 / 50e9 + 5e-12)))
+    assert one["slot"] == pytest.approx(1.5e-4 + 8 * (2e-6 + b * (1 / 50e9 + 7e-12)))
+
+
 def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_trace: Path) -> None:
     """--dtype q8_0 predicts the kernels a measured q8_0 bench times (ggml's pair, the pair a plan reads) from the
     profile's q8_0 rates, with the q8_0 self-check as the stated error."""

@@ -12,7 +12,7 @@ from rich.text import Text
 from moespec.cli.args import bounded
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
-from moespec.kernels.structure import Rates
+from moespec.kernels.structure import Rates, kind_rates
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
 from moespec.predict.checks import profile_checks
 
@@ -20,7 +20,8 @@ OUTPUTS = ("--out",)  # the path flags kept apart before any work (moespec.cli.a
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="where the kernels run: cpu (the native kernels; default cpu)")
+    p.add_argument("--device", default="cpu", help="where the kernels run: cpu (the native kernels and ggml's pair) or "
+                                                    "cuda (the Triton kernels; bf16, fp32) (default cpu)")
     p.add_argument("--out", default="device.json", help="results file (default device.json)")
     p.add_argument("--dtypes", default="bf16", help=f"weight formats to time, comma-separated, of "
                                                     f"{', '.join(BENCH_DTYPES)} (default bf16): our native kernels at "
@@ -38,19 +39,21 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
-        rates = Rates.from_profile(entry)
-        out.print(f"{dtype}: fixed {entry['pass_s'] * 1e6:.0f} us a call, {entry['group_s'] * 1e6:.1f} us a group, "
-                  f"{entry.get('node_s', 0.0) * 1e6:.1f} us a node past the first; per G (tokens per expert) cold "
-                  f"GB/s at the ceiling, hot GB/s, the stream's share s: " +
-                  ", ".join(f"{g}: {1e-9 / rates.per_byte(g, profile.ceiling_gbps):.0f}, "
-                            f"{1e-9 / rates.per_byte(g, profile.ceiling_gbps, cold=False):.0f}, {rates.share(g):.2f}"
-                            for g in rates.G))
-    stream = profile["stream_read"]
-    out.print("cold streaming read by chunk: " + ", ".join(
-        f"{c >> 10} KiB {v:.1f} GB/s" for c, v in zip(stream["chunk_bytes"], stream["gbps"])))
-    scaling = profile["threads_1"]
-    out.print(f"1 thread: streaming read {scaling['ceiling_gbps']:.1f} GB/s; {profile['threads']} threads over 1 at G "
-              + ", ".join(f"{g}: {s:.2f}x" for g, s in zip(scaling["G"], scaling["speedup"])))
+        by_kind = kind_rates(entry) if "slot" in entry else {"both kinds": Rates.from_profile(entry)}
+        for kind, rates in by_kind.items():
+            c = profile.ceiling_gbps
+            out.print(f"{dtype}, {kind}: fixed {rates.pass_s * 1e6:.0f} us a call, {rates.group_s * 1e6:.1f} us a "
+                      f"group, {rates.node_s * 1e6:.1f} us a node past the first; per G (tokens per expert) cold GB/s "
+                      f"at the ceiling, hot GB/s, the stream's share s: " +
+                      ", ".join(f"{g}: {1e-9 / rates.per_byte(g, c):.0f}, {1e-9 / rates.per_byte(g, c, cold=False):.0f}"
+                                f", {rates.share(g):.2f}" for g in rates.G))
+    stream, scaling = profile["stream_read"], profile["threads_1"]
+    if stream:
+        out.print("cold streaming read by chunk: " + ", ".join(
+            f"{c >> 10} KiB {v:.1f} GB/s" for c, v in zip(stream["chunk_bytes"], stream["gbps"])))
+    if scaling:
+        out.print(f"1 thread: streaming read {scaling['ceiling_gbps']:.1f} GB/s; {profile['threads']} threads over 1 "
+                  f"at G " + ", ".join(f"{g}: {s:.2f}x" for g, s in zip(scaling["G"], scaling["speedup"])))
     probe = profile["cache_probe"]
     out.print(f"cache a per-slot re-read finds: {profile['cache_bytes'] / 2**20:.1f} MiB of the "
               f"{profile['cache_nominal_bytes'] / 2**20:.0f} MiB last-level cache ({probe['kernel']}, re-reads at "

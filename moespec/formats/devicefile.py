@@ -5,7 +5,9 @@ moespec.kernels.structure turns its rates into expert-op times.
 device.json (FORMAT_NAME, FORMAT_VERSION):
   format, format_version
   device, device_kind, threads      "cpu: <model name>, <threads> threads" (moespec.measure.timing.device_name), "cpu",
-                                    and the threads every timed call ran on: a prediction holds for these only
+                                    and the threads every timed call ran on: a prediction holds for these only; or
+                                    "cuda: <name>, sm<cc>, <memory> GiB", "cuda" (the Triton kernels; threads are
+                                    the host's, which a GPU's prediction does not depend on)
   ceiling_kind, ceiling_gbps, ceiling_iqr_gbps, ceiling_before_after_gbps
                                     the streaming-read ceiling (moespec.measure.timing) of this run: median and IQR
                                     over every sample taken between the timed calls, and the medians before and after
@@ -18,9 +20,11 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     model's times at cache_bytes; identified false: they could not tell capacities
                                     apart (cached and cold reads cost alike), cache_bytes is the nominal size
   stream_read  {chunk_bytes: [..], gbps: [..], iqr_gbps: [..]}  a cold streaming read of each chunk size the kernels
-                                    read (a ~1 MiB row task, its neighbours), on all threads
+                                    read (a ~1 MiB row task, its neighbours), on all threads (null on cuda)
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
+                                    (null on cuda)
+  sizes        {G, cold_bytes, hot_bytes, slot_apart}  what the rate passes were sized to on this device kind
   dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, group_s, pass_s, node_s,
           matmul_peak_gflops}}
            per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
@@ -41,6 +45,10 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
            matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records;
                                     moespec.measure.timing.matmul_peak): the compute yardstick
+           slot {G, hot_s_per_byte, cold_excess_s_per_byte, stream_share, group_s, pass_s, node_s}
+                                    optional: the per-slot kernel's own rates (its groups all G = 1) and fixed costs,
+                                    where it is a program of its own (the Triton kernels on a GPU); absent, the rates
+                                    above serve both kinds (moespec.kernels.structure.Rates.from_profile)
   shapes   {rates: {dtype: [[d, f], ..]}, hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes
            timed (a GGUF format's rate shapes span more row lengths than ours)
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
@@ -70,7 +78,15 @@ def _fail(path: str, problem: str) -> MoespecError:
 
 
 def _check_dtype(where: str, dtype: str, entry: Any) -> None:
-    """One dtype's rates: G ascending whole numbers from 1, each rate list as long and positive (row_s: of a GGUF
+    """One dtype's entry: its rates, the per-slot kernel's own where it has them, the matmul peak."""
+    _check_rates(where, dtype, entry, dtype in QUANTIZED)
+    if "slot" in entry:
+        _check_rates(where, f"{dtype}.slot", entry["slot"], False)
+    positive(entry, where, "matmul_peak_gflops")
+
+
+def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
+    """One kind's rates: G ascending whole numbers from 1, each rate list as long and positive (row_s: of a GGUF
     format, optional otherwise)."""
     if not isinstance(entry, dict):
         raise _fail(where, f"dtypes.{dtype} must be an object")
@@ -84,7 +100,7 @@ def _check_dtype(where: str, dtype: str, entry: Any) -> None:
             raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
     if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
         raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
-    if "row_s" in entry or dtype in QUANTIZED:
+    if "row_s" in entry or quantized:
         values = entry.get("row_s")
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and v >= 0 for v in values)):
             raise _fail(where, f"dtypes.{dtype}.row_s must list {len(g)} numbers >= 0, one per G")
@@ -93,10 +109,9 @@ def _check_dtype(where: str, dtype: str, entry: Any) -> None:
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and 0 <= v <= 1
                                                                            for v in values)):
             raise _fail(where, f"dtypes.{dtype}.stream_share must list {len(g)} numbers in [0, 1], one per G")
-    for key in ("group_s", "pass_s", *(("node_s",) if dtype in QUANTIZED or "node_s" in entry else ())):
+    for key in ("group_s", "pass_s", *(("node_s",) if quantized or "node_s" in entry else ())):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
-    positive(entry, where, "matmul_peak_gflops")
 
 
 class DeviceProfile(Record):

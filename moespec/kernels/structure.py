@@ -96,9 +96,14 @@ class Rates:
                                 ">= 0")
 
     @classmethod
-    def from_profile(cls, entry: Mapping[str, Any]) -> Rates:
-        """The rates of one `dtypes` entry of a validated device.json (node_s 0, no row_s and no stream_share where
-        the entry has none)."""
+    def from_profile(cls, entry: Mapping[str, Any], kind: str = "dedup") -> Rates:
+        """The rates kernel kind `kind` (slot or dedup) runs at, from one `dtypes` entry of a validated device.json:
+        the entry's own, or for the per-slot kind its `slot` entry where it has one (the kernel is a program of its
+        own there); node_s 0, no row_s and no stream_share where the entry has none."""
+        if kind not in ("slot", "dedup"):
+            raise ArgumentError(f"kind must be 'slot' or 'dedup', got {show(kind)}")
+        if kind == "slot" and "slot" in entry:
+            entry = entry["slot"]
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
                    tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())))
@@ -127,6 +132,11 @@ class Rates:
         excess = float(np.interp(g, self.G, self.cold_excess_s_per_byte))  # past the grid: its last value
         stream = 1.0 / (ceiling_gbps * 1e9)
         return max(self.share(g) * stream + excess, stream, kappa)
+
+
+def kind_rates(entry: Mapping[str, Any]) -> dict[str, Rates]:
+    """kind (slot, dedup) -> the rates that kernel runs at, from one `dtypes` entry of a validated device.json."""
+    return {kind: Rates.from_profile(entry, kind) for kind in ("slot", "dedup")}
 
 
 def _check_tokens(g: int) -> None:

@@ -2,11 +2,11 @@
 (moespec.kernels.structure; written as device.json, moespec.formats.devicefile). Not the acceptance profile of
 moespec.theory.profile.
 
-Microbenchmarks of the kernels' building blocks, each through the kernels' own entry point (moespec.kernels.expert_op,
-native, for bf16 and fp32; for a GGUF format, q8_0 or q4_0, ggml's pair through moespec.kernels.peers.ggml_quantized,
-ggml-mul_mat_id playing dedup and ggml-per-slot playing slot; at the threads asked) and never on a model's expert
-shapes (RATE_SHAPES and the others are synthetic; a test
-checks them against every preset and the trained pair):
+Microbenchmarks of the kernels' building blocks, each through the kernels' own entry point (moespec.kernels.expert_op:
+native on the CPU for bf16 and fp32, Triton on a CUDA device; for a GGUF format, q8_0 or q4_0, on the CPU, ggml's pair
+through moespec.kernels.peers.ggml_quantized, ggml-mul_mat_id playing dedup and ggml-per-slot playing slot; at the
+threads asked) and never on a model's expert shapes (RATE_SHAPES and the others are synthetic; a test checks them
+against every preset and the trained pair); the rates are fitted by moespec.measure.profile_fit:
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush, E experts of
   ~48 MiB in all, past the last-level cache) on every rate shape, and hot (the same pass run just before) on HOT_SHAPES,
@@ -30,10 +30,15 @@ checks them against every preset and the trained pair):
   predicts them from the rates above at each call's ceiling; the median and largest relative error are the profile's
   own stated error.
 - streaming read at the chunk sizes the kernels read (a row task is ~1 MiB), cold; thread scaling: the rate passes
-  and the streaming read on one thread.
+  and the streaming read on one thread (the CPU's).
 - cache: the capacity a per-slot re-read finds (moespec.measure.cache_probe): cold per-slot passes re-reading a
   cycle of synthetic experts at known distances, the first dtype's; `cache_bytes` is the fitted capacity, at most
   the last-level cache's size (`cache_nominal_bytes`).
+On a CUDA device (sizes_for) the passes are sized to the GPU: G up to the Triton kernels' 16 tokens, cold passes of
+CUDA_COLD_L2 L2s (a short pass is mostly launch and ramp), hot passes filling CUDA_HOT_L2 of the L2; the per-slot
+kernel, a program of its own there, gets its own cold and hot rate passes (one token naming E experts: G = 1) and
+both kinds their own overhead passes, so each kind has its own rates (device.json `dtypes.<dtype>.slot`). The ceiling
+is the timer's: a streaming read on the CPU, a device copy on the GPU.
 Every timed call follows a cache flush (moespec.measure.timing, the bench's Timer), in rounds whose order is rotated
 so drift hits every item alike; medians and IQRs over rounds.
 """
@@ -47,8 +52,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from moespec import ArgumentError, MoespecError
-from moespec.defaults import BENCH_DTYPES, KERNELS, QUANTIZED, REPS_LIMIT
+from moespec import MoespecError
+from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, DeviceProfile
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.kernels import KERNELS as REGISTRY
@@ -56,17 +61,11 @@ from moespec.kernels import PAIRS, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.passes import chosen_ids
-from moespec.measure.timing import (
-    StreamRead,
-    Timer,
-    flush_bytes,
-    matmul_peak,
-    median_iqr,
-    timer_for,
-)
+from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, timer_for
 from moespec.model.weights import expert_rows, matrix_bytes
-from moespec.kernels.structure import Rates, pass_time
+from moespec.kernels.structure import Rates
 from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
+from moespec.measure.profile_fit import Item, fit_rates, self_check
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
@@ -74,13 +73,6 @@ RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
 # ~170 MB in q8_0 (rows of 384 to 12800 weights; two of the same bytes with the long rows in gate/up or in down)
 GGUF_RATE_SHAPES = ((384, 384), (832, 832), (1600, 1600), (3840, 640), (640, 3840), (2688, 2688), (4352, 4352),
                     (4224, 12800))
-# The stream's share s_G is fitted only where the profile's calls met more than one state of the host: 1 / C spread
-# over at least this share of its median (10th to 90th percentile). A quiet run's calls spread 0.1-0.2; runs on this
-# host while its streaming read moved between ~30 and ~55 GB/s spread ~0.5 (benchmarks/stream_share.py).
-STATE_SPREAD = 0.25
-# Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
-# per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
-FIT_PASSES = 10
 # Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
 # MB measured partly from memory here)
 HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
@@ -95,15 +87,23 @@ G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the 
 COLD_BYTES = 48 << 20  # a cold rate pass reads about this much: past a 32 MiB last-level cache
 STREAM_CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # around the kernels' ~1 MiB row task
 THREAD_SCALING_G = (1, 4, 16)
+# On a CUDA device: G up to the Triton kernels' TOKENS_MAX (16; a verification pass's groups hold at most n = 9),
+# interpolated between
+CUDA_G_VALUES = (1, 2, 3, 4, 6, 9, 12, 16)
+# A cold pass reads this many L2s (~240 MB on an H200, ~60 us at its ~4 TB/s: well past the launch and the ramp) ...
+CUDA_COLD_L2 = 4
+# ... and a hot pass's experts fill this share of it (~24 MB: the L2 keeps them between two calls)
+CUDA_HOT_L2 = 0.4
 DEFAULT_REPS = 7
 SEED = 0
 
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    """A profile: written to `out`; the device (cpu; the structural model covers the CPU kernels), the weight
-    formats to time (of BENCH_DTYPES: our native kernels for bf16 and fp32, ggml's pair for the GGUF formats), the
-    timed rounds and the threads (None: torch.get_num_threads())."""
+    """A profile: written to `out`; the device kind (cpu: the native kernels and ggml's pair; cuda: the Triton
+    kernels on the current CUDA device), the weight formats to time (of BENCH_DTYPES: our kernels for bf16 and fp32,
+    ggml's pair for the GGUF formats, on the CPU only), the timed rounds and the threads (None:
+    torch.get_num_threads())."""
 
     out: str
     device: str = "cpu"
@@ -113,25 +113,17 @@ class ProfileConfig:
 
     def check(self) -> None:
         check_output(self.out)
-        if self.device != "cpu":
-            raise MoespecError(f"--device {self.device}: the structural model covers the CPU kernels; profile "
-                               f"--device cpu")
+        if self.device not in DEVICE_KINDS:
+            raise MoespecError(f"--device {self.device}: give one of {', '.join(DEVICE_KINDS)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise MoespecError("--device cuda: this torch sees no CUDA device")
         if not self.dtypes or not set(self.dtypes) <= set(BENCH_DTYPES):
             raise MoespecError(f"--dtypes {','.join(self.dtypes)}: give some of {', '.join(BENCH_DTYPES)}")
+        if self.device == "cuda" and set(self.dtypes) & set(QUANTIZED):
+            raise MoespecError(f"--dtypes {','.join(self.dtypes)}: on cuda the profile times the Triton kernels, at "
+                               f"bf16 or fp32 (the GGUF formats run in ggml's CPU kernels)")
         if isinstance(self.reps, bool) or not isinstance(self.reps, int) or not 2 <= self.reps <= REPS_LIMIT:
             raise MoespecError(f"--reps must be a whole number in 2..{REPS_LIMIT}, got {self.reps!r}")
-
-
-@dataclass
-class Item:
-    """One timed call of a round: what it is (key), its work (fn), whether it runs cold (flushed) or hot (run just
-    before), and the samples: seconds with the ceiling sampled after each cold call."""
-
-    key: tuple[Any, ...]
-    fn: Callable[[], object]
-    cold: bool = True
-    seconds: list[float] | None = None
-    ceilings: list[float] | None = None
 
 
 def pair_of(dtype: str) -> dict[str, str]:
@@ -152,12 +144,12 @@ class Weights:
     f: int
 
     @classmethod
-    def draw(cls, d: int, f: int, experts: int, dtype: str) -> Weights:
+    def draw(cls, d: int, f: int, experts: int, dtype: str, device: str = "cpu") -> Weights:
         gen = torch.Generator().manual_seed(SEED)
         tensors = [torch.randn(experts, *shape, generator=gen) * 0.02 for shape in ((2 * f, d), (d, f))]
         if dtype in QUANTIZED:
             return cls(*(gguf_blocks(t, dtype) for t in tensors), dtype, d, f)
-        return cls(*(t.to(torch_dtype(dtype)) for t in tensors), dtype, d, f)
+        return cls(*(t.to(torch_dtype(dtype)).to(device) for t in tensors), dtype, d, f)
 
     @staticmethod
     def bytes_of(d: int, f: int, dtype: str) -> int:
@@ -176,11 +168,11 @@ class Weights:
         """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once: in the weights' dtype, fp32
         for GGUF blocks, as the bench draws them)."""
         n, m = ids.shape
-        gen = torch.Generator().manual_seed(SEED)
+        gen, device = torch.Generator().manual_seed(SEED), self.gate_up.device
         x_dtype = torch.float32 if self.dtype in QUANTIZED else self.gate_up.dtype
-        x = torch.randn(n, self.d, generator=gen).to(x_dtype)
-        weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(x_dtype)
-        ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+        x = torch.randn(n, self.d, generator=gen).to(x_dtype).to(device)
+        weights = torch.softmax(torch.randn(n, m, generator=gen), dim=-1).to(x_dtype).to(device)
+        ids_t = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(device)
         if self.dtype in QUANTIZED:
             shape = (self.gate_up.shape[0], self.d, self.f)
             return lambda: ggml_quantized(kernel, x, ids_t, weights, self.gate_up, self.down, self.dtype, shape,
@@ -193,12 +185,35 @@ def _same_experts(tokens: int, experts: int) -> np.ndarray:
     return np.tile(np.arange(experts, dtype=np.int64), (tokens, 1))
 
 
-def _overhead_passes(dtype: str) -> list[tuple[str, int, int]]:
-    """(kind, tokens, slots) of the overhead passes (module docstring): ggml's pair adds passes that tell its
-    per-slot kernel's nodes (one per token) from its groups."""
+@dataclass(frozen=True)
+class Sizes:
+    """What the profile times on one kind of device (sizes_for): the G of the rate passes, the bytes of a cold rate
+    pass, the bytes a hot pass's experts fill (None: HOT_EXPERTS experts), whether the per-slot kernel gets rate
+    passes and fixed costs of its own (`apart`), where the cache probe's passes put one token a cycle (kernels that
+    take few tokens a pass), and the device the weights live on."""
+
+    g_values: tuple[int, ...]
+    cold_bytes: int
+    hot_bytes: int | None
+    apart: bool
+    device: str
+
+
+def sizes_for(device_kind: str, l2_bytes: int = 0) -> Sizes:
+    """The CPU's sizes (G_VALUES, COLD_BYTES, HOT_EXPERTS; one fit for both kinds) or a CUDA device's, from its L2
+    (module docstring)."""
+    if device_kind == "cuda":
+        return Sizes(CUDA_G_VALUES, CUDA_COLD_L2 * l2_bytes, int(CUDA_HOT_L2 * l2_bytes), True, "cuda")
+    return Sizes(G_VALUES, COLD_BYTES, None, False, "cpu")
+
+
+def _overhead_passes(dtype: str, apart: bool = False) -> list[tuple[str, int, int]]:
+    """(kind, tokens, slots) of the overhead passes (module docstring): ggml's pair, and the kinds `apart`, add the
+    dedup kernel's; ggml's pair adds passes that tell its per-slot kernel's nodes (one per token) from its groups."""
     passes = [("slot", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS]
-    if dtype in QUANTIZED:
+    if dtype in QUANTIZED or apart:
         passes += [("dedup", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS]
+    if dtype in QUANTIZED:
         passes += [("slot", t, max(OVERHEAD_SLOTS)) for t in NODE_TOKENS]
     return passes
 
@@ -209,43 +224,58 @@ def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
     return GGUF_RATE_SHAPES if dtype in QUANTIZED else RATE_SHAPES
 
 
-def _items(dtype: str, threads: int | None, nominal: int | None) -> tuple[list[Item], dict[str, Any]]:
-    """Every timed call of one dtype (through the kernels of its pair, pair_of), and the bytes and rows of the
-    experts behind each key; with `nominal` (the last-level cache's bytes: the first dtype) the thread scaling and the
-    cache probe too."""
-    pair, shapes = pair_of(dtype), rate_shapes(dtype)
-    items, info = [], {}
-    for d, f in shapes:
-        cold_e = max(1, round(COLD_BYTES / Weights.bytes_of(d, f, dtype)))
-        w = Weights.draw(d, f, cold_e, dtype)
-        for g in G_VALUES:
-            items.append(Item(("cold", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), threads)))
-            info[("cold", d, f, g)] = (w.expert_bytes, w.rows, cold_e)
-        if nominal and (d, f) == shapes[0]:
-            for g in THREAD_SCALING_G:
-                items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, cold_e), 1)))
+def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str) -> tuple[list[Item], dict[str, Any]]:
+    """The cold (every rate shape) or hot (HOT_SHAPES) rate passes of one dtype: the dedup kernel at each G, and
+    where `apart` the per-slot kernel at G = 1 (one token naming the E experts); keys (state, kind, d, f, G)."""
+    pair, items, info = pair_of(dtype), [], {}
+    for d, f in rate_shapes(dtype) if state == "cold" else HOT_SHAPES:
+        b = Weights.bytes_of(d, f, dtype)
+        fill = sizes.cold_bytes if state == "cold" else sizes.hot_bytes
+        experts = max(1 if state == "cold" else HOT_EXPERTS, round(fill / b)) if fill is not None else HOT_EXPERTS
+        w = Weights.draw(d, f, experts, dtype, sizes.device)
+        runs = [("dedup", g, _same_experts(g, experts)) for g in sizes.g_values]
+        if sizes.apart:
+            runs.append(("slot", 1, _same_experts(1, experts)))
+        for kind, g, ids in runs:
+            key = (state, kind, d, f, g)
+            items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold"))
+            info[key] = (w.expert_bytes, w.rows, experts)
+    return items, info
+
+
+def _items(dtype: str, threads: int | None, nominal: int | None,
+           sizes: Sizes | None = None) -> tuple[list[Item], dict[str, Any]]:
+    """Every timed call of one dtype (through the kernels of its pair, pair_of) at `sizes` (None: the CPU's), and the
+    bytes and rows of the experts behind each key; with `nominal` (the last-level cache's bytes: the first dtype) the
+    cache probe too, and on the CPU the thread scaling."""
+    sizes = sizes or sizes_for("cpu")
+    pair = pair_of(dtype)
+    items, info = _rate_items(dtype, threads, sizes, "cold")
+    if nominal and sizes.device == "cpu":
+        d, f = rate_shapes(dtype)[0]
+        experts = info["cold", "dedup", d, f, 1][2]
+        w = Weights.draw(d, f, experts, dtype)
+        for g in THREAD_SCALING_G:
+            items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, experts), 1)))
     if nominal:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), with the first dtype's pair
         cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), nominal)
-        w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype)
+        w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype, sizes.device)
         for k in cycles:
-            ids = probe_ids(k)
+            ids = probe_ids(k, token_a_cycle=sizes.device != "cpu")
             items.append(Item(("cache", k), w.call(pair["slot"], ids, threads)))
             info[("cache", k)] = (w.expert_bytes, w.rows, ids)
-    for d, f in HOT_SHAPES:
-        w = Weights.draw(d, f, HOT_EXPERTS, dtype)
-        for g in G_VALUES:
-            items.append(Item(("hot", d, f, g), w.call(pair["dedup"], _same_experts(g, HOT_EXPERTS), threads),
-                              cold=False))
-            info[("hot", d, f, g)] = (w.expert_bytes, w.rows, HOT_EXPERTS)
-    w = Weights.draw(*OVERHEAD_SHAPE, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), dtype)
-    for kind, tokens, m in _overhead_passes(dtype):  # distinct experts in every slot: groups = tokens m
+    hot_items, hot_info = _rate_items(dtype, threads, sizes, "hot")
+    items += hot_items
+    info |= hot_info
+    w = Weights.draw(*OVERHEAD_SHAPE, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), dtype, sizes.device)
+    for kind, tokens, m in _overhead_passes(dtype, sizes.apart):  # distinct experts in every slot: groups = tokens m
         ids = np.arange(tokens * m, dtype=np.int64).reshape(tokens, m)
         for cold in (True, False):
             key = ("overhead", kind, tokens, m, "cold" if cold else "hot")
             items.append(Item(key, w.call(pair[kind], ids, threads), cold=cold))
             nodes = tokens if kind == "slot" and dtype in QUANTIZED else 1  # ggml-per-slot: a node per token
             info[key] = (w.expert_bytes, w.rows, (tokens * m, nodes))
-    w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype)
+    w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype, sizes.device)
     rng = np.random.default_rng(SEED)
     for n in CHECK_N:
         for u in sorted({CHECK_SLOTS, (CHECK_SLOTS + min(n * CHECK_SLOTS, CHECK_EXPERTS)) // 2,
@@ -259,9 +289,9 @@ def _items(dtype: str, threads: int | None, nominal: int | None) -> tuple[list[I
 
 def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str], None]) -> None:
     """`reps` rounds over the items, round r started r/reps of the way through (drift balanced, as the bench's
-    rounds); a cold item after a flush with one ceiling sample after it (the timer's streaming read, its buffer
-    drawn once), a hot one right after an untimed call."""
-    ceiling = StreamRead()
+    rounds); a cold item after a flush with one ceiling sample after it (the timer's ceiling, its buffer drawn
+    once), a hot one right after an untimed call."""
+    ceiling = timer.sampler()
     for item in items:
         item.fn()  # warm-up: code and buffers ready
         item.seconds, item.ceilings = [], []
@@ -271,115 +301,11 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str]
             if item.cold:
                 timer.flush()
             else:
-                item.fn()
+                timer.warm(item.fn)
             item.seconds.append(timer.time(item.fn))
             if item.cold:
                 item.ceilings.append(ceiling())
         say(f"round {rep + 1} of {reps} done")
-
-
-def _fixed(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], state: str,
-           rates: Rates) -> tuple[float, float, float]:
-    """(pass_s, group_s, node_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after the
-    same call): least squares of the time left after the groups' bytes and rows (rates at G = 1, cold at each call's
-    ceiling or hot) on the group count and the nodes past the first (node_s 0 where every pass is one node: our
-    kernels)."""
-    rows, left = [], []
-    cold = state == "cold"
-    for k, (b, r, groups) in info.items():
-        if k[0] == "overhead" and k[-1] == state:
-            (count, nodes), item = groups, by_key[k]
-            ceilings = item.ceilings or [1.0] * len(item.seconds)  # a hot call reads no memory: no ceiling
-            rows.append([1.0, count, nodes - 1])
-            left.append(np.median([t - count * (b * rates.per_byte(1, c, cold) + r * rates.per_row(1))
-                                   for t, c in zip(item.seconds, ceilings)]))
-    design = np.array(rows)
-    if not design[:, 2].any():
-        design = design[:, :2]
-    coef = np.linalg.lstsq(design, np.array(left), rcond=None)[0]
-    pass_s, group_s, node_s = (*coef, 0.0)[:3]
-    return max(float(pass_s), 0.0), max(float(group_s), 0.0), max(float(node_s), 0.0)
-
-
-def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(x, r) of y = x + r u, least squares over points (u, y): u a shape's rows per byte, y its cold seconds per
-    byte less s / C; neither below 0 (r 0 and x the median of y where the line falls, x 0 and r through the origin
-    where it would start below 0)."""
-    u, y = (np.array(v, dtype=float) for v in zip(*points))
-    if len(points) < 2 or np.ptp(u) == 0:
-        raise ArgumentError(f"a per-row time needs shapes of two or more row lengths, got {len(set(u))}")
-    r, x = np.polyfit(u, y, 1)
-    if r < 0:
-        return max(float(np.median(y)), 0.0), 0.0
-    if x < 0:
-        return 0.0, max(float(u @ y / (u @ u)), 0.0)
-    return float(x), float(r)
-
-
-def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: bool,
-               state_spread: float = STATE_SPREAD) -> tuple[float, float, float]:
-    """(x, s, r) of a cold group's seconds per byte y = x + s / C + r u (moespec.kernels.structure) from its calls:
-    per shape (u: its rows per byte, [(y, 1 / C) per call]). s is the least-squares coefficient of 1 / C, clipped to
-    [0, 1], where the calls' 1 / C spread over state_spread of its median, else 1; then, with s fixed, x and r as
-    before (excess_and_row over the shapes' medians where per_row, else x the median), neither below 0."""
-    calls = [(u, y, w) for u, rows in shapes for y, w in rows]
-    u, y, w = (np.array(v, dtype=float) for v in zip(*calls))
-    share = 1.0
-    if (np.percentile(w, 90) - np.percentile(w, 10)) >= state_spread * np.median(w):
-        design = np.column_stack([np.ones_like(w), w, *([u] if per_row else [])])
-        share = float(np.clip(np.linalg.lstsq(design, y, rcond=None)[0][1], 0.0, 1.0))
-    if per_row:
-        x, r = excess_and_row([(ui, float(np.median([yi - share * wi for yi, wi in rows]))) for ui, rows in shapes])
-    else:
-        x, r = max(float(np.median(y - share * w)), 0.0), 0.0
-    return x, share, r
-
-
-def _fit_rates(by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any], per_row: bool,
-               state_spread: float = STATE_SPREAD) -> Rates:
-    """kappa_G, x_G, s_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's pair) and the cold
-    pass_s and group_s (module docstring). A hot call has fixed costs of its own (its threads are awake and its code
-    cached), taken from the hot overhead passes and subtracted before kappa; the fixed costs and the rates depend on
-    each other only through small corrections, so alternating passes settle them (FIT_PASSES)."""
-    zeros = (0.0,) * len(G_VALUES)
-    rates = Rates(G_VALUES, (1e-12,) * len(G_VALUES), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
-    for _ in range(FIT_PASSES):
-        hot_pass, hot_group, _ = _fixed(by_key, info, "hot", rates)
-        pass_s, group_s, node_s = _fixed(by_key, info, "cold", rates)
-        kappa, excess, shares, row = [], [], [], []
-        for g in G_VALUES:
-            x, share, r = stream_fit([(rows / b, [((t - pass_s - e * group_s) / (b * e), 1 / (c * 1e9))
-                                                  for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
-                                      for k, (b, rows, e) in info.items() if k[0] == "cold" and k[3] == g],
-                                     per_row, state_spread)
-            hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group - e * rows * r) / (b * e)
-                   for k, (b, rows, e) in info.items() if k[0] == "hot" and k[3] == g]
-            kappa.append(max(float(np.median(hot)), 1e-15))
-            excess.append(x)
-            shares.append(share)
-            row.append(r)
-        rates = Rates(G_VALUES, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else (), tuple(shares))
-    return rates
-
-
-def _self_check(rates: Rates, by_key: dict[tuple[Any, ...], Item], info: dict[tuple[Any, ...], Any],
-                cache_bytes: int) -> dict[str, Any]:
-    """Per kernel: median and largest relative error of the model on the check passes, each predicted at the median
-    ceiling of its own calls; and every pass's numbers."""
-    rows = []
-    for k, (b, expert_rows, ids) in info.items():
-        if k[0] == "check":
-            item = by_key[k]
-            ceiling = float(np.median(item.ceilings))
-            rows.append({"kernel": k[1], "n": k[2], "U": k[3], "ceiling_gbps": ceiling,
-                         "measured_s": float(np.median(item.seconds)),
-                         "predicted_s": pass_time(rates, k[1], ids, b, expert_rows, ceiling, cache_bytes)})
-    out: dict[str, Any] = {"passes": rows}
-    for kernel in KERNELS:
-        errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows if r["kernel"] == kernel]
-        out[kernel] = {"median": float(np.median(errors)), "max": float(max(errors)), "passes": len(errors)}
-    return out
 
 
 def _stream_chunks(timer: Timer, reps: int) -> dict[str, Any]:
@@ -398,52 +324,67 @@ def _stream_chunks(timer: Timer, reps: int) -> dict[str, Any]:
     return {"chunk_bytes": list(STREAM_CHUNKS), "gbps": gbps, "iqr_gbps": iqr}
 
 
+def _entry(rates: Rates) -> dict[str, Any]:
+    """device.json's rates of one kind (moespec.formats.devicefile `dtypes.<dtype>`)."""
+    entry = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
+             "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
+             "pass_s": rates.pass_s, "node_s": rates.node_s, "stream_share": list(rates.stream_share)}
+    return entry | ({"row_s": list(rates.row_s)} if rates.row_s else {})
+
+
+def _check_kernels(config: ProfileConfig) -> None:
+    """The kernels each dtype needs run here: ggml's for a GGUF format, ours natively on the CPU."""
+    for dtype in config.dtypes:
+        if dtype in QUANTIZED and not set(GGML_PEERS) <= set(REGISTRY):
+            raise MoespecError(f"--dtypes {dtype}: ggml's kernels (ggml-python) are not installed here")
+        if config.device == "cpu" and dtype not in QUANTIZED \
+                and implementation("dedup", torch_dtype(dtype), "cpu") != "native":
+            raise MoespecError(f"the native kernels are unavailable here ({dtype}): the profile times them only")
+
+
 @holds_outputs(lambda config: [config.out])
 def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text: None) -> DeviceProfile:
     """Time the microbenchmarks (module docstring) and write device.json to config.out; `say` gets one line per
     stage."""
     started = time.perf_counter()
     config.check()
+    _check_kernels(config)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     threads = torch.get_num_threads()
     timer = timer_for(config.device)
-    for dtype in config.dtypes:
-        if dtype in QUANTIZED and not set(GGML_PEERS) <= set(REGISTRY):
-            raise MoespecError(f"--dtypes {dtype}: ggml's kernels (ggml-python) are not installed here")
-        if dtype not in QUANTIZED and implementation("dedup", torch_dtype(dtype), "cpu") != "native":
-            raise MoespecError(f"the native kernels are unavailable here ({dtype}): the profile times them only")
+    nominal = timer.cache_bytes
+    sizes = sizes_for(timer.kind, nominal)
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
     doc_dtypes, checks, scaling, all_ceilings = {}, {}, None, list(before)
-    nominal = flush_bytes() // 2  # flush_bytes is twice the last-level cache (at least its floor)
     for i, dtype in enumerate(config.dtypes):
-        items, info = _items(dtype, config.threads, nominal if i == 0 else None)
+        items, info = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
         _time_rounds(items, config.reps, timer, say)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
-        rates = _fit_rates(by_key, info, per_row=dtype in QUANTIZED)
+        rates = {"dedup": fit_rates(by_key, info, sizes.g_values, per_row=dtype in QUANTIZED, apart=sizes.apart)}
+        rates["slot"] = fit_rates(by_key, info, (1,), False, kind="slot", apart=True) if sizes.apart \
+            else rates["dedup"]
         peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
-        doc_dtypes[dtype] = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
-                             "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
-                             "pass_s": rates.pass_s, "node_s": rates.node_s, "matmul_peak_gflops": peak,
-                             "stream_share": list(rates.stream_share)}
-        if rates.row_s:
-            doc_dtypes[dtype]["row_s"] = list(rates.row_s)
+        doc_dtypes[dtype] = _entry(rates["dedup"]) | {"matmul_peak_gflops": peak}
+        if sizes.apart:
+            doc_dtypes[dtype]["slot"] = _entry(rates["slot"])
         if i == 0:  # the cache probe's and the thread scaling's calls ran with the first dtype
             keys = sorted(k for k in info if k[0] == "cache")
             expert_bytes, rows = info[keys[0]][:2]
-            cache, probe = measured_capacity(rates, pair_of(dtype)["slot"], PROBE_SHAPE, [
+            cache, probe = measured_capacity(rates["slot"], pair_of(dtype)["slot"], PROBE_SHAPE, [
                 (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], expert_bytes, rows, nominal)
-            first = rate_shapes(dtype)[0]
-            scaling = {"G": list(THREAD_SCALING_G), "speedup": [
-                float(np.median(by_key["threads_1", *first, g].seconds)
-                      / np.median(by_key["cold", *first, g].seconds)) for g in THREAD_SCALING_G]}
-        checks[dtype] = _self_check(rates, by_key, info, cache)
-    scaling["ceiling_gbps"] = median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]
-    stream = _stream_chunks(timer, config.reps)
+            if timer.kind == "cpu":
+                first = rate_shapes(dtype)[0]
+                scaling = {"G": list(THREAD_SCALING_G), "speedup": [
+                    float(np.median(by_key["threads_1", *first, g].seconds)
+                          / np.median(by_key["cold", "dedup", *first, g].seconds)) for g in THREAD_SCALING_G],
+                    "ceiling_gbps": median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]}
+        checks[dtype] = self_check(rates, by_key, info, cache)
+    stream = _stream_chunks(timer, config.reps) if timer.kind == "cpu" else None
     after = timer.ceiling()
     ceiling, ceiling_iqr = median_iqr(all_ceilings + after)
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
@@ -454,6 +395,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
            "shapes": {"rates": {dtype: [list(s) for s in rate_shapes(dtype)] for dtype in config.dtypes},
                       "hot": [list(s) for s in HOT_SHAPES],
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
+           "sizes": {"G": list(sizes.g_values), "cold_bytes": sizes.cold_bytes, "hot_bytes": sizes.hot_bytes,
+                     "slot_apart": sizes.apart},
            "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
                                                                                              "passes")}
                           for kernel in KERNELS},  # the worst dtype's; each dtype's passes below

@@ -42,7 +42,7 @@ from moespec.model.load import resolve_device
 
 __all__ = [
     "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "flush_bytes", "device_name",
-    "Timer", "CpuTimer", "CudaTimer", "timer_for",
+    "cuda_device_name", "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
 STREAM_READ_BYTES = 256 << 20  # the CPU ceiling's buffer: 8x a 32 MiB L3, so nearly every byte comes from DRAM
@@ -156,17 +156,25 @@ def device_name() -> str:
     return f"cpu: {name}, {torch.get_num_threads()} threads"
 
 
+def cuda_device_name(device: str) -> str:
+    """'cuda: <name>, sm<major><minor>, <memory> GiB' of a CUDA device (what a CudaTimer records as its device)."""
+    props = torch.cuda.get_device_properties(device)
+    return f"cuda: {props.name}, sm{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB"
+
+
 # ---- timers --------------------------------------------------------------------------------------------------
 class Timer(ABC):
     """How a timed call is measured on one device: `flush()` before it, `time(fn)` around it, `ceiling()` beside.
 
     device: the torch device string; kind: "cpu" or "cuda"; name: the device in words; flush_bytes: the bytes
-    the flush writes; timer_name: the clock; ceiling_kind: what the ceiling measures (module docstring)."""
+    the flush writes; cache_bytes: the last-level cache's size (the CPU's L3, the GPU's L2); timer_name: the clock;
+    ceiling_kind: what the ceiling measures (module docstring)."""
 
     device: str
     kind: str
     name: str
     flush_bytes: int
+    cache_bytes: int
     timer_name: str
     ceiling_kind: str
 
@@ -178,9 +186,20 @@ class Timer(ABC):
     def time(self, fn: Callable[[], object]) -> float:
         """Seconds one call of fn takes on the device."""
 
+    def warm(self, fn: Callable[[], object]) -> None:
+        """Run fn untimed just before a timed call of it, so that call finds its data in the cache (a hot call)."""
+        fn()
+
     @abstractmethod
+    def sampler(self, nbytes: int | None = None) -> Callable[[], float]:
+        """A ceiling measurement to call again and again: each call returns GB/s on one nbytes buffer (default: the
+        kind's size), allocated once."""
+
     def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
-        """GB/s of `repeats` ceiling measurements on an nbytes buffer (default: the kind's size)."""
+        """GB/s of `repeats` ceiling measurements on an nbytes buffer (default: the kind's size), after one untimed."""
+        sample = self.sampler(nbytes)
+        sample()
+        return [sample() for _ in range(repeats)]
 
 
 class CpuTimer(Timer):
@@ -190,6 +209,7 @@ class CpuTimer(Timer):
 
     def __init__(self) -> None:
         self.device, self.name, self.flush_bytes = "cpu", device_name(), flush_bytes()
+        self.cache_bytes = self.flush_bytes // FLUSH_LLC_MULTIPLE  # the last-level cache (at least the floor's half)
         self._flusher = CacheFlusher(self.flush_bytes)
 
     def flush(self) -> None:
@@ -200,8 +220,8 @@ class CpuTimer(Timer):
         fn()
         return perf_counter() - start
 
-    def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
-        return measure_stream_read(nbytes or STREAM_READ_BYTES, repeats)
+    def sampler(self, nbytes: int | None = None) -> Callable[[], float]:
+        return StreamRead(nbytes or STREAM_READ_BYTES)
 
 
 class CudaTimer(Timer):
@@ -213,7 +233,7 @@ class CudaTimer(Timer):
         self.device = device
         props = torch.cuda.get_device_properties(device)
         l2 = getattr(props, "L2_cache_size", 0) or GPU_L2_FALLBACK_BYTES
-        self.name = f"cuda: {props.name}, sm{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB"
+        self.name, self.cache_bytes = cuda_device_name(device), l2
         self.flush_bytes = max(FLUSH_LLC_MULTIPLE * l2, GPU_FLUSH_WRITE_MIN_BYTES)
         clean = max(FLUSH_LLC_MULTIPLE * l2, GPU_FLUSH_READ_MIN_BYTES)
         self._dirty = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=device)
@@ -228,8 +248,16 @@ class CudaTimer(Timer):
         with torch.cuda.device(self.device):
             self._dirty.fill_(self._value)
             self._clean.sum()
-            if self._lead_cycles:
-                torch.cuda._sleep(self._lead_cycles)
+            self._lead()
+
+    def warm(self, fn: Callable[[], object]) -> None:
+        with torch.cuda.device(self.device):
+            fn()
+            self._lead()  # the device spins while the host launches the timed call, as after a flush
+
+    def _lead(self) -> None:
+        if self._lead_cycles:
+            torch.cuda._sleep(self._lead_cycles)
 
     def time(self, fn: Callable[[], object]) -> float:
         with torch.cuda.device(self.device):
@@ -240,12 +268,12 @@ class CudaTimer(Timer):
             end.synchronize()
         return start.elapsed_time(end) / 1e3
 
-    def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
+    def sampler(self, nbytes: int | None = None) -> Callable[[], float]:
         nbytes = nbytes or COPY_BYTES
         src = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(src)
         dst.copy_(src)  # untimed: pages in both buffers
-        return [2 * nbytes / self.time(lambda: dst.copy_(src)) / 1e9 for _ in range(repeats)]
+        return lambda: 2 * nbytes / self.time(lambda: dst.copy_(src)) / 1e9
 
 
 def matmul_peak(timer: Timer, dtype: torch.dtype, repeats: int = CEILING_REPEATS) -> list[float]:

@@ -27,10 +27,11 @@ from moespec.measure.bench import BenchConfig, bench_document, bench_layers, ben
 from moespec.measure.contention import on_own_cores
 from moespec.measure.device_profile import pair_of
 from moespec.measure.fits import engine_of, eps_by_engine
-from moespec.measure.timing import device_name
+from moespec.measure.timing import cuda_device_name, device_name
+from moespec.model.load import resolve_device
 from moespec.model.gguf import resolve_model
 from moespec.predict.checks import profile_checks
-from moespec.kernels.structure import Rates, pass_time
+from moespec.kernels.structure import Rates, kind_rates, pass_time
 
 
 def implementation_of(kernel: str) -> str:
@@ -41,19 +42,21 @@ def implementation_of(kernel: str) -> str:
 
 
 def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
-    """Refuse a profile that does not describe this bench: another device kind, another CPU, another thread count
-    than the bench's (its `threads`, which predict_bench gives torch as a measured bench does), a weight format it
-    did not time, kernels it has no model of (at a format, the pair that runs it: ours for bf16 and fp32, ggml's for
-    the GGUF formats, as a measured bench of that format names them)."""
+    """Refuse a profile that does not describe this bench: another device kind, another CPU or GPU, on the CPU
+    another thread count than the bench's (its `threads`, which predict_bench gives torch as a measured bench does), a
+    weight format it did not time, kernels it has no model of (at a format, the pair that runs it: ours for bf16 and
+    fp32, ggml's for the GGUF formats, as a measured bench of that format names them)."""
     where = profile.path
-    if config.device != profile["device_kind"]:
+    kind = config.device.partition(":")[0]
+    if kind != profile["device_kind"]:
         raise MoespecError(f"{where}: profiled on {profile['device_kind']}, not --device {config.device}")
     threads = torch.get_num_threads()
-    if profile.threads != threads:
+    if kind == "cpu" and profile.threads != threads:
         raise MoespecError(f"{where}: profiled at {profile.threads} threads; this bench runs {threads} (set the "
                            f"threads, or profile again at {threads})")
-    if profile["device"] != device_name():
-        raise MoespecError(f"{where}: profiled on another device ({profile['device']}; this is {device_name()}): "
+    here = device_name() if kind == "cpu" else cuda_device_name(resolve_device(config.device))
+    if profile["device"] != here:
+        raise MoespecError(f"{where}: profiled on another device ({profile['device']}; this is {here}): "
                            f"run `moespec profile` here")
     if config.dtype not in profile.dtypes:
         raise MoespecError(f"{where}: the model covers the formats the profile timed ({', '.join(profile.dtypes)}), "
@@ -64,14 +67,14 @@ def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
                            f"{', '.join(pair)} only")
 
 
-def predicted_units(rates: Rates, kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
+def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
                     b: dict[int, float], rows: int, ceiling_gbps: dict[int, float],
                     cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
     """The bench's units (moespec.measure.bench.unit_record) with each pass's predicted time in place of its timed
-    rounds: one sample per pass and kernel (kinds: name -> slot or dedup; IQR 0), experts of b[layer] bytes and
-    `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n]."""
+    rounds: one sample per pass and kernel (kinds: name -> slot or dedup, each at rates[kind]; IQR 0), experts of
+    b[layer] bytes and `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n]."""
     return {(layer, n): unit_record(layer, n, list(kinds), passes,
-                                    [{k: [pass_time(rates, kind, p.ids, b[layer], rows, ceiling_gbps[n],
+                                    [{k: [pass_time(rates[kind], kind, p.ids, b[layer], rows, ceiling_gbps[n],
                                                     cache_bytes)]
                                       for k, kind in kinds.items()} for p in passes], [ceiling_gbps[n]])
             for (layer, n), passes in plan.items()}
@@ -99,7 +102,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     say(f"moespec bench --predict: {spec.name} {config.dtype} from {profile_path} ({profile['device']}), at "
         f"{ceiling:.1f} GB/s ({'the profile' if ceiling_gbps is None else 'given'}); MoE layers "
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
-    rates = Rates.from_profile(profile["dtypes"][config.dtype])
+    rates = kind_rates(profile["dtypes"][config.dtype])
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
     units = predicted_units(rates, kinds, plan, b, spec.expert_rows, dict.fromkeys(ns, ceiling),
                             profile["cache_bytes"])
