@@ -13,7 +13,7 @@ budget=${2:-420}
 reps=${3:-5}
 python=${PYTHON:-python3}
 MODEL_S=50
-models="olmoe-1b-7b qwen3-30b-a3b gpt-oss-20b deepseek-v2-lite heldout-1536x512 pair heldout-3072x1536 mixtral-8x7b"
+models="olmoe-1b-7b qwen3-30b-a3b gpt-oss-20b heldout-3072x1536 deepseek-v2-lite mixtral-8x7b heldout-1536x512 pair"
 mkdir -p "$out"
 start=$(date +%s)
 step() { echo "== $* ($(( $(date +%s) - start )) s)"; }

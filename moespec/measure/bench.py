@@ -456,7 +456,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
                    "ceiling_gbps": ceiling, "ceiling_iqr_gbps": ceiling_iqr,
                    "ceiling_before_after_gbps": [first, median_iqr(after)[0]], "matmul_peak_gflops": peak}
     doc = bench_document(spec, config, kinds, units, layers, ns, u, trace_info, impl, device_keys)
-    doc["protocol"] |= {"flush_bytes": timer.flush_bytes, "timer": timer.timer_name}
+    doc["protocol"] |= {"flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
+                        "late_starts": timer.late_starts}
     doc |= {"skipped_kernels": skipped, "level": level.record(),
             "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
             "elapsed_s": time.perf_counter() - started, "resumed_rounds": resumed}

@@ -401,7 +401,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                                                                                              "passes")}
                           for kernel in KERNELS},  # the worst dtype's; each dtype's passes below
            "self_check_by_dtype": checks,
-           "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name},
+           "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
+                        "late_starts": timer.late_starts},
            "elapsed_s": time.perf_counter() - started,
            "provenance": provenance(timer.name, ",".join(config.dtypes))}
     write_json(config.out, doc)

@@ -65,6 +65,11 @@ GPU_FLUSH_READ_MIN_BYTES = 256 << 20
 # showed launch gaps as bandwidth dips.
 GPU_LAUNCH_LEAD_S = 0.6e-3
 GPU_SLEEP_CALIBRATION_CYCLES = 1 << 22  # ~2 ms at ~2 GHz: long enough that the events' ~1 us resolution is noise
+# An idle GPU's SMs run at a fraction of their boost clock (345 against 1980 MHz on an H200): a lead calibrated
+# there spins ~6x too short once the timed work has raised the clock. So the clock is raised first (a spin this
+# many calibration lengths), the calibration taken as the fastest of a few, and a lead that still proves short (the
+# device reached the start event before the host had launched the call) doubled, up to GPU_LEAD_MAX_S.
+GPU_CLOCK_WARM_SPINS, GPU_CALIBRATIONS, GPU_LEAD_MAX_S = 10, 3, 8e-3
 COPY_BYTES = 1 << 30  # the GPU ceiling's copy: 20x an H100's L2, ~0.5 ms at 4 TB/s, far above the events' ~1 us
 
 
@@ -168,13 +173,15 @@ class Timer(ABC):
 
     device: the torch device string; kind: "cpu" or "cuda"; name: the device in words; flush_bytes: the bytes
     the flush writes; cache_bytes: the last-level cache's size (the CPU's L3, the GPU's L2); timer_name: the clock;
-    ceiling_kind: what the ceiling measures (module docstring)."""
+    ceiling_kind: what the ceiling measures (module docstring); late_starts: timed calls whose device may have waited
+    on the host's launches inside the timed span (CudaTimer.time; none on the CPU, whose calls are synchronous)."""
 
     device: str
     kind: str
     name: str
     flush_bytes: int
     cache_bytes: int
+    late_starts: int = 0
     timer_name: str
     ceiling_kind: str
 
@@ -238,10 +245,11 @@ class CudaTimer(Timer):
         clean = max(FLUSH_LLC_MULTIPLE * l2, GPU_FLUSH_READ_MIN_BYTES)
         self._dirty = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=device)
         self._clean = torch.ones(clean // 4, dtype=torch.float32, device=device)
-        self._value = 0.0
-        self._lead_cycles = 0
-        cycles_per_s = GPU_SLEEP_CALIBRATION_CYCLES / self.time(lambda: torch.cuda._sleep(GPU_SLEEP_CALIBRATION_CYCLES))
-        self._lead_cycles = int(GPU_LAUNCH_LEAD_S * cycles_per_s)
+        self._value, self._lead_cycles, self.late_starts, self._led = 0.0, 0, 0, False
+        self.time(lambda: torch.cuda._sleep(GPU_CLOCK_WARM_SPINS * GPU_SLEEP_CALIBRATION_CYCLES))
+        self._cycles_per_s = max(GPU_SLEEP_CALIBRATION_CYCLES / self.time(
+            lambda: torch.cuda._sleep(GPU_SLEEP_CALIBRATION_CYCLES)) for _ in range(GPU_CALIBRATIONS))
+        self._lead_cycles = int(GPU_LAUNCH_LEAD_S * self._cycles_per_s)
 
     def flush(self) -> None:
         self._value += 1.0
@@ -258,12 +266,19 @@ class CudaTimer(Timer):
     def _lead(self) -> None:
         if self._lead_cycles:
             torch.cuda._sleep(self._lead_cycles)
+            self._led = True
 
     def time(self, fn: Callable[[], object]) -> float:
+        """As Timer.time; after a lead (flush or warm), a device that reached the start event before the host had
+        launched fn's work may have idled inside the timed span: counted in late_starts, and the lead doubled."""
+        led, self._led = self._led, False
         with torch.cuda.device(self.device):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
+            if led and start.query():
+                self.late_starts += 1
+                self._lead_cycles = min(2 * self._lead_cycles, int(GPU_LEAD_MAX_S * self._cycles_per_s))
             end.record()
             end.synchronize()
         return start.elapsed_time(end) / 1e3
