@@ -97,6 +97,10 @@ ADDED_IN: dict[str, str] = {
     "llama-cpp/speculative/llama-cpp-speculative.json": "31c7ac5",
 }
 
+# Files a device machine wrote: its copy of the working tree has no .git, so their provenance records no commit; the
+# commit it ran is in the call's command line (longest matching folder wins).
+DEVICE_COMMITS = {"structure-model/gpu-h200/": "7fd42da", "structure-model/gpu-h200/launch-bound/": "8cbb921"}
+
 # Folders of raw rounds: indexed as one row, their files are the rounds of the file that summarises them.
 FOLDERS = {
     "sweep/bench": Entry("the sweep's ten benches, one per preset and format (bench.json each)",
@@ -116,6 +120,7 @@ def with_console(stem: str, claim: str) -> dict[str, Entry]:
 AD = "adaptive-draft/"
 STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "pair",
                     "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
+STRUCTURE_GPU = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b")  # measured on the H200 (gpu-h200/)
 STRUCTURE_GGUF = {"q8_0": STRUCTURE_MODELS, "q4_0": ("olmoe-1b-7b", "heldout-1536x512")}  # validated GGUF formats
 STRUCTURE_GGUF_B8 = ("olmoe-1b-7b", "qwen3-30b-a3b", "heldout-1536x512")  # q8_0 also at passes of 8..72 tokens
 # structure-model/same-session/: (model, format folder, B) of each measured and predicted bench
@@ -234,6 +239,39 @@ ENTRIES: dict[str, Entry] = {
                                                             source="structure-model/measured-cache/device.json"),
     **validation_folder("structure-model/measured-cache", [run for run in SAME_SESSION if not run[1]],
                         "the measured cache's profile"),
+    # the Triton kernels on an H200 (gpu-h200/)
+    "structure-model/gpu-h200/device.json": Entry(
+        "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
+        "per-slot kernel's own rates; the cache probe's 1 MiB, which priced per-slot re-reads as cold)"),
+    "structure-model/gpu-h200/log.txt": Entry("console output of the call (profile, three models, table)",
+                                              source="structure-model/gpu-h200/device.json",
+                                              command="benchmarks/structure_model_gpu.sh /tmp/sm 305 5"),
+    "structure-model/gpu-h200/table.json": Entry(
+        "H200, as run: dedup within 10% / 20% on OLMoE, Qwen3, gpt-oss; slot 4.8-13.5% median, 6.9-24.9% max; "
+        "crossover 2 measured and predicted on each; the predicted benches refused by plan (stated error 53%)"),
+    "structure-model/gpu-h200/table.md": Entry("table.json as markdown", source="structure-model/gpu-h200/table.json"),
+    **{f"structure-model/gpu-h200/{m}/{kind}-B1.json": Entry(
+        f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m} "
+        f"on the H200, Triton kernels, MoE layer 0, n = 1..9")
+       for m in STRUCTURE_GPU for kind in ("bench", "predicted")},
+    **{f"structure-model/gpu-h200/{m}/errors.json": Entry(f"{m} on the H200: every pass measured and predicted")
+       for m in STRUCTURE_GPU},
+    "structure-model/gpu-h200/l2/device.json": Entry(
+        "the H200 profile with the L2's 60 MiB as the cache (the rule a GPU profile now follows) and its self-check "
+        "recomputed: slot 4.1% / 18.7%, dedup 9.3% / 21.0%"),
+    "structure-model/gpu-h200/l2/table.json": Entry(
+        "the recorded H200 benches predicted with the L2 as the cache, after the fact: both kernels within 10% / 20% "
+        "on all three, crossover and k_hat*(a) at four acceptances equal"),
+    "structure-model/gpu-h200/l2/table.md": Entry("table.json as markdown",
+                                                  source="structure-model/gpu-h200/l2/table.json"),
+    **{f"structure-model/gpu-h200/l2/{m}/{name}": Entry(f"{m}: {what}, the L2 as the cache")
+       for m in STRUCTURE_GPU for name, what in (("predicted-B1.json", "predicted bench"),
+                                                 ("errors.json", "every recorded pass and its prediction"))},
+    "structure-model/gpu-h200/launch-bound/log.txt": Entry(
+        "the first H200 call, void: the launch lead calibrated at an idle clock spun ~6x short, so small passes "
+        "measured the host's launch (OLMoE 220-350 us at n = 1..9)",
+        command="benchmarks/structure_model_gpu.sh /tmp/sm 470 5", machine="cuda: NVIDIA H200, sm90, 140 GiB",
+        date="2026-12-04 17:20 UTC"),
     # batch: passes of B sequences
     "batch/README.md": Entry("write-up of the four benches at batch B = 1, 2, 4, 8",
                              source="batch/bench-olmoe-bf16-B8.json"),
@@ -448,6 +486,9 @@ def row(rel: str, entry: Entry) -> dict[str, str]:
         found["command"] = entry.command or found["command"]
     if found["commit"] == NO_COMMIT and rel in ADDED_IN:
         found["commit"] = f"{NO_COMMIT}; added in {ADDED_IN[rel]}"
+    ran = [folder for folder in DEVICE_COMMITS if rel.startswith(folder)]
+    if found["commit"] == NO_COMMIT and ran:
+        found["commit"] = f"{DEVICE_COMMITS[max(ran, key=len)]} (the device's copy, from its command line)"
     found["machine"] = entry.machine or found["machine"]
     found["date"] = entry.date or found["date"]
     return {"claim": entry.claim, "file": rel, **found}

@@ -255,19 +255,20 @@ def test_fit_rates_apart_gives_each_kind_its_own() -> None:
 
 def test_cuda_sizes_and_a_profile_with_the_slot_kernel_apart(tmp_path: Path, tiny: None,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GPU's sizes follow its L2 (G up to the Triton kernels' 16 tokens); the profile with the per-slot kernel
-    apart (here on the CPU's native kernels) writes the slot's own rates, which the loader validates and the model
-    reads for the slot kind only."""
+    """A GPU's sizes follow its L2 (G up to the Triton kernels' 16 tokens, no cache probe); the profile with the
+    per-slot kernel apart and no probe (here on the CPU's native kernels) writes the slot's own rates, which the
+    loader validates and the model reads for the slot kind only, and the last-level cache's size as the cache."""
     cuda = device_profile.sizes_for("cuda", 60 << 20)
     assert cuda.apart and max(cuda.g_values) == 16 and cuda.cold_bytes == 240 << 20 and cuda.hot_bytes == 24 << 20 \
-        and cuda.device == "cuda"
-    assert not device_profile.sizes_for("cpu").apart
+        and cuda.device == "cuda" and not cuda.probe
+    assert not device_profile.sizes_for("cpu").apart and device_profile.sizes_for("cpu").probe
     monkeypatch.setattr(device_profile, "sizes_for", lambda kind, l2=0: device_profile.Sizes(
-        (1, 2), 1 << 20, 1 << 18, True, "cpu"))
+        (1, 2), 1 << 20, 1 << 18, True, False, "cpu"))
     device_profile.run_profile(device_profile.ProfileConfig(out=str(tmp_path / "device.json"), reps=2))
     loaded = load_profile(tmp_path / "device.json")
     entry = loaded["dtypes"]["bf16"]
     assert entry["G"] == [1, 2] and entry["slot"]["G"] == [1] and loaded["sizes"]["slot_apart"]
+    assert loaded["cache_probe"] is None and loaded["cache_bytes"] == loaded["cache_nominal_bytes"]  # no probe
     rates = kind_rates(entry)
     assert rates["slot"].hot_s_per_byte == tuple(entry["slot"]["hot_s_per_byte"])
     assert rates["dedup"].hot_s_per_byte == tuple(entry["hot_s_per_byte"])
@@ -276,10 +277,3 @@ def test_cuda_sizes_and_a_profile_with_the_slot_kernel_apart(tmp_path: Path, tin
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(MoespecError, match=r"bad.json: dtypes.bf16.slot.G"):
         load_profile(tmp_path / "bad.json")
-
-
-def test_probe_one_token_a_cycle() -> None:
-    """The probe's passes for kernels of few tokens a pass: the same slots in token-major order, one token a cycle."""
-    ids = cache_probe.probe_ids(5, token_a_cycle=True)
-    assert ids.shape == (cache_probe.PROBE_CYCLES, 5)
-    assert (ids.reshape(-1) == cache_probe.probe_ids(5).reshape(-1)).all()

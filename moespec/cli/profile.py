@@ -54,11 +54,14 @@ def run(args: argparse.Namespace) -> int:
     if scaling:
         out.print(f"1 thread: streaming read {scaling['ceiling_gbps']:.1f} GB/s; {profile['threads']} threads over 1 "
                   f"at G " + ", ".join(f"{g}: {s:.2f}x" for g, s in zip(scaling["G"], scaling["speedup"])))
-    probe = profile["cache_probe"]
-    out.print(f"cache a per-slot re-read finds: {profile['cache_bytes'] / 2**20:.1f} MiB of the "
-              f"{profile['cache_nominal_bytes'] / 2**20:.0f} MiB last-level cache ({probe['kernel']}, re-reads at "
-              + ", ".join(f"{d / 2**20:.0f}" for d in probe["distances_bytes"]) + " MiB"
-              + ("" if probe["identified"] else "; they cannot tell: a cached read cost a cold one's here") + ")")
+    probe, cache = profile["cache_probe"], f"{profile['cache_bytes'] / 2**20:.1f} MiB"
+    if probe is None:
+        out.print(f"cache a per-slot re-read finds: the {cache} last-level cache (no probe on {profile['device_kind']})")
+    else:
+        out.print(f"cache a per-slot re-read finds: {cache} of the {profile['cache_nominal_bytes'] / 2**20:.0f} MiB "
+                  f"last-level cache ({probe['kernel']}, re-reads at "
+                  + ", ".join(f"{d / 2**20:.0f}" for d in probe["distances_bytes"]) + " MiB"
+                  + ("" if probe["identified"] else "; they cannot tell: a cached read cost a cold one's here") + ")")
     check = profile["self_check"]
     out.print("self-check on the check shape: " + "; ".join(
         f"{k} median {v['median']:.1%}, max {v['max']:.1%} over {v['passes']} passes" for k, v in check.items()))

@@ -16,6 +16,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     version 4 measured (moespec.measure.cache_probe), before it the last-level cache
   cache_nominal_bytes               (version 4) the last-level cache's size (sysfs), cache_bytes' upper bound
   cache_probe  {kernel, shape, expert_bytes, identified, distances_bytes, measured_s, ceiling_gbps, predicted_s}
+                                    or null where no probe ran (a GPU: cache_bytes is its L2's size)
                                     (version 4) the probe's passes: re-read distances, measured medians and the
                                     model's times at cache_bytes; identified false: they could not tell capacities
                                     apart (cached and cold reads cost alike), cache_bytes is the nominal size
@@ -24,7 +25,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
   threads_1    {ceiling_gbps, G: [..], speedup: [..]}  thread scaling: the 1-thread streaming read and, per G, the
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
                                     (null on cuda)
-  sizes        {G, cold_bytes, hot_bytes, slot_apart}  what the rate passes were sized to on this device kind
+  sizes        {G, cold_bytes, hot_bytes, slot_apart, cache_probe}  what the rate passes were sized to on this device
+                                    kind, and whether the cache probe ran
   dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, group_s, pass_s, node_s,
           matmul_peak_gflops}}
            per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
@@ -154,8 +156,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
         raise _fail(where, f"threads = {threads!r} must be a whole number in 1..{THREADS_LIMIT}")
     for key in ("ceiling_gbps", "cache_bytes", *(("cache_nominal_bytes",) if doc["format_version"] >= 4 else ())):
         positive(doc, where, key)
-    if not isinstance(doc.get("cache_probe", {}), dict):
-        raise _fail(where, "cache_probe must be an object")
+    if not isinstance(doc.get("cache_probe", {}), (dict, type(None))):
+        raise _fail(where, "cache_probe must be an object or null")
     if doc["format_version"] >= 4 and doc["cache_bytes"] > doc["cache_nominal_bytes"]:
         raise _fail(where, f"cache_bytes = {doc['cache_bytes']} exceeds cache_nominal_bytes = "
                            f"{doc['cache_nominal_bytes']}, the last-level cache")

@@ -47,13 +47,10 @@ def probe_cycles(expert_bytes: int, nominal_bytes: int) -> list[int]:
     return sorted({max(2, round(share * nominal_bytes / expert_bytes)) for share in PROBE_SHARES})
 
 
-def probe_ids(k: int, token_a_cycle: bool = False) -> np.ndarray:
-    """ids [K PROBE_CYCLES, 1]: one slot a token, experts 0..K-1 in turn, PROBE_CYCLES times; token_a_cycle: the same
-    slots as [PROBE_CYCLES, K], one token a cycle (the per-slot kernel's token-major order is the same; for kernels
-    that take few tokens a pass, the Triton ones)."""
+def probe_ids(k: int) -> np.ndarray:
+    """ids [K PROBE_CYCLES, 1]: one slot a token, experts 0..K-1 in turn, PROBE_CYCLES times."""
     _whole("k", k)
-    ids = np.arange(k * PROBE_CYCLES, dtype=np.int64) % k
-    return ids.reshape(PROBE_CYCLES, k) if token_a_cycle else ids[:, None]
+    return (np.arange(k * PROBE_CYCLES, dtype=np.int64) % k)[:, None]
 
 
 def fit_capacity(rates: Rates, kind: str, passes: Sequence[tuple[np.ndarray, float, float]], expert_bytes: int,
@@ -93,6 +90,5 @@ def measured_capacity(rates: Rates, kernel: str, shape: tuple[int, int],
     return capacity, {"kernel": kernel, "shape": list(shape), "expert_bytes": int(expert_bytes),
                       "identified": identified,
                       "distances_bytes": [int(ids.max() + 1) * int(expert_bytes) for ids, _, _ in passes],
-                      "token_a_cycle": any(ids.shape[1] > 1 for ids, _, _ in passes),
                       "measured_s": [s for _, s, _ in passes], "ceiling_gbps": [c for _, _, c in passes],
                       "predicted_s": predicted}

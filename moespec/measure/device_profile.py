@@ -37,8 +37,14 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
 On a CUDA device (sizes_for) the passes are sized to the GPU: G up to the Triton kernels' 16 tokens, cold passes of
 CUDA_COLD_L2 L2s (a short pass is mostly launch and ramp), hot passes filling CUDA_HOT_L2 of the L2; the per-slot
 kernel, a program of its own there, gets its own cold and hot rate passes (one token naming E experts: G = 1) and
-both kinds their own overhead passes, so each kind has its own rates (device.json `dtypes.<dtype>.slot`). The ceiling
-is the timer's: a streaming read on the CPU, a device copy on the GPU.
+both kinds their own overhead passes, so each kind has its own rates (device.json `dtypes.<dtype>.slot`). No cache
+probe runs there: `cache_bytes` is the L2's size. The probe measures what other tenants and the replacement policy
+leave of a shared last-level cache; a GPU's L2 serves the one process, and the probe's passes of small experts are
+launch-bound there (~14 us of fixed costs against 2-40 us of bytes on an H200), so they cannot measure it: in the
+profile of results/structure-model/gpu-h200 they fitted 1 MiB of a 60 MiB L2, driven by passes of 53 slots a token
+that ran below the cold rate for reasons of their own, and per-slot re-reads of the check passes ran 20-30% under a
+cold read, as a hit at the slot kernel's hot rate predicts. The ceiling is the timer's: a streaming read on the
+CPU, a device copy on the GPU.
 Every timed call follows a cache flush (moespec.measure.timing, the bench's Timer), in rounds whose order is rotated
 so drift hits every item alike; medians and IQRs over rounds.
 """
@@ -189,13 +195,14 @@ def _same_experts(tokens: int, experts: int) -> np.ndarray:
 class Sizes:
     """What the profile times on one kind of device (sizes_for): the G of the rate passes, the bytes of a cold rate
     pass, the bytes a hot pass's experts fill (None: HOT_EXPERTS experts), whether the per-slot kernel gets rate
-    passes and fixed costs of its own (`apart`), where the cache probe's passes put one token a cycle (kernels that
-    take few tokens a pass), and the device the weights live on."""
+    passes and fixed costs of its own (`apart`), whether the cache probe runs (else the cache is the last-level
+    cache's size), and the device the weights live on."""
 
     g_values: tuple[int, ...]
     cold_bytes: int
     hot_bytes: int | None
     apart: bool
+    probe: bool
     device: str
 
 
@@ -203,8 +210,8 @@ def sizes_for(device_kind: str, l2_bytes: int = 0) -> Sizes:
     """The CPU's sizes (G_VALUES, COLD_BYTES, HOT_EXPERTS; one fit for both kinds) or a CUDA device's, from its L2
     (module docstring)."""
     if device_kind == "cuda":
-        return Sizes(CUDA_G_VALUES, CUDA_COLD_L2 * l2_bytes, int(CUDA_HOT_L2 * l2_bytes), True, "cuda")
-    return Sizes(G_VALUES, COLD_BYTES, None, False, "cpu")
+        return Sizes(CUDA_G_VALUES, CUDA_COLD_L2 * l2_bytes, int(CUDA_HOT_L2 * l2_bytes), True, False, "cuda")
+    return Sizes(G_VALUES, COLD_BYTES, None, False, True, "cpu")
 
 
 def _overhead_passes(dtype: str, apart: bool = False) -> list[tuple[str, int, int]]:
@@ -257,11 +264,11 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
         w = Weights.draw(d, f, experts, dtype)
         for g in THREAD_SCALING_G:
             items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, experts), 1)))
-    if nominal:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), with the first dtype's pair
+    if nominal and sizes.probe:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), first dtype's pair
         cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), nominal)
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype, sizes.device)
         for k in cycles:
-            ids = probe_ids(k, token_a_cycle=sizes.device != "cpu")
+            ids = probe_ids(k)
             items.append(Item(("cache", k), w.call(pair["slot"], ids, threads)))
             info[("cache", k)] = (w.expert_bytes, w.rows, ids)
     hot_items, hot_info = _rate_items(dtype, threads, sizes, "hot")
@@ -373,10 +380,11 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         if sizes.apart:
             doc_dtypes[dtype]["slot"] = _entry(rates["slot"])
         if i == 0:  # the cache probe's and the thread scaling's calls ran with the first dtype
-            keys = sorted(k for k in info if k[0] == "cache")
-            expert_bytes, rows = info[keys[0]][:2]
-            cache, probe = measured_capacity(rates["slot"], pair_of(dtype)["slot"], PROBE_SHAPE, [
-                (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], expert_bytes, rows, nominal)
+            cache, probe = nominal, None
+            if keys := sorted(k for k in info if k[0] == "cache"):
+                expert_bytes, rows = info[keys[0]][:2]
+                cache, probe = measured_capacity(rates["slot"], pair_of(dtype)["slot"], PROBE_SHAPE, [
+                    (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], expert_bytes, rows, nominal)
             if timer.kind == "cpu":
                 first = rate_shapes(dtype)[0]
                 scaling = {"G": list(THREAD_SCALING_G), "speedup": [
@@ -396,7 +404,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                       "hot": [list(s) for s in HOT_SHAPES],
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
            "sizes": {"G": list(sizes.g_values), "cold_bytes": sizes.cold_bytes, "hot_bytes": sizes.hot_bytes,
-                     "slot_apart": sizes.apart},
+                     "slot_apart": sizes.apart, "cache_probe": sizes.probe},
            "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
                                                                                              "passes")}
                           for kernel in KERNELS},  # the worst dtype's; each dtype's passes below

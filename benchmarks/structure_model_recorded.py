@@ -1,0 +1,85 @@
+"""A recorded validation of the structural model (benchmarks/structure_model.py, e.g. one a GPU ran) predicted again
+with the current rules, on a machine without that device: the recorded device.json with its cache set as `moespec
+profile` now sets it for that device kind (on cuda the L2's size: moespec.measure.device_profile), the self-check
+recomputed on its recorded check passes, then each model's predicted bench, errors and the table, from the recorded
+measured benches. Nothing is timed; the only check skipped is that the profile's device is this machine's.
+
+    .venv/bin/python benchmarks/structure_model_recorded.py RECORDED_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import structure_model
+from moespec.formats.devicefile import load_profile
+from moespec.kernels.structure import kind_rates, pass_time
+from moespec.measure import device_profile
+from moespec.measure.passes import chosen_ids
+from moespec.predict import structure_bench
+
+WORK = Path("out/structure-model/recorded")  # the recorded benches are copied here, not into OUT_DIR
+
+
+def current_profile(doc: dict) -> dict:
+    """The recorded profile with the cache its device kind's profile now takes and the self-check recomputed on its
+    recorded check passes (regenerated as device_profile._items draws them)."""
+    doc = dict(doc)
+    if not device_profile.sizes_for(doc["device_kind"], doc["cache_nominal_bytes"]).probe:
+        doc["cache_probe_recorded"], doc["cache_probe"] = doc["cache_probe"], None
+        doc["cache_bytes"] = doc["cache_nominal_bytes"]
+    d, f = device_profile.CHECK_SHAPE
+    rng = np.random.default_rng(device_profile.SEED)
+    for dtype, check in doc["self_check_by_dtype"].items():
+        rates, b = kind_rates(doc["dtypes"][dtype]), device_profile.Weights.bytes_of(d, f, dtype)
+        rows = {(r["kernel"], r["n"], r["U"]): r for r in check["passes"]}
+        for n in device_profile.CHECK_N:
+            top = min(n * device_profile.CHECK_SLOTS, device_profile.CHECK_EXPERTS)
+            for u in sorted({device_profile.CHECK_SLOTS, (device_profile.CHECK_SLOTS + top) // 2, top}):
+                ids = chosen_ids(n, device_profile.CHECK_SLOTS, device_profile.CHECK_EXPERTS, u, rng)
+                for kind in ("slot", "dedup"):
+                    row = rows[(kind, n, u)]
+                    row["predicted_s"] = pass_time(rates[kind], kind, ids, b, 2 * f + d, row["ceiling_gbps"],
+                                                   doc["cache_bytes"])
+        for kind in ("slot", "dedup"):
+            errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in check["passes"] if r["kernel"] == kind]
+            check[kind] = {"median": float(np.median(errors)), "max": float(max(errors)), "passes": len(errors)}
+    doc["self_check"] = {kind: {key: max(c[kind][key] for c in doc["self_check_by_dtype"].values())
+                                for key in ("median", "max", "passes")} for kind in ("slot", "dedup")}
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recorded", help="a folder benchmarks/structure_model.py wrote (device.json, MODEL/bench-B1.json)")
+    parser.add_argument("out", help="where the predicted benches, errors, table and the profile used go")
+    args = parser.parse_args(argv)
+    recorded, out = Path(args.recorded), Path(args.out)
+    profile = current_profile(dict(load_profile(recorded / "device.json")))
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    (WORK / "device.json").write_text(json.dumps(profile, indent=1))
+    load_profile(WORK / "device.json")
+    structure_bench.check_profile = lambda profile, config: None  # the recorded device is not this machine's
+    models = [m for m in structure_model.MODELS if (recorded / m / "bench-B1.json").exists()]
+    for name in models:
+        (WORK / name).mkdir()
+        shutil.copy(recorded / name / "bench-B1.json", WORK / name)
+        structure_model.step_model(name, WORK, WORK / "device.json", "bf16", (1,))
+    structure_model.step_table(WORK)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("device.json", "table.json", "table.md", *(f"{m}/{f}" for m in models
+                                                            for f in ("predicted-B1.json", "errors.json"))):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(WORK / name, out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
