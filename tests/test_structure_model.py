@@ -212,6 +212,20 @@ def test_predicted_bench_reads_the_slot_kernels_own_rates(tmp_path: Path, olmoe_
     assert one["slot"] == pytest.approx(1.5e-4 + 8 * (2e-6 + b * (1 / 50e9 + 7e-12)))
 
 
+def test_plan_refuses_a_prediction_too_uncertain(tmp_path: Path, capsys, olmoe_trace: Path) -> None:
+    """A profile whose self-check missed by 60%: its predicted bench's eps carries that stated error past 1/2, and
+    plan refuses in one line that names the profile's error and says to re-take the profile, not to rerun a bench."""
+    doc = profile_doc(self_check={k: {"median": 0.1, "max": 0.6, "passes": 9} for k in ("slot", "dedup")})
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", write(tmp_path / "device.json", doc),
+                         "--out", out])
+    assert code == 0, err
+    assert load_bench(out)["too_small"]["flag"]
+    err = refused(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out", tmp_path / "plan.json"],
+                  capsys, tmp_path)
+    one_line(err, "predicted times are too uncertain", "stated error", "re-take the device profile")
+
+
 def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_trace: Path) -> None:
     """--dtype q8_0 predicts the kernels a measured q8_0 bench times (ggml's pair, the pair a plan reads) from the
     profile's q8_0 rates, with the q8_0 self-check as the stated error."""

@@ -158,11 +158,17 @@ def too_small(doc: Mapping[str, Any]) -> dict[str, Any]:
                f"{doc.get('ceiling_kind', 'streaming read')} ceiling (median "
                f"over n; under {TOO_SMALL_SHARE:.0%}), so fixed per-call costs, not the bytes, set their time"] if low \
         else []
+    stated = (doc.get("prediction") or {}).get("error") if doc.get("predicted") else None
     if loose:
         reasons.append(f"its fits (4), (E.1) miss the recorded windows by eps = {eps:.3g} >= 1/2: the speedup band "
                        f"(21) needs eps < 1/2")
+        if isinstance(stated, Mapping) and stated:
+            reasons[-1] += (f" (eps includes the device profile's stated error, up to "
+                            f"{max(v for v in stated.values() if is_number(v)):.3g}, its self-check)")
     what = "the expert operation of this model is too small to time on this machine" + \
         ("" if low else ", or the machine was disturbed")
+    if stated and not low:
+        what = "the predicted times are too uncertain for a plan"
     return {"flag": low or loose, "share_of_ceiling": share, "eps": eps,
             "reason": f"{what}: {'; '.join(reasons)}" if reasons else None}
 

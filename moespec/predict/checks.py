@@ -61,6 +61,8 @@ def too_small_line(bench: Mapping[str, Any], where: str) -> str | None:
         return None
     share = small["share_of_ceiling"]
     advice = TOO_SMALL_ADVICE if share is not None and share < TOO_SMALL_SHARE else \
+        "re-take the device profile (`moespec profile`) on a quieter machine, or bench the model" \
+        if bench.get("predicted") else \
         f"a plan takes its times from verify-only runs (--runs) or refuses: {rerun_bench(bench)}"
     return f"{where}: {small['reason']}; {advice}"
 
