@@ -5,8 +5,10 @@ the expert operation of both our kernels is measured (`moespec bench`: n = 1..9,
 tokens, up to 72) and predicted from the profile, pass by pass, at the streaming ceiling the bench measured between
 the rounds of that n (a device measurement of the same run, never a fitted parameter). It writes the error table
 (median and largest relative error per model, kernel and batch, over n, of each n's mean time over the recorded
-windows; and over every timed pass) and, from the measured and the predicted bench (`bench --predict` at the
-measured bench's ceiling), the crossover and k_hat*(a) of `moespec plan` side by side.
+windows; and over every timed pass; and, paired by round, each round's windows predicted at the ceiling sampled
+right after them, against that round's times, the median over rounds) and, from the measured and the predicted
+bench (`bench --predict` at the measured bench's ceiling), the crossover and k_hat*(a) of `moespec plan` side by
+side.
 
 Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
 a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
@@ -112,7 +114,10 @@ def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: 
 
 def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rates], cache: float) -> dict[str, Any]:
     """Per kernel and n: each pass's measured median and predicted time (rates[kind], at the ceiling the bench sampled
-    at that n), and the relative error of the mean over the recorded windows."""
+    at that n), and the relative error of the mean over the recorded windows; where the bench kept each round's
+    times and ceiling sample (ceiling_rounds_gbps), also each round's prediction at the sample taken right after it
+    and the paired error: the median over rounds of the windows' mean predicted over their mean measured, less 1 (a
+    pass compared with the state of its own round, not the median state of that n)."""
     spec = resolve_model(config.model)
     layers = bench_layers(config.layers, spec)
     trace, _ = bench_trace(spec, config.trace, config.seed)
@@ -122,6 +127,7 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
     for (layer, n), passes in plan.items():
         b = spec.expert_bytes(layer, config.dtype)
         ceiling = bench["ceiling_by_n_gbps"][str(n)]
+        by_round = (bench.get("ceiling_rounds_gbps") or {}).get(str(layer), {}).get(str(n))
         rows = {"chosen": bench["chosen"][str(layer)][str(n)], "window": bench["windows"][str(layer)][str(n)]}
         seen = {"chosen": 0, "window": 0}
         for kernel in kinds:
@@ -131,15 +137,23 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
             seen[p.source] += 1
             assert row["U"] == p.U, "the regenerated passes must be the bench's"
             for kernel, kind in kinds.items():
-                out[kernel][str(n)]["passes"].append(
-                    {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
-                     "iqr_s": row["iqr_s"][kernel],
-                     "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache)})
+                record = {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
+                          "iqr_s": row["iqr_s"][kernel],
+                          "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache)}
+                if by_round and len(row.get("round_s", {}).get(kernel, [])) == len(by_round):
+                    record |= {"round_s": row["round_s"][kernel], "round_predicted_s": [
+                        pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, c, cache) for c in by_round]}
+                out[kernel][str(n)]["passes"].append(record)
         for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
             measured, predicted = (float(np.mean([q[key] for q in windows])) for key in ("measured_s", "predicted_s"))
             out[kernel][str(n)] |= {"mean_measured_s": measured, "mean_predicted_s": predicted,
                                     "error": predicted / measured - 1}
+            if all("round_s" in q for q in windows):
+                ratios = [np.mean([q["round_predicted_s"][r] for q in windows]) / np.mean([q["round_s"][r]
+                                                                                          for q in windows])
+                          for r in range(len(by_round))]
+                out[kernel][str(n)]["paired_error"] = float(np.median(ratios)) - 1
     return out
 
 
@@ -193,11 +207,14 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             per_n = [abs(v["error"]) for v in by_n.values()]
             per_pass = [abs(q["predicted_s"] / q["measured_s"] - 1) for v in by_n.values() for q in v["passes"]]
             worst = max(by_n, key=lambda n: abs(by_n[n]["error"]))
+            paired = [abs(v["paired_error"]) for v in by_n.values() if "paired_error" in v]
             rows.append({"model": result["model"], "dtype": result.get("dtype", "bf16"), "batch": int(batch),
                          "kernel": kernel,
                          "median_error": float(np.median(per_n)), "max_error": max(per_n), "max_at_tokens": int(worst),
                          "pass_median_error": float(np.median(per_pass)), "pass_max_error": max(per_pass),
-                         "ceiling_gbps": entry["ceiling_gbps"]})
+                         "ceiling_gbps": entry["ceiling_gbps"],
+                         **({"paired_median_error": float(np.median(paired)), "paired_max_error": max(paired)}
+                            if len(paired) == len(per_n) else {})})
     return rows
 
 
@@ -214,11 +231,12 @@ def step_table(out: Path) -> None:
         sides.append({"model": name, "dtype": dtype, "crossover": entry["crossover"],
                       "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})
     lines = ["| model | dtype | B | kernel | median error over n | max error over n (at tokens) | median / max over "
-             "passes | ceiling GB/s |", "|---|---|---|---|---|---|---|---|"]
+             "passes | paired by round: median / max over n | ceiling GB/s |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | "
               f"{r['max_error']:.1%} "
               f"({r['max_at_tokens']}) | {r['pass_median_error']:.1%} / {r['pass_max_error']:.1%} | "
-              f"{r['ceiling_gbps']:.1f} |" for r in rows]
+              + (f"{r['paired_median_error']:.1%} / {r['paired_max_error']:.1%}" if "paired_max_error" in r else "-")
+              + f" | {r['ceiling_gbps']:.1f} |" for r in rows]
     lines += ["", "| model | dtype | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
                   "k_hat*(a) measured | k_hat*(a) predicted |", "|---|---|---|---|---|---|"]
     for s in sides:

@@ -269,6 +269,15 @@ def test_smoke_run_writes_a_valid_bench(smoke: dict[str, object], tiny: dict[str
     assert set(doc["eps"]) <= {"slot", "dedup"} and set(doc["fits"]) == {"0", "1"}
     assert doc["crossover"] in (None, 2, 3)
     assert set(doc["ceiling_by_n_gbps"]) == {"1", "2", "3"} and min(doc["ceiling_by_n_gbps"].values()) > 0
+    reps = doc["protocol"]["reps"]  # each round's ceiling sample and times, in one order: a pass's round r ran
+    for layer in ("0", "1"):       # just before sample r
+        by_round = doc["ceiling_rounds_gbps"][layer]
+        assert set(by_round) == {"1", "2", "3"} and all(len(c) == reps for c in by_round.values())
+        assert doc["ceiling_by_n_gbps"]["2"] == pytest.approx(float(np.median(doc["ceiling_rounds_gbps"]["0"]["2"]
+                                                                                + doc["ceiling_rounds_gbps"]["1"]["2"])))
+        for row in doc["windows"][layer]["2"]:
+            assert all(len(t) == reps and row["median_s"][k] == pytest.approx(float(np.median(t)))
+                       for k, t in row["round_s"].items())
     for kernel in ("slot", "dedup"):  # FLOPs per token-slot: 2 x 3 d f (d = 64, f = 32 here)
         flops = doc["kernels"][kernel]["gflops"]
         assert set(flops) == {"1", "2", "3"} and min(flops.values()) > 0

@@ -20,6 +20,8 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            (kind 'slot': n m b, kind 'dedup': U b), median and IQR over recorded windows of all layers
            gflops: {n: v} (newer files): 2 x 3 d f FLOPs per token-slot over the kernel's time, median over windows
   ceiling_by_n_gbps {n: median of the ceiling samples taken between the rounds of that n} (newer files)
+  ceiling_rounds_gbps {layer: {n: [the sample after that (layer, n)'s group in each round, in round order]}}
+           (newer files): a pass's round_s[k] ran just before the k-th sample
   matmul_peak_gflops  the compute ceiling: GFLOP/s of a torch.matmul in the bench's dtype (moespec.measure.timing
            matmul_peak), median of the samples before the timing; absent in version-1 files
   pair     [per-slot kernel, dedup kernel]: the engine pair timed (moespec.kernels.PAIRS: ours, or ggml's), or
@@ -35,8 +37,10 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            one_token_s: {kernel, measured_s, predicted_s}}}: operation times over windows for prediction (22)
            (measured: mean / median of the per-window medians; predicted: the fit at each window's (n, U),
            averaged); t_l(1) from the per-slot kernel
-  chosen   {layer: {n: [{U, median_s: {kernel: s}, iqr_s: {kernel: s}}]}}   raw medians on chosen ids
-  windows  {layer: {n: [{start, U, median_s, iqr_s}]}}   raw medians on recorded windows (start: first token)
+  chosen   {layer: {n: [{U, median_s: {kernel: s}, iqr_s: {kernel: s}, round_s: {kernel: [s per round]}}]}}   raw
+           medians on chosen ids (round_s: newer files, in the order of ceiling_rounds_gbps)
+  windows  {layer: {n: [{start, U, median_s, iqr_s, round_s}]}}   raw medians on recorded windows (start: first
+           token)
   trace    {path, synthetic, source, note, num_tokens, num_documents, sha1}
   protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr}  timer: "perf_counter" (cpu)
            or "cuda events"

@@ -212,12 +212,14 @@ def round_check(group_sizes: list[int], kernels: list[str]) -> Callable[[Any, st
 def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
                 ceilings: list[float]) -> dict[str, Any]:
     """One (layer, n) as `analyze` reads it: per pass its source, U, a window's start, median/IQR per kernel over
-    the rounds; the ceiling samples taken after it in each round."""
+    the rounds and each round's time (round_s, in the order of `ceilings`); the ceiling samples taken after it in
+    each round."""
     rows = []
     for p, times in zip(passes, samples):
         stats = {kernel: median_iqr(t) for kernel, t in times.items()}
         rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
-                     "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()}})
+                     "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()},
+                     "round_s": {k: list(t) for k, t in times.items()}})
     return {"layer": layer, "n": n, "kernels": kernels, "passes": rows, "ceiling_gbps": ceilings}
 
 

@@ -174,7 +174,7 @@ def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], la
     """bench.json's derived keys from timed units: kernels (beta_p(n) on requested bytes, median and IQR over the
     recorded windows of all layers; with `slot_flops`, the FLOPs of one token-slot (2 x 3 d f), the FLOP rate
     gflops(n)), r, u, eps, eps_engine, crossover, fits, per_layer and, where the units sampled it between their
-    rounds, the ceiling per n (see moespec.formats.benchfile)."""
+    rounds, the ceiling per n and each round's sample (see moespec.formats.benchfile)."""
     fits, per_layer, errors = {}, {}, {k: [] for k in kinds}
     for layer in layers:
         fits[str(layer)], eps, per_layer[str(layer)] = _layer(units, kinds, m, b[layer], layer, ns)
@@ -199,10 +199,13 @@ def analyze(units: Units, kinds: dict[str, str], m: int, b: dict[int, float], la
     eps = {k: float(np.median(v)) for k, v in errors.items() if v}
     ceilings = {n: [c for layer in layers for c in units[layer, n].get("ceiling_gbps", [])] for n in ns}
     by_n = {str(n): float(np.median(c)) for n, c in ceilings.items() if c}
+    rounds = {str(layer): {str(n): list(units[layer, n]["ceiling_gbps"]) for n in ns} for layer in layers
+              if all(units[layer, n].get("ceiling_gbps") for n in ns)}
     return {"kernels": kernels, "pair": pair, "r": {str(n): v for n, v in r.items()}, "u": {str(n): u[n] for n in ns},
             "eps": eps, "eps_engine": eps_by_engine(eps),
             "crossover": theory.crossover({n: r[n] - u[n] for n in ns if n in r}),  # (7): dedup faster where u < r
-            "fits": fits, "per_layer": per_layer, **({"ceiling_by_n_gbps": by_n} if len(by_n) == len(ns) else {})}
+            "fits": fits, "per_layer": per_layer, **({"ceiling_by_n_gbps": by_n} if len(by_n) == len(ns) else {}),
+            **({"ceiling_rounds_gbps": rounds} if rounds else {})}
 
 
 def raw_medians(units: Units, source: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
