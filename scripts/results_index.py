@@ -239,6 +239,17 @@ ENTRIES: dict[str, Entry] = {
                                                             source="structure-model/measured-cache/device.json"),
     **validation_folder("structure-model/measured-cache", [run for run in SAME_SESSION if not run[1]],
                         "the measured cache's profile"),
+    # the bf16 validation again, each pass also predicted at its own round's ceiling sample (paired/)
+    "structure-model/paired/device.json": Entry(
+        "bf16 profile of the paired run: the cache a per-slot re-read finds 16.5 MiB of the 32 MiB L3 (ceiling 30.2 "
+        "GB/s, self-check 2.5% / 10.1% slot, 4.1% / 8.2% dedup)"),
+    "structure-model/paired/table.json": Entry(
+        "per model and kernel: median and largest error over n, unpaired and paired by round; both kernels within 10% "
+        "/ 20% on 4 of 8 models either way (not the same four); crossover equal on all 8"),
+    "structure-model/paired/log-profile.txt": Entry("console output of moespec profile",
+                                                    source="structure-model/paired/device.json"),
+    **validation_folder("structure-model/paired", [(m, "", 1) for m in STRUCTURE_MODELS],
+                        "the paired run's profile, each round's times and ceiling sample kept"),
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
