@@ -5,8 +5,9 @@ the expert operation of both our kernels is measured (`moespec bench`: n = 1..9,
 tokens, up to 72) and predicted from the profile, pass by pass, at the streaming ceiling the bench measured between
 the rounds of that n (a device measurement of the same run, never a fitted parameter). It writes the error table
 (median and largest relative error per model, kernel and batch, over n, of each n's mean time over the recorded
-windows; and over every timed pass; and, paired by round, each round's windows predicted at the ceiling sampled
-right after them, against that round's times, the median over rounds) and, from the measured and the predicted
+windows; and over every timed pass; and, paired by round, each call predicted at the ceiling sampled right after it
+(the benches sample one after every call), against that round's times, the median over rounds) and, from the
+measured and the predicted
 bench (`bench --predict` at the measured bench's ceiling), the crossover and k_hat*(a) of `moespec plan` side by
 side.
 
@@ -108,16 +109,17 @@ def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: 
     return {batch: BenchConfig(out=str(model_dir(out, name, dtype) / f"bench-B{batch}.json"), model=model,
                                layers=(0,), dtype=dtype, n=tuple(range(1, 10)) if batch == 1 else s["n8"],
                                trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch,
-                               device=device)
+                               device=device, call_ceilings=True)
             for batch in batches}
 
 
 def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rates], cache: float) -> dict[str, Any]:
     """Per kernel and n: each pass's measured median and predicted time (rates[kind], at the ceiling the bench sampled
     at that n), and the relative error of the mean over the recorded windows; where the bench kept each round's
-    times and ceiling sample (ceiling_rounds_gbps), also each round's prediction at the sample taken right after it
-    and the paired error: the median over rounds of the windows' mean predicted over their mean measured, less 1 (a
-    pass compared with the state of its own round, not the median state of that n)."""
+    times and a ceiling sample per call (round_ceiling_gbps, `bench --call-ceilings`) or per group
+    (ceiling_rounds_gbps), also each round's prediction at the sample taken right after that call or group and the
+    paired error: the median over rounds of the windows' mean predicted over their mean measured, less 1 (a pass
+    compared with the state it met, not the median state of that n)."""
     spec = resolve_model(config.model)
     layers = bench_layers(config.layers, spec)
     trace, _ = bench_trace(spec, config.trace, config.seed)
@@ -140,19 +142,20 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
                 record = {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
                           "iqr_s": row["iqr_s"][kernel],
                           "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache)}
-                if by_round and len(row.get("round_s", {}).get(kernel, [])) == len(by_round):
-                    record |= {"round_s": row["round_s"][kernel], "round_predicted_s": [
-                        pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, c, cache) for c in by_round]}
+                calls = row.get("round_ceiling_gbps", {}).get(kernel) or by_round  # each call's own sample if kept
+                if calls and len(row.get("round_s", {}).get(kernel, [])) == len(calls):
+                    record |= {"round_s": row["round_s"][kernel], "round_ceiling_gbps": calls, "round_predicted_s": [
+                        pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, c, cache) for c in calls]}
                 out[kernel][str(n)]["passes"].append(record)
         for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
             measured, predicted = (float(np.mean([q[key] for q in windows])) for key in ("measured_s", "predicted_s"))
             out[kernel][str(n)] |= {"mean_measured_s": measured, "mean_predicted_s": predicted,
                                     "error": predicted / measured - 1}
-            if all("round_s" in q for q in windows):
+            if windows and all("round_s" in q for q in windows):
                 ratios = [np.mean([q["round_predicted_s"][r] for q in windows]) / np.mean([q["round_s"][r]
                                                                                           for q in windows])
-                          for r in range(len(by_round))]
+                          for r in range(len(windows[0]["round_s"]))]
                 out[kernel][str(n)]["paired_error"] = float(np.median(ratios)) - 1
     return out
 

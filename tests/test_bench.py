@@ -348,6 +348,20 @@ def test_load_bench_reads_a_file_from_before_devices(smoke: dict[str, object], t
     assert (loaded["device_kind"], loaded["ceiling_kind"]) == ("cpu", "streaming read")
 
 
+def test_call_ceilings_sample_the_state_of_every_call(tiny: dict[str, Path], bench_argv, tmp_path: Path) -> None:
+    """--call-ceilings: every timed call is followed by a ceiling sample, kept per pass, kernel and round beside its
+    time, through the checkpoint; the protocol says so."""
+    out = tmp_path / "bench.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(bench_argv(out, "--reps", "2", "--call-ceilings")) == 0
+    doc = load_bench(out)
+    assert doc["protocol"]["call_ceilings"] is True
+    for rows in (doc["windows"]["0"]["2"], doc["chosen"]["1"]["3"]):
+        for row in rows:
+            assert set(row["round_ceiling_gbps"]) == set(row["round_s"]) == {"slot", "dedup"}
+            assert all(len(c) == 2 and min(c) > 0 for c in row["round_ceiling_gbps"].values())
+
+
 def test_load_bench_rejects_non_json(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(MoespecError, match="not readable JSON"):

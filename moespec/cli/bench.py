@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pair at q8_0/q4_0); bench.json then says predicted: true")
     p.add_argument("--ceiling", type=float, metavar="GBPS",
                    help="with --predict: the streaming-read ceiling to predict at, GB/s (default: the profile's)")
+    p.add_argument("--call-ceilings", action="store_true",
+                   help="sample the ceiling after every timed call too (bench.json round_ceiling_gbps: the state each "
+                        "call met; one more streaming read a call)")
     add_level_flags(p)
     add_checkpoint_flags(p)
 
@@ -97,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                          n=tuple(parse_ints(args.n, "--n", 1, N_LIMIT, "pass sizes n")), trace=args.trace,
                          reps=args.reps,
                          windows=args.windows, u_values=args.u_values, seed=args.seed, device=args.device,
-                         fresh=args.fresh, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait, batch=args.batch)
+                         fresh=args.fresh, level_gbps=args.pin_gbps, level_wait_s=args.pin_wait, batch=args.batch,
+                         call_ceilings=args.call_ceilings)
     if args.ceiling is not None and not args.predict:
         raise MoespecError("--ceiling is the ceiling of a prediction: give --predict DEVICE_JSON with it")
     out = console()

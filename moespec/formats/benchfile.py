@@ -40,9 +40,11 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   chosen   {layer: {n: [{U, median_s: {kernel: s}, iqr_s: {kernel: s}, round_s: {kernel: [s per round]}}]}}   raw
            medians on chosen ids (round_s: newer files, in the order of ceiling_rounds_gbps)
   windows  {layer: {n: [{start, U, median_s, iqr_s, round_s}]}}   raw medians on recorded windows (start: first
-           token)
+           token); with `bench --call-ceilings` each row also has round_ceiling_gbps {kernel: [the ceiling sampled
+           right after that call, per round]}
   trace    {path, synthetic, source, note, num_tokens, num_documents, sha1}
-  protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr}  timer: "perf_counter" (cpu)
+  protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr, call_ceilings, late_starts}
+           timer: "perf_counter" (cpu)
            or "cuda events"
   skipped_kernels {kernel: why}: kernels `--kernels all` left out because they cannot run at this dtype
   noisy    {threshold, count, total, worst}: timings whose IQR exceeds threshold x median (noise_verdict)

@@ -156,32 +156,38 @@ def _warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights
 
 
 def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, reps: int,
-                timer: Timer, advance: Callable[[int], None], level: Level, cores: Cores) -> list[dict[str, Any]]:
+                timer: Timer, advance: Callable[[int], None], level: Level, cores: Cores,
+                sample: Callable[[], float] | None = None) -> list[dict[str, Any]]:
     """Round `rep` of `reps` over groups of passes (one group per pass size), started rep/reps of the way through
     the groups (module docstring); in each pass every kernel runs after a cache flush, in an order rotated per
     round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the bench's
     bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
     on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
-    the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. Returns per
-    group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"}."""
+    the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. With `sample` (a
+    ceiling measurement, Timer.sampler) one more sample follows every timed call, the state that call met. Returns
+    per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"} and with
+    `sample` "call_ceilings_gbps" shaped as "times"."""
     order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
     out: list[dict[str, Any]] = [{} for _ in inputs]
     start = rep * len(inputs) // reps
     for i in [(start + j) % len(inputs) for j in range(len(inputs))]:
-        def one_group(group: list[Inputs] = inputs[i]) -> list[list[float]]:
+        def one_group(group: list[Inputs] = inputs[i]) -> list[list[tuple[float, float | None]]]:
             times = []
             for inp in group:
                 times.append([])
                 for kernel in order:
                     timer.flush()
                     cores.before()
-                    times[-1].append(timer.time(partial(layer.run, kernel, *inp)))
+                    t = timer.time(partial(layer.run, kernel, *inp))
                     cores.after()
+                    times[-1].append((t, sample() if sample else None))
             return times
 
         got = level.measured(one_group)
-        out[i] = {"times": [[row[order.index(k)] for k in kernels] for row in got],
+        out[i] = {"times": [[row[order.index(k)][0] for k in kernels] for row in got],
                   "ceiling_gbps": timer.ceiling(repeats=1), "contention": cores.take()}
+        if sample:
+            out[i]["call_ceilings_gbps"] = [[row[order.index(k)][1] for k in kernels] for row in got]
         advance(len(inputs[i]))
     return out
 
@@ -205,21 +211,27 @@ def round_check(group_sizes: list[int], kernels: list[str]) -> Callable[[Any, st
                     f"group {i} must time its {size} passes with each of {', '.join(kernels)}")
             require(isinstance(ceilings, list) and all(is_number(c) and c > 0 for c in ceilings), where,
                     f"group {i}: ceiling_gbps must list positive bandwidths")
+            calls = group.get("call_ceilings_gbps", times)
+            require(isinstance(calls, list) and len(calls) == size and
+                    all(isinstance(row, list) and len(row) == len(kernels) and
+                        all(is_number(c) and c > 0 for c in row) for row in calls), where,
+                    f"group {i}: call_ceilings_gbps must hold a positive bandwidth per pass and kernel")
             check_contention_record(group.get("contention"), where, f"group {i} contention")
     return check
 
 
 def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
-                ceilings: list[float]) -> dict[str, Any]:
+                ceilings: list[float], call_ceilings: Timings | None = None) -> dict[str, Any]:
     """One (layer, n) as `analyze` reads it: per pass its source, U, a window's start, median/IQR per kernel over
-    the rounds and each round's time (round_s, in the order of `ceilings`); the ceiling samples taken after it in
-    each round."""
+    the rounds and each round's time (round_s, in the order of `ceilings`) and, where sampled, the ceiling after
+    each of those calls (round_ceiling_gbps); the ceiling samples taken after it in each round."""
     rows = []
-    for p, times in zip(passes, samples):
+    for j, (p, times) in enumerate(zip(passes, samples)):
         stats = {kernel: median_iqr(t) for kernel, t in times.items()}
         rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
                      "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()},
-                     "round_s": {k: list(t) for k, t in times.items()}})
+                     "round_s": {k: list(t) for k, t in times.items()},
+                     **({"round_ceiling_gbps": call_ceilings[j]} if call_ceilings else {})})
     return {"layer": layer, "n": n, "kernels": kernels, "passes": rows, "ceiling_gbps": ceilings}
 
 
@@ -230,8 +242,11 @@ def unit_records(layer: int, ns: list[int], kernels: list[str], plan: dict[tuple
     for i, n in enumerate(ns):
         samples: Timings = [{k: [r[i]["times"][j][c] for r in rounds] for c, k in enumerate(kernels)}
                             for j in range(len(plan[layer, n]))]
+        calls: Timings | None = [{k: [r[i]["call_ceilings_gbps"][j][c] for r in rounds] for c, k in enumerate(kernels)}
+                                 for j in range(len(plan[layer, n]))] \
+            if all("call_ceilings_gbps" in r[i] for r in rounds) else None
         out[layer, n] = unit_record(layer, n, kernels, plan[layer, n], samples,
-                                    [c for r in rounds for c in r[i]["ceiling_gbps"]])
+                                    [c for r in rounds for c in r[i]["ceiling_gbps"]], calls)
         out[layer, n]["contention"] = merge([r[i]["contention"] for r in rounds if "contention" in r[i]])
     return out
 
@@ -272,6 +287,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         f"U values and {config.windows} recorded windows, every timed call after a {timer.flush_bytes >> 20} MiB "
         f"cache flush, timed by {timer.timer_name}")
     per_round = {layer: [p for n in ns for p in plan[layer, n]] for layer in layers}
+    sample = timer.sampler() if config.call_ceilings else None
     if pending:
         todo = sorted({layer for layer, _ in pending})
         start = time.perf_counter()
@@ -293,7 +309,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                 for _, rep in [key for key in pending if key[0] == layer]:
                     checkpoint.save(round_key(layer, rep, kernels),
                                     _time_round(inputs, kernels, weights, rep, config.reps, timer, advance,
-                                                level, cores))
+                                                level, cores, sample))
                     level.save(checkpoint)
                 weights = None  # frees the layer (and the peers' modules cached on its tensors)
     units = {}
@@ -330,6 +346,7 @@ class BenchConfig:
     level_wait_s: float | None = None
     batch: int = 1  # B sequences per pass: passes of B n tokens (moespec.measure.passes.plan_unit)
     threads: int | None = None  # None: one per core of the machine the bench runs on (contention.on_own_cores)
+    call_ceilings: bool = False  # a ceiling sample after every timed call: the state each call met (one more read)
 
     def kernel_list(self) -> str:
         """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
@@ -392,7 +409,8 @@ def bench_document(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], 
            **analyze(units, kinds, spec.m, b, layers, ns, u, slot_flops=2 * 3 * spec.hidden * spec.expert_width),
            "chosen": raw_medians(units, "chosen"), "windows": raw_medians(units, "window"), "trace": trace_info,
            "protocol": {"reps": config.reps, "windows": config.windows, "u_values": config.u_values,
-                        "seed": config.seed, "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR},
+                        "seed": config.seed, "weight_std": WEIGHT_STD, "noisy_iqr": NOISY_IQR,
+                        "call_ceilings": config.call_ceilings},
            "noisy": noise(units), "provenance": provenance(device_keys["device"], config.dtype)}
     for kernel in kinds:
         doc["kernels"][kernel]["implementation"] = impl[kernel]
@@ -422,7 +440,7 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "level_gbps": config.level_gbps, "level_wait_s": pin_wait(config.level_gbps, config.level_wait_s),
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"], "n": ns, "layers": layers, "kernels": list(kinds), "device": timer.name,
-           "batch": batch}
+           "batch": batch, **({"call_ceilings": True} if config.call_ceilings else {})}
     checks = {f"layer {layer} round ": round_check([len(plan[layer, n]) for n in ns], list(kinds)) for layer in layers}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh, checks | {LEVEL_UNIT: check_level_unit})
     resumed = sum(round_key(layer, rep, list(kinds)) in checkpoint.units for layer in layers
