@@ -45,6 +45,7 @@ from moespec.measure.bench import BenchConfig, bench_layers, bench_passes, bench
 from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
+from moespec.predict.checks import profile_checks
 from moespec.predict.plan import PlanConfig, make_plan
 from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
@@ -277,8 +278,10 @@ def main(argv: list[str]) -> int:
     if not set(batches) <= set(BATCHES):
         parser.error(f"--batches: some of {', '.join(map(str, BATCHES))}")
     if args.step == "profile":
-        run_profile(ProfileConfig(out=str(profile_path), device=args.device, dtypes=tuple(args.dtypes.split(",")),
-                                  reps=args.reps), say=print)
+        profile = run_profile(ProfileConfig(out=str(profile_path), device=args.device,
+                                            dtypes=tuple(args.dtypes.split(",")), reps=args.reps), say=print)
+        for line in profile_checks(profile, str(profile_path)):  # a profile of two host states: re-take it
+            print(f"warning: {line}")
     elif args.step == "model":
         if args.model is None:
             parser.error("model: name the model")

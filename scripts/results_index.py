@@ -250,6 +250,24 @@ ENTRIES: dict[str, Entry] = {
                                                     source="structure-model/paired/device.json"),
     **validation_folder("structure-model/paired", [(m, "", 1) for m in STRUCTURE_MODELS],
                         "the paired run's profile, each round's times and ceiling sample kept"),
+    # the bf16 validation with a ceiling sample after every timed call, each call paired with it (call-paired/)
+    "structure-model/call-paired/device.json": Entry(
+        "bf16 profile predicting the call-paired benches: the first of four taken after them that the profile check "
+        "does not flag (ceiling 35.2 GB/s, 33.9 before, 35.7 after; cache 13.0 MiB; self-check 2.6% / 13.3% slot, "
+        "2.6% / 9.7% dedup)"),
+    "structure-model/call-paired/device-flagged.json": Entry(
+        "the profile taken just before the call-paired benches, flagged by the profile check (56.2 GB/s during its "
+        "calls, 30.9 before): its predictions are in table-flagged.md"),
+    "structure-model/call-paired/table-flagged.md": Entry(
+        "the call-paired benches predicted from the flagged profile: dedup 9-20% too slow in median",
+        source="structure-model/call-paired/device-flagged.json"),
+    "structure-model/call-paired/table.json": Entry(
+        "paired by call: both kernels within 10% / 20% on 7 of 8 models (not the pair's dedup kernel, whose op runs "
+        "at 12% of the ceiling); unpaired on 5; crossover within one on all 8, k_hat*(a) within one on 6 of 7"),
+    "structure-model/call-paired/log-profile.txt": Entry("console output of the unflagged profile",
+                                                         source="structure-model/call-paired/device.json"),
+    **validation_folder("structure-model/call-paired", [(m, "", 1) for m in STRUCTURE_MODELS],
+                        "a ceiling sample after every timed call (bench --call-ceilings)"),
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
