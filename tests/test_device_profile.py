@@ -79,23 +79,25 @@ def test_smoke_run_of_ggml_pair(tmp_path: Path, tiny: None) -> None:
 
 
 def test_fixed_costs_fit_exact() -> None:
-    """_fixed recovers a call's, a group's and a node's fixed seconds from overhead passes built from them, the
-    groups' bytes (at each call's own ceiling) and rows taken out; our kernels' passes (one node each) give node_s
-    0."""
-    pass_s, group_s, node_s, b, rows = 80e-6, 0.5e-6, 6e-6, 1e4, 192
+    """fixed_costs recovers a call's, a group's and a node's (ggml's) or a token's (ours) fixed seconds from overhead
+    passes built from them, the groups' bytes (at each call's own ceiling) and rows taken out; our kernels' passes (one
+    node each) give node_s 0, ggml's token_s 0."""
+    pass_s, group_s, node_s, token_s, b, rows = 80e-6, 0.5e-6, 6e-6, 2e-6, 1e4, 192
     rates = Rates((1, 2), (1e-11, 2e-11), (5e-12, 1e-11), 0.0, 0.0, row_s=(9e-9, 2e-8))
     for dtype, nodes_seen in (("q8_0", True), ("bf16", False)):
         by_key, info = {}, {}
         for kind, tokens, m in device_profile._overhead_passes(dtype):
             groups, nodes = tokens * m, tokens if kind == "slot" and nodes_seen else 1  # ggml-per-slot: a node a token
             ceilings = [40.0, 80.0]
-            seconds = [pass_s + group_s * groups + node_s * (nodes - 1)
+            per_token = 0.0 if nodes_seen else token_s  # ggml's per-token work is its nodes'
+            seconds = [pass_s + group_s * groups + node_s * (nodes - 1) + per_token * tokens
                        + groups * (b * (1 / (c * 1e9) + 5e-12) + rows * 9e-9) for c in ceilings]
             key = ("overhead", kind, tokens, m, "cold")
             by_key[key] = profile_fit.Item(key, lambda: None, seconds=seconds, ceilings=ceilings)
             info[key] = (b, rows, (groups, nodes))
         fitted = profile_fit.fixed_costs(by_key, info, "cold", rates)
-        assert np.allclose(fitted, (pass_s, group_s, node_s if nodes_seen else 0.0), rtol=1e-9, atol=1e-15)
+        truth = (pass_s, group_s, node_s, 0.0) if nodes_seen else (pass_s, group_s, 0.0, token_s)
+        assert np.allclose(fitted, truth, rtol=1e-9, atol=1e-15)
 
 
 def test_excess_and_row_exact() -> None:

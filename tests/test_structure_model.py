@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -58,6 +59,11 @@ def test_pass_time_exact() -> None:
     assert pass_time(RATES, "slot", ids, b, 700, c, 0.0) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
     # dedup: expert 0 on 2 tokens, 1 and 2 on one each, every expert read once from memory; no row_s: rows cost 0
     assert pass_time(RATES, "dedup", ids, b, 700, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
+    # a fixed time per token adds it once per token of the pass, either kernel
+    per_token = dataclasses.replace(RATES, token_s=5e-6)
+    for kind in ("slot", "dedup"):
+        assert pass_time(per_token, kind, ids, b, 700, c, 1e6) == pytest.approx(
+            pass_time(RATES, kind, ids, b, 700, c, 1e6) + 2 * 5e-6)
 
 
 GGML = Rates(G=(1, 2), hot_s_per_byte=(3e-11, 4e-11), cold_excess_s_per_byte=(2e-11, 3e-11), group_s=2e-6,

@@ -43,6 +43,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
                                     calls met more than one state of the host, else 1; optional (absent: 1)
            group_s, pass_s          the fixed seconds of one group and of one call
+           token_s                  optional (0 where absent): the fixed seconds of each token of a call, told apart
+                                    by overhead passes of 1..8 tokens (ours; ggml's per-token time is node_s)
            node_s                   the fixed seconds of each node past the first of a call that runs one node per
                                     token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
            matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records;
@@ -111,7 +113,8 @@ def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
         if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and 0 <= v <= 1
                                                                            for v in values)):
             raise _fail(where, f"dtypes.{dtype}.stream_share must list {len(g)} numbers in [0, 1], one per G")
-    for key in ("group_s", "pass_s", *(("node_s",) if quantized or "node_s" in entry else ())):
+    for key in ("group_s", "pass_s", *(("node_s",) if quantized or "node_s" in entry else ()),
+                *(("token_s",) if "token_s" in entry else ())):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
 

@@ -25,11 +25,13 @@ Our native kernels make no call per row (a row task is a tile of rows) and one r
 
 Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
 
-    t = pass_s + node_s (n - 1 for the per-slot kind, else 0)
+    t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0)
         + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(s(G) / C + x(G), 1 / C, kappa(G))
 
-(b bytes and R weight rows per expert; node_s and r are 0 for our native kernels, which run any pass as one call.)
+(b bytes and R weight rows per expert; node_s and r are 0 for our native kernels, which run any pass as one call;
+token_s is a call's fixed time per token, its rows gathered and its output scattered, 0 for ggml's pair, whose
+per-token work node_s holds.)
 
 A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
 memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); s(G) in [0,
@@ -68,7 +70,8 @@ class Rates:
     from 1) kappa = hot_s_per_byte, the cold loop's excess x = cold_excess_s_per_byte and the fixed seconds per weight
     row r = row_s (ggml's; empty: none, our kernels) and the stream's share s = stream_share (empty: 1 at every G);
     group_s and pass_s the fixed seconds of a group and of a call; node_s those of each node past the first of a
-    kernel that runs one node per token (ggml-per-slot; 0 where a call is one node)."""
+    kernel that runs one node per token (ggml-per-slot; 0 where a call is one node); token_s those of each token of
+    a call (0 where the profile did not tell them apart)."""
 
     G: tuple[int, ...]  # noqa: N815
     hot_s_per_byte: tuple[float, ...]
@@ -78,6 +81,7 @@ class Rates:
     node_s: float = 0.0
     row_s: tuple[float, ...] = ()
     stream_share: tuple[float, ...] = ()
+    token_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
@@ -91,22 +95,22 @@ class Rates:
             raise ArgumentError(f"stream_share must be empty or hold one value in [0, 1] per G, got "
                                 f"{show(self.stream_share)}")
         if min(self.hot_s_per_byte) <= 0 or min(self.cold_excess_s_per_byte) < 0 or self.group_s < 0 \
-                or self.pass_s < 0 or self.node_s < 0:
-            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s and node_s "
-                                ">= 0")
+                or self.pass_s < 0 or self.node_s < 0 or self.token_s < 0:
+            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s, node_s and "
+                                "token_s >= 0")
 
     @classmethod
     def from_profile(cls, entry: Mapping[str, Any], kind: str = "dedup") -> Rates:
         """The rates kernel kind `kind` (slot or dedup) runs at, from one `dtypes` entry of a validated device.json:
         the entry's own, or for the per-slot kind its `slot` entry where it has one (the kernel is a program of its
-        own there); node_s 0, no row_s and no stream_share where the entry has none."""
+        own there); node_s and token_s 0, no row_s and no stream_share where the entry has none."""
         if kind not in ("slot", "dedup"):
             raise ArgumentError(f"kind must be 'slot' or 'dedup', got {show(kind)}")
         if kind == "slot" and "slot" in entry:
             entry = entry["slot"]
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
-                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())))
+                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())), float(entry.get("token_s", 0.0)))
 
     def share(self, g: int) -> float:
         """The stream's share s(g) of a cold group of g tokens: interpolated, its last value past the profile's G; 1
@@ -193,7 +197,7 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, exp
     order = groups(kind, ids)
     hot = hit_share(order, expert_bytes, cache_bytes)
     nodes = len(ids) - 1 if kind == "slot" else 0
-    return rates.pass_s + rates.node_s * nodes + sum(
+    return rates.pass_s + rates.token_s * len(ids) + rates.node_s * nodes + sum(
         rates.group_s + expert_rows * rates.per_row(g)
         + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps) + h * rates.per_byte(g, ceiling_gbps, cold=False))
         for (_, g), h in zip(order, hot))

@@ -20,10 +20,11 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
   cold seconds per byte less s_G / C (each shape's median over its calls) is fitted as x_G + r_G / (bytes per row),
   least squares over the shapes, neither below 0: r_G (row_s) the fixed seconds per row, subtracted before kappa
   too.
-- overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots, cold and hot: the
-  fixed time of a call (pass_s) and of a group (group_s), by least squares on the time left after the groups' bytes.
-  ggml's pair adds its dedup kernel at the same passes and its per-slot kernel at 1, 2 and 4 tokens of 8 slots, so
-  the fixed time of each node past the first (node_s; ggml-per-slot runs one node per token) is told apart.
+- overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots and at 1, 2 and 4
+  tokens of 8 slots, cold and hot: the fixed time of a call (pass_s), of a group (group_s) and of a token (token_s:
+  gathering its row, scattering its output), by least squares on the time left after the groups' bytes. ggml's pair
+  adds its dedup kernel at the 8-token passes; its per-slot kernel runs one node per token, so there the fewer-token
+  passes tell the fixed time of each node past the first (node_s) instead.
   A cold call pays more (its threads wake, its code and data come from memory); the model takes the cold ones, as
   every call the bench times follows a flush, and the hot ones are subtracted from the hot rate passes only.
 - self-check: both kernels on chosen ids (moespec.measure.passes.chosen_ids) of the check shape, n = 2..9: the model
@@ -86,7 +87,7 @@ HOT_EXPERTS = 2
 OVERHEAD_SHAPE = (64, 64)  # 24 KiB in bf16: its time is the fixed costs
 OVERHEAD_SLOTS = (1, 2, 4, 8)  # slots per token of the overhead passes (8 tokens: 8..64 groups)
 OVERHEAD_TOKENS = 8
-NODE_TOKENS = (1, 2, 4)  # ggml's per-slot overhead passes at fewer tokens (of 8 slots): one node per token
+NODE_TOKENS = (1, 2, 4)  # overhead passes at fewer tokens (of 8 slots): a token's fixed time (ggml-per-slot: a node's)
 CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
 CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
 G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
@@ -215,13 +216,15 @@ def sizes_for(device_kind: str, l2_bytes: int = 0) -> Sizes:
 
 
 def _overhead_passes(dtype: str, apart: bool = False) -> list[tuple[str, int, int]]:
-    """(kind, tokens, slots) of the overhead passes (module docstring): ggml's pair, and the kinds `apart`, add the
-    dedup kernel's; ggml's pair adds passes that tell its per-slot kernel's nodes (one per token) from its groups."""
-    passes = [("slot", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS]
+    """(kind, tokens, slots) of the overhead passes (module docstring): 8 tokens of 1..8 slots, and fewer tokens of 8
+    slots (which tell a fixed time per token, or ggml-per-slot's per node, from a group's); ggml's pair, and the kinds
+    `apart`, add the dedup kernel's 8-token passes, the kinds apart its fewer-token ones too."""
+    passes = [("slot", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS] + [("slot", t, max(OVERHEAD_SLOTS))
+                                                                         for t in NODE_TOKENS]
     if dtype in QUANTIZED or apart:
         passes += [("dedup", OVERHEAD_TOKENS, m) for m in OVERHEAD_SLOTS]
-    if dtype in QUANTIZED:
-        passes += [("slot", t, max(OVERHEAD_SLOTS)) for t in NODE_TOKENS]
+    if apart:
+        passes += [("dedup", t, max(OVERHEAD_SLOTS)) for t in NODE_TOKENS]
     return passes
 
 
@@ -335,7 +338,8 @@ def _entry(rates: Rates) -> dict[str, Any]:
     """device.json's rates of one kind (moespec.formats.devicefile `dtypes.<dtype>`)."""
     entry = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
-             "pass_s": rates.pass_s, "node_s": rates.node_s, "stream_share": list(rates.stream_share)}
+             "pass_s": rates.pass_s, "node_s": rates.node_s, "token_s": rates.token_s,
+             "stream_share": list(rates.stream_share)}
     return entry | ({"row_s": list(rates.row_s)} if rates.row_s else {})
 
 

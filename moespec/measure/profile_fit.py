@@ -48,26 +48,25 @@ class Item:
 
 
 def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates: Rates,
-                kind: str | None = None) -> tuple[float, float, float]:
-    """(pass_s, group_s, node_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after the
-    same call), of `kind`'s kernel (None: every kind's): least squares of the time left after the groups' bytes and
-    rows (rates at G = 1, cold at each call's ceiling or hot) on the group count and the nodes past the first (node_s 0
-    where every pass is one node: our kernels)."""
+                kind: str | None = None) -> tuple[float, float, float, float]:
+    """(pass_s, group_s, node_s, token_s) of the overhead passes run `state` ("cold" after a flush, "hot" right after
+    the same call), of `kind`'s kernel (None: every kind's): least squares of the time left after the groups' bytes
+    and rows (rates at G = 1, cold at each call's ceiling or hot) on the group count, the nodes past the first (node_s
+    0 where every pass is one node: our kernels) and, where every pass is one node and their token counts differ, the
+    tokens (else token_s 0: ggml's per-token work is its nodes')."""
     rows, left = [], []
     cold = state == "cold"
     for k, (b, r, groups) in info.items():
         if k[0] == "overhead" and k[-1] == state and kind in (None, k[1]):
             (count, nodes), item = groups, by_key[k]
             ceilings = item.ceilings or [1.0] * len(item.seconds)  # a hot call reads no memory: no ceiling
-            rows.append([1.0, count, nodes - 1])
+            rows.append([1.0, count, nodes - 1, k[2]])
             left.append(np.median([t - count * (b * rates.per_byte(1, c, cold) + r * rates.per_row(1))
                                    for t, c in zip(item.seconds, ceilings)]))
-    design = np.array(rows)
-    if not design[:, 2].any():
-        design = design[:, :2]
-    coef = np.linalg.lstsq(design, np.array(left), rcond=None)[0]
-    pass_s, group_s, node_s = (*coef, 0.0)[:3]
-    return max(float(pass_s), 0.0), max(float(group_s), 0.0), max(float(node_s), 0.0)
+    design = np.array(rows, dtype=float)
+    keep = [0, 1, 2] if design[:, 2].any() else [0, 1, 3] if np.ptp(design[:, 3]) > 0 else [0, 1]
+    coef = dict(zip(keep, np.linalg.lstsq(design[:, keep], np.array(left), rcond=None)[0]))
+    return tuple(max(float(coef.get(i, 0.0)), 0.0) for i in range(4))  # type: ignore[return-value]
 
 
 def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -116,22 +115,22 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
     rates = Rates(g_values, (1e-12,) * len(g_values), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
     own = kind if apart else None
     for _ in range(FIT_PASSES):
-        hot_pass, hot_group, _ = fixed_costs(by_key, info, "hot", rates, own)
-        pass_s, group_s, node_s = fixed_costs(by_key, info, "cold", rates, own)
+        hot_pass, hot_group, _, hot_token = fixed_costs(by_key, info, "hot", rates, own)
+        pass_s, group_s, node_s, token_s = fixed_costs(by_key, info, "cold", rates, own)
         kappa, excess, shares, row = [], [], [], []
-        for g in g_values:
-            x, share, r = stream_fit([(rows / b, [((t - pass_s - e * group_s) / (b * e), 1 / (c * 1e9))
+        for g in g_values:  # a rate pass of kind dedup runs G tokens, of kind slot one (key[4] = 1 = its tokens)
+            x, share, r = stream_fit([(rows / b, [((t - pass_s - g * token_s - e * group_s) / (b * e), 1 / (c * 1e9))
                                                   for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
                                       for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g],
                                      per_row, state_spread)
-            hot = [(np.median(by_key[k].seconds) - hot_pass - e * hot_group - e * rows * r) / (b * e)
+            hot = [(np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group - e * rows * r) / (b * e)
                    for k, (b, rows, e) in info.items() if k[:2] == ("hot", kind) and k[4] == g]
             kappa.append(max(float(np.median(hot)), 1e-15))
             excess.append(x)
             shares.append(share)
             row.append(r)
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else (), tuple(shares))
+                      tuple(row) if per_row else (), tuple(shares), token_s)
     return rates
 
 
