@@ -268,6 +268,19 @@ ENTRIES: dict[str, Entry] = {
                                                          source="structure-model/call-paired/device.json"),
     **validation_folder("structure-model/call-paired", [(m, "", 1) for m in STRUCTURE_MODELS],
                         "a ceiling sample after every timed call (bench --call-ceilings)"),
+    "structure-model/call-paired/token-s/device.json": Entry(
+        "bf16 profile with a call's fixed time per token (token_s 1.56 us; pass_s 202 us, group_s 0.36 us), taken "
+        "after the call-paired benches, unflagged (32.6 GB/s; self-check 4.1% / 10.9% slot, 3.8% / 7.1% dedup)"),
+    "structure-model/call-paired/token-s/table.json": Entry(
+        "the call-paired benches predicted with token_s, after the fact: paired by call both kernels within 10% / 20% "
+        "on 7 of 8 models (3072 x 1536's slot max 21.3%), the pair's dedup 7.0% / 16.4% where it was 20.4% / 30.2%"),
+    "structure-model/call-paired/token-s/table.md": Entry("table.json as markdown",
+                                                          source="structure-model/call-paired/token-s/table.json"),
+    "structure-model/call-paired/token-s/log-profile.txt": Entry(
+        "console output of the profile", source="structure-model/call-paired/token-s/device.json"),
+    **{f"structure-model/call-paired/token-s/{m}/{name}": Entry(f"{m}: {what}, with token_s")
+       for m in STRUCTURE_MODELS for name, what in (("predicted-B1.json", "the predicted bench"),
+                                                    ("errors.json", "every call-paired pass and its prediction"))},
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
