@@ -281,6 +281,17 @@ ENTRIES: dict[str, Entry] = {
     **{f"structure-model/call-paired/token-s/{m}/{name}": Entry(f"{m}: {what}, with token_s")
        for m in STRUCTURE_MODELS for name, what in (("predicted-B1.json", "the predicted bench"),
                                                     ("errors.json", "every call-paired pass and its prediction"))},
+    # the final code's validation measured anew (fresh-run/)
+    "structure-model/fresh-run/device.json": Entry(
+        "bf16 profile of the fresh run, unflagged (30.1 GB/s; self-check 4.5% / 8.3% slot, 4.0% / 7.3% dedup), but "
+        "its stream share fitted 0.03 on calls of more than one host state"),
+    "structure-model/fresh-run/table.json": Entry(
+        "the final code measured anew: paired by call the target holds on gpt-oss alone (predictions 10-50% slow, "
+        "per-call samples down to 16 GB/s); crossover equal on 7 of 8"),
+    "structure-model/fresh-run/log-profile.txt": Entry("console output of the profile",
+                                                       source="structure-model/fresh-run/device.json"),
+    **validation_folder("structure-model/fresh-run", [(m, "", 1) for m in STRUCTURE_MODELS],
+                        "the final code, measured anew"),
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
