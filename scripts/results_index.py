@@ -150,6 +150,15 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
            for m, sub in pairs}}
 
 
+def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, str, int]],
+                   predicted_by: str) -> dict[str, Entry]:
+    """A run of benchmarks/structure_model.py with its own profile: the profile (its claim), the table (its claim),
+    the profile's console output and validation_folder's entries."""
+    return {f"{folder}/device.json": Entry(profile), f"{folder}/table.json": Entry(table),
+            f"{folder}/log-profile.txt": Entry("console output of moespec profile", source=f"{folder}/device.json"),
+            **validation_folder(folder, runs, predicted_by)}
+
+
 ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
@@ -229,45 +238,36 @@ ENTRIES: dict[str, Entry] = {
        for sfx, dt in (("", "bf16"), ("-q8_0", "q8_0"), ("-q4_0", "q4_0"))},
     **validation_folder("structure-model/same-session", SAME_SESSION, "profile of the same session"),
     # the bf16 validation on a profile that measures the cache a per-slot re-read finds (measured-cache/)
-    "structure-model/measured-cache/device.json": Entry(
+    **validation_run(
+        "structure-model/measured-cache",
         "bf16 profile, format 4: the cache a per-slot re-read finds measured at 11.5 MiB of the 32 MiB L3 "
-        "(ceiling 31.4 GB/s, self-check 2.0% / 6.6% slot, 1.0% / 3.2% dedup)"),
-    "structure-model/measured-cache/table.json": Entry(
+        "(ceiling 31.4 GB/s, self-check 2.0% / 6.6% slot, 1.0% / 3.2% dedup)",
         "per model and kernel: median and largest error over n with the measured cache; both kernels within 10% / 20% "
-        "on 5 of 8 models, slot median 1.3-7.1% on all"),
-    "structure-model/measured-cache/log-profile.txt": Entry("console output of moespec profile",
-                                                            source="structure-model/measured-cache/device.json"),
-    **validation_folder("structure-model/measured-cache", [run for run in SAME_SESSION if not run[1]],
-                        "the measured cache's profile"),
+        "on 5 of 8 models, slot median 1.3-7.1% on all",
+        [run for run in SAME_SESSION if not run[1]], "the measured cache's profile"),
     # the bf16 validation again, each pass also predicted at its own round's ceiling sample (paired/)
-    "structure-model/paired/device.json": Entry(
+    **validation_run(
+        "structure-model/paired",
         "bf16 profile of the paired run: the cache a per-slot re-read finds 16.5 MiB of the 32 MiB L3 (ceiling 30.2 "
-        "GB/s, self-check 2.5% / 10.1% slot, 4.1% / 8.2% dedup)"),
-    "structure-model/paired/table.json": Entry(
+        "GB/s, self-check 2.5% / 10.1% slot, 4.1% / 8.2% dedup)",
         "per model and kernel: median and largest error over n, unpaired and paired by round; both kernels within 10% "
-        "/ 20% on 4 of 8 models either way (not the same four); crossover equal on all 8"),
-    "structure-model/paired/log-profile.txt": Entry("console output of moespec profile",
-                                                    source="structure-model/paired/device.json"),
-    **validation_folder("structure-model/paired", [(m, "", 1) for m in STRUCTURE_MODELS],
-                        "the paired run's profile, each round's times and ceiling sample kept"),
+        "/ 20% on 4 of 8 models either way (not the same four); crossover equal on all 8",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the paired run's profile, each round's times and ceiling sample kept"),
     # the bf16 validation with a ceiling sample after every timed call, each call paired with it (call-paired/)
-    "structure-model/call-paired/device.json": Entry(
+    **validation_run(
+        "structure-model/call-paired",
         "bf16 profile predicting the call-paired benches: the first of four taken after them that the profile check "
         "does not flag (ceiling 35.2 GB/s, 33.9 before, 35.7 after; cache 13.0 MiB; self-check 2.6% / 13.3% slot, "
-        "2.6% / 9.7% dedup)"),
+        "2.6% / 9.7% dedup)",
+        "paired by call: both kernels within 10% / 20% on 7 of 8 models (not the pair's dedup kernel, whose op runs "
+        "at 12% of the ceiling); unpaired on 5; crossover within one on all 8, k_hat*(a) within one on 6 of 7",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "a ceiling sample after every timed call (bench --call-ceilings)"),
     "structure-model/call-paired/device-flagged.json": Entry(
         "the profile taken just before the call-paired benches, flagged by the profile check (56.2 GB/s during its "
         "calls, 30.9 before): its predictions are in table-flagged.md"),
     "structure-model/call-paired/table-flagged.md": Entry(
         "the call-paired benches predicted from the flagged profile: dedup 9-20% too slow in median",
         source="structure-model/call-paired/device-flagged.json"),
-    "structure-model/call-paired/table.json": Entry(
-        "paired by call: both kernels within 10% / 20% on 7 of 8 models (not the pair's dedup kernel, whose op runs "
-        "at 12% of the ceiling); unpaired on 5; crossover within one on all 8, k_hat*(a) within one on 6 of 7"),
-    "structure-model/call-paired/log-profile.txt": Entry("console output of the unflagged profile",
-                                                         source="structure-model/call-paired/device.json"),
-    **validation_folder("structure-model/call-paired", [(m, "", 1) for m in STRUCTURE_MODELS],
-                        "a ceiling sample after every timed call (bench --call-ceilings)"),
     "structure-model/call-paired/token-s/device.json": Entry(
         "bf16 profile with a call's fixed time per token (token_s 1.56 us; pass_s 202 us, group_s 0.36 us), taken "
         "after the call-paired benches, unflagged (32.6 GB/s; self-check 4.1% / 10.9% slot, 3.8% / 7.1% dedup)"),
@@ -282,16 +282,13 @@ ENTRIES: dict[str, Entry] = {
        for m in STRUCTURE_MODELS for name, what in (("predicted-B1.json", "the predicted bench"),
                                                     ("errors.json", "every call-paired pass and its prediction"))},
     # the final code's validation measured anew (fresh-run/)
-    "structure-model/fresh-run/device.json": Entry(
+    **validation_run(
+        "structure-model/fresh-run",
         "bf16 profile of the fresh run, unflagged (30.1 GB/s; self-check 4.5% / 8.3% slot, 4.0% / 7.3% dedup), but "
-        "its stream share fitted 0.03 on calls of more than one host state"),
-    "structure-model/fresh-run/table.json": Entry(
+        "its stream share fitted 0.03 on calls of more than one host state",
         "the final code measured anew: paired by call the target holds on gpt-oss alone (predictions 10-50% slow, "
-        "per-call samples down to 16 GB/s); crossover equal on 7 of 8"),
-    "structure-model/fresh-run/log-profile.txt": Entry("console output of the profile",
-                                                       source="structure-model/fresh-run/device.json"),
-    **validation_folder("structure-model/fresh-run", [(m, "", 1) for m in STRUCTURE_MODELS],
-                        "the final code, measured anew"),
+        "per-call samples down to 16 GB/s); crossover equal on 7 of 8",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the final code, measured anew"),
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
