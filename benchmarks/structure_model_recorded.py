@@ -15,13 +15,12 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-
 import structure_model
 from moespec.formats.devicefile import load_profile
-from moespec.kernels.structure import kind_rates, pass_time
+from moespec.kernels.structure import kind_rates
 from moespec.measure import device_profile
-from moespec.measure.passes import chosen_ids
+from moespec.measure.profile_fit import Item, self_check
+from moespec.model.weights import expert_rows
 from moespec.predict import structure_bench
 
 WORK = Path("out/structure-model/recorded")  # the recorded benches are copied here, not into OUT_DIR
@@ -29,27 +28,24 @@ WORK = Path("out/structure-model/recorded")  # the recorded benches are copied h
 
 def current_profile(doc: dict) -> dict:
     """The recorded profile with the cache its device kind's profile now takes and the self-check recomputed on its
-    recorded check passes (regenerated as device_profile._items draws them)."""
+    recorded check passes (device_profile.check_passes, the ones the profile timed: each at its recorded median time
+    and ceiling)."""
     doc = dict(doc)
     if not device_profile.sizes_for(doc["device_kind"], doc["cache_nominal_bytes"]).probe:
         doc["cache_probe_recorded"], doc["cache_probe"] = doc["cache_probe"], None
         doc["cache_bytes"] = doc["cache_nominal_bytes"]
-    d, f = device_profile.CHECK_SHAPE
-    rng = np.random.default_rng(device_profile.SEED)
     for dtype, check in doc["self_check_by_dtype"].items():
-        rates, b = kind_rates(doc["dtypes"][dtype]), device_profile.Weights.bytes_of(d, f, dtype)
-        rows = {(r["kernel"], r["n"], r["U"]): r for r in check["passes"]}
-        for n in device_profile.CHECK_N:
-            top = min(n * device_profile.CHECK_SLOTS, device_profile.CHECK_EXPERTS)
-            for u in sorted({device_profile.CHECK_SLOTS, (device_profile.CHECK_SLOTS + top) // 2, top}):
-                ids = chosen_ids(n, device_profile.CHECK_SLOTS, device_profile.CHECK_EXPERTS, u, rng)
-                for kind in ("slot", "dedup"):
-                    row = rows[(kind, n, u)]
-                    row["predicted_s"] = pass_time(rates[kind], kind, ids, b, 2 * f + d, row["ceiling_gbps"],
-                                                   doc["cache_bytes"])
-        for kind in ("slot", "dedup"):
-            errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in check["passes"] if r["kernel"] == kind]
-            check[kind] = {"median": float(np.median(errors)), "max": float(max(errors)), "passes": len(errors)}
+        shape = device_profile.CHECK_SHAPE
+        b, rows = device_profile.Weights.bytes_of(*shape, dtype), expert_rows(*shape)
+        recorded = {(r["kernel"], r["n"], r["U"]): r for r in check["passes"]}
+        by_key, info = {}, {}
+        for n, u, ids in device_profile.check_passes():
+            for kind in ("slot", "dedup"):
+                row, key = recorded[(kind, n, u)], ("check", kind, n, u)
+                by_key[key] = Item(key, lambda: None, seconds=[row["measured_s"]], ceilings=[row["ceiling_gbps"]])
+                info[key] = (b, rows, ids)
+        doc["self_check_by_dtype"][dtype] = self_check(kind_rates(doc["dtypes"][dtype]), by_key, info,
+                                                       doc["cache_bytes"])
     doc["self_check"] = {kind: {key: max(c[kind][key] for c in doc["self_check_by_dtype"].values())
                                 for key in ("median", "max", "passes")} for kind in ("slot", "dedup")}
     return doc
@@ -57,7 +53,8 @@ def current_profile(doc: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recorded", help="a folder benchmarks/structure_model.py wrote (device.json, MODEL/bench-B1.json)")
+    parser.add_argument("recorded",
+                        help="a folder benchmarks/structure_model.py wrote (device.json, MODEL/bench-B1.json)")
     parser.add_argument("out", help="where the predicted benches, errors, table and the profile used go")
     args = parser.parse_args(argv)
     recorded, out = Path(args.recorded), Path(args.out)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from cli_cases import one_line, refused
 
 from moespec import ArgumentError, MoespecError, cli
@@ -208,6 +209,14 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
     (["--device", "tpu"], ["--device"]), (["--dtypes", "q5_0"], ["--dtypes"]), (["--reps", "1"], ["--reps"])])
 def test_refusals(tmp_path: Path, capsys, argv: list[str], words: list[str]) -> None:
     one_line(refused(["profile", "--out", tmp_path / "d.json", *argv], capsys, tmp_path), *words)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: --device cuda would profile it")
+def test_cuda_refused_without_a_gpu(tmp_path: Path, capsys) -> None:
+    """--device cuda where torch sees no GPU: one line naming the flag and why, before any work."""
+    one_line(refused(["profile", "--out", tmp_path / "d.json", "--device", "cuda"], capsys, tmp_path),
+             "--device cuda", "no CUDA device")
+    assert not (tmp_path / "d.json").exists()
 
 
 def test_cli_prints_the_measured_cache(tmp_path: Path, tiny: None, capsys) -> None:

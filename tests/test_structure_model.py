@@ -322,6 +322,7 @@ def test_refusals_of_files_and_flags(tmp_path: Path, capsys, olmoe_trace: Path) 
     one_line(refused([*base, "--ceiling", "40"], capsys), "--predict")
     profile = write(tmp_path / "device.json", profile_doc())
     one_line(refused([*base, "--predict", profile, "--ceiling", "0"], capsys), "--ceiling")
+    one_line(refused([*base, "--predict", profile, "--call-ceilings"], capsys), "--call-ceilings", "--predict")
 
 
 def test_loader_names_the_problem(tmp_path: Path) -> None:

@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                          call_ceilings=args.call_ceilings)
     if args.ceiling is not None and not args.predict:
         raise MoespecError("--ceiling is the ceiling of a prediction: give --predict DEVICE_JSON with it")
+    if args.call_ceilings and args.predict:
+        raise MoespecError("--call-ceilings samples the ceiling after timed calls: a --predict bench times none")
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
         bench = predict_bench(config, args.predict, args.ceiling, say=out.print) if args.predict else \

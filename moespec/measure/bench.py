@@ -211,11 +211,12 @@ def round_check(group_sizes: list[int], kernels: list[str]) -> Callable[[Any, st
                     f"group {i} must time its {size} passes with each of {', '.join(kernels)}")
             require(isinstance(ceilings, list) and all(is_number(c) and c > 0 for c in ceilings), where,
                     f"group {i}: ceiling_gbps must list positive bandwidths")
-            calls = group.get("call_ceilings_gbps", times)
-            require(isinstance(calls, list) and len(calls) == size and
-                    all(isinstance(row, list) and len(row) == len(kernels) and
-                        all(is_number(c) and c > 0 for c in row) for row in calls), where,
-                    f"group {i}: call_ceilings_gbps must hold a positive bandwidth per pass and kernel")
+            if "call_ceilings_gbps" in group:  # bench --call-ceilings: a sample after every call
+                calls = group["call_ceilings_gbps"]
+                require(isinstance(calls, list) and len(calls) == size and
+                        all(isinstance(row, list) and len(row) == len(kernels) and
+                            all(is_number(c) and c > 0 for c in row) for row in calls), where,
+                        f"group {i}: call_ceilings_gbps must hold a positive bandwidth per pass and kernel")
             check_contention_record(group.get("contention"), where, f"group {i} contention")
     return check
 

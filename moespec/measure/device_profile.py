@@ -234,11 +234,13 @@ def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
     return GGUF_RATE_SHAPES if dtype in QUANTIZED else RATE_SHAPES
 
 
-def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str) -> tuple[list[Item], dict[str, Any]]:
+def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
+                scaling: bool = False) -> tuple[list[Item], dict[str, Any]]:
     """The cold (every rate shape) or hot (HOT_SHAPES) rate passes of one dtype: the dedup kernel at each G, and
-    where `apart` the per-slot kernel at G = 1 (one token naming the E experts); keys (state, kind, d, f, G)."""
+    where `apart` the per-slot kernel at G = 1 (one token naming the E experts); keys (state, kind, d, f, G). With
+    `scaling`, the first shape's dedup passes at THREAD_SCALING_G on one thread too (keys ("threads_1", d, f, G))."""
     pair, items, info = pair_of(dtype), [], {}
-    for d, f in rate_shapes(dtype) if state == "cold" else HOT_SHAPES:
+    for i, (d, f) in enumerate(rate_shapes(dtype) if state == "cold" else HOT_SHAPES):
         b = Weights.bytes_of(d, f, dtype)
         fill = sizes.cold_bytes if state == "cold" else sizes.hot_bytes
         experts = max(1 if state == "cold" else HOT_EXPERTS, round(fill / b)) if fill is not None else HOT_EXPERTS
@@ -250,6 +252,9 @@ def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str) -> tu
             key = (state, kind, d, f, g)
             items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold"))
             info[key] = (w.expert_bytes, w.rows, experts)
+        if scaling and i == 0:
+            items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, experts), 1))
+                      for g in THREAD_SCALING_G]
     return items, info
 
 
@@ -260,13 +265,7 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
     cache probe too, and on the CPU the thread scaling."""
     sizes = sizes or sizes_for("cpu")
     pair = pair_of(dtype)
-    items, info = _rate_items(dtype, threads, sizes, "cold")
-    if nominal and sizes.device == "cpu":
-        d, f = rate_shapes(dtype)[0]
-        experts = info["cold", "dedup", d, f, 1][2]
-        w = Weights.draw(d, f, experts, dtype)
-        for g in THREAD_SCALING_G:
-            items.append(Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, experts), 1)))
+    items, info = _rate_items(dtype, threads, sizes, "cold", scaling=bool(nominal) and sizes.device == "cpu")
     if nominal and sizes.probe:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), first dtype's pair
         cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), nominal)
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype, sizes.device)
@@ -286,15 +285,22 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
             nodes = tokens if kind == "slot" and dtype in QUANTIZED else 1  # ggml-per-slot: a node per token
             info[key] = (w.expert_bytes, w.rows, (tokens * m, nodes))
     w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype, sizes.device)
-    rng = np.random.default_rng(SEED)
-    for n in CHECK_N:
-        for u in sorted({CHECK_SLOTS, (CHECK_SLOTS + min(n * CHECK_SLOTS, CHECK_EXPERTS)) // 2,
-                         min(n * CHECK_SLOTS, CHECK_EXPERTS)}):
-            ids = chosen_ids(n, CHECK_SLOTS, CHECK_EXPERTS, u, rng)
-            for kind in KERNELS:
-                items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads)))
-                info[("check", kind, n, u)] = (w.expert_bytes, w.rows, ids)
+    for n, u, ids in check_passes():
+        for kind in KERNELS:
+            items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads)))
+            info[("check", kind, n, u)] = (w.expert_bytes, w.rows, ids)
     return items, info
+
+
+def check_passes() -> list[tuple[int, int, np.ndarray]]:
+    """The self-check's passes, (n, U, ids [n, CHECK_SLOTS]) on CHECK_EXPERTS experts: at each of CHECK_N, chosen
+    ids at the smallest, a middle and the largest U, seeded (the same passes in every profile)."""
+    rng, out = np.random.default_rng(SEED), []
+    for n in CHECK_N:
+        top = min(n * CHECK_SLOTS, CHECK_EXPERTS)
+        out += [(n, u, chosen_ids(n, CHECK_SLOTS, CHECK_EXPERTS, u, rng))
+                for u in sorted({CHECK_SLOTS, (CHECK_SLOTS + top) // 2, top})]
+    return out
 
 
 def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str], None]) -> None:

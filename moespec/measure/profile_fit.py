@@ -66,7 +66,8 @@ def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates
     design = np.array(rows, dtype=float)
     keep = [0, 1, 2] if design[:, 2].any() else [0, 1, 3] if np.ptp(design[:, 3]) > 0 else [0, 1]
     coef = dict(zip(keep, np.linalg.lstsq(design[:, keep], np.array(left), rcond=None)[0]))
-    return tuple(max(float(coef.get(i, 0.0)), 0.0) for i in range(4))  # type: ignore[return-value]
+    pass_s, group_s, node_s, token_s = (max(float(coef.get(i, 0.0)), 0.0) for i in range(4))
+    return pass_s, group_s, node_s, token_s
 
 
 def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:

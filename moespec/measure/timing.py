@@ -105,9 +105,13 @@ class StreamRead:
 def measure_stream_read(nbytes: int = STREAM_READ_BYTES, repeats: int = CEILING_REPEATS,
                         threads: int | None = None) -> list[float]:
     """GB/s of `repeats` streaming reads of one nbytes buffer, after one untimed read."""
-    read = StreamRead(nbytes, threads)
-    read()
-    return [read() for _ in range(repeats)]
+    return _repeated(StreamRead(nbytes, threads), repeats)
+
+
+def _repeated(sample: Callable[[], float], repeats: int) -> list[float]:
+    """`repeats` calls of a ceiling measurement after one untimed call (its buffer paged in)."""
+    sample()
+    return [sample() for _ in range(repeats)]
 
 
 class CacheFlusher:
@@ -204,9 +208,7 @@ class Timer(ABC):
 
     def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
         """GB/s of `repeats` ceiling measurements on an nbytes buffer (default: the kind's size), after one untimed."""
-        sample = self.sampler(nbytes)
-        sample()
-        return [sample() for _ in range(repeats)]
+        return _repeated(self.sampler(nbytes), repeats)
 
 
 class CpuTimer(Timer):
