@@ -7,9 +7,8 @@ the rounds of that n (a device measurement of the same run, never a fitted param
 (median and largest relative error per model, kernel and batch, over n, of each n's mean time over the recorded
 windows; and over every timed pass; and, paired by round, each call predicted at the ceiling sampled right after it
 (the benches sample one after every call), against that round's times, the median over rounds) and, from the
-measured and the predicted
-bench (`bench --predict` at the measured bench's ceiling), the crossover and k_hat*(a) of `moespec plan` side by
-side.
+measured and the predicted bench (`bench --predict` at the measured bench's ceiling), the crossover and k_hat*(a) of
+`moespec plan` side by side.
 
 Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
 a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
