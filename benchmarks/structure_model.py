@@ -17,7 +17,10 @@ a rerun skips what exists, and a bench interrupted midway resumes from its check
     .venv/bin/python benchmarks/structure_model.py table
 `--dtype q8_0` (or q4_0) measures and predicts ggml's pair (ggml-per-slot, ggml-mul_mat_id: what a bench of a GGUF
 format times) from a profile of that format (`profile --dtypes q8_0,q4_0 --profile FILE`), into MODEL/q8_0/;
-`--batches 1` leaves out the passes of B = 8.
+`--batches 1` leaves out the passes of B = 8. `profile --pin-wait S` takes every call of the profile at one bandwidth
+level of the host (moespec.measure.level; `--pin-gbps` names it, else the first call's), and every model's benches
+are then kept at the profile's level, waiting S seconds at most for it: the profile and the benches meet one state of
+a shared host, so what is left of the error is the model's.
 Models: the presets, `pair` (moespec/data/pair/target, its recorded WikiText-2 routing) and `heldout-1536x512`,
 `heldout-3072x1536` (OLMoE-class configs written into the results folder, N = 64, m = 8). A model with published reuse
 (OLMoE, Qwen3, gpt-oss) is routed by its calibrated default trace, the others (DeepSeek-V2-Lite, the held-out shapes)
@@ -101,15 +104,18 @@ def model_dir(out: Path, name: str, dtype: str) -> Path:
     return out / name if dtype == "bf16" else out / name / dtype
 
 
-def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: str = "cpu") -> dict[int, BenchConfig]:
+def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: str = "cpu",
+            level: dict[str, Any] | None = None) -> dict[int, BenchConfig]:
     """The measured bench of each batch size (layer 0, both kernels of the format's pair: the bench's default) on
-    `device`."""
+    `device`, kept at a pinned `level` (a profile's Level.record, its pinned_gbps and wait_s) where one is given."""
+    pinned = level if level and level.get("pinned_gbps") and level.get("wait_s") else {}
     model, trace = model_arg(name, out)
     s = SETTINGS | LARGE.get(name, {})
     return {batch: BenchConfig(out=str(model_dir(out, name, dtype) / f"bench-B{batch}.json"), model=model,
                                layers=(0,), dtype=dtype, n=tuple(range(1, 10)) if batch == 1 else s["n8"],
                                trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch,
-                               device=device, call_ceilings=True)
+                               device=device, call_ceilings=True, level_gbps=pinned.get("pinned_gbps"),
+                               level_wait_s=pinned.get("wait_s"))
             for batch in batches}
 
 
@@ -179,7 +185,7 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
         raise ArgumentError(f"{profile_path} timed {', '.join(profile.dtypes)}, not {dtype}")
     rates = kind_rates(profile["dtypes"][dtype])
     result: dict[str, Any] = {"model": name, "dtype": dtype, "profile": str(profile_path), "batches": {}}
-    for batch, config in configs(name, out, dtype, batches, profile["device_kind"]).items():
+    for batch, config in configs(name, out, dtype, batches, profile["device_kind"], profile.get("level")).items():
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
         if not Path(config.out).exists():
             run_bench(config, say=print)
@@ -269,6 +275,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="with `profile`: the device to profile (cpu: the native kernels; cuda: the Triton ones, "
                              "whose passes take up to 16 tokens: --batches 1); `model` runs on the profile's")
+    parser.add_argument("--pin-wait", type=float, help="with `profile`: take every call at one bandwidth level of the "
+                        "host, waiting S seconds at most for it; `model` then keeps its benches at the profile's level "
+                        "(module docstring; default: no pinning)")
+    parser.add_argument("--pin-gbps", type=float, help="with `profile --pin-wait`: the level (default the first call's)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -278,7 +288,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--batches: some of {', '.join(map(str, BATCHES))}")
     if args.step == "profile":
         profile = run_profile(ProfileConfig(out=str(profile_path), device=args.device,
-                                            dtypes=tuple(args.dtypes.split(",")), reps=args.reps), say=print)
+                                            dtypes=tuple(args.dtypes.split(",")), reps=args.reps,
+                                            level_gbps=args.pin_gbps, level_wait_s=args.pin_wait), say=print)
         for line in profile_checks(profile, str(profile_path)):  # a profile of two host states: re-take it
             print(f"warning: {line}")
     elif args.step == "model":

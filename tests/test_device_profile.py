@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from moespec import ArgumentError, MoespecError, cli
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
-from moespec.measure import cache_probe, device_profile, profile_fit
+from moespec.measure import cache_probe, device_profile, level, profile_fit
 from moespec.model.spec import PRESETS
 from moespec.kernels.structure import Rates, kind_rates
 
@@ -206,7 +207,8 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--device", "tpu"], ["--device"]), (["--dtypes", "q5_0"], ["--dtypes"]), (["--reps", "1"], ["--reps"])])
+    (["--device", "tpu"], ["--device"]), (["--dtypes", "q5_0"], ["--dtypes"]), (["--reps", "1"], ["--reps"]),
+    (["--pin-gbps", "0"], ["--pin-gbps"]), (["--pin-wait", "-1"], ["--pin-wait"])])
 def test_refusals(tmp_path: Path, capsys, argv: list[str], words: list[str]) -> None:
     one_line(refused(["profile", "--out", tmp_path / "d.json", *argv], capsys, tmp_path), *words)
 
@@ -219,13 +221,42 @@ def test_cuda_refused_without_a_gpu(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "d.json").exists()
 
 
-def test_cli_prints_the_measured_cache(tmp_path: Path, tiny: None, capsys) -> None:
-    """`moespec profile` end to end on tiny shapes: exit 0, the file loads, and its console names the cache a re-read
-    finds beside the last-level cache."""
-    assert cli.main(["profile", "--out", str(tmp_path / "d.json"), "--reps", "2"]) == 0
+def test_cli_prints_the_measured_cache(tmp_path: Path, tiny: None, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`moespec profile` end to end on tiny shapes, pinned (--pin-wait; the reference read stands at 20 GB/s): exit
+    0, the file loads with its level, and its console names the level and the cache a re-read finds beside the
+    last-level cache."""
+    monkeypatch.setattr(level, "StreamRead", lambda nbytes: lambda: 20.0)
+    assert cli.main(["profile", "--out", str(tmp_path / "d.json"), "--reps", "2", "--pin-wait", "5"]) == 0
     loaded = load_profile(tmp_path / "d.json")
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "cache a per-slot re-read finds" in out and f"{loaded['cache_nominal_bytes'] / 2**20:.0f} MiB" in out
+    assert loaded["level"]["pinned_gbps"] == 20.0 and loaded["level"]["dropped"] == 0
+    assert "level: rounds kept at 20.0 GB/s" in out
+
+
+def test_pinned_rounds_take_every_call_at_the_level() -> None:
+    """Pinned, a call whose reference read after it is off the level runs again (after the host settles back) and
+    only the kept call's time and ceiling sample count, a hot call's without a sample; unpinned, no reference read
+    is taken at all."""
+    def fake_timer(times: list[float], ceilings: list[float]) -> SimpleNamespace:
+        t, c = iter(times), iter(ceilings)
+        return SimpleNamespace(flush=lambda: None, warm=lambda fn: fn(), time=lambda fn: fn() or next(t),
+                               sampler=lambda: lambda: next(c))
+
+    def two_items() -> list[profile_fit.Item]:
+        return [profile_fit.Item(("cold",), lambda: None), profile_fit.Item(("hot",), lambda: None, cold=False)]
+
+    # the cold call: settled at 30, read 50 after (off: dropped), a settled window at 30, read 30 after; the hot one
+    reads = iter([30.0, 50.0, *[30.0] * level.SETTLE_READS, 30.0, 30.0, 30.0])
+    pinned = level.Level(30.0, wait_s=10, read=lambda: next(reads))
+    items = two_items()
+    device_profile._time_rounds(items, 1, fake_timer([1.0, 2.0, 3.0], [40.0, 41.0]), pinned, lambda text: None)
+    assert (items[0].seconds, items[0].ceilings, items[1].seconds, items[1].ceilings) == ([2.0], [41.0], [3.0], [])
+    assert pinned.dropped == 1 and next(reads, None) is None
+    items = two_items()
+    unpinned = level.Level(wait_s=0, read=lambda: pytest.fail("no reference read where nothing is pinned"))
+    device_profile._time_rounds(items, 2, fake_timer([1.0, 2.0, 3.0, 4.0], [40.0, 41.0]), unpinned, lambda t: None)
+    assert [i.seconds for i in items] == [[1.0, 4.0], [2.0, 3.0]] and items[0].ceilings == [40.0, 41.0]
 
 
 def test_fit_rates_apart_gives_each_kind_its_own() -> None:

@@ -323,6 +323,8 @@ def test_refusals_of_files_and_flags(tmp_path: Path, capsys, olmoe_trace: Path) 
     profile = write(tmp_path / "device.json", profile_doc())
     one_line(refused([*base, "--predict", profile, "--ceiling", "0"], capsys), "--ceiling")
     one_line(refused([*base, "--predict", profile, "--call-ceilings"], capsys), "--call-ceilings", "--predict")
+    for flag in (["--pin-wait", "30"], ["--pin-gbps", "40"]):
+        one_line(refused([*base, "--predict", profile, *flag], capsys), flag[0], "--predict", "--ceiling")
 
 
 def test_loader_names_the_problem(tmp_path: Path) -> None:
@@ -338,6 +340,8 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
     stray["self_check_by_dtype"]["q4_0"] = stray["self_check_by_dtype"]["q8_0"]
     with pytest.raises(Exception, match="self_check_by_dtype"):
         load_profile(write(tmp_path / "stray.json", stray))
+    with pytest.raises(Exception, match="ok.json: level.pinned_gbps"):
+        load_profile(write(tmp_path / "ok.json", profile_doc(level={"pinned_gbps": -3.0})))
 
 
 def test_loader_reads_the_previous_version(tmp_path: Path) -> None:

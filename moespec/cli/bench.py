@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         raise MoespecError("--ceiling is the ceiling of a prediction: give --predict DEVICE_JSON with it")
     if args.call_ceilings and args.predict:
         raise MoespecError("--call-ceilings samples the ceiling after timed calls: a --predict bench times none")
+    if args.predict and (args.pin_gbps is not None or args.pin_wait is not None):
+        raise MoespecError("--pin-gbps/--pin-wait keep timed rounds at a level: a --predict bench times none (give the "
+                           "level to predict at as --ceiling)")
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
         bench = predict_bench(config, args.predict, args.ceiling, say=out.print) if args.predict else \

@@ -9,11 +9,12 @@ import json
 
 from rich.text import Text
 
-from moespec.cli.args import bounded
+from moespec.cli.args import add_level_flags, bounded
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
 from moespec.kernels.structure import Rates, kind_rates
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
+from moespec.measure.level import describe
 from moespec.predict.checks import profile_checks
 
 OUTPUTS = ("--out",)  # the path flags kept apart before any work (moespec.cli.args.check_paths)
@@ -31,11 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"timed rounds over every microbenchmark (default {DEFAULT_REPS}, 2..{REPS_LIMIT:,})")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT),
                    help="threads of every timed call (default torch's, what `moespec bench` runs on)")
+    add_level_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
     config = ProfileConfig(out=args.out, device=args.device, dtypes=tuple(dict.fromkeys(args.dtypes.split(","))),
-                           reps=args.reps, threads=args.threads)
+                           reps=args.reps, threads=args.threads, level_gbps=args.pin_gbps,
+                           level_wait_s=args.pin_wait)
     out = console()
     profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
                   f"last-level cache ({probe['kernel']}, re-reads at "
                   + ", ".join(f"{d / 2**20:.0f}" for d in probe["distances_bytes"]) + " MiB"
                   + ("" if probe["identified"] else "; they cannot tell: a cached read cost a cold one's here") + ")")
+    if line := describe(profile["level"]):
+        out.print(line)
     check = profile["self_check"]
     out.print("self-check on the check shape: " + "; ".join(
         f"{k} median {v['median']:.1%}, max {v['max']:.1%} over {v['passes']} passes" for k, v in check.items()))

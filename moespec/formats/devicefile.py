@@ -59,6 +59,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
            each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
            --predict` states (the dtype's where the file has it, else self_check)
+  level    optional: the host's bandwidth level every call was taken at (moespec.measure.level.Level.record; a
+           pinned_gbps of null or a wait_s of 0: none pinned)
   protocol {reps, flush_bytes, timer}, elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp,
            command)
 """
@@ -70,7 +72,7 @@ from typing import Any
 
 from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT, THREADS_LIMIT
-from moespec.formats.files import Record, field, format_problem, is_number, positive, read_json
+from moespec.formats.files import Record, check_level_record, field, format_problem, is_number, positive, read_json
 
 FORMAT_NAME = "moespec-device-profile"
 FORMAT_VERSION = 4
@@ -179,6 +181,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
                 value = field(doc, where, f"{check}.{kernel}.{key}")
                 if value < 0:
                     raise _fail(where, f"{check}.{kernel}.{key} = {value!r} must be >= 0")
+    check_level_record(doc, where)
     reps = field(doc, where, "protocol.reps", int)
     if not 1 <= reps <= REPS_LIMIT:
         raise _fail(where, f"protocol.reps = {reps!r} must lie in 1..{REPS_LIMIT}")

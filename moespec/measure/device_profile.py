@@ -47,13 +47,17 @@ that ran below the cold rate for reasons of their own, and per-slot re-reads of 
 cold read, as a hit at the slot kernel's hot rate predicts. The ceiling is the timer's: a streaming read on the
 CPU, a device copy on the GPU.
 Every timed call follows a cache flush (moespec.measure.timing, the bench's Timer), in rounds whose order is rotated
-so drift hits every item alike; medians and IQRs over rounds.
+so drift hits every item alike; medians and IQRs over rounds. Pinned (`level_gbps`, `level_wait_s`; the CPU only, off
+unless asked for: moespec.measure.level), every call is taken at one bandwidth level of the host: a call whose
+reference read after it is off the level runs again (Level.measured), so the rates are of one state, the one a bench
+pinned to the same level (`bench --pin-gbps`) meets; device.json `level` records it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -67,6 +71,7 @@ from moespec.kernels import KERNELS as REGISTRY
 from moespec.kernels import PAIRS, expert_op, implementation
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.layer import gguf_blocks, torch_dtype
+from moespec.measure.level import Level, check_level, host_level
 from moespec.measure.passes import chosen_ids
 from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, timer_for
 from moespec.model.weights import expert_rows, matrix_bytes
@@ -109,17 +114,21 @@ SEED = 0
 class ProfileConfig:
     """A profile: written to `out`; the device kind (cpu: the native kernels and ggml's pair; cuda: the Triton
     kernels on the current CUDA device), the weight formats to time (of BENCH_DTYPES: our kernels for bf16 and fp32,
-    ggml's pair for the GGUF formats, on the CPU only), the timed rounds and the threads (None:
-    torch.get_num_threads())."""
+    ggml's pair for the GGUF formats, on the CPU only), the timed rounds, the threads (None:
+    torch.get_num_threads()) and the host's bandwidth level to take every call at (`level_gbps`, `level_wait_s`: off
+    unless asked for, on the CPU only; moespec.measure.level.pin_wait)."""
 
     out: str
     device: str = "cpu"
     dtypes: tuple[str, ...] = ("bf16",)
     reps: int = DEFAULT_REPS
     threads: int | None = None
+    level_gbps: float | None = None
+    level_wait_s: float | None = None
 
     def check(self) -> None:
         check_output(self.out)
+        check_level(self.level_gbps, self.level_wait_s)
         if self.device not in DEVICE_KINDS:
             raise MoespecError(f"--device {self.device}: give one of {', '.join(DEVICE_KINDS)}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -303,24 +312,30 @@ def check_passes() -> list[tuple[int, int, np.ndarray]]:
     return out
 
 
-def _time_rounds(items: list[Item], reps: int, timer: Timer, say: Callable[[str], None]) -> None:
+def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: Callable[[str], None]) -> None:
     """`reps` rounds over the items, round r started r/reps of the way through (drift balanced, as the bench's
     rounds); a cold item after a flush with one ceiling sample after it (the timer's ceiling, its buffer drawn
-    once), a hot one right after an untimed call."""
+    once), a hot one right after an untimed call; each call at the level where one is pinned (Level.measured)."""
     ceiling = timer.sampler()
     for item in items:
         item.fn()  # warm-up: code and buffers ready
         item.seconds, item.ceilings = [], []
+
+    def call(item: Item) -> tuple[float, float | None]:
+        if item.cold:
+            timer.flush()
+        else:
+            timer.warm(item.fn)
+        seconds = timer.time(item.fn)
+        return seconds, ceiling() if item.cold else None
+
     for rep in range(reps):
         start = rep * len(items) // reps
         for item in [items[(start + j) % len(items)] for j in range(len(items))]:
-            if item.cold:
-                timer.flush()
-            else:
-                timer.warm(item.fn)
-            item.seconds.append(timer.time(item.fn))
-            if item.cold:
-                item.ceilings.append(ceiling())
+            seconds, sample = level.measured(partial(call, item)) if level.active else call(item)
+            item.seconds.append(seconds)
+            if sample is not None:
+                item.ceilings.append(sample)
         say(f"round {rep + 1} of {reps} done")
 
 
@@ -372,6 +387,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     timer = timer_for(config.device)
     nominal = timer.cache_bytes
     sizes = sizes_for(timer.kind, nominal)
+    level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
@@ -379,7 +395,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     for i, dtype in enumerate(config.dtypes):
         items, info = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
-        _time_rounds(items, config.reps, timer, say)
+        _time_rounds(items, config.reps, timer, level, say)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
         rates = {"dedup": fit_rates(by_key, info, sizes.g_values, per_row=dtype in QUANTIZED, apart=sizes.apart)}
@@ -419,6 +435,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                                                                                              "passes")}
                           for kernel in KERNELS},  # the worst dtype's; each dtype's passes below
            "self_check_by_dtype": checks,
+           "level": level.record(),
            "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
                         "late_starts": timer.late_starts},
            "elapsed_s": time.perf_counter() - started,
