@@ -18,9 +18,10 @@ a rerun skips what exists, and a bench interrupted midway resumes from its check
 `--dtype q8_0` (or q4_0) measures and predicts ggml's pair (ggml-per-slot, ggml-mul_mat_id: what a bench of a GGUF
 format times) from a profile of that format (`profile --dtypes q8_0,q4_0 --profile FILE`), into MODEL/q8_0/;
 `--batches 1` leaves out the passes of B = 8. `profile --pin-wait S` takes every call of the profile at one bandwidth
-level of the host (moespec.measure.level; `--pin-gbps` names it, else the first call's), and every model's benches
-are then kept at the profile's level, waiting S seconds at most for it: the profile and the benches meet one state of
-a shared host, so what is left of the error is the model's.
+level of the host (moespec.measure.level; `--pin-gbps` names it, else the host's when the rounds start), and every
+model's benches are then kept at the profile's level, waiting S seconds at most for it: the profile and the benches
+meet one state of a shared host, so what is left of the error is the model's. A profile the profile checks flag (its
+calls met two states) is taken again, PROFILE_TAKES takes at most.
 Models: the presets, `pair` (moespec/data/pair/target, its recorded WikiText-2 routing) and `heldout-1536x512`,
 `heldout-3072x1536` (OLMoE-class configs written into the results folder, N = 64, m = 8). A model with published reuse
 (OLMoE, Qwen3, gpt-oss) is routed by its calibrated default trace, the others (DeepSeek-V2-Lite, the held-out shapes)
@@ -71,6 +72,9 @@ LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9
 # same tau(1) for the measured and the predicted bench; only their expert-op times differ)
 EXPERT_SHARE = 0.6
 PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
+# A profile the profile checks flag (its calls met two states of the host) is taken again, this many takes at most;
+# the first unflagged one is kept (no model's pass takes part in the check)
+PROFILE_TAKES = 3
 
 
 def model_arg(name: str, out: Path) -> tuple[str, str]:
@@ -287,11 +291,15 @@ def main(argv: list[str]) -> int:
     if not set(batches) <= set(BATCHES):
         parser.error(f"--batches: some of {', '.join(map(str, BATCHES))}")
     if args.step == "profile":
-        profile = run_profile(ProfileConfig(out=str(profile_path), device=args.device,
-                                            dtypes=tuple(args.dtypes.split(",")), reps=args.reps,
-                                            level_gbps=args.pin_gbps, level_wait_s=args.pin_wait), say=print)
-        for line in profile_checks(profile, str(profile_path)):  # a profile of two host states: re-take it
-            print(f"warning: {line}")
+        for take in range(1, PROFILE_TAKES + 1):
+            profile = run_profile(ProfileConfig(out=str(profile_path), device=args.device,
+                                                dtypes=tuple(args.dtypes.split(",")), reps=args.reps,
+                                                level_gbps=args.pin_gbps, level_wait_s=args.pin_wait), say=print)
+            warnings = profile_checks(profile, str(profile_path))
+            for line in warnings:
+                print(f"warning (take {take} of {PROFILE_TAKES}): {line}")
+            if not warnings:
+                break
     elif args.step == "model":
         if args.model is None:
             parser.error("model: name the model")

@@ -26,6 +26,17 @@ def reads_of(values):
     return lambda: next(it)
 
 
+def test_pin_host_pins_the_median_of_a_window_only_where_none_is_pinned():
+    level = L.Level(wait_s=10, read=reads_of([10.0] + [30.0] * (L.PIN_READS - 1)))
+    level.pin_host()
+    assert level.pinned == 30.0  # a low first read does not set the level
+    given = L.Level(40.0, wait_s=10, read=reads_of([]))
+    given.pin_host()
+    off = L.Level(wait_s=0, read=reads_of([]))
+    off.pin_host()
+    assert given.pinned == 40.0 and off.pinned is None
+
+
 def test_band_is_symmetric_and_pins_the_first_round():
     level = L.Level(wait_s=10, read=reads_of([]))
     assert level.judge([33.0, 34.0, 35.0]) == L.KEEP and level.pinned == 34.0  # the first round pins its median

@@ -60,7 +60,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
            --predict` states (the dtype's where the file has it, else self_check)
   level    optional: the host's bandwidth level every call was taken at (moespec.measure.level.Level.record; a
-           pinned_gbps of null or a wait_s of 0: none pinned)
+           pinned_gbps of null or a wait_s of 0: none pinned) and `calls`, the timed calls of the rounds
   protocol {reps, flush_bytes, timer}, elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp,
            command)
 """

@@ -320,6 +320,7 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: 
     for item in items:
         item.fn()  # warm-up: code and buffers ready
         item.seconds, item.ceilings = [], []
+    level.pin_host()  # the host's level now, unless given
 
     def call(item: Item) -> tuple[float, float | None]:
         if item.cold:
@@ -391,13 +392,14 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
-    doc_dtypes, checks, scaling, all_ceilings = {}, {}, None, list(before)
+    doc_dtypes, checks, scaling, all_ceilings, calls = {}, {}, None, list(before), 0
     for i, dtype in enumerate(config.dtypes):
         items, info = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
         _time_rounds(items, config.reps, timer, level, say)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
+        calls += sum(len(item.seconds) for item in items)
         rates = {"dedup": fit_rates(by_key, info, sizes.g_values, per_row=dtype in QUANTIZED, apart=sizes.apart)}
         rates["slot"] = fit_rates(by_key, info, (1,), False, kind="slot", apart=True) if sizes.apart \
             else rates["dedup"]
@@ -435,7 +437,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                                                                                              "passes")}
                           for kernel in KERNELS},  # the worst dtype's; each dtype's passes below
            "self_check_by_dtype": checks,
-           "level": level.record(),
+           "level": level.record() | {"calls": calls},
            "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
                         "late_starts": timer.late_starts},
            "elapsed_s": time.perf_counter() - started,

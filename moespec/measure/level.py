@@ -55,6 +55,9 @@ ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a r
 # at it: on a busy host one read spreads +-20%, and a single read in the band started rounds that were then dropped
 # (38 in a row, 3 s of waiting, then a re-pin, in a `make demo` run).
 SETTLE_READS = 5
+# A long measurement without a given level pins the median of this many back-to-back reads taken after its warm-up
+# (pin_host): one read spreads +-20% on a busy host, and a first read after idle cores reads low
+PIN_READS = 15
 MAX_REPINS = 1  # a measurement follows the host to another level at most this often (each re-measures its rounds)
 KEEP, DROP, REPIN = "keep", "drop", "repin"  # Level.judge's verdicts on a round
 
@@ -133,6 +136,12 @@ class Level:
             reads.append(self.read())
         self.waited_s += time.perf_counter() - start
         self._off = False
+
+    def pin_host(self) -> None:
+        """Pin the host's present level, where pinning is on and none is pinned: the median of PIN_READS reads back
+        to back."""
+        if self.active and self.pinned is None:
+            self.pinned = float(np.median([self.read() for _ in range(PIN_READS)]))
 
     def follow(self) -> None:
         """Stop waiting for the pinned level, the budget left or not: from now on a round off it re-pins

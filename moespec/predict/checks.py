@@ -8,8 +8,10 @@ line naming the file, what is wrong and the setting to change.
   contention   a bench or run timed while another process wanted a core (moespec.measure.contention.describe:
             the count, and past CONTENDED_SHARE of the calls that the times are not the quiet machine's);
   profile   a device profile (device.json) taken while the host changed state: its ceiling sampled before or after
-            the timing more than NOISY_IQR off the median of the calls' samples, or its self-check (the model on
-            passes no rate came from) missing by more than PROFILE_ERROR_LIMIT: re-take it on a quieter machine;
+            the timing more than NOISY_IQR off the median of the calls' samples (pinned to a level, more than
+            OFF_LEVEL_SHARE of its calls kept off the level instead: the samples around it are not pinned), or its
+            self-check (the model on passes no rate came from) missing by more than PROFILE_ERROR_LIMIT: re-take it
+            on a quieter machine;
   runs      the verify time flat in n (no growth from n = 1 to the largest n beyond their 95% intervals, or
             FLAT_SHARE without intervals): the expert operation adds nothing measurable to the pass; verify times
             outside BYTES_RANGE x the bytes a pass reads (the plan's pass_bytes, the one-bandwidth byte model (16))
@@ -34,6 +36,7 @@ BYTES_RANGE = (0.1, 10.0)  # a verify time outside these multiples of bytes / ce
 # A profile's self-check missing by more than this: profiles of a quiet host miss by 8-19% at most, those taken while
 # its streaming read and core speed moved by 30-66% (results/structure-model)
 PROFILE_ERROR_LIMIT = 0.25
+OFF_LEVEL_SHARE = 0.1  # a pinned profile with more of its calls kept off the level (the wait ran out) mixes states
 FLAT_SHARE = 0.05  # without intervals, growth from n = 1 to the largest n under 5% (run's --target) is flat
 RERUN_RUN = "rerun `moespec run --fresh` with more --reps on a quieter machine"
 TOO_SMALL_ADVICE = ("a plan takes its times from the verify-only runs of both kernels instead (`moespec run "
@@ -93,12 +96,19 @@ def profile_checks(profile: DeviceProfile, where: str, dtype: str | None = None)
     """A validated device profile's warnings (the module docstring), of `dtype`'s self-check where given (else
     every dtype's): one line each, naming the file and the setting to change."""
     out, ceiling = [], profile["ceiling_gbps"]
-    around = profile.get("ceiling_before_after_gbps")  # optional: a list of two positive GB/s
-    around = around if isinstance(around, list) and all(is_number(v) and v > 0 for v in around) else []
-    moved = [f"{side} {v:.1f}" for side, v in zip(("before", "after"), around) if abs(v / ceiling - 1) > NOISY_IQR]
-    if moved:
-        out.append(f"{where}: the streaming read moved while the profile ran ({ceiling:.1f} GB/s during its calls, "
-                   f"{' and '.join(moved)} GB/s): its rates mix two states of this host")
+    level = record_at(profile, "level")
+    if level.get("pinned_gbps") and level.get("wait_s") and is_number(level.get("calls")):
+        off = level.get("kept_off", 0) / max(level["calls"], 1)
+        if off > OFF_LEVEL_SHARE:
+            out.append(f"{where}: {off:.0%} of its calls were kept off the pinned level of {level['pinned_gbps']:.1f} "
+                       f"GB/s (the wait ran out): its rates mix two states of this host")
+    else:
+        around = profile.get("ceiling_before_after_gbps")  # optional: a list of two positive GB/s
+        around = around if isinstance(around, list) and all(is_number(v) and v > 0 for v in around) else []
+        moved = [f"{side} {v:.1f}" for side, v in zip(("before", "after"), around) if abs(v / ceiling - 1) > NOISY_IQR]
+        if moved:
+            out.append(f"{where}: the streaming read moved while the profile ran ({ceiling:.1f} GB/s during its calls, "
+                       f"{' and '.join(moved)} GB/s): its rates mix two states of this host")
     by_dtype = profile.get("self_check_by_dtype") or {}
     names = [dtype] if dtype else list(by_dtype) or [None]
     worst, name = max((error, name) for name in names for error in profile.self_check(name).values())
