@@ -75,6 +75,20 @@ def test_settle_polls_back_to_back(monkeypatch):
     assert not level.exhausted
 
 
+def test_polls_follow_an_eviction_and_judged_reads_after_a_unit_too():
+    """Read twice in a row, the reference buffer is partly in the cache and reads fast: every settle poll and the
+    read after a unit follow the eviction; pinning the host's level takes a window of polls."""
+    events = []
+    level = L.Level(30.0, wait_s=10, read=lambda: events.append("read") or 30.0,
+                    evict=lambda: events.append("evict"))
+    level.measured(lambda: events.append("unit"))
+    assert events == ["evict", "read", "unit", "evict", "read"]
+    events.clear()
+    fresh = L.Level(wait_s=10, read=lambda: events.append("read") or 30.0, evict=lambda: events.append("evict"))
+    fresh.pin_host()
+    assert events == ["evict", "read"] * L.PIN_READS and fresh.pinned == 30.0
+
+
 def test_after_a_dropped_round_settle_waits_for_a_window_at_the_level():
     """One read in the band is noise on a busy host: after a drop, settle ends on the median of the last
     SETTLE_READS reads; with no drop since, on one read at the level."""
@@ -176,7 +190,7 @@ def run_at_level(tiny_checkpoints, tmp_path, monkeypatch, read, wait: str) -> tu
 
 
 def settling_reads(monkeypatch) -> list[int]:
-    """The reference reads each Level.settle call makes from now on, one count per call (Level.read counted)."""
+    """The reference reads each Level.settle call makes from now on, one count per call (Level.poll counted)."""
     counts: list[int] = []
     original = L.Level.settle
 
@@ -185,13 +199,13 @@ def settling_reads(monkeypatch) -> list[int]:
         original(self)
         counts.append(self.reads_seen - before)
 
-    def read(self):
+    def poll(self):
         self.reads_seen = getattr(self, "reads_seen", 0) + 1
-        return original_read(self)
+        return original_poll(self)
 
-    original_read = L.Level.read
+    original_poll = L.Level.poll
     monkeypatch.setattr(L.Level, "settle", settle)
-    monkeypatch.setattr(L.Level, "read", read)
+    monkeypatch.setattr(L.Level, "poll", poll)
     return counts
 
 

@@ -15,6 +15,9 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   back: a read after the cores idled reads low whatever the host does (after a 0.2 s sleep 8-10 GB/s where reads
   back to back read 35-55: the vCPUs wake slowly), so a poll that slept between reads waited out its
   whole budget for a read that could not come, and the measurement then re-pinned to a level it never left.
+  Each poll follows a cache flush, as a round's read follows its work: read twice in a row, the 64 MiB buffer is
+  partly still in a 32 MiB last-level cache and reads 12-30% faster (54 against 40 GB/s, interleaved), so polls
+  back to back read as another level than the reads they are compared with.
   After a dropped round the host counts as back on the median of a few reads (SETTLE_READS), not on one;
 - the waiting has a budget (wait_s per measurement). When it is spent, the host has moved for longer than a
   burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
@@ -42,7 +45,7 @@ import numpy as np
 from moespec import MoespecError
 from moespec.formats.checkpoint import Checkpoint, is_count, require
 from moespec.formats.files import check_level_record
-from moespec.measure.timing import StreamRead
+from moespec.measure.timing import CacheFlusher, StreamRead, flush_bytes
 
 REFERENCE_BYTES = 64 << 20  # the reference read: evicts a 32 MiB last-level cache, measures the host's bandwidth
 # The levels seen here are 1.6-1.9x apart, and one level's reads spread by +-5-10% (IQR 3.7 of 34 GB/s in a quiet
@@ -55,8 +58,8 @@ ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a r
 # at it: on a busy host one read spreads +-20%, and a single read in the band started rounds that were then dropped
 # (38 in a row, 3 s of waiting, then a re-pin, in a `make demo` run).
 SETTLE_READS = 5
-# A long measurement without a given level pins the median of this many back-to-back reads taken after its warm-up
-# (pin_host): one read spreads +-20% on a busy host, and a first read after idle cores reads low
+# A long measurement without a given level pins the median of this many polls taken after its warm-up (pin_host):
+# one read spreads +-20% on a busy host, and a first read after idle cores reads low
 PIN_READS = 15
 MAX_REPINS = 1  # a measurement follows the host to another level at most this often (each re-measures its rounds)
 KEEP, DROP, REPIN = "keep", "drop", "repin"  # Level.judge's verdicts on a round
@@ -96,21 +99,34 @@ def host_level(pinned: float | None, wait_s: float | None, device_kind: str, say
 class Level:
     """The pinned bandwidth level of one measurement (module docstring): `pinned` GB/s, or None to pin the first
     kept round's; `wait_s` seconds of waiting for it at most per pin (None: WAIT_S; 0: no pinning). `read()` is the
-    reference read (GB/s; a REFERENCE_BYTES streaming read unless given), which also evicts the caches."""
+    reference read (GB/s; a REFERENCE_BYTES streaming read unless given), which also evicts the caches; `poll()`
+    the same after `evict` (default with the default read: a cache flush; none with a given read)."""
 
     def __init__(self, pinned: float | None = None, wait_s: float | None = None,
-                 read: Callable[[], float] | None = None) -> None:
+                 read: Callable[[], float] | None = None, evict: Callable[[], object] | None = None) -> None:
         check_level(pinned, wait_s)
         self.pinned, self.wait_s = pinned, float(WAIT_S if wait_s is None else wait_s)
-        self._read = read
+        self._read, self._evict = read, evict
         self.waited_s, self.dropped, self.kept_off, self.repins, self.exhausted = 0.0, 0, 0, 0, False
         self._off = False  # the last round judged was dropped: the next settle reads a window
 
     def read(self) -> float:
         """One reference read, GB/s (its buffer made on the first call)."""
+        return self._reader()()
+
+    def poll(self) -> float:
+        """A reference read taken as a round's read after its work is: after the cache is evicted (module
+        docstring)."""
+        read = self._reader()
+        if self._evict is not None:
+            self._evict()
+        return read()
+
+    def _reader(self) -> Callable[[], float]:
+        """The reference read, made on the first call with its eviction (the default read's: a cache flush)."""
         if self._read is None:
-            self._read = StreamRead(REFERENCE_BYTES)
-        return self._read()
+            self._read, self._evict = StreamRead(REFERENCE_BYTES), self._evict or CacheFlusher(flush_bytes())
+        return self._read
 
     @property
     def active(self) -> bool:
@@ -128,20 +144,19 @@ class Level:
             return
         start = time.perf_counter()
         window = SETTLE_READS if self._off else 1
-        reads = deque((self.read() for _ in range(window)), maxlen=window)  # the last `window` reads
+        reads = deque((self.poll() for _ in range(window)), maxlen=window)  # the last `window` reads
         while not self.within(float(np.median(reads))):
             if self.waited_s + time.perf_counter() - start >= self.wait_s:
                 self.exhausted = True
                 break
-            reads.append(self.read())
+            reads.append(self.poll())
         self.waited_s += time.perf_counter() - start
         self._off = False
 
     def pin_host(self) -> None:
-        """Pin the host's present level, where pinning is on and none is pinned: the median of PIN_READS reads back
-        to back."""
+        """Pin the host's present level, where pinning is on and none is pinned: the median of PIN_READS polls."""
         if self.active and self.pinned is None:
-            self.pinned = float(np.median([self.read() for _ in range(PIN_READS)]))
+            self.pinned = float(np.median([self.poll() for _ in range(PIN_READS)]))
 
     def follow(self) -> None:
         """Stop waiting for the pinned level, the budget left or not: from now on a round off it re-pins
@@ -175,7 +190,7 @@ class Level:
 
     def measured(self, unit: Callable[[], T]) -> T:
         """`unit()` (a longer measurement, e.g. one prompt of a throughput cell) run at the pinned level: settled
-        before, a reference read after, and run again (ATTEMPTS at most, the last kept) where that read is off.
+        before, a poll after (a unit that read little would leave the reference buffer in the cache), and run again (ATTEMPTS at most, the last kept) where that read is off.
         The time of a run thrown away counts against the waiting budget, as waiting: a grid of many short units
         on a host that came back between them and left during them ran hundreds of units twice or three times
         (687 dropped, the demo's scored run 4.3 min instead of 3; results/demo-cpu.md) while its waits stayed in budget.
@@ -184,13 +199,13 @@ class Level:
             self.settle()
             start = time.perf_counter()
             result = unit()
-            if self.judge([self.read()], repin=False) == KEEP:
+            if self.judge([self.poll()], repin=False) == KEEP:
                 return result
             self.waited_s += time.perf_counter() - start
             self.exhausted = self.exhausted or self.waited_s >= self.wait_s
         self.settle()
         result = unit()
-        if not self.within(self.read()):
+        if not self.within(self.poll()):
             self.kept_off += 1
         return result
 
