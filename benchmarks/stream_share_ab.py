@@ -24,6 +24,7 @@ from moespec.defaults import BENCH_DTYPES, QUANTIZED
 from moespec.formats.benchfile import load_bench
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.measure import device_profile
+from moespec.measure.level import Level
 from moespec.measure.profile_fit import fit_rates
 from moespec.measure.timing import CpuTimer, flush_bytes
 
@@ -33,7 +34,7 @@ REPS = 7  # the profile's default rounds
 def fits(dtype: str) -> tuple[dict, list[float]]:
     """Both fits of one format's freshly timed profile calls, and the calls' ceilings (GB/s)."""
     items, info = device_profile._items(dtype, None, None)
-    device_profile._time_rounds(items, REPS, CpuTimer(), lambda text: None)
+    device_profile._time_rounds(items, REPS, CpuTimer(), Level(wait_s=0), lambda text: None)
     by_key = {item.key: item for item in items}
     per_row, g_values = dtype in QUANTIZED, device_profile.G_VALUES
     out = {"stream_share": fit_rates(by_key, info, g_values, per_row),  # no spread suffices below: s = 1

@@ -282,7 +282,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pin-wait", type=float, help="with `profile`: take every call at one bandwidth level of the "
                         "host, waiting S seconds at most for it; `model` then keeps its benches at the profile's level "
                         "(module docstring; default: no pinning)")
-    parser.add_argument("--pin-gbps", type=float, help="with `profile --pin-wait`: the level (default the first call's)")
+    parser.add_argument("--pin-gbps", type=float,
+                        help="with `profile --pin-wait`: the level (default the host's when the rounds start)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -57,9 +57,9 @@ def bench_stopper(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """Makes `moespec bench` stop as at Ctrl-C once its first round is saved. `.timed`: the round keys saved
     (clear it to count a rerun's); `.resume()`: time rounds again as usual."""
     from moespec.formats.checkpoint import Checkpoint
-    from moespec.measure import bench
+    from moespec.measure import bench_rounds
 
-    save, time_round, timed = Checkpoint.save, bench._time_round, []
+    save, time_round, timed = Checkpoint.save, bench_rounds.time_round, []
     monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
                         or save(self, key, unit))
 
@@ -68,8 +68,8 @@ def bench_stopper(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
             raise KeyboardInterrupt
         return time_round(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "_time_round", interrupt_second_round)
-    return SimpleNamespace(timed=timed, resume=lambda: monkeypatch.setattr(bench, "_time_round", time_round))
+    monkeypatch.setattr(bench_rounds, "time_round", interrupt_second_round)
+    return SimpleNamespace(timed=timed, resume=lambda: monkeypatch.setattr(bench_rounds, "time_round", time_round))
 
 
 @pytest.fixture(scope="session")

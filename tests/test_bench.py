@@ -23,7 +23,7 @@ from moespec.formats.benchfile import load_bench, too_small
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import write_json
 from moespec.formats.trace import Trace
-from moespec.measure import bench, passes
+from moespec.measure import bench, bench_rounds, passes
 from moespec.measure.contention import Cores
 from moespec.measure.fits import analyze, engine_of, fit_time
 from moespec.measure.level import Level
@@ -374,7 +374,7 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_a
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "bench.json"
     timed: list[str] = []  # the key of every round timed to the end
-    save, time_round = Checkpoint.save, bench._time_round
+    save, time_round = Checkpoint.save, bench_rounds.time_round
     monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
                         or save(self, key, unit))
 
@@ -383,13 +383,13 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_a
             raise KeyboardInterrupt
         return time_round(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "_time_round", interrupt_after_two_rounds)
+    monkeypatch.setattr(bench_rounds, "time_round", interrupt_after_two_rounds)
     assert cli.main(bench_argv(out, "--reps", "2")) == 130
     units = [p for p in Path(f"{out}.partial").glob("layer*.json")]
     assert len(units) == 2 and not out.exists()
 
     first, timed[:] = list(timed), []
-    monkeypatch.setattr(bench, "_time_round", time_round)
+    monkeypatch.setattr(bench_rounds, "time_round", time_round)
     assert cli.main(bench_argv(out, "--reps", "2", "--resume")) == 0
     assert len(timed) == SMOKE_ROUNDS * 2 - 2 and not set(first) & set(timed)  # finished rounds are not re-timed
     doc = load_bench(out)
@@ -416,10 +416,10 @@ def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
     layer = SimpleNamespace(shape=(4, 8), run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
     timer = SimpleNamespace(flush=lambda: None, time=timed, ceiling=lambda repeats: [30.0])
     inputs = [bench.pass_inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
-    rounds = [bench._time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0),
+    rounds = [bench_rounds.time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0),
                                 Cores())
               for rep in range(reps)]
-    units = bench.unit_records(0, ns, kernels, plan, rounds)
+    units = bench_rounds.unit_records(0, ns, kernels, plan, rounds)
     for n in ns:
         assert [row["median_s"] for row in units[0, n]["passes"]] == [{"slot": n * 1e-3, "dedup": n * 1e-3}] * 2
         assert len(units[0, n]["ceiling_gbps"]) == reps

@@ -14,7 +14,7 @@ from test_run import run_cli
 
 from moespec import MoespecError
 from moespec.formats.files import check_level_record
-from moespec.measure import bench, passes
+from moespec.measure import bench, bench_rounds, passes
 from moespec.measure import level as L
 from moespec.measure import run as R
 from moespec.predict.plan import inputs_level
@@ -366,10 +366,10 @@ def test_bench_repeats_a_round_off_the_level():
     # window at 30, after 30
     level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
     inputs = [bench.pass_inputs(two, 8, torch.float32, "cpu")]
-    bench._warm_up(inputs, ["slot", "dedup"], layer)
-    rounds = [bench._time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level, Cores())
+    bench_rounds.warm_up(inputs, ["slot", "dedup"], layer)
+    rounds = [bench_rounds.time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level, Cores())
               for rep in range(2)]
-    unit = bench.unit_records(0, [2], ["slot", "dedup"], {(0, 2): two}, rounds)[0, 2]
+    unit = bench_rounds.unit_records(0, [2], ["slot", "dedup"], {(0, 2): two}, rounds)[0, 2]
     assert level.pinned == 30.0 and level.dropped == 1
     assert len(unit["passes"]) == 1 and len(unit["ceiling_gbps"]) == 2
     assert [row[0] for r in rounds for row in r[0]["times"]] == [0.001, 0.001]

@@ -45,7 +45,6 @@ import hashlib
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable
 
 
@@ -66,25 +65,19 @@ from moespec.defaults import (
     TRACE_TOKENS,
 )
 from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench, too_small
-from moespec.formats.checkpoint import Checkpoint, require
-from moespec.formats.files import (
-    check_contention_record,
-    check_output,
-    holds_outputs,
-    is_number,
-    provenance,
-    write_json,
-)
+from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import implementation
 from moespec.kernels.peers import GGML_PEERS
+from moespec.measure import bench_rounds
+from moespec.measure.bench_rounds import LAYOUT, round_check, round_key, unit_records, warm_up
 from moespec.measure.contention import Cores, check_threads, merge, on_own_cores
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.level import LEVEL_UNIT, Level, check_level, host_level, pin_wait
 from moespec.measure.level import check_unit as check_level_unit
 from moespec.measure.layer import (
     WEIGHT_STD,
-    Inputs,
     LayerWeights,
     bench_kernels,
     check_memory,
@@ -141,117 +134,6 @@ def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, di
                    "note": note, "num_tokens": trace.num_tokens, "num_documents": trace.num_documents, "sha1": digest}
 
 
-# ---- timing ------------------------------------------------------------------------------------------------
-Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each round
-# The checkpoint's units: one round of one layer over every pass size (a bench of units per (layer, n), from before
-# the rounds, is refused by this key rather than resumed).
-LAYOUT = "rounds over n"
-
-
-def _warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights) -> None:
-    """Each kernel once on the first pass of every group: the timed calls find its code and buffers ready."""
-    for group in inputs:
-        for kernel in kernels:
-            layer.run(kernel, *group[0])
-
-
-def _time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, reps: int,
-                timer: Timer, advance: Callable[[int], None], level: Level, cores: Cores,
-                sample: Callable[[], float] | None = None) -> list[dict[str, Any]]:
-    """Round `rep` of `reps` over groups of passes (one group per pass size), started rep/reps of the way through
-    the groups (module docstring); in each pass every kernel runs after a cache flush, in an order rotated per
-    round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the bench's
-    bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
-    on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
-    the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. With `sample` (a
-    ceiling measurement, Timer.sampler) one more sample follows every timed call, the state that call met. Returns
-    per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"} and with
-    `sample` "call_ceilings_gbps" shaped as "times"."""
-    order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
-    out: list[dict[str, Any]] = [{} for _ in inputs]
-    start = rep * len(inputs) // reps
-    for i in [(start + j) % len(inputs) for j in range(len(inputs))]:
-        def one_group(group: list[Inputs] = inputs[i]) -> list[list[tuple[float, float | None]]]:
-            times = []
-            for inp in group:
-                times.append([])
-                for kernel in order:
-                    timer.flush()
-                    cores.before()
-                    t = timer.time(partial(layer.run, kernel, *inp))
-                    cores.after()
-                    times[-1].append((t, sample() if sample else None))
-            return times
-
-        got = level.measured(one_group)
-        out[i] = {"times": [[row[order.index(k)][0] for k in kernels] for row in got],
-                  "ceiling_gbps": timer.ceiling(repeats=1), "contention": cores.take()}
-        if sample:
-            out[i]["call_ceilings_gbps"] = [[row[order.index(k)][1] for k in kernels] for row in got]
-        advance(len(inputs[i]))
-    return out
-
-
-def round_key(layer: int, rep: int, kernels: list[str]) -> str:
-    """A finished round's key in the checkpoint."""
-    return f"layer {layer} round {rep} kernels {','.join(kernels)}"
-
-
-def round_check(group_sizes: list[int], kernels: list[str]) -> Callable[[Any, str], None]:
-    """The check of a resumed round of one layer (_time_round): one group per pass size, `group_sizes[i]` passes
-    in group i, each timed by every kernel once, with its ceiling samples and contention record."""
-    def check(unit: Any, where: str) -> None:
-        require(isinstance(unit, list) and len(unit) == len(group_sizes), where,
-                f"a round must hold {len(group_sizes)} groups, one per pass size")
-        for i, (group, size) in enumerate(zip(unit, group_sizes)):
-            times, ceilings = (group.get(k) if isinstance(group, dict) else None for k in ("times", "ceiling_gbps"))
-            require(isinstance(times, list) and len(times) == size and
-                    all(isinstance(row, list) and len(row) == len(kernels) and
-                        all(is_number(t) and t > 0 for t in row) for row in times), where,
-                    f"group {i} must time its {size} passes with each of {', '.join(kernels)}")
-            require(isinstance(ceilings, list) and all(is_number(c) and c > 0 for c in ceilings), where,
-                    f"group {i}: ceiling_gbps must list positive bandwidths")
-            if "call_ceilings_gbps" in group:  # bench --call-ceilings: a sample after every call
-                calls = group["call_ceilings_gbps"]
-                require(isinstance(calls, list) and len(calls) == size and
-                        all(isinstance(row, list) and len(row) == len(kernels) and
-                            all(is_number(c) and c > 0 for c in row) for row in calls), where,
-                        f"group {i}: call_ceilings_gbps must hold a positive bandwidth per pass and kernel")
-            check_contention_record(group.get("contention"), where, f"group {i} contention")
-    return check
-
-
-def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
-                ceilings: list[float], call_ceilings: Timings | None = None) -> dict[str, Any]:
-    """One (layer, n) as `analyze` reads it: per pass its source, U, a window's start, median/IQR per kernel over
-    the rounds and each round's time (round_s, in the order of `ceilings`) and, where sampled, the ceiling after
-    each of those calls (round_ceiling_gbps); the ceiling samples taken after it in each round."""
-    rows = []
-    for j, (p, times) in enumerate(zip(passes, samples)):
-        stats = {kernel: median_iqr(t) for kernel, t in times.items()}
-        rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
-                     "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()},
-                     "round_s": {k: list(t) for k, t in times.items()},
-                     **({"round_ceiling_gbps": call_ceilings[j]} if call_ceilings else {})})
-    return {"layer": layer, "n": n, "kernels": kernels, "passes": rows, "ceiling_gbps": ceilings}
-
-
-def unit_records(layer: int, ns: list[int], kernels: list[str], plan: dict[tuple[int, int], list[Pass]],
-                 rounds: list[list[dict[str, Any]]]) -> dict[tuple[int, int], dict[str, Any]]:
-    """A layer's rounds (from _time_round, groups in `ns` order) gathered per (layer, n) (unit_record)."""
-    out = {}
-    for i, n in enumerate(ns):
-        samples: Timings = [{k: [r[i]["times"][j][c] for r in rounds] for c, k in enumerate(kernels)}
-                            for j in range(len(plan[layer, n]))]
-        calls: Timings | None = [{k: [r[i]["call_ceilings_gbps"][j][c] for r in rounds] for c, k in enumerate(kernels)}
-                                 for j in range(len(plan[layer, n]))] \
-            if all("call_ceilings_gbps" in r[i] for r in rounds) else None
-        out[layer, n] = unit_record(layer, n, kernels, plan[layer, n], samples,
-                                    [c for r in rounds for c in r[i]["ceiling_gbps"]], calls)
-        out[layer, n]["contention"] = merge([r[i]["contention"] for r in rounds if "contention" in r[i]])
-    return out
-
-
 def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float,
               timer: Timer) -> tuple[float, dict[str, float]]:
     """Seconds the timed calls of `passes` will take (a pass listed once per round it is timed in), from one probe
@@ -260,8 +142,9 @@ def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m:
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
     total, speeds = len(passes) * len(kinds) * timer.time(timer.flush), {}
     inputs = [pass_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
-    _warm_up(inputs, list(kinds), layer)
-    probe = _time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0), Cores())
+    warm_up(inputs, list(kinds), layer)
+    probe = bench_rounds.time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0),
+                                    Cores())
     for c, (kernel, kind) in enumerate(kinds.items()):
         t_lo, t_hi = (group["times"][0][c] for group in probe)
         lo, hi = (theory.requested_bytes(kind, len(p.ids), p.U, m, b) for p in (small, large))
@@ -306,11 +189,11 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                 weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
                 inputs = [pass_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
                           for n in ns]
-                _warm_up(inputs, kernels, weights)
+                warm_up(inputs, kernels, weights)
                 for _, rep in [key for key in pending if key[0] == layer]:
                     checkpoint.save(round_key(layer, rep, kernels),
-                                    _time_round(inputs, kernels, weights, rep, config.reps, timer, advance,
-                                                level, cores, sample))
+                                    bench_rounds.time_round(inputs, kernels, weights, rep, config.reps, timer,
+                                                            advance, level, cores, sample))
                     level.save(checkpoint)
                 weights = None  # frees the layer (and the peers' modules cached on its tensors)
     units = {}

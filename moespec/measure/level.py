@@ -190,7 +190,8 @@ class Level:
 
     def measured(self, unit: Callable[[], T]) -> T:
         """`unit()` (a longer measurement, e.g. one prompt of a throughput cell) run at the pinned level: settled
-        before, a poll after (a unit that read little would leave the reference buffer in the cache), and run again (ATTEMPTS at most, the last kept) where that read is off.
+        before, a poll after (a unit that read little would leave the reference buffer in the cache), and run again
+        (ATTEMPTS at most, the last kept) where that read is off.
         The time of a run thrown away counts against the waiting budget, as waiting: a grid of many short units
         on a host that came back between them and left during them ran hundreds of units twice or three times
         (687 dropped, the demo's scored run 4.3 min instead of 3; results/demo-cpu.md) while its waits stayed in budget.

@@ -23,7 +23,8 @@ from moespec import MoespecError
 from moespec.formats.benchfile import Bench, too_small
 from moespec.formats.devicefile import DeviceProfile, load_profile
 from moespec.formats.files import holds_outputs, sha256_file, write_json
-from moespec.measure.bench import BenchConfig, bench_document, bench_layers, bench_passes, bench_trace, unit_record
+from moespec.measure.bench import BenchConfig, bench_document, bench_layers, bench_passes, bench_trace
+from moespec.measure.bench_rounds import unit_record
 from moespec.measure.contention import on_own_cores
 from moespec.measure.device_profile import pair_of
 from moespec.measure.fits import engine_of, eps_by_engine
@@ -70,7 +71,7 @@ def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
 def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
                     b: dict[int, float], rows: int, ceiling_gbps: dict[int, float],
                     cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
-    """The bench's units (moespec.measure.bench.unit_record) with each pass's predicted time in place of its timed
+    """The bench's units (moespec.measure.bench_rounds.unit_record) with each pass's predicted time in place of its timed
     rounds: one sample per pass and kernel (kinds: name -> slot or dedup, each at rates[kind]; IQR 0), experts of
     b[layer] bytes and `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n]."""
     return {(layer, n): unit_record(layer, n, list(kinds), passes,

@@ -1,0 +1,130 @@
+"""The bench's rounds (moespec.measure.bench): one round of one layer times every pass size, each pass by every
+kernel after a cache flush, in orders rotated per round; the checkpoint's key and check of a finished round; and the
+rounds gathered per (layer, n) into the records `analyze` reads (moespec.measure.fits).
+
+Shapes: `inputs` [pass size][pass] of Inputs; a round [pass size] of {"times": [pass][kernel] seconds,
+"ceiling_gbps": [samples], "contention": record, and with call samples "call_ceilings_gbps": [pass][kernel] GB/s}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from moespec.formats.checkpoint import require
+from moespec.formats.files import check_contention_record, is_number
+from moespec.measure.contention import Cores, merge
+from moespec.measure.layer import Inputs, LayerWeights
+from moespec.measure.level import Level
+from moespec.measure.passes import Pass
+from moespec.measure.timing import Timer, median_iqr
+
+Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each round
+# The checkpoint's units: one round of one layer over every pass size (a bench of units per (layer, n), from before
+# the rounds, is refused by this key rather than resumed).
+LAYOUT = "rounds over n"
+
+
+def warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights) -> None:
+    """Each kernel once on the first pass of every group: the timed calls find its code and buffers ready."""
+    for group in inputs:
+        for kernel in kernels:
+            layer.run(kernel, *group[0])
+
+
+def time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights, rep: int, reps: int,
+               timer: Timer, advance: Callable[[int], None], level: Level, cores: Cores,
+               sample: Callable[[], float] | None = None) -> list[dict[str, Any]]:
+    """Round `rep` of `reps` over groups of passes (one group per pass size), started rep/reps of the way through
+    the groups (moespec.measure.bench's docstring); in each pass every kernel runs after a cache flush, in an order
+    rotated per round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the
+    bench's bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
+    on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
+    the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. With `sample` (a
+    ceiling measurement, Timer.sampler) one more sample follows every timed call, the state that call met. Returns
+    per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"} and with
+    `sample` "call_ceilings_gbps" shaped as "times"."""
+    order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
+    out: list[dict[str, Any]] = [{} for _ in inputs]
+    start = rep * len(inputs) // reps
+    for i in [(start + j) % len(inputs) for j in range(len(inputs))]:
+        def one_group(group: list[Inputs] = inputs[i]) -> list[list[tuple[float, float | None]]]:
+            times = []
+            for inp in group:
+                times.append([])
+                for kernel in order:
+                    timer.flush()
+                    cores.before()
+                    t = timer.time(partial(layer.run, kernel, *inp))
+                    cores.after()
+                    times[-1].append((t, sample() if sample else None))
+            return times
+
+        got = level.measured(one_group)
+        out[i] = {"times": [[row[order.index(k)][0] for k in kernels] for row in got],
+                  "ceiling_gbps": timer.ceiling(repeats=1), "contention": cores.take()}
+        if sample:
+            out[i]["call_ceilings_gbps"] = [[row[order.index(k)][1] for k in kernels] for row in got]
+        advance(len(inputs[i]))
+    return out
+
+
+def round_key(layer: int, rep: int, kernels: list[str]) -> str:
+    """A finished round's key in the checkpoint."""
+    return f"layer {layer} round {rep} kernels {','.join(kernels)}"
+
+
+def round_check(group_sizes: list[int], kernels: list[str]) -> Callable[[Any, str], None]:
+    """The check of a resumed round of one layer (time_round): one group per pass size, `group_sizes[i]` passes
+    in group i, each timed by every kernel once, with its ceiling samples and contention record."""
+    def check(unit: Any, where: str) -> None:
+        require(isinstance(unit, list) and len(unit) == len(group_sizes), where,
+                f"a round must hold {len(group_sizes)} groups, one per pass size")
+        for i, (group, size) in enumerate(zip(unit, group_sizes)):
+            times, ceilings = (group.get(k) if isinstance(group, dict) else None for k in ("times", "ceiling_gbps"))
+            require(isinstance(times, list) and len(times) == size and
+                    all(isinstance(row, list) and len(row) == len(kernels) and
+                        all(is_number(t) and t > 0 for t in row) for row in times), where,
+                    f"group {i} must time its {size} passes with each of {', '.join(kernels)}")
+            require(isinstance(ceilings, list) and all(is_number(c) and c > 0 for c in ceilings), where,
+                    f"group {i}: ceiling_gbps must list positive bandwidths")
+            if "call_ceilings_gbps" in group:  # bench --call-ceilings: a sample after every call
+                calls = group["call_ceilings_gbps"]
+                require(isinstance(calls, list) and len(calls) == size and
+                        all(isinstance(row, list) and len(row) == len(kernels) and
+                            all(is_number(c) and c > 0 for c in row) for row in calls), where,
+                        f"group {i}: call_ceilings_gbps must hold a positive bandwidth per pass and kernel")
+            check_contention_record(group.get("contention"), where, f"group {i} contention")
+    return check
+
+
+def unit_record(layer: int, n: int, kernels: list[str], passes: list[Pass], samples: Timings,
+                ceilings: list[float], call_ceilings: Timings | None = None) -> dict[str, Any]:
+    """One (layer, n) as `analyze` reads it: per pass its source, U, a window's start, median/IQR per kernel over
+    the rounds and each round's time (round_s, in the order of `ceilings`) and, where sampled, the ceiling after
+    each of those calls (round_ceiling_gbps); the ceiling samples taken after it in each round."""
+    rows = []
+    for j, (p, times) in enumerate(zip(passes, samples)):
+        stats = {kernel: median_iqr(t) for kernel, t in times.items()}
+        rows.append({"source": p.source, "U": p.U, **({} if p.start is None else {"start": p.start}),
+                     "median_s": {k: s[0] for k, s in stats.items()}, "iqr_s": {k: s[1] for k, s in stats.items()},
+                     "round_s": {k: list(t) for k, t in times.items()},
+                     **({"round_ceiling_gbps": call_ceilings[j]} if call_ceilings else {})})
+    return {"layer": layer, "n": n, "kernels": kernels, "passes": rows, "ceiling_gbps": ceilings}
+
+
+def unit_records(layer: int, ns: list[int], kernels: list[str], plan: dict[tuple[int, int], list[Pass]],
+                 rounds: list[list[dict[str, Any]]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """A layer's rounds (from time_round, groups in `ns` order) gathered per (layer, n) (unit_record)."""
+    out = {}
+    for i, n in enumerate(ns):
+        samples: Timings = [{k: [r[i]["times"][j][c] for r in rounds] for c, k in enumerate(kernels)}
+                            for j in range(len(plan[layer, n]))]
+        calls: Timings | None = [{k: [r[i]["call_ceilings_gbps"][j][c] for r in rounds] for c, k in enumerate(kernels)}
+                                 for j in range(len(plan[layer, n]))] \
+            if all("call_ceilings_gbps" in r[i] for r in rounds) else None
+        out[layer, n] = unit_record(layer, n, kernels, plan[layer, n], samples,
+                                    [c for r in rounds for c in r[i]["ceiling_gbps"]], calls)
+        out[layer, n]["contention"] = merge([r[i]["contention"] for r in rounds if "contention" in r[i]])
+    return out
