@@ -223,14 +223,15 @@ def test_cuda_refused_without_a_gpu(tmp_path: Path, capsys) -> None:
 
 def test_cli_prints_the_measured_cache(tmp_path: Path, tiny: None, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """`moespec profile` end to end on tiny shapes, pinned (--pin-wait; the reference read stands at 20 GB/s): exit
-    0, the file loads with its level, and its console names the level and the cache a re-read finds beside the
-    last-level cache."""
+    0, the file loads with its level and the stream's whole share, and its console names the level and the cache a
+    re-read finds beside the last-level cache."""
     monkeypatch.setattr(level, "StreamRead", lambda nbytes: lambda: 20.0)
     assert cli.main(["profile", "--out", str(tmp_path / "d.json"), "--reps", "2", "--pin-wait", "5"]) == 0
     loaded = load_profile(tmp_path / "d.json")
     out = " ".join(capsys.readouterr().out.split())
     assert "cache a per-slot re-read finds" in out and f"{loaded['cache_nominal_bytes'] / 2**20:.0f} MiB" in out
     assert loaded["level"]["pinned_gbps"] == 20.0 and loaded["level"]["dropped"] == 0
+    assert loaded["dtypes"]["bf16"]["stream_share"] == [1.0] * 3  # pinned: one state, s not fitted on the noise
     assert "level: rounds kept at 20.0 GB/s" in out
 
 

@@ -50,11 +50,15 @@ Every timed call follows a cache flush (moespec.measure.timing, the bench's Time
 so drift hits every item alike; medians and IQRs over rounds. Pinned (`level_gbps`, `level_wait_s`; the CPU only, off
 unless asked for: moespec.measure.level), every call is taken at one bandwidth level of the host: a call whose
 reference read after it is off the level runs again (Level.measured), so the rates are of one state, the one a bench
-pinned to the same level (`bench --pin-gbps`) meets; device.json `level` records it.
+pinned to the same level (`bench --pin-gbps`) meets; device.json `level` records it. The stream's share s_G is then
+1, not fitted: the calls are of one state by construction, and the spread of their samples within the level's band is
+the read's own noise, on which a regression of time on 1 / C is pulled toward 0 (a pinned profile's fit read s(1) =
+0.68 and s = 0-0.3 past G = 8, and its self-check came out 10-29% slow).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -77,7 +81,7 @@ from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, t
 from moespec.model.weights import expert_rows, matrix_bytes
 from moespec.kernels.structure import Rates
 from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
-from moespec.measure.profile_fit import Item, fit_rates, self_check
+from moespec.measure.profile_fit import STATE_SPREAD, Item, fit_rates, self_check
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
@@ -400,8 +404,10 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
         calls += sum(len(item.seconds) for item in items)
-        rates = {"dedup": fit_rates(by_key, info, sizes.g_values, per_row=dtype in QUANTIZED, apart=sizes.apart)}
-        rates["slot"] = fit_rates(by_key, info, (1,), False, kind="slot", apart=True) if sizes.apart \
+        spread = math.inf if level.active else STATE_SPREAD  # pinned: one state by construction, s = 1
+        rates = {"dedup": fit_rates(by_key, info, sizes.g_values, per_row=dtype in QUANTIZED, state_spread=spread,
+                                    apart=sizes.apart)}
+        rates["slot"] = fit_rates(by_key, info, (1,), False, spread, kind="slot", apart=True) if sizes.apart \
             else rates["dedup"]
         peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
         doc_dtypes[dtype] = _entry(rates["dedup"]) | {"matmul_peak_gflops": peak}
