@@ -15,6 +15,7 @@ a rerun skips what exists, and a bench interrupted midway resumes from its check
     .venv/bin/python benchmarks/structure_model.py profile
     .venv/bin/python benchmarks/structure_model.py model olmoe-1b-7b   # each MODEL
     .venv/bin/python benchmarks/structure_model.py table
+    .venv/bin/python benchmarks/structure_model.py summary --runs RUN1,RUN2,..   # several runs' tables, into OUT
 `--dtype q8_0` (or q4_0) measures and predicts ggml's pair (ggml-per-slot, ggml-mul_mat_id: what a bench of a GGUF
 format times) from a profile of that format (`profile --dtypes q8_0,q4_0 --profile FILE`), into MODEL/q8_0/;
 `--batches 1` leaves out the passes of B = 8. `profile --pin-wait S` takes every call of the profile at one bandwidth
@@ -72,6 +73,7 @@ LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9
 # same tau(1) for the measured and the predicted bench; only their expert-op times differ)
 EXPERT_SHARE = 0.6
 PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
+TARGET = (0.10, 0.20)  # the issue's target: median and largest relative error over n, per model and kernel
 # A profile the profile checks flag (its calls met two states of the host) is taken again, this many takes at most;
 # the first unflagged one is kept (no model's pass takes part in the check)
 PROFILE_TAKES = 3
@@ -264,11 +266,77 @@ def step_table(out: Path) -> None:
     print("\n".join(lines))
 
 
+def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
+    """Whether the predicted bench's crossover (B = 1) and k_hat*(a) (every acceptance) lie within one of the measured
+    bench's (None where a plan refused either)."""
+    plan = side.get("plan") or {}
+    measured, predicted = plan.get("measured", {}).get("k_hat"), plan.get("predicted", {}).get("k_hat")
+    crossover = side["crossover"]
+    return {"crossover": None if None in (crossover["measured"], crossover["predicted"])
+            else abs(crossover["measured"] - crossover["predicted"]) <= 1,
+            "k_hat": None if not (measured and predicted)
+            else all(abs(measured[a] - predicted[a]) <= 1 for a in measured)}
+
+
+def step_summary(out: Path, runs: list[Path]) -> None:
+    """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
+    model and kernel the median over runs of the median and of the largest error over n, with their range, and how
+    many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call; per model the runs whose
+    crossover and k_hat*(a) came within one."""
+    tables = [json.loads((run / "table.json").read_text()) for run in runs]
+    rows, lines = [], ["| model | kernel | median error over n: median (range) over runs | max error over n: median "
+                       "(range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
+                       "runs within, paired |", "|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["model"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
+                  key=lambda k: (MODELS.index(k[0]), k[1]))
+    for model, kernel in keys:
+        found = [r for t in tables for r in t["rows"] if (r["model"], r["kernel"], r["batch"]) == (model, kernel, 1)]
+        row: dict[str, Any] = {"model": model, "kernel": kernel, "runs": len(found)}
+        for tag, med, top in (("", "median_error", "max_error"), ("paired_", "paired_median_error",
+                                                                   "paired_max_error")):
+            if not all(med in r for r in found):  # a run without a ceiling sample per call
+                row[tag + "median_error"] = row[tag + "max_error"] = row[tag + "runs_within"] = None
+                continue
+            medians, maxima = [r[med] for r in found], [r[top] for r in found]
+            row[tag + "median_error"] = {"median": float(np.median(medians)), "range": [min(medians), max(medians)]}
+            row[tag + "max_error"] = {"median": float(np.median(maxima)), "range": [min(maxima), max(maxima)]}
+            row[tag + "runs_within"] = sum(a <= TARGET[0] and b <= TARGET[1] for a, b in zip(medians, maxima))
+        rows.append(row)
+        m, x = row["median_error"], row["max_error"]
+        lines.append(f"| {model} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
+                     f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
+                     f"{len(found)} | " + (f"{row['paired_median_error']['median']:.1%} / {row['paired_max_error']['median']:.1%} | "
+                                              f"{row['paired_runs_within']} of {len(found)} |"
+                                              if row["paired_median_error"] else "- | - |"))
+    sides = {s["model"]: [] for t in tables for s in t["side_by_side"]}
+    for t in tables:
+        for s in t["side_by_side"]:
+            sides[s["model"]].append(within_one(s))
+    lines += ["", "| model | crossover within one (runs) | k_hat*(a) within one at every a (runs; plans refused) |",
+              "|---|---|---|"]
+    agree = {}
+    for model, found in sides.items():
+        agree[model] = {key: {"within": sum(f[key] is True for f in found), "refused": sum(f[key] is None
+                                                                                          for f in found),
+                              "runs": len(found)} for key in ("crossover", "k_hat")}
+        c, k = agree[model]["crossover"], agree[model]["k_hat"]
+        lines.append(f"| {model} | {c['within']} of {c['runs']} | {k['within']} of {k['runs']}"
+                     + (f" ({k['refused']} refused)" if k["refused"] else "") + " |")
+    met = all(r["median_error"]["median"] <= TARGET[0] and r["max_error"]["median"] <= TARGET[1] for r in rows)
+    write_json(out / "summary.json", {"runs": [str(r) for r in runs], "target": list(TARGET), "rows": rows,
+                                      "within_one": agree, "target_met_in_median": met, "provenance": provenance()})
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"target (median over runs of each model's and kernel's median <= {TARGET[0]:.0%}, max <= "
+          f"{TARGET[1]:.0%}): {'met' if met else 'not met'}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("profile", "model", "table"))
+    parser.add_argument("step", choices=("profile", "model", "table", "summary"))
     parser.add_argument("model", nargs="?", choices=MODELS, help="with `model`: the model to measure and predict")
     parser.add_argument("--out", default=str(OUT), help=f"results folder (default {OUT})")
+    parser.add_argument("--runs", help="with `summary`: the runs' results folders, comma-separated")
     parser.add_argument("--reps", type=int, default=7, help="with `profile`: its rounds (default 7)")
     parser.add_argument("--dtypes", default="bf16", help="with `profile`: the formats to time (default bf16)")
     parser.add_argument("--dtype", default="bf16", choices=BENCH_DTYPES,
@@ -306,6 +374,10 @@ def main(argv: list[str]) -> int:
             parser.error("model: name the model")
         print(f"# {shlex.join([sys.executable, *sys.argv])}")
         step_model(args.model, out, profile_path, args.dtype, batches)
+    elif args.step == "summary":
+        if not args.runs:
+            parser.error("summary: give --runs FOLDER,FOLDER,..")
+        step_summary(out, [Path(r) for r in args.runs.split(",")])
     else:
         step_table(out)
     return 0
