@@ -128,6 +128,44 @@ SAME_SESSION = ([(m, "", 1) for m in STRUCTURE_MODELS] + [(m, "", 8) for m in ("
                 + [(m, "q8_0/", 1) for m in STRUCTURE_MODELS] + [(m, "q4_0/", 1) for m in STRUCTURE_GGUF["q4_0"]])
 
 
+# structure-model/pinned/run-N/: each run's profile (pinned to one level of the host) and its table
+PINNED_RUNS = {
+    1: ('bf16 profile of run 1, pinned at 34.4 GB/s (take 1; 0 of 1274 calls kept off the level, 13 '
+        'dropped; ceiling 35.8 GB/s; self-check 3.4% / 5.6% slot, 3.7% / 5.7% dedup)',
+        "run 1: both kernels within 10% / 20% on 7 of 8 models at the bench's ceiling per n (3 paired by "
+        'call); misses: pair slot 10.2% / 13.2%; crossover within one on 7 of 8, k_hat*(a) on 7 of 7 '
+        'plannable'),
+    2: ('bf16 profile of run 2, pinned at 32.8 GB/s (take 1; 105 of 1274 calls kept off the level, 42 '
+        'dropped; ceiling 32.9 GB/s; self-check 2.6% / 6.7% slot, 2.9% / 6.3% dedup)',
+        "run 2: both kernels within 10% / 20% on 6 of 8 models at the bench's ceiling per n (4 paired by "
+        'call); misses: deepseek-v2-lite slot 4.9% / 28.1%, deepseek-v2-lite dedup 4.9% / 23.5%, pair '
+        'slot 7.9% / 25.3%, pair dedup 7.3% / 24.4%; crossover within one on 8 of 8, k_hat*(a) on 7 of 7 '
+        'plannable'),
+    3: ('bf16 profile of run 3, pinned at 56.1 GB/s (take 1; 2 of 1274 calls kept off the level, 47 '
+        'dropped; ceiling 56.5 GB/s; self-check 6.7% / 16.4% slot, 12.8% / 24.8% dedup)',
+        "run 3: both kernels within 10% / 20% on 1 of 8 models at the bench's ceiling per n (1 paired by "
+        'call); misses: olmoe-1b-7b dedup 10.6% / 15.1%, qwen3-30b-a3b dedup 13.0% / 15.2%, gpt-oss-20b '
+        'slot 5.2% / 62.4%, gpt-oss-20b dedup 8.8% / 50.3%, deepseek-v2-lite dedup 8.1% / 20.9%, '
+        'mixtral-8x7b dedup 8.9% / 26.3%, heldout-1536x512 dedup 10.2% / 14.9%, heldout-3072x1536 slot '
+        '11.5% / 16.7%, heldout-3072x1536 dedup 13.6% / 18.3%; crossover within one on 8 of 8, k_hat*(a) '
+        'on 4 of 7 plannable'),
+    4: ('bf16 profile of run 4, pinned at 32.2 GB/s (take 1; 0 of 1274 calls kept off the level, 23 '
+        'dropped; ceiling 33.7 GB/s; self-check 1.5% / 7.6% slot, 2.9% / 6.4% dedup)',
+        "run 4: both kernels within 10% / 20% on 8 of 8 models at the bench's ceiling per n (2 paired by "
+        'call); crossover within one on 8 of 8, k_hat*(a) on 6 of 7 plannable'),
+    5: ('bf16 profile of run 5, pinned at 37.1 GB/s (take 3; 1149 of 1274 calls kept off the level, 23 '
+        'dropped; ceiling 51.6 GB/s; self-check 28.8% / 38.6% slot, 18.0% / 33.8% dedup)',
+        "run 5: both kernels within 10% / 20% on 0 of 8 models at the bench's ceiling per n (0 paired by "
+        'call); misses: olmoe-1b-7b slot 10.8% / 12.1%, olmoe-1b-7b dedup 12.9% / 15.0%, qwen3-30b-a3b '
+        'slot 10.6% / 13.7%, qwen3-30b-a3b dedup 12.9% / 17.8%, gpt-oss-20b slot 12.3% / 15.3%, '
+        'gpt-oss-20b dedup 13.4% / 14.6%, deepseek-v2-lite slot 11.6% / 14.7%, deepseek-v2-lite dedup '
+        '13.7% / 17.5%, mixtral-8x7b dedup 12.0% / 20.7%, pair slot 30.4% / 35.0%, pair dedup 17.4% / '
+        '33.5%, heldout-1536x512 slot 11.9% / 14.6%, heldout-1536x512 dedup 13.0% / 16.1%, '
+        'heldout-3072x1536 slot 9.2% / 43.2%, heldout-3072x1536 dedup 10.9% / 50.4%; crossover within one'
+        ' on 8 of 8, k_hat*(a) on 4 of 7 plannable'),
+}
+
+
 def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str) -> dict[str, Entry]:
     """The entries of one run of benchmarks/structure_model.py into `folder`: its table, held-out configs, each
     (model, format folder, B) of `runs`' measured and predicted bench, each model's errors and console output;
@@ -289,6 +327,16 @@ ENTRIES: dict[str, Entry] = {
         "the final code measured anew: paired by call the target holds on gpt-oss alone (predictions 10-50% slow, "
         "per-call samples down to 16 GB/s); crossover equal on 7 of 8",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the final code, measured anew"),
+    # five runs, each profile and its benches pinned to one bandwidth level of the host (pinned/)
+    **{key: entry for r, (profile, table) in PINNED_RUNS.items() for key, entry in validation_run(
+        f"structure-model/pinned/run-{r}", profile, table, [(m, "", 1) for m in STRUCTURE_MODELS],
+        f"the profile of run {r}, its benches pinned to the profile's level").items()},
+    "structure-model/pinned/summary.json": Entry(
+        "the five pinned runs: in median over runs every model and kernel within 10% / 20% (median / largest error "
+        "over n, each n at its bench's ceiling); per run 7, 6, 1, 8, 0 of 8 models; crossover within one in 39 of "
+        "40 model-runs; k_hat*(a) within one at every a in 28 of 35 plannable model-runs"),
+    "structure-model/pinned/summary.md": Entry("summary.json as markdown",
+                                               source="structure-model/pinned/summary.json"),
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
