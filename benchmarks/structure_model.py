@@ -282,7 +282,7 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
     model and kernel the median over runs of the median and of the largest error over n, with their range, and how
     many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call; per model the runs whose
-    crossover and k_hat*(a) came within one."""
+    crossover and k_hat*(a) came within one, and the measured bench's own k_hat*(a) over the runs."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
     rows, lines = [], ["| model | kernel | median error over n: median (range) over runs | max error over n: median "
                        "(range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
@@ -303,25 +303,32 @@ def step_summary(out: Path, runs: list[Path]) -> None:
             row[tag + "runs_within"] = sum(a <= TARGET[0] and b <= TARGET[1] for a, b in zip(medians, maxima))
         rows.append(row)
         m, x = row["median_error"], row["max_error"]
+        paired = (f"{row['paired_median_error']['median']:.1%} / {row['paired_max_error']['median']:.1%} | "
+                  f"{row['paired_runs_within']} of {len(found)} |") if row["paired_median_error"] else "- | - |"
         lines.append(f"| {model} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
                      f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
-                     f"{len(found)} | " + (f"{row['paired_median_error']['median']:.1%} / {row['paired_max_error']['median']:.1%} | "
-                                              f"{row['paired_runs_within']} of {len(found)} |"
-                                              if row["paired_median_error"] else "- | - |"))
+                     f"{len(found)} | {paired}")
     sides = {s["model"]: [] for t in tables for s in t["side_by_side"]}
     for t in tables:
         for s in t["side_by_side"]:
             sides[s["model"]].append(within_one(s))
-    lines += ["", "| model | crossover within one (runs) | k_hat*(a) within one at every a (runs; plans refused) |",
-              "|---|---|---|"]
+    lines += ["", "| model | crossover within one (runs) | k_hat*(a) within one at every a (runs; plans refused) | "
+                  "measured k_hat*(a) over the runs, per a |", "|---|---|---|---|"]
     agree = {}
     for model, found in sides.items():
         agree[model] = {key: {"within": sum(f[key] is True for f in found), "refused": sum(f[key] is None
                                                                                           for f in found),
                               "runs": len(found)} for key in ("crossover", "k_hat")}
+        # the measured bench's own k_hat*(a) in each run: how far two measurements of one model move apart
+        measured = [((s.get("plan") or {}).get("measured") or {}).get("k_hat") for t in tables
+                    for s in t["side_by_side"] if s["model"] == model]
+        measured = [k for k in measured if k]
+        agree[model]["measured_k_hat"] = {a: [k[a] for k in measured] for a in (measured[0] if measured else {})}
         c, k = agree[model]["crossover"], agree[model]["k_hat"]
         lines.append(f"| {model} | {c['within']} of {c['runs']} | {k['within']} of {k['runs']}"
-                     + (f" ({k['refused']} refused)" if k["refused"] else "") + " |")
+                     + (f" ({k['refused']} refused)" if k["refused"] else "") + " | "
+                     + ("; ".join(f"{a}: {min(v)}-{max(v)}" for a, v in agree[model]["measured_k_hat"].items())
+                        or "-") + " |")
     met = all(r["median_error"]["median"] <= TARGET[0] and r["max_error"]["median"] <= TARGET[1] for r in rows)
     write_json(out / "summary.json", {"runs": [str(r) for r in runs], "target": list(TARGET), "rows": rows,
                                       "within_one": agree, "target_met_in_median": met, "provenance": provenance()})
