@@ -40,13 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from moespec import ArgumentError
+from moespec import ArgumentError, MoespecError
 from moespec.defaults import BENCH_DTYPES, PAIR_DIR, PAIR_TRACE, PROFILE, TRACE_DOCS, TRACE_TOKENS
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import load_profile
 from moespec.formats.files import provenance, write_json
 from moespec.measure.bench import BenchConfig, bench_layers, bench_passes, bench_trace, run_bench
 from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
+from moespec.measure.level import check_level
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.checks import profile_checks
@@ -366,6 +367,10 @@ def main(argv: list[str]) -> int:
     batches = tuple(int(b) for b in args.batches.split(","))
     if not set(batches) <= set(BATCHES):
         parser.error(f"--batches: some of {', '.join(map(str, BATCHES))}")
+    try:
+        check_level(args.pin_gbps, args.pin_wait)
+    except MoespecError as e:
+        parser.error(str(e))
     if args.step == "profile":
         for take in range(1, PROFILE_TAKES + 1):
             profile = run_profile(ProfileConfig(out=str(profile_path), device=args.device,
@@ -382,9 +387,11 @@ def main(argv: list[str]) -> int:
         print(f"# {shlex.join([sys.executable, *sys.argv])}")
         step_model(args.model, out, profile_path, args.dtype, batches)
     elif args.step == "summary":
-        if not args.runs:
-            parser.error("summary: give --runs FOLDER,FOLDER,..")
-        step_summary(out, [Path(r) for r in args.runs.split(",")])
+        runs = [Path(r) for r in (args.runs or "").split(",") if r]
+        if not runs or (missing := [str(r) for r in runs if not (r / "table.json").is_file()]):
+            parser.error("--runs: give the runs' folders, comma-separated, each with its table.json"
+                         + (f" (none in {', '.join(missing)})" if runs else ""))
+        step_summary(out, runs)
     else:
         step_table(out)
     return 0

@@ -121,6 +121,7 @@ def test_no_wait_keeps_every_round_and_pins_nothing():
     level.settle()
     assert level.judge([10.0]) == L.KEEP and level.judge([90.0]) == L.KEEP and level.pinned is None
     assert not level.active
+    assert level.measured(lambda: 7) == 7  # a unit runs once, with no read after it
 
 
 def test_measured_reruns_a_unit_whose_after_read_is_off():

@@ -39,8 +39,8 @@ def time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeigh
     """Round `rep` of `reps` over groups of passes (one group per pass size), started rep/reps of the way through
     the groups (moespec.measure.bench's docstring); in each pass every kernel runs after a cache flush, in an order
     rotated per round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the
-    bench's bandwidth level and is timed again where the reference read after it is off the level (moespec.measure.level;
-    on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
+    bench's bandwidth level and is timed again where the reference read after it is off the level, where one is
+    pinned (moespec.measure.level; on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
     the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. With `sample` (a
     ceiling measurement, Timer.sampler) one more sample follows every timed call, the state that call met. Returns
     per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"} and with

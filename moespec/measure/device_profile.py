@@ -337,7 +337,7 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: 
     for rep in range(reps):
         start = rep * len(items) // reps
         for item in [items[(start + j) % len(items)] for j in range(len(items))]:
-            seconds, sample = level.measured(partial(call, item)) if level.active else call(item)
+            seconds, sample = level.measured(partial(call, item))
             item.seconds.append(seconds)
             if sample is not None:
                 item.ceilings.append(sample)

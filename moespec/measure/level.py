@@ -195,7 +195,10 @@ class Level:
         The time of a run thrown away counts against the waiting budget, as waiting: a grid of many short units
         on a host that came back between them and left during them ran hundreds of units twice or three times
         (687 dropped, the demo's scored run 4.3 min instead of 3; results/demo-cpu.md) while its waits stayed in budget.
-        Units of a grid interleave, so a level that stays elsewhere is kept (kept_off), not re-pinned."""
+        Units of a grid interleave, so a level that stays elsewhere is kept (kept_off), not re-pinned. Unpinned
+        (not active), the unit runs once with no read: there is no level to judge it by."""
+        if not self.active:
+            return unit()
         for _ in range(ATTEMPTS - 1):
             self.settle()
             start = time.perf_counter()

@@ -71,8 +71,8 @@ def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
 def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
                     b: dict[int, float], rows: int, ceiling_gbps: dict[int, float],
                     cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
-    """The bench's units (moespec.measure.bench_rounds.unit_record) with each pass's predicted time in place of its timed
-    rounds: one sample per pass and kernel (kinds: name -> slot or dedup, each at rates[kind]; IQR 0), experts of
+    """The bench's units (moespec.measure.bench_rounds.unit_record) with each pass's predicted time in place of its
+    timed rounds: one sample per pass and kernel (kinds: name -> slot or dedup, each at rates[kind]; IQR 0), experts of
     b[layer] bytes and `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n]."""
     return {(layer, n): unit_record(layer, n, list(kinds), passes,
                                     [{k: [pass_time(rates[kind], kind, p.ids, b[layer], rows, ceiling_gbps[n],
