@@ -47,7 +47,7 @@ from moespec.formats.devicefile import load_profile
 from moespec.formats.files import provenance, write_json
 from moespec.measure.bench import BenchConfig, bench_layers, bench_passes, bench_trace, run_bench
 from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
-from moespec.measure.level import check_level
+from moespec.measure.level import check_level, pinned_of
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.checks import profile_checks
@@ -115,14 +115,14 @@ def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: 
             level: dict[str, Any] | None = None) -> dict[int, BenchConfig]:
     """The measured bench of each batch size (layer 0, both kernels of the format's pair: the bench's default) on
     `device`, kept at a pinned `level` (a profile's Level.record, its pinned_gbps and wait_s) where one is given."""
-    pinned = level if level and level.get("pinned_gbps") and level.get("wait_s") else {}
+    pinned = pinned_of(level)
     model, trace = model_arg(name, out)
     s = SETTINGS | LARGE.get(name, {})
     return {batch: BenchConfig(out=str(model_dir(out, name, dtype) / f"bench-B{batch}.json"), model=model,
                                layers=(0,), dtype=dtype, n=tuple(range(1, 10)) if batch == 1 else s["n8"],
                                trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch,
-                               device=device, call_ceilings=True, level_gbps=pinned.get("pinned_gbps"),
-                               level_wait_s=pinned.get("wait_s"))
+                               device=device, call_ceilings=True, level_gbps=pinned,
+                               level_wait_s=level["wait_s"] if pinned else None)
             for batch in batches}
 
 

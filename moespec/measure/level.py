@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -243,9 +243,17 @@ def check_unit(unit: Any, where: str) -> None:
     require(isinstance(unit.get("exhausted"), bool), where, "exhausted must be true or false")
 
 
+def pinned_of(record: Mapping[str, Any] | None) -> float | None:
+    """The level (GB/s) a level record (Level.record: bench.json, runs.json, device.json `level`) kept its
+    measurement at, or None where pinning was off or nothing was pinned."""
+    if not record or record.get("pinned_gbps") is None or not record.get("wait_s", 0) > 0:
+        return None
+    return float(record["pinned_gbps"])
+
+
 def describe(record: dict[str, Any] | None) -> str | None:
     """One line on a level record (bench.json, runs.json `level`), or None where no level was pinned."""
-    if not record or record["pinned_gbps"] is None or record["wait_s"] <= 0:
+    if pinned_of(record) is None:
         return None
     return (f"level: rounds kept at {record['pinned_gbps']:.1f} GB/s +-{record['band']:.0%} of the reference read; "
             f"{record['dropped']} dropped off it, {record['waited_s']:.1f} s waited for it"

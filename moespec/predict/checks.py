@@ -31,6 +31,7 @@ from moespec.formats.devicefile import DeviceProfile
 from moespec.formats.files import is_interval, is_number
 from moespec.measure.contention import describe
 from moespec.measure.fits import NOISY_IQR
+from moespec.measure.level import pinned_of
 
 BYTES_RANGE = (0.1, 10.0)  # a verify time outside these multiples of bytes / ceiling is not the bytes' time
 # A profile's self-check missing by more than this: profiles of a quiet host miss by 8-19% at most, those taken while
@@ -97,11 +98,11 @@ def profile_checks(profile: DeviceProfile, where: str, dtype: str | None = None)
     every dtype's): one line each, naming the file and the setting to change."""
     out, ceiling = [], profile["ceiling_gbps"]
     level = record_at(profile, "level")
-    if level.get("pinned_gbps") and level.get("wait_s") and is_number(level.get("calls")):
+    if (pinned := pinned_of(level)) is not None and is_number(level.get("calls")):
         off = level.get("kept_off", 0) / max(level["calls"], 1)
         if off > OFF_LEVEL_SHARE:
-            out.append(f"{where}: {off:.0%} of its calls were kept off the pinned level of {level['pinned_gbps']:.1f} "
-                       f"GB/s (the wait ran out): its rates mix two states of this host")
+            out.append(f"{where}: {off:.0%} of its calls were kept off the pinned level of {pinned:.1f} GB/s (the "
+                       f"wait ran out): its rates mix two states of this host")
     else:
         around = profile.get("ceiling_before_after_gbps")  # optional: a list of two positive GB/s
         around = around if isinstance(around, list) and all(is_number(v) and v > 0 for v in around) else []

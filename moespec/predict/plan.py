@@ -56,6 +56,7 @@ from moespec.formats.files import holds_outputs, provenance, write_json
 from moespec.formats.planfile import FORMAT_NAME, FORMAT_VERSION, VERSION_SUFFIX, Plan, input_records
 from moespec.formats.runsfile import RATES, Runs, load_runs
 from moespec.formats.trace import Trace, load_trace
+from moespec.measure.level import pinned_of
 from moespec.model.spec import ModelSpec
 from moespec.predict.checks import rerun_bench, too_small_line
 from moespec.predict.measured import (
@@ -214,9 +215,8 @@ def inputs_level(bench: Mapping[str, Any], runs: Runs | None) -> float | None:
     """The bandwidth level (moespec.measure.level) the plan's measured inputs were kept at: the verify-only runs'
     pinned level where they pinned one (they calibrate the plan), else the bench's; None where neither did."""
     for doc in (runs or {}, bench):
-        level = (doc.get("level") or {})
-        if level.get("pinned_gbps") is not None and level.get("wait_s", 0) > 0:
-            return float(level["pinned_gbps"])
+        if (pinned := pinned_of(doc.get("level"))) is not None:
+            return pinned
     return None
 
 
