@@ -285,14 +285,15 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call; per model the runs whose
     crossover and k_hat*(a) came within one, and the measured bench's own k_hat*(a) over the runs."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
-    rows, lines = [], ["| model | kernel | median error over n: median (range) over runs | max error over n: median "
-                       "(range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
-                       "runs within, paired |", "|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["model"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
-                  key=lambda k: (MODELS.index(k[0]), k[1]))
-    for model, kernel in keys:
-        found = [r for t in tables for r in t["rows"] if (r["model"], r["kernel"], r["batch"]) == (model, kernel, 1)]
-        row: dict[str, Any] = {"model": model, "kernel": kernel, "runs": len(found)}
+    rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
+                       "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
+                       "runs within, paired |", "|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["model"], r["dtype"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
+                  key=lambda k: (BENCH_DTYPES.index(k[1]), MODELS.index(k[0]), k[2]))
+    for model, dtype, kernel in keys:
+        found = [r for t in tables for r in t["rows"]
+                 if (r["model"], r["dtype"], r["kernel"], r["batch"]) == (model, dtype, kernel, 1)]
+        row: dict[str, Any] = {"model": model, "dtype": dtype, "kernel": kernel, "runs": len(found)}
         for tag, med, top in (("", "median_error", "max_error"), ("paired_", "paired_median_error",
                                                                    "paired_max_error")):
             if not all(med in r for r in found):  # a run without a ceiling sample per call
@@ -306,29 +307,30 @@ def step_summary(out: Path, runs: list[Path]) -> None:
         m, x = row["median_error"], row["max_error"]
         paired = (f"{row['paired_median_error']['median']:.1%} / {row['paired_max_error']['median']:.1%} | "
                   f"{row['paired_runs_within']} of {len(found)} |") if row["paired_median_error"] else "- | - |"
-        lines.append(f"| {model} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
+        lines.append(f"| {model} | {dtype} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
                      f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
                      f"{len(found)} | {paired}")
-    sides = {s["model"]: [] for t in tables for s in t["side_by_side"]}
+    sides = {(s["model"], s["dtype"]): [] for t in tables for s in t["side_by_side"]}
     for t in tables:
         for s in t["side_by_side"]:
-            sides[s["model"]].append(within_one(s))
-    lines += ["", "| model | crossover within one (runs) | k_hat*(a) within one at every a (runs; plans refused) | "
-                  "measured k_hat*(a) over the runs, per a |", "|---|---|---|---|"]
-    agree = {}
-    for model, found in sides.items():
-        agree[model] = {key: {"within": sum(f[key] is True for f in found), "refused": sum(f[key] is None
+            sides[s["model"], s["dtype"]].append(within_one(s))
+    lines += ["", "| model | dtype | crossover within one (runs) | k_hat*(a) within one at every a (runs; plans "
+                  "refused) | measured k_hat*(a) over the runs, per a |", "|---|---|---|---|---|"]
+    agree: dict[str, dict[str, Any]] = {}
+    for (model, dtype), found in sides.items():
+        key_of = model if dtype == "bf16" else f"{model}/{dtype}"  # summary.json's within_one: a model_dir's name
+        agree[key_of] = {key: {"within": sum(f[key] is True for f in found), "refused": sum(f[key] is None
                                                                                           for f in found),
                               "runs": len(found)} for key in ("crossover", "k_hat")}
         # the measured bench's own k_hat*(a) in each run: how far two measurements of one model move apart
         measured = [((s.get("plan") or {}).get("measured") or {}).get("k_hat") for t in tables
-                    for s in t["side_by_side"] if s["model"] == model]
+                    for s in t["side_by_side"] if (s["model"], s["dtype"]) == (model, dtype)]
         measured = [k for k in measured if k]
-        agree[model]["measured_k_hat"] = {a: [k[a] for k in measured] for a in (measured[0] if measured else {})}
-        c, k = agree[model]["crossover"], agree[model]["k_hat"]
-        lines.append(f"| {model} | {c['within']} of {c['runs']} | {k['within']} of {k['runs']}"
+        agree[key_of]["measured_k_hat"] = {a: [k[a] for k in measured] for a in (measured[0] if measured else {})}
+        c, k = agree[key_of]["crossover"], agree[key_of]["k_hat"]
+        lines.append(f"| {model} | {dtype} | {c['within']} of {c['runs']} | {k['within']} of {k['runs']}"
                      + (f" ({k['refused']} refused)" if k["refused"] else "") + " | "
-                     + ("; ".join(f"{a}: {min(v)}-{max(v)}" for a, v in agree[model]["measured_k_hat"].items())
+                     + ("; ".join(f"{a}: {min(v)}-{max(v)}" for a, v in agree[key_of]["measured_k_hat"].items())
                         or "-") + " |")
     met = all(r["median_error"]["median"] <= TARGET[0] and r["max_error"]["median"] <= TARGET[1] for r in rows)
     write_json(out / "summary.json", {"runs": [str(r) for r in runs], "target": list(TARGET), "rows": rows,
