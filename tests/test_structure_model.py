@@ -1,50 +1,374 @@
-"""benchmarks/structure_model.py's summary over runs: each model, format and kernel apart, the target read per run."""
+"""The structural model of the expert kernels (moespec.kernels.structure) on synthetic device profiles, exact; `bench
+--predict` writes a bench that validates and plans; its refusals (issue 35)."""
 
-import importlib.util
+from __future__ import annotations
+
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from cli_cases import one_line, refused, run_cli
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_model.py"
+from moespec import ArgumentError, cli
+from moespec.formats.benchfile import load_bench
+from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
+from moespec.kernels.peers import GGML_PEERS
+from moespec.measure.contention import default_threads
+from moespec.measure.timing import device_name
+from moespec.predict.checks import profile_checks
+from moespec.kernels.structure import Rates, groups, hit_share, pass_time
+from moespec.routing.synth import synthesize
+
+RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), cold_excess_s_per_byte=(5e-12, 1e-11, 2e-11),
+              group_s=1e-6, pass_s=1e-4)
+
+
+def test_per_byte_roofline_interpolated_and_past_the_grid() -> None:
+    assert RATES.per_byte(1, 50.0) == pytest.approx(2e-11 + 5e-12)  # memory 1 / 50 GB/s plus the loop's excess
+    assert RATES.per_byte(1, 25.0) == pytest.approx(4e-11 + 5e-12)  # half the ceiling: the stream's part doubles
+    assert RATES.per_byte(1, 400.0) == pytest.approx(1e-11)  # 2.5e-12 + 5e-12 under the loop's 100 GB/s
+    assert RATES.per_byte(1, 50.0, cold=False) == pytest.approx(1e-11)
+    assert RATES.per_byte(3, 50.0) == pytest.approx(2e-11 + 1.5e-11)  # halfway between G = 2 and 4, over kappa 3e-11
+    assert RATES.per_byte(6, 50.0) == pytest.approx(4e-11 + 2 * 1e-11)  # the loop on the line through G = 2, 4
+    assert RATES.per_byte(8, 50.0) == pytest.approx(8e-11)  # past the grid: the loop's line, the excess stays 2e-11
+
+
+def test_groups_in_kernel_order() -> None:
+    ids = np.array([[3, 1], [3, 2]])
+    assert groups("slot", ids) == [(3, 1), (1, 1), (3, 1), (2, 1)]
+    assert groups("dedup", ids) == [(1, 1), (2, 1), (3, 2)]
+
+
+def test_hit_share_by_distinct_bytes_since_the_last_read() -> None:
+    order = [(0, 1), (1, 1), (0, 1), (2, 1), (3, 1), (0, 1)]
+    assert hit_share(order, 10.0, 20.0) == pytest.approx([0, 0, 1, 0, 0, 2 / 3])  # {1, 0} fit; {2, 3, 0}: 20 of 30
+    assert hit_share(order, 10.0, 40.0) == pytest.approx([0, 0, 1, 0, 0, 1])  # after {2, 3}: 3 experts fit
+    assert hit_share(order, 10.0, 10.0) == pytest.approx([0, 0, 1 / 2, 0, 0, 1 / 3])
+    assert hit_share(order, 10.0, 0.0) == [0.0] * 6
+
+
+def test_pass_time_exact() -> None:
+    ids, b, c = np.array([[0, 1], [0, 2]]), 1e6, 40.0
+    cold1, hot1, cold2 = RATES.per_byte(1, c), RATES.per_byte(1, c, cold=False), RATES.per_byte(2, c)
+    # slot: 4 groups of one token; expert 0's second slot finds it cached (experts {1, 0} = 2 MB fit 2 MB), or half
+    # of it in a 1 MB cache
+    assert pass_time(RATES, "slot", ids, b, 700, c, 2e6) == pytest.approx(1e-4 + 4e-6 + b * (3 * cold1 + hot1))
+    assert pass_time(RATES, "slot", ids, b, 700, c, 1e6) == pytest.approx(1e-4 + 4e-6 + b * (3.5 * cold1 + hot1 / 2))
+    assert pass_time(RATES, "slot", ids, b, 700, c, 0.0) == pytest.approx(1e-4 + 4e-6 + b * 4 * cold1)
+    # dedup: expert 0 on 2 tokens, 1 and 2 on one each, every expert read once from memory; no row_s: rows cost 0
+    assert pass_time(RATES, "dedup", ids, b, 700, c, 1e9) == pytest.approx(1e-4 + 3e-6 + b * (cold2 + 2 * cold1))
+    # a fixed time per token adds it once per token of the pass, either kernel
+    per_token = dataclasses.replace(RATES, token_s=5e-6)
+    for kind in ("slot", "dedup"):
+        assert pass_time(per_token, kind, ids, b, 700, c, 1e6) == pytest.approx(
+            pass_time(RATES, kind, ids, b, 700, c, 1e6) + 2 * 5e-6)
+
+
+GGML = Rates(G=(1, 2), hot_s_per_byte=(3e-11, 4e-11), cold_excess_s_per_byte=(2e-11, 3e-11), group_s=2e-6,
+             pass_s=2e-4, node_s=5e-6, row_s=(1e-8, 3e-8))  # ggml's pair: its own rates, fixed costs per node and row
+
+
+def test_pass_time_of_ggml_pair_exact() -> None:
+    """ggml-per-slot runs one node per token (n - 1 nodes past the first), ggml-mul_mat_id one node for the pass;
+    every group pays its expert's rows at r(G), cached or not."""
+    ids, b, rows, c = np.array([[0, 1], [0, 2], [3, 1]]), 1e6, 600, 40.0
+    cold1, hot1, cold2 = GGML.per_byte(1, c), GGML.per_byte(1, c, cold=False), GGML.per_byte(2, c)
+    assert cold1 == pytest.approx(1 / 40e9 + 2e-11) and hot1 == 3e-11 and cold2 == pytest.approx(1 / 40e9 + 3e-11)
+    row1, row2 = 600 * 1e-8, 600 * 3e-8
+    # per slot: 6 groups; expert 0's second read after {1, 0} (2 MB) and 1's after {2, 0, 3, 1} (4 MB) in a 2 MB cache
+    assert pass_time(GGML, "slot", ids, b, rows, c, 2e6) == pytest.approx(
+        2e-4 + 2 * 5e-6 + 6 * (2e-6 + row1) + b * (4 * cold1 + hot1 + (cold1 + hot1) / 2))
+    # dedup: experts 0 and 1 on two tokens each, 2 and 3 on one; one node
+    assert pass_time(GGML, "dedup", ids, b, rows, c, 2e6) == pytest.approx(
+        2e-4 + 4 * 2e-6 + 2 * row2 + 2 * row1 + b * (2 * cold2 + 2 * cold1))
+    assert pass_time(GGML, "slot", ids[:1], b, rows, c, 0.0) == pytest.approx(
+        2e-4 + 2 * (2e-6 + row1 + b * cold1))  # one node
+
+
+def test_stream_share_in_the_cold_rate_exact() -> None:
+    """cold = max(s / C + x, 1 / C, kappa), s interpolated on G (its last value past the grid), 1 where absent."""
+    rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (3e-11, 4e-11, 5e-11), 0.0, 0.0, stream_share=(0.5, 0.7, 0.9))
+    assert rates.per_byte(1, 25.0) == pytest.approx(0.5 / 25e9 + 3e-11)
+    assert rates.per_byte(3, 25.0) == pytest.approx(0.8 / 25e9 + 4.5e-11)
+    assert rates.per_byte(8, 400.0) == pytest.approx(8e-11)  # kappa on its last line past the grid, over the stream
+    fast = Rates((1,), (1e-12,), (0.0,), 0.0, 0.0, stream_share=(0.2,))
+    assert fast.per_byte(1, 50.0) == pytest.approx(1 / 50e9)  # never faster than the stream itself
+    assert RATES.per_byte(1, 50.0) == pytest.approx(1 / 50e9 + 5e-12)  # no stream_share: all of the stream
+
+
+def test_per_row_interpolated_and_past_the_grid() -> None:
+    """r(G) on the profile's G as kappa is: linear between, on the line of the last two past the grid; none: 0."""
+    rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (0.0,) * 3, 0.0, 0.0, row_s=(1e-8, 2e-8, 3e-8))
+    assert [rates.per_row(g) for g in (1, 3, 4, 6)] == pytest.approx([1e-8, 2.5e-8, 3e-8, 4e-8])
+    assert RATES.per_row(3) == 0.0 and Rates.from_profile({**Q8_0, "row_s": [1e-8] * 5}).row_s == (1e-8,) * 5
+    assert Rates.from_profile(Q8_0).row_s == ()  # a version-2 entry: no per-row time
+
+
+@pytest.mark.parametrize("call", [
+    lambda: RATES.per_byte(0, 50.0), lambda: RATES.per_byte(1, 0.0), lambda: groups("both", np.zeros((1, 2))),
+    lambda: groups("slot", np.zeros((0, 2))), lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 0.0, 10, 50, 0),
+    lambda: pass_time(RATES, "slot", np.zeros((1, 2), int), 1.0, 0, 50, 0), lambda: RATES.per_row(0),
+    lambda: Rates((1, 2), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0, row_s=(1e-9,)),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, row_s=(-1e-9,)),
+    lambda: Rates((1, 2), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0, stream_share=(0.5,)),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, stream_share=(1.5,)),
+    lambda: hit_share([(0, 1)], 1.0, -1.0), lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0),
+    lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
+    lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6)])
+def test_domain(call) -> None:
+    with pytest.raises(ArgumentError):
+        call()
+
+
+# ---- bench --predict ----------------------------------------------------------------------------------------
+def profile_doc(**changes) -> dict:
+    """A valid device.json of this machine and the threads a bench runs by default (default_threads), with hand-set
+    rates (G = 1, 2, 4, 8, 16)."""
+    g = [1, 2, 4, 8, 16]
+    threads = default_threads()
+    device = f"{device_name().rsplit(',', 1)[0]}, {threads} threads"
+    doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": device, "device_kind": "cpu",
+           "threads": threads, "ceiling_kind": "streaming read", "ceiling_gbps": 50.0,
+           "ceiling_iqr_gbps": 1.0, "cache_bytes": 16 << 20, "cache_nominal_bytes": 32 << 20,
+           "dtypes": {"bf16": {"G": g, "hot_s_per_byte": [1e-11 * max(1, x / 4) for x in g],
+                               "cold_excess_s_per_byte": [5e-12, 1e-11, 2e-11, 3e-11, 4e-11], "group_s": 1e-6,
+                               "pass_s": 1e-4,
+                               "matmul_peak_gflops": 500.0}},
+           "self_check": {"slot": {"median": 0.02, "max": 0.05, "passes": 9},
+                          "dedup": {"median": 0.03, "max": 0.06, "passes": 9}},
+           "protocol": {"reps": 5, "flush_bytes": 64 << 20, "timer": "perf_counter"}, "provenance": {}}
+    return doc | changes
+
+
+Q8_0 = {"G": [1, 2, 4, 8, 16], "hot_s_per_byte": [3e-11, 3e-11, 4e-11, 8e-11, 16e-11],
+        "cold_excess_s_per_byte": [2e-11, 3e-11, 4e-11, 8e-11, 16e-11], "group_s": 2e-6, "pass_s": 2e-4, "node_s": 5e-6,
+        "matmul_peak_gflops": 300.0}  # ggml's pair on q8_0 blocks, less its per-row time
+ROW_S = [1e-8, 2e-8, 3e-8, 4e-8, 5e-8]  # ggml's fixed seconds per weight row
+
+
+def ggml_doc(**changes) -> dict:
+    """profile_doc with q8_0 timed (ggml's pair) beside bf16, and each format's own self-check."""
+    doc = profile_doc()
+    doc["dtypes"]["q8_0"] = Q8_0 | {"row_s": ROW_S}
+    doc["self_check_by_dtype"] = {"bf16": doc["self_check"],
+                                  "q8_0": {"slot": {"median": 0.04, "max": 0.09, "passes": 9},
+                                           "dedup": {"median": 0.05, "max": 0.11, "passes": 9}}}
+    return doc | changes
 
 
 @pytest.fixture(scope="module")
-def structure_model():
-    spec = importlib.util.spec_from_file_location("structure_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def olmoe_trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "olmoe.npz"
+    synthesize("olmoe-1b-7b", "calibrated", 4000, 20, 0).save(path)
+    return path
 
 
-def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]]):
-    """A run's table.json: one B = 1 row per (dtype, kernel) of OLMoE with (median, max) errors; k_hat per dtype as
-    (measured, predicted) at one acceptance."""
-    folder.mkdir(parents=True)
-    rows = [{"model": "olmoe-1b-7b", "dtype": dtype, "batch": 1, "kernel": kernel, "median_error": med,
-             "max_error": top} for (dtype, kernel), (med, top) in errors.items()]
-    sides = [{"model": "olmoe-1b-7b", "dtype": dtype, "crossover": {"measured": 2, "predicted": 3},
-              "plan": {"measured": {"k_hat": {"0.8": k["measured"]}}, "predicted": {"k_hat": {"0.8": k["predicted"]}}}}
-             for dtype, k in k_hat.items()]
-    (folder / "table.json").write_text(json.dumps({"rows": rows, "side_by_side": sides}))
-    return folder
+def write(path: Path, doc: dict) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
 
 
-def test_the_summary_keeps_each_format_apart(structure_model, tmp_path):
-    """q8_0 and q4_0 share ggml's kernel names: their rows and their k_hat agreement are summarized apart, the median
-    over runs per format, and the target is read over every row."""
-    kernel = "ggml-mul_mat_id"
-    runs = [_table(tmp_path / f"run-{i}", {("q8_0", kernel): (0.035 * i, 0.05 * i), ("q4_0", kernel): (0.3, 0.4)},
-                   {"q8_0": {"measured": 2, "predicted": 2}, "q4_0": {"measured": 2, "predicted": 4 + i}})
-            for i in (1, 2, 3)]
-    structure_model.step_summary(tmp_path, runs)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    by_format = {r["dtype"]: r for r in summary["rows"]}
-    assert set(by_format) == {"q8_0", "q4_0"} and all(r["runs"] == 3 for r in summary["rows"])
-    assert by_format["q8_0"]["median_error"] == {"median": pytest.approx(0.07), "range": [0.035, pytest.approx(0.105)]}
-    assert by_format["q8_0"]["runs_within"] == 2 and by_format["q4_0"]["runs_within"] == 0  # run 3: 10.5% median
-    assert summary["within_one"]["olmoe-1b-7b/q8_0"]["k_hat"]["within"] == 3
-    assert summary["within_one"]["olmoe-1b-7b/q4_0"]["k_hat"]["within"] == 0
-    assert summary["within_one"]["olmoe-1b-7b/q4_0"]["measured_k_hat"] == {"0.8": [2, 2, 2]}
-    assert summary["target_met_in_median"] is False  # q4_0's 30% median
-    assert "| olmoe-1b-7b | q4_0 | ggml-mul_mat_id | 30.0%" in (tmp_path / "summary.md").read_text()
+PREDICT = ["bench", "--model", "olmoe-1b-7b", "--layers", "0", "--windows", "4", "--u-values", "3"]
+
+
+def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) -> None:
+    profile = write(tmp_path / "device.json", profile_doc())
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", out])
+    assert code == 0, err
+    bench = load_bench(out)
+    assert bench["predicted"] is True and bench["ceiling_gbps"] == 50.0 and bench["n"] == list(range(1, 10))
+    prediction = bench["prediction"]
+    assert prediction["error"] == {"slot": 0.05, "dedup": 0.06} and prediction["ceiling_source"] == "profile"
+    for kernel, fit_eps in prediction["fit_eps"].items():
+        assert bench["eps"][kernel] == pytest.approx(fit_eps + prediction["error"][kernel])
+    # the one-token pass: 8 cold groups of one token, exactly the model's time
+    b = bench["expert_bytes"]["0"]
+    one = 1e-4 + 8 * (1e-6 + b * (1 / 50e9 + 5e-12))
+    assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
+    code, err = run_cli(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out",
+                         tmp_path / "plan.json"])
+    assert code == 0, err
+    assert json.loads((tmp_path / "plan.json").read_text())["crossover"] == bench["crossover"]
+    # at another ceiling: a memory-bound group's streaming part scales with it, the loop's excess stays
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--ceiling", "25",
+                         "--out", tmp_path / "half.json"])
+    assert code == 0, err
+    half = load_bench(tmp_path / "half.json")
+    assert half["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
+        1e-4 + 8 * (1e-6 + b * (1 / 25e9 + 5e-12)))
+    assert half["prediction"]["ceiling_source"] == "given"
+
+
+def test_predicted_bench_reads_the_slot_kernels_own_rates(tmp_path: Path, olmoe_trace: Path) -> None:
+    """A profile whose per-slot kernel has rates of its own (dtypes.bf16.slot: the Triton kernels on a GPU): the slot
+    kernel's passes are predicted at those, the dedup kernel's at the entry's."""
+    entry = profile_doc()["dtypes"]["bf16"]
+    slot = {"G": [1], "hot_s_per_byte": [2e-11], "cold_excess_s_per_byte": [7e-12], "group_s": 2e-6, "pass_s": 1.5e-4}
+    profile = write(tmp_path / "device.json", profile_doc(dtypes={"bf16": entry | {"slot": slot}}))
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", out])
+    assert code == 0, err
+    bench = load_bench(out)
+    b = bench["expert_bytes"]["0"]
+    one = {row["U"]: row["median_s"] for row in bench["windows"]["0"]["1"]}[8]  # one token: 8 cold groups
+    assert one["dedup"] == pytest.approx(1e-4 + 8 * (1e-6 + b * (1 / 50e9 + 5e-12)))
+    assert one["slot"] == pytest.approx(1.5e-4 + 8 * (2e-6 + b * (1 / 50e9 + 7e-12)))
+
+
+def test_plan_refuses_a_prediction_too_uncertain(tmp_path: Path, capsys, olmoe_trace: Path) -> None:
+    """A profile whose self-check missed by 60%: its predicted bench's eps carries that stated error past 1/2, and
+    plan refuses in one line that names the profile's error and says to re-take the profile, not to rerun a bench."""
+    doc = profile_doc(self_check={k: {"median": 0.1, "max": 0.6, "passes": 9} for k in ("slot", "dedup")})
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--trace", olmoe_trace, "--predict", write(tmp_path / "device.json", doc),
+                         "--out", out])
+    assert code == 0, err
+    assert load_bench(out)["too_small"]["flag"]
+    err = refused(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out", tmp_path / "plan.json"],
+                  capsys, tmp_path)
+    one_line(err, "predicted times are too uncertain", "stated error", "re-take the device profile")
+
+
+def test_predicted_bench_of_ggml_pair_validates_and_plans(tmp_path: Path, olmoe_trace: Path) -> None:
+    """--dtype q8_0 predicts the kernels a measured q8_0 bench times (ggml's pair, the pair a plan reads) from the
+    profile's q8_0 rates, with the q8_0 self-check as the stated error."""
+    profile = write(tmp_path / "device.json", ggml_doc())
+    out = tmp_path / "bench.json"
+    code, err = run_cli([*PREDICT, "--dtype", "q8_0", "--trace", olmoe_trace, "--predict", profile, "--out", out])
+    assert code == 0, err
+    bench = load_bench(out)
+    assert bench["predicted"] is True and bench["dtype"] == "q8_0" and bench["pair"] == list(GGML_PEERS)
+    assert bench["kernels"]["ggml-mul_mat_id"]["implementation"] == "llama.cpp ggml, predicted"
+    assert bench["prediction"]["error"] == {"ggml-per-slot": 0.09, "ggml-mul_mat_id": 0.11}
+    assert bench["eps_engine"] == {"llama.cpp ggml": max(bench["eps"].values())}  # ggml's pair, not ours
+    b = bench["expert_bytes"]["0"]
+    assert b == 3 * 2048 * 1024 // 32 * 34  # OLMoE's expert in q8_0 blocks
+    # one token: one node, 8 cold groups of one token, each OLMoE's 2 x 1024 + 2048 rows at r(1)
+    one = 2e-4 + 8 * (2e-6 + 4096 * 1e-8 + b * (1 / 50e9 + 2e-11))
+    assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(one)
+    by_n = {str(n): [row["median_s"]["ggml-per-slot"] for row in bench["windows"]["0"][str(n)]] for n in (1, 9)}
+    assert min(by_n["9"]) > max(by_n["1"]) + 8 * 5e-6  # nine tokens: eight more nodes, and more groups
+    code, err = run_cli(["plan", "--bench", out, "--trace", olmoe_trace, "--tau1", "0.05", "--out",
+                         tmp_path / "plan.json"])
+    assert code == 0, err
+    assert json.loads((tmp_path / "plan.json").read_text())["crossover"] == bench["crossover"]
+
+
+@pytest.mark.parametrize("doc, extra, words", [
+    (profile_doc(threads=default_threads() + 1), [], ["threads"]),
+    (profile_doc(device="cpu: another CPU, 2 threads"), [], ["another device"]),
+    (profile_doc(device_kind="cuda"), [], ["cuda"]),
+    (profile_doc(), ["--dtype", "fp32"], ["fp32"]),
+    (profile_doc(), ["--dtype", "q8_0"], ["q8_0"]),
+    (profile_doc(), ["--kernels", "slot,torch-dedup"], ["covers slot, dedup"]),
+    (profile_doc(), ["--kernels", "ggml-per-slot,ggml-mul_mat_id"], ["at bf16", "covers slot, dedup"]),
+    (ggml_doc(), ["--dtype", "q4_0"], ["q4_0", "q8_0"]),
+    (ggml_doc(), ["--dtype", "q8_0", "--kernels", "dedup"], ["covers ggml-per-slot, ggml-mul_mat_id"]),
+    (ggml_doc(), ["--dtype", "q8_0", "--kernels", "ggml-per-slot,hf-eager"], ["at q8_0"]),
+    (ggml_doc(dtypes={"q8_0": {k: v for k, v in (Q8_0 | {"row_s": ROW_S}).items() if k != "node_s"}}),
+     ["--dtype", "q8_0"], ["node_s"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0}), ["--dtype", "q8_0"], ["q8_0.row_s"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S[:4]}}), ["--dtype", "q8_0"], ["row_s", "5 numbers"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": [-1.0] * 5}}), ["--dtype", "q8_0"], ["row_s", ">= 0"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S, "stream_share": [0.5] * 4}}), ["--dtype", "q8_0"],
+     ["stream_share", "5 numbers in [0, 1]"]),
+    (ggml_doc(dtypes={"q8_0": Q8_0 | {"row_s": ROW_S, "stream_share": [1.2] * 5}}), ["--dtype", "q8_0"],
+     ["stream_share"]),
+    (profile_doc(dtypes={"bf16": profile_doc()["dtypes"]["bf16"] | {"cold_excess_s_per_byte": [-1.0] * 5}}), [],
+     ["cold_excess_s_per_byte"]),
+    (profile_doc(format_version=7), [], ["version"]),
+    ({"format": "something else"}, [], ["not a moespec device profile"]),
+])
+def test_refusals(tmp_path: Path, capsys, olmoe_trace: Path, doc: dict, extra: list[str], words: list[str]) -> None:
+    profile = write(tmp_path / "device.json", doc)
+    err = refused([*PREDICT, "--trace", olmoe_trace, "--predict", profile, "--out", tmp_path / "b.json", *extra],
+                  capsys, tmp_path)
+    one_line(err, *words)
+
+
+def test_profile_checks_flag_a_moving_host(tmp_path: Path) -> None:
+    """A quiet profile has no warning; a ceiling that moved while it ran, or a self-check past the limit (of the
+    format asked for), one line each naming the file, the last saying what to do."""
+    quiet = load_profile(write(tmp_path / "quiet.json", ggml_doc(ceiling_before_after_gbps=[48.0, 53.0])))
+    assert profile_checks(quiet, "quiet.json") == []
+    moved = load_profile(write(tmp_path / "moved.json", profile_doc(ceiling_before_after_gbps=[35.0, 51.0])))
+    [line] = profile_checks(moved, "moved.json")
+    assert line.startswith("moved.json: the streaming read moved") and "(50.0 GB/s during its calls, before 35.0 " \
+        "GB/s)" in line and "after" not in line and "moespec profile" in line
+    doc = ggml_doc()
+    doc["self_check_by_dtype"]["q8_0"]["slot"]["max"] = 0.6
+    bad = load_profile(write(tmp_path / "bad.json", doc))
+    [line] = profile_checks(bad, "bad.json", "q8_0")
+    assert "misses by up to 60% at q8_0 (over 25%)" in line and "quieter machine" in line
+    assert profile_checks(bad, "bad.json", "bf16") == [] and len(profile_checks(bad, "bad.json")) == 1
+    pinned = {"pinned_gbps": 33.0, "band": 0.15, "wait_s": 60.0, "waited_s": 60.0, "dropped": 4, "repins": 0,
+              "exhausted": True, "calls": 1000}
+    held = load_profile(write(tmp_path / "held.json", profile_doc(ceiling_before_after_gbps=[30.0, 52.0],
+                                                                  level=pinned | {"kept_off": 100})))
+    assert profile_checks(held, "held.json") == []  # pinned: the samples around the calls do not count
+    left = load_profile(write(tmp_path / "left.json", profile_doc(level=pinned | {"kept_off": 663})))
+    [line] = profile_checks(left, "left.json")
+    assert "66% of its calls were kept off the pinned level of 33.0 GB/s" in line and "moespec profile" in line
+
+
+def test_predict_prints_the_profile_warning(tmp_path: Path, capsys, olmoe_trace: Path) -> None:
+    doc = profile_doc(ceiling_before_after_gbps=[30.0, 31.0])
+    profile = write(tmp_path / "device.json", doc)
+    assert cli.main([str(a) for a in [*PREDICT, "--trace", olmoe_trace, "--predict", profile,
+                                      "--out", tmp_path / "b.json"]]) == 0
+    assert "warning: " + str(profile) + ": the streaming read moved" in " ".join(capsys.readouterr().out.split())
+
+
+def test_refusals_of_files_and_flags(tmp_path: Path, capsys, olmoe_trace: Path) -> None:
+    base = [*PREDICT, "--trace", olmoe_trace, "--out", tmp_path / "b.json"]
+    one_line(refused([*base, "--predict", tmp_path / "missing.json"], capsys), "missing.json")
+    (tmp_path / "corrupt.json").write_text("{not json")
+    one_line(refused([*base, "--predict", tmp_path / "corrupt.json"], capsys), "corrupt.json")
+    one_line(refused([*base, "--ceiling", "40"], capsys), "--predict")
+    profile = write(tmp_path / "device.json", profile_doc())
+    one_line(refused([*base, "--predict", profile, "--ceiling", "0"], capsys), "--ceiling")
+    one_line(refused([*base, "--predict", profile, "--call-ceilings"], capsys), "--call-ceilings", "--predict")
+    for flag in (["--pin-wait", "30"], ["--pin-gbps", "40"]):
+        one_line(refused([*base, "--predict", profile, *flag], capsys), flag[0], "--predict", "--ceiling")
+
+
+def test_loader_names_the_problem(tmp_path: Path) -> None:
+    bad = profile_doc()
+    bad["dtypes"]["bf16"]["G"] = [2, 4, 8, 16, 32]
+    with pytest.raises(Exception, match="ascending whole numbers of tokens per group from 1"):
+        load_profile(write(tmp_path / "d.json", bad))
+    assert load_profile(write(tmp_path / "ok.json", profile_doc())).self_check() == {"slot": 0.05, "dedup": 0.06}
+    loaded = load_profile(write(tmp_path / "ggml.json", ggml_doc()))
+    assert loaded.self_check("q8_0") == {"slot": 0.09, "dedup": 0.11}
+    assert loaded.self_check("bf16") == {"slot": 0.05, "dedup": 0.06}
+    stray = ggml_doc()
+    stray["self_check_by_dtype"]["q4_0"] = stray["self_check_by_dtype"]["q8_0"]
+    with pytest.raises(Exception, match="self_check_by_dtype"):
+        load_profile(write(tmp_path / "stray.json", stray))
+    with pytest.raises(Exception, match="ok.json: level.pinned_gbps"):
+        load_profile(write(tmp_path / "ok.json", profile_doc(level={"pinned_gbps": -3.0})))
+
+
+def test_loader_reads_the_previous_version(tmp_path: Path) -> None:
+    """Version 3 had no measured cache: its cache_bytes (the last-level cache) loads without cache_nominal_bytes;
+    version 4 needs the nominal size, at least the measured one; row_s is required of a GGUF format, not of ours;
+    version 2 is no longer read."""
+    v3 = ggml_doc(format_version=3)
+    del v3["cache_nominal_bytes"]
+    assert load_profile(write(tmp_path / "v3.json", v3))["cache_bytes"] == 16 << 20
+    v4 = load_profile(write(tmp_path / "v4.json", ggml_doc()))
+    assert FORMAT_VERSION == 4 and "row_s" not in v4["dtypes"]["bf16"]
+    assert Rates.from_profile(v4["dtypes"]["q8_0"]).per_row(2) == 2e-8
+    for changes, needle in (({"cache_nominal_bytes": None}, "cache_nominal_bytes"),
+                            ({"cache_nominal_bytes": 8 << 20}, "exceeds cache_nominal_bytes")):
+        with pytest.raises(Exception, match=needle):
+            load_profile(write(tmp_path / "bad.json", ggml_doc() | changes))
+    no_rows = ggml_doc()
+    no_rows["dtypes"]["q8_0"] = {k: v for k, v in Q8_0.items() if k != "row_s"}
+    with pytest.raises(Exception, match="row_s"):
+        load_profile(write(tmp_path / "rows.json", no_rows))
+    with pytest.raises(Exception, match="version 2 is not supported"):
+        load_profile(write(tmp_path / "v2.json", profile_doc(format_version=2)))
