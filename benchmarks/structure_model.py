@@ -47,7 +47,7 @@ from moespec.formats.devicefile import load_profile
 from moespec.formats.files import provenance, write_json
 from moespec.measure.bench import BenchConfig, bench_layers, bench_passes, bench_trace, run_bench
 from moespec.measure.device_profile import ProfileConfig, pair_of, run_profile
-from moespec.measure.level import check_level, pinned_of
+from moespec.measure.level import Level, check_level, pinned_of
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.checks import profile_checks
@@ -234,25 +234,32 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def step_table(out: Path) -> None:
-    """table.json and table.md from every model's errors.json, every format."""
+def step_table(out: Path, profile_path: Path) -> None:
+    """table.json and table.md from every model's errors.json, every format; where the profile was pinned, whether
+    each bench's ceiling read as the profile's level (else the bench met another state of the host than its
+    profile, its wait for the level spent)."""
     rows, sides = [], []
+    level = pinned_of(load_profile(profile_path).get("level")) if profile_path.exists() else None
     for name, dtype in [(name, dtype) for dtype in BENCH_DTYPES for name in MODELS]:
         path = model_dir(out, name, dtype) / "errors.json"
         if not path.exists():
             continue
         result = json.loads(path.read_text())
-        rows += summary_rows(result)
+        rows += [r | {"at_profile_level": None if level is None else Level(level, 1).within(r["ceiling_gbps"])}
+                 for r in summary_rows(result)]
         entry = result["batches"]["1"]
         sides.append({"model": name, "dtype": dtype, "crossover": entry["crossover"],
                       "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})
     lines = ["| model | dtype | B | kernel | median error over n | max error over n (at tokens) | median / max over "
-             "passes | paired by round: median / max over n | ceiling GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+             "passes | paired by round: median / max over n | ceiling GB/s |" + (
+                 f" at the profile's {level:.1f} GB/s |" if level else ""), "|---|---|---|---|---|---|---|---|---|"
+             + ("---|" if level else "")]
     lines += [f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | "
               f"{r['max_error']:.1%} "
               f"({r['max_at_tokens']}) | {r['pass_median_error']:.1%} / {r['pass_max_error']:.1%} | "
               + (f"{r['paired_median_error']:.1%} / {r['paired_max_error']:.1%}" if "paired_max_error" in r else "-")
-              + f" | {r['ceiling_gbps']:.1f} |" for r in rows]
+              + f" | {r['ceiling_gbps']:.1f} |" + (f" {'yes' if r['at_profile_level'] else 'no'} |" if level else "")
+              for r in rows]
     lines += ["", "| model | dtype | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
                   "k_hat*(a) measured | k_hat*(a) predicted |", "|---|---|---|---|---|---|"]
     for s in sides:
@@ -262,7 +269,8 @@ def step_table(out: Path) -> None:
         b8 = s["crossover_B8"] or {}
         lines.append(f"| {s['model']} | {s['dtype']} | {s['crossover']['measured']} / {s['crossover']['predicted']} | "
                      f"{b8.get('measured')} / {b8.get('predicted')} | {shown['measured']} | {shown['predicted']} |")
-    write_json(out / "table.json", {"rows": rows, "side_by_side": sides, "provenance": provenance()})
+    write_json(out / "table.json", {"rows": rows, "side_by_side": sides, "profile_level_gbps": level,
+                                    "provenance": provenance()})
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -282,12 +290,14 @@ def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
 def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
     model and kernel the median over runs of the median and of the largest error over n, with their range, and how
-    many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call; per model the runs whose
-    crossover and k_hat*(a) came within one, and the measured bench's own k_hat*(a) over the runs."""
+    many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call, and of the runs whose bench
+    met its pinned profile's level (step_table) how many met it; per model the runs whose crossover and k_hat*(a)
+    came within one, and the measured bench's own k_hat*(a) over the runs."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
     rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
                        "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
-                       "runs within, paired |", "|---|---|---|---|---|---|---|---|"]
+                       "runs within, paired | runs within of those at the profile's level |",
+                       "|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["model"], r["dtype"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
                   key=lambda k: (BENCH_DTYPES.index(k[1]), MODELS.index(k[0]), k[2]))
     for model, dtype, kernel in keys:
@@ -303,13 +313,16 @@ def step_summary(out: Path, runs: list[Path]) -> None:
             row[tag + "median_error"] = {"median": float(np.median(medians)), "range": [min(medians), max(medians)]}
             row[tag + "max_error"] = {"median": float(np.median(maxima)), "range": [min(maxima), max(maxima)]}
             row[tag + "runs_within"] = sum(a <= TARGET[0] and b <= TARGET[1] for a, b in zip(medians, maxima))
+        at_level = [r for r in found if r.get("at_profile_level")]
+        row["at_level"] = {"runs": len(at_level), "within": sum(r["median_error"] <= TARGET[0]
+                                                                and r["max_error"] <= TARGET[1] for r in at_level)}
         rows.append(row)
         m, x = row["median_error"], row["max_error"]
         paired = (f"{row['paired_median_error']['median']:.1%} / {row['paired_max_error']['median']:.1%} | "
                   f"{row['paired_runs_within']} of {len(found)} |") if row["paired_median_error"] else "- | - |"
         lines.append(f"| {model} | {dtype} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
                      f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
-                     f"{len(found)} | {paired}")
+                     f"{len(found)} | {paired} {row['at_level']['within']} of {row['at_level']['runs']} |")
     sides = {(s["model"], s["dtype"]): [] for t in tables for s in t["side_by_side"]}
     for t in tables:
         for s in t["side_by_side"]:
@@ -395,7 +408,7 @@ def main(argv: list[str]) -> int:
                          + (f" (none in {', '.join(missing)})" if runs else ""))
         step_summary(out, runs)
     else:
-        step_table(out)
+        step_table(out, profile_path)
     return 0
 
 

@@ -17,12 +17,13 @@ def structure_model():
     return module
 
 
-def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]]):
-    """A run's table.json: one B = 1 row per (dtype, kernel) of OLMoE with (median, max) errors; k_hat per dtype as
-    (measured, predicted) at one acceptance."""
+def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]],
+           at_level: bool):
+    """A run's table.json: one B = 1 row per (dtype, kernel) of OLMoE with (median, max) errors, its bench at the
+    profile's level or not; k_hat per dtype as (measured, predicted) at one acceptance."""
     folder.mkdir(parents=True)
     rows = [{"model": "olmoe-1b-7b", "dtype": dtype, "batch": 1, "kernel": kernel, "median_error": med,
-             "max_error": top} for (dtype, kernel), (med, top) in errors.items()]
+             "max_error": top, "at_profile_level": at_level} for (dtype, kernel), (med, top) in errors.items()]
     sides = [{"model": "olmoe-1b-7b", "dtype": dtype, "crossover": {"measured": 2, "predicted": 3},
               "plan": {"measured": {"k_hat": {"0.8": k["measured"]}}, "predicted": {"k_hat": {"0.8": k["predicted"]}}}}
              for dtype, k in k_hat.items()]
@@ -35,7 +36,7 @@ def test_the_summary_keeps_each_format_apart(structure_model, tmp_path):
     over runs per format, and the target is read over every row."""
     kernel = "ggml-mul_mat_id"
     runs = [_table(tmp_path / f"run-{i}", {("q8_0", kernel): (0.035 * i, 0.05 * i), ("q4_0", kernel): (0.3, 0.4)},
-                   {"q8_0": {"measured": 2, "predicted": 2}, "q4_0": {"measured": 2, "predicted": 4 + i}})
+                   {"q8_0": {"measured": 2, "predicted": 2}, "q4_0": {"measured": 2, "predicted": 4 + i}}, i != 2)
             for i in (1, 2, 3)]
     structure_model.step_summary(tmp_path, runs)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -43,8 +44,33 @@ def test_the_summary_keeps_each_format_apart(structure_model, tmp_path):
     assert set(by_format) == {"q8_0", "q4_0"} and all(r["runs"] == 3 for r in summary["rows"])
     assert by_format["q8_0"]["median_error"] == {"median": pytest.approx(0.07), "range": [0.035, pytest.approx(0.105)]}
     assert by_format["q8_0"]["runs_within"] == 2 and by_format["q4_0"]["runs_within"] == 0  # run 3: 10.5% median
+    assert by_format["q8_0"]["at_level"] == {"runs": 2, "within": 1}  # runs 1 and 3 at their profile's level
     assert summary["within_one"]["olmoe-1b-7b/q8_0"]["k_hat"]["within"] == 3
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["k_hat"]["within"] == 0
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["measured_k_hat"] == {"0.8": [2, 2, 2]}
     assert summary["target_met_in_median"] is False  # q4_0's 30% median
     assert "| olmoe-1b-7b | q4_0 | ggml-mul_mat_id | 30.0%" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_table_says_which_benches_met_their_profiles_level(structure_model, tmp_path, monkeypatch):
+    """With a pinned profile, a bench whose ceiling reads outside the level's band met another state of the host:
+    the table marks it (the level's own rule, +-15%); without one it marks nothing."""
+    def errors(model: str, ceiling: float) -> None:
+        passes = {n: {"error": 0.05, "passes": [{"predicted_s": 1.05, "measured_s": 1.0}]} for n in ("1", "2")}
+        folder = structure_model.model_dir(tmp_path, model, "q8_0")
+        folder.mkdir(parents=True)
+        (folder / "errors.json").write_text(json.dumps({"model": model, "dtype": "q8_0", "batches": {"1": {
+            "ceiling_gbps": ceiling, "passes": {"ggml-mul_mat_id": passes},
+            "crossover": {"measured": 2, "predicted": 2}}}}))
+
+    errors("olmoe-1b-7b", 36.0)
+    errors("qwen3-30b-a3b", 47.0)
+    profile = tmp_path / "device.json"
+    profile.write_text("{}")
+    for level, marks in (({"pinned_gbps": 48.9, "wait_s": 60.0}, {"olmoe-1b-7b": False, "qwen3-30b-a3b": True}),
+                         (None, {"olmoe-1b-7b": None, "qwen3-30b-a3b": None})):
+        monkeypatch.setattr(structure_model, "load_profile", lambda path: {"level": level})
+        structure_model.step_table(tmp_path, profile)
+        table = json.loads((tmp_path / "table.json").read_text())
+        assert {r["model"]: r["at_profile_level"] for r in table["rows"]} == marks
+        assert ("at the profile's 48.9 GB/s" in (tmp_path / "table.md").read_text()) == (level is not None)
