@@ -234,6 +234,13 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def table_rows(result: dict[str, Any], level: float | None) -> list[dict[str, Any]]:
+    """summary_rows of one model's errors, each with whether its bench's ceiling read as a pinned profile's `level`
+    (GB/s; None: the profile was not pinned)."""
+    return [r | {"at_profile_level": None if level is None else Level(level, 1).within(r["ceiling_gbps"])}
+            for r in summary_rows(result)]
+
+
 def step_table(out: Path, profile_path: Path) -> None:
     """table.json and table.md from every model's errors.json, every format; where the profile was pinned, whether
     each bench's ceiling read as the profile's level (else the bench met another state of the host than its
@@ -245,8 +252,7 @@ def step_table(out: Path, profile_path: Path) -> None:
         if not path.exists():
             continue
         result = json.loads(path.read_text())
-        rows += [r | {"at_profile_level": None if level is None else Level(level, 1).within(r["ceiling_gbps"])}
-                 for r in summary_rows(result)]
+        rows += table_rows(result, level)
         entry = result["batches"]["1"]
         sides.append({"model": name, "dtype": dtype, "crossover": entry["crossover"],
                       "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})

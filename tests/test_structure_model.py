@@ -98,6 +98,25 @@ def test_stream_share_in_the_cold_rate_exact() -> None:
     assert RATES.per_byte(1, 50.0) == pytest.approx(1 / 50e9 + 5e-12)  # no stream_share: all of the stream
 
 
+def test_with_share_keeps_the_cost_at_its_ceiling_and_follows_the_new_share() -> None:
+    """A pinned profile's rates (s = 1, taken at 50 GB/s) given another profile's share: the same cost per byte at
+    50 GB/s, and s' of the stream's change elsewhere; x' is floored at 0 where s' exceeds s."""
+    shares = dataclasses.replace(RATES, G=(1, 2), hot_s_per_byte=(1e-11, 1e-11), cold_excess_s_per_byte=(0, 0),
+                                 stream_share=(0.2, 0.0))
+    moved = RATES.with_share(shares, 50.0)
+    assert moved.stream_share == (0.2, 0.0, 0.0)  # G = 4 past shares' grid: its last value
+    for g in (1, 2, 4):
+        assert moved.per_byte(g, 50.0) == pytest.approx(RATES.per_byte(g, 50.0))
+    assert moved.per_byte(1, 40.0) - moved.per_byte(1, 50.0) == pytest.approx(0.2 * (1 / 40e9 - 1 / 50e9))
+    assert moved.per_byte(2, 40.0) == pytest.approx(moved.per_byte(2, 50.0))  # s' = 0: the loop's time, not C's
+    back = moved.with_share(RATES, 50.0)  # the share of 1 again: the original rates
+    assert back.stream_share == (1.0, 1.0, 1.0)
+    assert back.cold_excess_s_per_byte == pytest.approx(RATES.cold_excess_s_per_byte)
+    assert shares.with_share(RATES, 50.0).cold_excess_s_per_byte == (0.0, 0.0)  # 0 - 0.8 / C: floored
+    with pytest.raises(ArgumentError, match="ceiling_gbps"):
+        RATES.with_share(shares, 0.0)
+
+
 def test_per_row_interpolated_and_past_the_grid() -> None:
     """r(G) on the profile's G as kappa is: linear between, on the line of the last two past the grid; none: 0."""
     rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (0.0,) * 3, 0.0, 0.0, row_s=(1e-8, 2e-8, 3e-8))

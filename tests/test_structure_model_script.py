@@ -74,3 +74,17 @@ def test_the_table_says_which_benches_met_their_profiles_level(structure_model, 
         table = json.loads((tmp_path / "table.json").read_text())
         assert {r["model"]: r["at_profile_level"] for r in table["rows"]} == marks
         assert ("at the profile's 48.9 GB/s" in (tmp_path / "table.md").read_text()) == (level is not None)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--runs", "nowhere", "--share-from", "x.json", "--out", "o"], "--runs: give runs' folders"),
+    (["--share-from", "x.json", "--out", "o"], "the following arguments are required: --runs")])
+def test_the_share_rerun_refuses_bad_arguments_in_one_line(args, needle, tmp_path):
+    """benchmarks/stream_share_pinned.py: runs without their profile and table, or no runs, end in one line."""
+    import subprocess
+    import sys
+
+    script = SCRIPT.with_name("stream_share_pinned.py")
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr

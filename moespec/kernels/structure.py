@@ -38,7 +38,7 @@ memory does not shorten (the loop's work on data arriving from memory, not overl
 1] is the share of the stream's time the group's time follows as C moves (benchmarks/stream_share.py: ~0.8 for our
 kernels at one token, ~0.3-0.5 for ggml's, whose loop hides much of a slower stream), fitted where the profile's
 calls met more than one state of the host and 1 (all of it) where they did not, as no single state can tell s from
-x; kappa(G) is the seconds per byte of a group whose weights sit in the cache: the issue rate of the inner loop at G
+x (or taken from a profile that met several: Rates.with_share); kappa(G) is the seconds per byte of a group whose weights sit in the cache: the issue rate of the inner loop at G
 tokens, its limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the
 ceiling no longer matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a
 device profile (moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes,
@@ -55,7 +55,7 @@ with.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -111,6 +111,18 @@ class Rates:
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
                    tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())), float(entry.get("token_s", 0.0)))
+
+    def with_share(self, shares: Rates, ceiling_gbps: float) -> Rates:
+        """These rates, taken at one ceiling C = ceiling_gbps GB/s (a pinned profile's: its calls cannot tell the
+        stream's share), with the share s'(G) of `shares` (a profile whose calls met several states of the host):
+        x'(G) = x(G) + (s(G) - s'(G)) / C, so a cold group costs what it cost at C and follows s' elsewhere (x'
+        not below 0)."""
+        if not ceiling_gbps > 0:
+            raise ArgumentError(f"ceiling_gbps must be positive, got {show(ceiling_gbps)}")
+        new = tuple(shares.share(g) for g in self.G)
+        excess = tuple(max(0.0, x + (self.share(g) - s) / (ceiling_gbps * 1e9))
+                       for g, x, s in zip(self.G, self.cold_excess_s_per_byte, new))
+        return replace(self, cold_excess_s_per_byte=excess, stream_share=new)
 
     def share(self, g: int) -> float:
         """The stream's share s(g) of a cold group of g tokens: interpolated, its last value past the profile's G; 1
