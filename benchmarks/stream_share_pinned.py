@@ -53,7 +53,8 @@ def run_rows(run: Path, dtype: str, shares: dict) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", required=True, help="structure_model runs' folders (pinned profiles), comma-separated")
+    parser.add_argument("--runs", required=True,
+                        help="structure_model runs' folders (pinned profiles), comma-separated")
     parser.add_argument("--dtype", default="q8_0", choices=BENCH_DTYPES, help="the format to predict (default q8_0)")
     parser.add_argument("--share-from", required=True, help="a device profile whose calls met several host states")
     parser.add_argument("--out", required=True, help="folder of the tables and the summary")

@@ -166,6 +166,35 @@ PINNED_RUNS = {
 }
 
 
+# structure-model/pinned-gguf/run-N/: ggml's pair pinned like pinned/, q8_0 at every model; q4_0 at OLMoE and
+# 1536 x 512 in the runs whose profile timed it
+PINNED_GGUF_RUNS = {
+    1: ('q8_0 and q4_0 profile of run 1, pinned at 48.9 GB/s (take 1; 176 of 3717 calls kept off the level, 63 '
+        'dropped; ceiling 57.2 GB/s; self-check q8_0 5.1% / 18.6% per-slot, 3.2% / 8.9% mul_mat_id; q4_0 0.7% / '
+        '6.5%, 1.8% / 3.7%)',
+        "run 1: both kernels within 10% / 20% on 0 of 10 model-formats at the bench's ceiling per n; 1 benches at"
+        " the profile's level (0 of them within); crossover within one on 4 of 10, k_hat*(a) on 9 of 9 plannable"),
+    2: ('q8_0 and q4_0 profile of run 2, pinned at 53.6 GB/s (take 3, flagged; 671 of 3717 calls kept off the '
+        'level, 212 dropped; ceiling 51.9 GB/s; self-check q8_0 10.9% / 26.9% per-slot, 4.2% / 12.8% mul_mat_id; '
+        'q4_0 7.0% / 19.9%, 1.9% / 9.7%)',
+        "run 2: both kernels within 10% / 20% on 2 of 10 model-formats at the bench's ceiling per n; 0 benches at"
+        " the profile's level (0 of them within); crossover within one on 2 of 10, k_hat*(a) on 9 of 9 plannable"),
+    3: ('q8_0 profile of run 3, pinned at 49.6 GB/s (take 1; 8 of 1897 calls kept off the level, 79 dropped; '
+        'ceiling 55.8 GB/s; self-check q8_0 6.9% / 19.6% per-slot, 6.6% / 11.4% mul_mat_id)',
+        "run 3: both kernels within 10% / 20% on 2 of 8 model-formats at the bench's ceiling per n; 4 benches at "
+        "the profile's level (1 of them within); crossover within one on 3 of 8, k_hat*(a) on 7 of 7 plannable"),
+    4: ('q8_0 profile of run 4, pinned at 57.7 GB/s (take 3, flagged; 494 of 1897 calls kept off the level, 256 '
+        'dropped; ceiling 57.7 GB/s; self-check q8_0 15.4% / 40.1% per-slot, 5.7% / 16.6% mul_mat_id)',
+        "run 4: both kernels within 10% / 20% on 3 of 8 model-formats at the bench's ceiling per n; 1 benches at "
+        "the profile's level (0 of them within); crossover within one on 4 of 8, k_hat*(a) on 7 of 7 plannable"),
+    5: ('q8_0 profile of run 5, pinned at 33.6 GB/s (take 3, flagged; 430 of 1897 calls kept off the level, 29 '
+        'dropped; ceiling 36.4 GB/s; self-check q8_0 10.6% / 14.7% per-slot, 6.4% / 14.0% mul_mat_id)',
+        "run 5: both kernels within 10% / 20% on 2 of 8 model-formats at the bench's ceiling per n; 8 benches at "
+        "the profile's level (2 of them within); crossover within one on 6 of 8, k_hat*(a) on 7 of 7 plannable"),
+}
+GGUF_Q4_RUNS = (1, 2)
+
+
 def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str) -> dict[str, Entry]:
     """The entries of one run of benchmarks/structure_model.py into `folder`: its table, held-out configs, each
     (model, format folder, B) of `runs`' measured and predicted bench, each model's errors and console output;
@@ -337,6 +366,34 @@ ENTRIES: dict[str, Entry] = {
         "40 model-runs; k_hat*(a) within one at every a in 28 of 35 plannable model-runs"),
     "structure-model/pinned/summary.md": Entry("summary.json as markdown",
                                                source="structure-model/pinned/summary.json"),
+    # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
+    **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
+        f"structure-model/pinned-gguf/run-{r}", profile, table,
+        [(m, "q8_0/", 1) for m in STRUCTURE_MODELS]
+        + [(m, "q4_0/", 1) for m in STRUCTURE_GGUF["q4_0"] if r in GGUF_Q4_RUNS],
+        f"the profile of run {r}, its benches pinned to the profile's level").items()},
+    "structure-model/pinned-gguf/summary.json": Entry(
+        "ggml's pair in the five pinned runs, each n at its bench's ceiling with the pinned profile's s = 1: the "
+        "target not met in median (q8_0 medians 3.4-29.1%; within on Qwen3's mul_mat_id, Mixtral and q4_0's 1536 x "
+        "512 only); the benches met their profile's level in 14 of 44 model-runs; k_hat*(a) within one in every "
+        "plannable model-run, the crossover in 19 of 40 at q8_0"),
+    "structure-model/pinned-gguf/summary.md": Entry("summary.json as markdown",
+                                                    source="structure-model/pinned-gguf/summary.json"),
+    **{f"structure-model/pinned-gguf/share-{dt}/run-{r}/table.json": Entry(
+        f"run {r}'s {dt} benches predicted again from its pinned profile at device-ggml.json's stream share "
+        "(benchmarks/stream_share_pinned.py)") for dt, runs in (("q8_0", PINNED_GGUF_RUNS), ("q4_0", GGUF_Q4_RUNS))
+       for r in runs},
+    "structure-model/pinned-gguf/share-q8_0/summary.json": Entry(
+        "q8_0 over the five runs at device-ggml.json's share (s = 0.14 at G = 1, 0 past it): median errors 1.8-20.2% "
+        "where s = 1 gave 3.4-29.1%; within 10% / 20% in median on Qwen3, Mixtral and 1536 x 512 and OLMoE's "
+        "mul_mat_id; gpt-oss, 3072 x 1536, the pair and DeepSeek (10.2-10.5%) still predicted slow"),
+    "structure-model/pinned-gguf/share-q8_0/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/pinned-gguf/share-q8_0/summary.json"),
+    "structure-model/pinned-gguf/share-q4_0/summary.json": Entry(
+        "q4_0 over runs 1 and 2 at device-ggml.json's share (0): 1536 x 512 within target in both runs, OLMoE 9.5% / "
+        "12.7% median (s = 1: 18.5% / 24.1%)"),
+    "structure-model/pinned-gguf/share-q4_0/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/pinned-gguf/share-q4_0/summary.json"),
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
