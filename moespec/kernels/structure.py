@@ -37,19 +37,19 @@ A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loo
 memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); s(G) in [0,
 1] is the share of the stream's time the group's time follows as C moves (benchmarks/stream_share.py: ~0.8 for our
 kernels at one token, ~0.3-0.5 for ggml's, whose loop hides much of a slower stream), fitted where the profile's
-calls met more than one state of the host and 1 (all of it) where they did not, as no single state can tell s from
-x (or taken from a profile that met several: Rates.with_share); kappa(G) is the seconds per byte of a group whose weights sit in the cache: the issue rate of the inner loop at G
-tokens, its limit once the loop, not memory, is the slower (at G = 1 memory is, at large G the loop is, and the
-ceiling no longer matters). h_g is the share of the group's expert the cache still holds. Every rate comes from a
-device profile (moespec.measure.device_profile), timed through the kernels' own entry point on synthetic shapes,
-none a model's; G between the profile's values is interpolated linearly and past its largest extrapolated (kappa and
-r, the loop's work, on the line through their last two values, x and s at their last values). A per-slot group
-re-reading an expert finds the share min(1, cache / D) of it in the cache, D the distinct expert bytes read since
-its expert's previous slot, its own included (all of it when they fit; a cyclic re-read of more than the cache still
-finds part, as the last-level cache's replacement is not strict LRU); a first read, and every group of the
-deduplicating kernel (which reads each expert once), is cold. The ceiling C is a device measurement, never a
-parameter: a prediction is made at the profile's own ceiling or at one measured beside the times it is compared
-with.
+calls met more than one state of the host and 1 (all of it) where they did not, as no single state can tell s from x
+(or taken from a profile that met several: Rates.with_share); kappa(G) is the seconds per byte of a group whose
+weights sit in the cache: the issue rate of the inner loop at G tokens, its limit once the loop, not memory, is the
+slower (at G = 1 memory is, at large G the loop is, and the ceiling no longer matters). h_g is the share of the
+group's expert the cache still holds. Every rate comes from a device profile (moespec.measure.device_profile), timed
+through the kernels' own entry point on synthetic shapes, none a model's; G between the profile's values is
+interpolated linearly and past its largest extrapolated (kappa and r, the loop's work, on the line through their
+last two values, x and s at their last values). A per-slot group re-reading an expert finds the share min(1, cache /
+D) of it in the cache, D the distinct expert bytes read since its expert's previous slot, its own included (all of
+it when they fit; a cyclic re-read of more than the cache still finds part, as the last-level cache's replacement is
+not strict LRU); a first read, and every group of the deduplicating kernel (which reads each expert once), is cold.
+The ceiling C is a device measurement, never a parameter: a prediction is made at the profile's own ceiling or at
+one measured beside the times it is compared with.
 """
 
 from __future__ import annotations
