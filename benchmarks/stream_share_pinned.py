@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 import structure_model
+from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import load_profile
-from moespec.formats.files import provenance, write_json
+from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import kind_rates
 from moespec.measure.level import pinned_of
 
@@ -53,6 +54,14 @@ def run_rows(run: Path, dtype: str, shares: dict) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    try:
+        return share_tables(parser, argv)
+    except MoespecError as e:  # a profile or bench that does not load, an output that cannot be written: one line
+        parser.error(str(e))
+
+
+def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """The checks of every argument and output, then the tables and the summary (module docstring)."""
     parser.add_argument("--runs", required=True,
                         help="structure_model runs' folders (pinned profiles), comma-separated")
     parser.add_argument("--dtype", default="q8_0", choices=BENCH_DTYPES, help="the format to predict (default q8_0)")
@@ -74,6 +83,8 @@ def main(argv: list[str]) -> int:
             parser.error(f"--share-from {args.share_from}: another device or thread count than {run}/device.json")
     shares = kind_rates(source["dtypes"][args.dtype])
     out = Path(args.out)
+    for name in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
+        check_output(out / name)
     tables = []
     for run in runs:
         rows = run_rows(run, args.dtype, shares)

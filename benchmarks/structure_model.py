@@ -414,7 +414,10 @@ def main(argv: list[str]) -> int:
                          + (f" (none in {', '.join(missing)})" if runs else ""))
         step_summary(out, runs)
     else:
-        step_table(out, profile_path)
+        try:
+            step_table(out, profile_path)
+        except MoespecError as e:  # a profile that does not load: one line naming it
+            parser.error(str(e))
     return 0
 
 

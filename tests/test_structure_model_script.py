@@ -88,3 +88,32 @@ def test_the_share_rerun_refuses_bad_arguments_in_one_line(args, needle, tmp_pat
     done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_share_rerun_names_a_profile_that_does_not_load(structure_model, tmp_path):
+    """A --share-from that is not a device profile ends in one line naming the file, before any table is written."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run-1"
+    run.mkdir()
+    (run / "device.json").write_text("{}")
+    (run / "table.json").write_text("{}")
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    done = subprocess.run([sys.executable, str(SCRIPT.with_name("stream_share_pinned.py")), "--runs", str(run),
+                           "--share-from", str(tmp_path / "bad.json"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "bad.json" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_table_names_a_profile_that_does_not_load(tmp_path):
+    """`table` reads the run's profile for its level: one that does not load ends in one line naming it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "device.json").write_text("[1]")
+    done = subprocess.run([sys.executable, str(SCRIPT), "table", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "device.json: not a moespec device profile" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -40,11 +40,11 @@ def time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeigh
     the groups (moespec.measure.bench's docstring); in each pass every kernel runs after a cache flush, in an order
     rotated per round, so drift, bursts and order effects hit every n and kernel alike. Each group starts at the
     bench's bandwidth level and is timed again where the reference read after it is off the level, where one is
-    pinned (moespec.measure.level; on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of the ceiling is taken against
-    the machine of its own rounds; every call runs on the threads `cores` fits to the free cores. With `sample` (a
-    ceiling measurement, Timer.sampler) one more sample follows every timed call, the state that call met. Returns
-    per group {"times": [[seconds per kernel, in `kernels` order] per pass], "ceiling_gbps", "contention"} and with
-    `sample` "call_ceilings_gbps" shaped as "times"."""
+    pinned (moespec.measure.level; on a CPU); one ceiling sample (GB/s) follows each group, so a kernel's share of
+    the ceiling is taken against the machine of its own rounds; every call runs on the threads `cores` fits to the
+    free cores. With `sample` (a ceiling measurement, Timer.sampler) one more sample follows every timed call, the
+    state that call met. Returns per group {"times": [[seconds per kernel, in `kernels` order] per pass],
+    "ceiling_gbps", "contention"} and with `sample` "call_ceilings_gbps" shaped as "times"."""
     order = kernels[rep % len(kernels):] + kernels[:rep % len(kernels)]
     out: list[dict[str, Any]] = [{} for _ in inputs]
     start = rep * len(inputs) // reps
