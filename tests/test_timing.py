@@ -13,6 +13,7 @@ from moespec import MoespecError
 from moespec.measure import timing
 
 SLEEP_S = 1e-3
+REAL_KEPT = timing.kept_cache  # the real probe, taken at collection, before conftest's small_flush pins it
 SMALL_CEILING_BYTES = 8 << 20  # enough for a positive rate, quick on any machine
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -24,6 +25,36 @@ def test_measurement_helpers() -> None:
     assert timing.median_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0)
     assert timing.median_iqr([2.5]) == (2.5, 0.0)
     assert timing.flush_bytes() >= timing.FLUSH_MIN_BYTES
+
+
+@pytest.mark.parametrize(("kept", "flush"), [(0, 64 << 20), (16 << 20, 64 << 20), (128 << 20, 256 << 20)])
+def test_flush_is_twice_the_kept_cache_and_at_least_the_floor(monkeypatch: pytest.MonkeyPatch, kept: int,
+                                                              flush: int) -> None:
+    monkeypatch.setattr(timing, "kept_cache", lambda: kept)
+    assert timing.flush_bytes() == flush
+
+
+def test_kept_cache_is_the_smallest_buffer_the_cache_no_longer_serves() -> None:
+    mib = 1 << 20
+    # a VM shown 480 MiB: 64 MiB re-read at 1.9x memory, 128 MiB at 1.1x -> 128 MiB
+    rates = {8 * mib: 58.0, 16 * mib: 57.0, 32 * mib: 56.0, 64 * mib: 55.0, 128 * mib: 32.0, 256 * mib: 24.0}
+    assert timing.kept_of(rates, 29.0, 480 * mib) == 128 * mib
+    assert timing.kept_of({8 * mib: 90.0, 16 * mib: 80.0, 32 * mib: 60.0}, 30.0, 32 * mib) == 32 * mib  # all kept
+    assert timing.kept_of({8 * mib: 45.0, 16 * mib: 36.0}, 30.0, 32 * mib) == 16 * mib  # 1.2x: not kept
+    for rates, memory, llc in (({}, 30.0, mib), ({mib: 0.0}, 30.0, mib), ({mib: 9.0}, 0.0, mib), ({mib: 9.0}, 9.0, 0)):
+        with pytest.raises(MoespecError, match="kept_of"):
+            timing.kept_of(rates, memory, llc)
+
+
+def test_kept_cache_measures_a_power_of_two_within_the_cache() -> None:
+    assert REAL_KEPT(4 << 20) == 4 << 20  # under the probe's smallest buffer: the cache as given
+    kept = REAL_KEPT(16 << 20)
+    assert kept in (8 << 20, 16 << 20)
+
+
+def test_last_level_cache_reads_sysfs() -> None:
+    size = timing.last_level_cache()
+    assert size >= 0 and (size == 0 or size >= 1 << 10)  # a cache size in bytes, or 0 without sysfs
 
 
 def test_cpu_timer_flushes_times_and_measures_a_ceiling() -> None:

@@ -4,8 +4,8 @@ every bandwidth is printed beside (used by `moespec bench`).
 Physics. The expert operation is memory-bound (moespec.kernels): its time is the bytes it streams over the
 bandwidth it streams them at. In decoding, a model far larger than any cache is read from DRAM (HBM on a GPU)
 on every step, so a timed call must find none of its weights in a cache. Before each timed call the flush
-therefore writes a buffer larger than the last-level cache (the CPU's L3, the GPU's L2), which evicts every line,
-then reads a second, clean buffer at least as large. The read matters: after the write alone the cache is full
+therefore writes a buffer larger than the last-level cache (the GPU's L2; on the CPU the share of its L3 this process
+keeps, measured once: kept_cache), which evicts every line, then reads a second, clean buffer at least as large. The read matters: after the write alone the cache is full
 of dirty lines, and the timed call would pay for writing them back to memory while it streams its weights (up to
 a cache of extra traffic) which the ceiling does not pay; the read replaces them by clean lines that are dropped
 for free.
@@ -28,6 +28,7 @@ The ceiling: what the device's memory delivers to the simplest streaming code, i
 
 from __future__ import annotations
 
+import functools
 import platform
 import statistics
 from abc import ABC, abstractmethod
@@ -37,11 +38,12 @@ from typing import Callable
 
 import torch
 
+from moespec import ArgumentError
 from moespec.kernels import native
 from moespec.model.load import resolve_device
 
 __all__ = [
-    "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "flush_bytes", "device_name",
+    "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "last_level_cache", "kept_of", "kept_cache", "flush_bytes", "device_name",
     "cuda_device_name", "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
@@ -52,6 +54,11 @@ CEILING_REPEATS = 7  # ceiling samples per measurement: a median and an IQR that
 MATMUL_SHAPE = (1024, 2048, 2048)
 FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the last-level cache, so no expert byte survives in it ...
 FLUSH_MIN_BYTES = 64 << 20  # ... and at least 64 MiB when the CPU's cache size cannot be read
+KEPT_PROBE_MIN = 8 << 20  # kept_cache's smallest buffer: past any core's private L2
+KEPT_PROBE_READS = 3  # timed re-reads per buffer; the best counts (a shared host's reads of one buffer spread ~5-20%)
+# A re-read this much faster than memory comes from the cache (a 64 MiB buffer re-read ~1.9x memory's rate where it is
+# kept, a 128 MiB one ~1.1x where it is not)
+CACHED_SPEEDUP = 1.25
 GPU_L2_FALLBACK_BYTES = 50 << 20  # an H100's L2, for a torch that does not report L2_cache_size
 # GPU L2s are split into partitions with hashed addresses and do not evict in strict LRU order, so the flush
 # goes well past 2 x L2 where that is small: writing 1 GiB and reading 256 MiB (the size triton's do_bench
@@ -117,8 +124,8 @@ def _repeated(sample: Callable[[], float], repeats: int) -> list[float]:
 class CacheFlusher:
     """Call it before a timed call so that call finds no expert weights in any CPU cache.
 
-    It writes a buffer larger than the last-level cache (default 64 MiB, twice this machine's 32 MiB L3),
-    which evicts everything, then reads a second buffer of the same size, which replaces the dirty lines
+    It writes a buffer larger than the cache (the timers pass flush_bytes(): twice the cache this process keeps,
+    64 MiB at least), which evicts everything, then reads a second buffer of the same size, which replaces the dirty lines
     by clean ones (see the module docstring)."""
 
     def __init__(self, nbytes: int = FLUSH_MIN_BYTES) -> None:
@@ -142,8 +149,9 @@ def median_iqr(samples: list[float]) -> tuple[float, float]:
     return q[1], q[2] - q[0]
 
 
-def flush_bytes() -> int:
-    """FLUSH_LLC_MULTIPLE x the CPU's last-level cache (from sysfs), at least FLUSH_MIN_BYTES."""
+def last_level_cache() -> int:
+    """Bytes of the CPU's largest cache as sysfs reports it (0 where it cannot be read). A virtual machine may be
+    shown its whole socket's cache, of which it keeps far less (moespec.measure.cache_probe measures what it keeps)."""
     llc = 0
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
@@ -151,7 +159,48 @@ def flush_bytes() -> int:
             llc = max(llc, int(size.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(size[-1:], 0))
         except (OSError, ValueError):
             continue
-    return max(FLUSH_LLC_MULTIPLE * llc, FLUSH_MIN_BYTES)
+    return llc
+
+
+def kept_of(reread_gbps: dict[int, float], memory_gbps: float, llc: int) -> int:
+    """The cache a process keeps, from the re-read rate of buffers of several sizes (bytes -> GB/s) and memory's rate:
+    the smallest size whose re-read is under CACHED_SPEEDUP x memory's rate (the cache no longer serves it whole), at
+    most llc; llc where every size is served."""
+    if not memory_gbps > 0 or llc < 1 or not reread_gbps or min(reread_gbps.values()) <= 0:
+        raise ArgumentError("kept_of needs positive rates and a last-level cache of at least one byte")
+    return min([size for size, gbps in reread_gbps.items() if gbps < CACHED_SPEEDUP * memory_gbps] + [llc])
+
+
+@functools.cache
+def kept_cache(llc: int | None = None) -> int:
+    """Bytes of cache this process keeps, measured once (kept_of): each power-of-two buffer from KEPT_PROBE_MIN up to
+    llc (default last_level_cache()) read twice, the second read's best of KEPT_PROBE_READS against the best read of
+    a buffer of twice llc, which no cache keeps. A virtual machine shown its socket's cache (480 MiB) keeps ~100 MiB
+    of it, so a flush sized on the reported cache would write ~10x what evicts; llc itself where the native reader
+    or sysfs is missing, or llc is under the probe's smallest size."""
+    llc = last_level_cache() if llc is None else llc
+    lib = native.load()
+    if lib is None or llc < KEPT_PROBE_MIN:
+        return llc
+
+    def best(buf: torch.Tensor) -> float:
+        nbytes = buf.numel() * 8
+        lib.moespec_stream_read(buf.data_ptr(), nbytes, torch.get_num_threads())  # first read: paged in, cached
+        times = []
+        for _ in range(KEPT_PROBE_READS):
+            start = perf_counter()
+            lib.moespec_stream_read(buf.data_ptr(), nbytes, torch.get_num_threads())
+            times.append(perf_counter() - start)
+        return nbytes / min(times) / 1e9
+
+    sizes = [KEPT_PROBE_MIN << i for i in range((llc // KEPT_PROBE_MIN).bit_length()) if KEPT_PROBE_MIN << i <= llc]
+    memory = best(random_words(FLUSH_LLC_MULTIPLE * llc))
+    return kept_of({size: best(random_words(size)) for size in sizes}, memory, llc)
+
+
+def flush_bytes() -> int:
+    """FLUSH_LLC_MULTIPLE x the cache this process keeps (kept_cache), at least FLUSH_MIN_BYTES."""
+    return max(FLUSH_LLC_MULTIPLE * kept_cache(), FLUSH_MIN_BYTES)
 
 
 def device_name() -> str:
