@@ -304,6 +304,38 @@ print("avx2 paths ok")
 """
 
 
+ONE_TOKEN_CHECK = """
+import torch
+from moespec import kernels as K
+from moespec.kernels import dense
+gen = torch.Generator().manual_seed(1)
+for dtype in (torch.float32, torch.bfloat16):
+    for mode in ("slot", "dedup"):
+        x = torch.randn(1, 70, generator=gen).to(dtype)  # rows of 70 and 37: tiles of 4 rows and a remainder
+        ids = torch.randperm(7, generator=gen)[:3].reshape(1, 3)
+        w = torch.softmax(torch.randn(1, 3, generator=gen), -1).to(dtype)
+        gu = (0.1 * torch.randn(7, 74, 70, generator=gen)).to(dtype)
+        dn = (0.1 * torch.randn(7, 70, 37, generator=gen)).to(dtype)
+        got = K.expert_op(mode, x, ids, w, gu, dn).double()
+        ref = K.reference_float64(x, ids, w, gu, dn)
+        assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (dtype, mode, (got - ref).abs().max())
+    x, wt = torch.randn(1, 130, generator=gen).to(dtype), torch.randn(35, 130, generator=gen).to(dtype)
+    ref = dense.linear_reference(x, wt).float()
+    assert torch.allclose(dense.linear(x, wt).float(), ref, atol=0.1, rtol=2 ** -7), dtype
+print("one-token path ok")
+"""
+
+
+@pytest.mark.parametrize("path", ["rows", "tiles"])
+@pytest.mark.parametrize("dot", ["0", "1"])
+def test_both_one_token_paths_match_the_reference(path: str, dot: str) -> None:
+    """MOESPEC_NATIVE_ONE_TOKEN takes the one-token path of the CPU's other vendor (rows one after the other, or
+    prefetched tiles): both, on both bf16 paths and fp32, against the reference (a fresh process: read once)."""
+    env = {**os.environ, "MOESPEC_NATIVE_ONE_TOKEN": path, "MOESPEC_NATIVE_DOT": dot}
+    proc = subprocess.run([sys.executable, "-c", ONE_TOKEN_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "one-token path ok" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_the_avx2_paths_run_where_the_cpu_has_the_dot_instructions(tmp_path):
     """MOESPEC_NATIVE_DOT=0 keeps the bf16 kernels on their AVX2 path: the path of every AVX2-only machine, checked
     against the reference even on a CPU with AVX512-BF16 (a fresh process: the switch is read once)."""

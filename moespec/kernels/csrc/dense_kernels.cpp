@@ -65,11 +65,8 @@ constexpr int64_t kColBlockBytes = 16 << 10;
 // the dot path; on the fma path +15% at n = 4, but -10% from n = 6, where its FMAs already saturate the
 // core and the prefetch instructions only take their issue slots (each path's kL1PrefetchMaxTokens).
 constexpr int64_t kPrefetchTiles = 2;
-// One-token calls read their rows one after the other, one row per tile, with no software prefetch: a plain
-// sequential read, which the hardware prefetcher serves faster than kTileRows rows read side by side (four 4 KiB
-// pages at once, prefetched or not): an LM head of 32768 x 2048 bf16 rows went from ~54 to ~63 GB/s against a
-// streaming read of ~80 GB/s. The expert kernels take the same rule (expert_kernels.cpp, kSequentialMaxTokens).
-constexpr int64_t kSequentialMaxTokens = 1;
+// One-token calls read their rows one after the other, one row per tile, with no software prefetch, or in tiles as
+// larger calls do, by the CPU's prefetcher (simd_common.h, one_token_tiles; the expert kernels take the same rule).
 // Weights per task (~0.5 MiB): ~16 tasks for a 2048 x 2048 bf16 matrix, ~256 for an LM head.
 constexpr int64_t kTaskBytes = 512 << 10;
 // Padding of the fp32/bf16 input rows, in elements: strides that are multiples of 4 KiB would put the same
@@ -314,7 +311,7 @@ void row_tile(const Problem& pb, const typename P::X* xp, int64_t ldxp, int64_t 
         t += n / blocks + (b < n % blocks);
     }
     const int64_t ldp = n * kLanes;
-    const bool ahead = n > kSequentialMaxTokens && r0 + (kPrefetchTiles + 1) * R <= pb.M;
+    const bool ahead = (n > 1 || one_token_tiles()) && r0 + (kPrefetchTiles + 1) * R <= pb.M;
     const bool to_l1 = n <= P::kL1PrefetchMaxTokens, next_tile = r0 + 2 * R <= pb.M;
     alignas(32) float part[R * kMaxTokens * kLanes];
     const int64_t kb = std::max<int64_t>(64, kColBlockBytes / (n * int64_t(sizeof(typename P::X))) / 64 * 64);
@@ -375,7 +372,7 @@ void run(const Problem& pb) {
             int64_t r = lo;
             if (n >= P::kNarrowMin && n <= P::kNarrowMax)
                 for (; r + kNarrowRows <= hi; r += kNarrowRows) row_tile<P, kNarrowRows>(pb, xp.get(), ldxp, r);
-            else if (n > kSequentialMaxTokens)
+            else if (n > 1 || one_token_tiles())
                 for (; r + kTileRows <= hi; r += kTileRows) row_tile<P, kTileRows>(pb, xp.get(), ldxp, r);
             for (; r < hi; ++r) row_tile<P, 1>(pb, xp.get(), ldxp, r);
         }

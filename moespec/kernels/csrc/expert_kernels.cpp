@@ -38,12 +38,9 @@ using namespace moespec_tiles;  // the register tiles (expert_tiles.h) and their
 
 // Rows per work chunk (a multiple of kTileRows).
 constexpr int kRowChunk = 8;
-// One-token groups stream their rows one after the other, one row per tile, with no software prefetch:
-// that is a plain sequential read, which the hardware prefetcher serves at ~29 GB/s per core, against
-// ~21-27 GB/s for kTileRows rows read side by side (four 4 KiB pages at once), prefetched or not
-// (measured on this machine's 2-core EPYC). Larger groups keep the 4-row tiles, which load each input
-// once per 4 rows.
-constexpr int64_t kSequentialMaxTokens = 1;
+// One-token groups read their rows one after the other with no software prefetch, or in the 4-row tiles that
+// larger groups use (which load each input once per 4 rows), by the CPU's prefetcher: simd_common.h,
+// one_token_tiles.
 // Software prefetch distance of the 4-row tiles, in bytes of weights ahead of the tile being read (whole
 // tiles). A gate or up row is one 4 KiB page and a down row half of one, so the hardware prefetcher,
 // which stops at page ends, retrains on every row; the prefetch keeps this many bytes in flight per core
@@ -225,7 +222,7 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
         for (int64_t r = lo; r < std::min(hi, lo + target.ahead); ++r)
             for (int64_t k = 0; k < K; k += kLineCols)
                 _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k), _MM_HINT_T1);
-    if (G <= kSequentialMaxTokens) {
+    if (G == 1 && !one_token_tiles()) {
         for (int64_t r = lo; r < hi; ++r) {
             std::fill(res, res + G, 0.0f);
             tile_tokens<1>(w + r * K, K, xs, static_cast<int>(G), 0, K, static_cast<const W*>(nullptr), res, 1);
