@@ -118,12 +118,10 @@ def compare(args: argparse.Namespace) -> int:
     summary["tiles_over_rows"] = {op: {"median": statistics.median(v), "interval": interval(v)}
                                   for op, v in ratios.items()}
     for op in OPS:
-        print(f"{op}: rows {summary['rows'][op]['median_gbps']:.1f} GB/s, tiles {summary['tiles'][op]['median_gbps']:.1f}"
-              f" GB/s, tiles / rows {summary['tiles_over_rows'][op]['median']:.2f} "
-              f"(95% {summary['tiles_over_rows'][op]['interval'][0]:.2f}-"
-              f"{summary['tiles_over_rows'][op]['interval'][1]:.2f}); streaming read "
-              f"{summary['rows']['ceiling_gbps']['median_gbps']:.1f} / {summary['tiles']['ceiling_gbps']['median_gbps']:.1f}"
-              " GB/s")
+        rows, tiles, ratio = summary["rows"], summary["tiles"], summary["tiles_over_rows"][op]
+        print(f"{op}: rows {rows[op]['median_gbps']:.1f} GB/s, tiles {tiles[op]['median_gbps']:.1f} GB/s, tiles / rows "
+              f"{ratio['median']:.2f} (95% {ratio['interval'][0]:.2f}-{ratio['interval'][1]:.2f}); streaming read "
+              f"{rows['ceiling_gbps']['median_gbps']:.1f} / {tiles['ceiling_gbps']['median_gbps']:.1f} GB/s")
     if args.out:
         write_json(args.out, {"summary": summary, "runs": runs, "shapes": {"lm_head": list(LM_HEAD),
                                                                           "olmoe_N_m_d_f": list(OLMOE)},

@@ -2,13 +2,13 @@
 every bandwidth is printed beside (used by `moespec bench`).
 
 Physics. The expert operation is memory-bound (moespec.kernels): its time is the bytes it streams over the
-bandwidth it streams them at. In decoding, a model far larger than any cache is read from DRAM (HBM on a GPU)
-on every step, so a timed call must find none of its weights in a cache. Before each timed call the flush
-therefore writes a buffer larger than the last-level cache (the GPU's L2; on the CPU the share of its L3 this process
-keeps, measured once: kept_cache), which evicts every line, then reads a second, clean buffer at least as large. The read matters: after the write alone the cache is full
-of dirty lines, and the timed call would pay for writing them back to memory while it streams its weights (up to
-a cache of extra traffic) which the ceiling does not pay; the read replaces them by clean lines that are dropped
-for free.
+bandwidth it streams them at. In decoding, a model far larger than any cache is read from DRAM (HBM on a GPU) on
+every step, so a timed call must find none of its weights in a cache. Before each timed call the flush therefore
+writes a buffer larger than the last-level cache (the GPU's L2; on the CPU the share of its L3 this process keeps,
+measured once: kept_cache), which evicts every line, then reads a second, clean buffer at least as large. The read
+matters: after the write alone the cache is full of dirty lines, and the timed call would pay for writing them back
+to memory while it streams its weights (up to a cache of extra traffic) which the ceiling does not pay; the read
+replaces them by clean lines that are dropped for free.
 
 The clock. On the CPU the kernels are synchronous, so time.perf_counter around the call is its time. A CUDA call
 only enqueues kernels and returns, so the host clock would measure the launch; CUDA events recorded on the
@@ -43,7 +43,8 @@ from moespec.kernels import native
 from moespec.model.load import resolve_device
 
 __all__ = [
-    "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "last_level_cache", "kept_of", "kept_cache", "flush_bytes", "device_name",
+    "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "last_level_cache", "kept_of", "kept_cache",
+    "flush_bytes", "device_name",
     "cuda_device_name", "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
@@ -125,8 +126,8 @@ class CacheFlusher:
     """Call it before a timed call so that call finds no expert weights in any CPU cache.
 
     It writes a buffer larger than the cache (the timers pass flush_bytes(): twice the cache this process keeps,
-    64 MiB at least), which evicts everything, then reads a second buffer of the same size, which replaces the dirty lines
-    by clean ones (see the module docstring)."""
+    64 MiB at least), which evicts everything, then reads a second buffer of the same size, which replaces the
+    dirty lines by clean ones (see the module docstring)."""
 
     def __init__(self, nbytes: int = FLUSH_MIN_BYTES) -> None:
         self._dirty = torch.empty(nbytes // 4, dtype=torch.float32)

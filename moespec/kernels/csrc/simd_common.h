@@ -83,9 +83,9 @@ inline bool one_token_tiles() {
     // One-token calls read their rows in prefetched tiles of kTileRows rows, as larger calls do, on Intel CPUs, and
     // one row after the other with no software prefetch elsewhere: AMD's hardware prefetcher serves a plain
     // sequential read faster (an EPYC's 2 cores: ~29 GB/s a core sequential, ~21-27 GB/s in tiles; an LM head ~63
-    // against ~54 GB/s), Intel's slower (a Xeon's 2 cores on one-token expert groups: ~20 GB/s sequential, ~27-31
-    // GB/s in tiles, at a ~25 GB/s streaming read). MOESPEC_NATIVE_ONE_TOKEN=rows or =tiles takes one path on any
-    // CPU (the tests check both); read once per process.
+    // against ~54 GB/s), Intel's slower (a Xeon's 2 cores at a ~25 GB/s streaming read: an OLMoE layer's one-token
+    // expert op 21.5 -> 27.0 GB/s, an LM head 17.3 -> 26.8 GB/s in tiles; benchmarks/one_token_paths.py).
+    // MOESPEC_NATIVE_ONE_TOKEN=rows or =tiles takes one path on any CPU (the tests check both); read once a process.
     static const bool on = [] {
         const char* env = std::getenv("MOESPEC_NATIVE_ONE_TOKEN");
         if (env && std::strcmp(env, "tiles") == 0) return true;
