@@ -273,7 +273,7 @@ ENTRIES: dict[str, Entry] = {
                                              source=f"structure-model/{m}/errors.json") for m in STRUCTURE_MODELS},
     # the same for ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF formats, n = 1..9 (and B = 8)
     **with_console("one-token-paths/xeon-2core", "a 2-core Intel Xeon VM: one-token rows in prefetched tiles over rows "
-                   "read in sequence, LM head 1.53x, expert op 1.26x (both kernels), at a ~25 GB/s streaming read"),
+                   "read in sequence, LM head 1.57x, expert op 1.18-1.19x; streaming read 28.7 prefetched, 25.1 not"),
     **with_console("structure-model/stream-share", "how much of a cold one-token pass follows the streaming read: "
                    "t/b = x + s/C over calls spanning host states; ours s 0.81, ggml's q8_0 0.46"),
     **with_console("structure-model/stream-share-ab", "one profile's timings fitted with the stream's share s_G and "

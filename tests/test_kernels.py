@@ -305,9 +305,10 @@ print("avx2 paths ok")
 
 
 ONE_TOKEN_CHECK = """
+import numpy as np
 import torch
 from moespec import kernels as K
-from moespec.kernels import dense
+from moespec.kernels import dense, native
 gen = torch.Generator().manual_seed(1)
 for dtype in (torch.float32, torch.bfloat16):
     for mode in ("slot", "dedup"):
@@ -322,6 +323,10 @@ for dtype in (torch.float32, torch.bfloat16):
     x, wt = torch.randn(1, 130, generator=gen).to(dtype), torch.randn(35, 130, generator=gen).to(dtype)
     ref = dense.linear_reference(x, wt).float()
     assert torch.allclose(dense.linear(x, wt).float(), ref, atol=0.1, rtol=2 ** -7), dtype
+words = torch.randint(-2 ** 62, 2 ** 62, (65540,), dtype=torch.int64, generator=gen)  # past the prefetch, a tail
+for threads in (1, 2, 3):  # the streaming read (the ceiling) reads every word: the xor of all of them
+    got = native.load().moespec_stream_read(words.data_ptr(), words.numel() * 8, threads)
+    assert got == int(np.bitwise_xor.reduce(words.numpy().view(np.uint64))), threads
 print("one-token path ok")
 """
 
@@ -330,7 +335,8 @@ print("one-token path ok")
 @pytest.mark.parametrize("dot", ["0", "1"])
 def test_both_one_token_paths_match_the_reference(path: str, dot: str) -> None:
     """MOESPEC_NATIVE_ONE_TOKEN takes the one-token path of the CPU's other vendor (rows one after the other, or
-    prefetched tiles): both, on both bf16 paths and fp32, against the reference (a fresh process: read once)."""
+    prefetched tiles; the streaming read without or with its prefetch): both, on both bf16 paths and fp32, against
+    the reference (a fresh process: read once)."""
     env = {**os.environ, "MOESPEC_NATIVE_ONE_TOKEN": path, "MOESPEC_NATIVE_DOT": dot}
     proc = subprocess.run([sys.executable, "-c", ONE_TOKEN_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "one-token path ok" in proc.stdout, proc.stderr[-2000:]

@@ -19,7 +19,8 @@ overlap them (~0.9 ms in all) and the events measure the kernels' execution, not
 
 The ceiling: what the device's memory delivers to the simplest streaming code, in GB/s (1e9 B/s).
 - cpu, "streaming read": one read of a 256 MiB buffer (the native AVX2 reader on all threads, each a contiguous
-  part; else a torch integer sum). The expert operation only reads its weights, so a read is its ceiling.
+  part, with the kernels' software prefetch on a CPU where they prefetch their one-token rows; else a torch integer
+  sum). The expert operation only reads its weights, so a read is its ceiling.
 - cuda, "device-to-device copy": a 1 GiB copy_ within the device (the driver's copy), counting the bytes read and
   written, 2 nbytes / t, the figure HBM bandwidth is usually quoted as. A GPU reaches its memory bandwidth only
   with many requests in flight, and the driver's copy is the standard, best-tuned kernel that keeps them so: the

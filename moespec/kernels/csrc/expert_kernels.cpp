@@ -458,23 +458,33 @@ int moespec_expert_op(int wdtype, int xdtype, int rdtype, int mode, int act, flo
 }
 
 // Streaming read of nbytes (a multiple of 32) split in contiguous parts between threads: the device
-// ceiling. Returns an xor of the data so the loads cannot be optimized away.
+// ceiling. Where the kernels prefetch their one-token rows (one_token_tiles: Intel CPUs, whose hardware prefetcher
+// serves a plain sequential read below what the kernels' prefetched tiles reach), it requests the lines
+// kPrefetchBytes ahead as they do, so the ceiling is what memory delivers to the kernels' read. Returns an xor of
+// the data so the loads cannot be optimized away.
 uint64_t moespec_stream_read(const void* buf, int64_t nbytes, int nthreads) {
     const int64_t vecs = nbytes / 32;
     const __m256i* p = static_cast<const __m256i*>(buf);
+    const int64_t ahead = one_token_tiles() ? kPrefetchBytes / 32 : 0;  // in vectors; 0: no software prefetch
     uint64_t total = 0;
 #pragma omp parallel num_threads(nthreads) reduction(^ : total)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t per = (vecs + nt - 1) / nt, lo = std::min(vecs, tid * per), hi = std::min(vecs, lo + per);
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t i = lo;
-        for (; i + 4 <= hi; i += 4) {
+        auto step = [&](int64_t i) __attribute__((always_inline)) {  // two cache lines
             a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
             a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(p + i + 1));
             a2 = _mm256_xor_si256(a2, _mm256_loadu_si256(p + i + 2));
             a3 = _mm256_xor_si256(a3, _mm256_loadu_si256(p + i + 3));
+        };
+        int64_t i = lo;
+        for (; ahead && i + ahead + 4 <= hi; i += 4) {  // each line requested `ahead` vectors before it is read
+            _mm_prefetch(reinterpret_cast<const char*>(p + i + ahead), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(p + i + ahead + 2), _MM_HINT_T1);
+            step(i);
         }
+        for (; i + 4 <= hi; i += 4) step(i);
         for (; i < hi; ++i) a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(p + i));
         __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
         alignas(32) uint64_t lanes[4];

@@ -85,7 +85,8 @@ inline bool one_token_tiles() {
     // sequential read faster (an EPYC's 2 cores: ~29 GB/s a core sequential, ~21-27 GB/s in tiles; an LM head ~63
     // against ~54 GB/s), Intel's slower (a Xeon's 2 cores at a ~25 GB/s streaming read: an OLMoE layer's one-token
     // expert op 21.5 -> 27.0 GB/s, an LM head 17.3 -> 26.8 GB/s in tiles; benchmarks/one_token_paths.py).
-    // MOESPEC_NATIVE_ONE_TOKEN=rows or =tiles takes one path on any CPU (the tests check both); read once a process.
+    // The streaming read (the ceiling) prefetches where this holds. MOESPEC_NATIVE_ONE_TOKEN=rows or =tiles takes one
+    // path on any CPU (the tests check both); read once a process.
     static const bool on = [] {
         const char* env = std::getenv("MOESPEC_NATIVE_ONE_TOKEN");
         if (env && std::strcmp(env, "tiles") == 0) return true;
