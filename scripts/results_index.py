@@ -368,6 +368,21 @@ ENTRIES: dict[str, Entry] = {
         "40 model-runs; k_hat*(a) within one at every a in 28 of 35 plannable model-runs"),
     "structure-model/pinned/summary.md": Entry("summary.json as markdown",
                                                source="structure-model/pinned/summary.json"),
+    # one pinned run on the 2-core Intel Xeon VM (xeon/), before its streaming read prefetched
+    **validation_run(
+        "structure-model/xeon/run-1", "bf16 profile on a 2-core Intel Xeon VM, pinned at 27.3 GB/s (take 3 of 3, all "
+        "flagged: self-check 23.4% / 82.7% slot, 25.0% / 35.7% dedup; cache 256 MiB; ceiling 26.4 GB/s)",
+        "the Xeon's run: every model predicted 20-27% slow in median over n (pair's dedup 7.5%), 15 of 16 model-kernels "
+        "at the profile's level; crossover within one on 7 of 8; every predicted plan refused (eps 0.83 from the "
+        "self-check)", [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    # the same on the Xeon with its streaming read prefetching (one take of `moespec profile`; three models)
+    **validation_run(
+        "structure-model/xeon/ceiling-prefetch", "bf16 profile on the Xeon with the prefetching streaming read, "
+        "pinned at 29.8 GB/s (one take, flagged: self-check 23.4% / 77.5% slot, 20.1% / 33.2% dedup; ceiling 32.0 "
+        "GB/s)", "the Xeon with its higher ceiling: OLMoE, Qwen3 and 3072 x 1536 still predicted 16-29% slow in "
+        "median over n: the ceiling was not the Xeon's miss", [(m, "", 1) for m in ("olmoe-1b-7b", "qwen3-30b-a3b",
+                                                                                   "heldout-3072x1536")],
+        "the run's own profile, its benches pinned to its level"),
     # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
     **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
         f"structure-model/pinned-gguf/run-{r}", profile, table,
