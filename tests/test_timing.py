@@ -41,9 +41,14 @@ def test_kept_cache_is_the_smallest_buffer_the_cache_no_longer_serves() -> None:
     assert timing.kept_of(rates, 29.0, 480 * mib) == 128 * mib
     assert timing.kept_of({8 * mib: 90.0, 16 * mib: 80.0, 32 * mib: 60.0}, 30.0, 32 * mib) == 32 * mib  # all kept
     assert timing.kept_of({8 * mib: 45.0, 16 * mib: 36.0}, 30.0, 32 * mib) == 16 * mib  # 1.2x: not kept
-    for rates, memory, llc in (({}, 30.0, mib), ({mib: 0.0}, 30.0, mib), ({mib: 9.0}, 0.0, mib), ({mib: 9.0}, 9.0, 0)):
-        with pytest.raises(MoespecError, match="kept_of"):
+    for rates, memory, llc, name in (({}, 30.0, mib, "reread_gbps"), ({mib: 0.0}, 30.0, mib, "reread_gbps"),
+                                     ({0: 9.0}, 30.0, mib, "reread_gbps"), ({mib: 9.0}, 0.0, mib, "memory_gbps"),
+                                     ({mib: 9.0}, 9.0, 0, "llc"), ({mib: 9.0}, 9.0, 1.5, "llc")):
+        with pytest.raises(ValueError, match=name):
             timing.kept_of(rates, memory, llc)
+    for llc in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="llc"):
+            REAL_KEPT(llc)
 
 
 def test_kept_cache_measures_a_power_of_two_within_the_cache() -> None:

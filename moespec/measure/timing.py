@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 
 from moespec import ArgumentError
+from moespec.arguments import show
 from moespec.kernels import native
 from moespec.model.load import resolve_device
 
@@ -49,12 +50,12 @@ __all__ = [
     "cuda_device_name", "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
-STREAM_READ_BYTES = 256 << 20  # the CPU ceiling's buffer: 8x a 32 MiB L3, so nearly every byte comes from DRAM
+STREAM_READ_BYTES = 256 << 20  # the CPU ceiling's buffer: 8x a 32 MiB L3, past what a VM keeps of a larger one
 CEILING_REPEATS = 7  # ceiling samples per measurement: a median and an IQR that shows drift
 # The compute ceiling's product [M, K] x [K, N]: 8.6 GFLOP a call, large enough for a GEMM library's peak on a CPU
 # or a GPU, small enough (12 MiB of bf16 operands) to time in well under a second.
 MATMUL_SHAPE = (1024, 2048, 2048)
-FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the last-level cache, so no expert byte survives in it ...
+FLUSH_LLC_MULTIPLE = 2  # the flush writes twice the cache the process keeps, so no expert byte survives in it ...
 FLUSH_MIN_BYTES = 64 << 20  # ... and at least 64 MiB when the CPU's cache size cannot be read
 KEPT_PROBE_MIN = 8 << 20  # kept_cache's smallest buffer: past any core's private L2
 KEPT_PROBE_READS = 3  # timed re-reads per buffer; the best counts (a shared host's reads of one buffer spread ~5-20%)
@@ -153,7 +154,7 @@ def median_iqr(samples: list[float]) -> tuple[float, float]:
 
 def last_level_cache() -> int:
     """Bytes of the CPU's largest cache as sysfs reports it (0 where it cannot be read). A virtual machine may be
-    shown its whole socket's cache, of which it keeps far less (moespec.measure.cache_probe measures what it keeps)."""
+    shown its whole socket's cache, of which it keeps far less (kept_cache measures what it keeps)."""
     llc = 0
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
@@ -168,18 +169,24 @@ def kept_of(reread_gbps: dict[int, float], memory_gbps: float, llc: int) -> int:
     """The cache a process keeps, from the re-read rate of buffers of several sizes (bytes -> GB/s) and memory's rate:
     the smallest size whose re-read is under CACHED_SPEEDUP x memory's rate (the cache no longer serves it whole), at
     most llc; llc where every size is served."""
-    if not memory_gbps > 0 or llc < 1 or not reread_gbps or min(reread_gbps.values()) <= 0:
-        raise ArgumentError("kept_of needs positive rates and a last-level cache of at least one byte")
+    if not reread_gbps or not all(size >= 1 and gbps > 0 for size, gbps in reread_gbps.items()):
+        raise ArgumentError(f"reread_gbps must map buffer sizes >= 1 byte to positive rates, got {show(reread_gbps)}")
+    if not memory_gbps > 0:
+        raise ArgumentError(f"memory_gbps must be positive, got {show(memory_gbps)}")
+    if isinstance(llc, bool) or not isinstance(llc, int) or llc < 1:
+        raise ArgumentError(f"llc must be a whole number of bytes >= 1, got {show(llc)}")
     return min([size for size, gbps in reread_gbps.items() if gbps < CACHED_SPEEDUP * memory_gbps] + [llc])
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None, typed=True)  # typed: kept_cache(True) is refused, not kept_cache(1)'s answer
 def kept_cache(llc: int | None = None) -> int:
     """Bytes of cache this process keeps, measured once (kept_of): each power-of-two buffer from KEPT_PROBE_MIN up to
     llc (default last_level_cache()) read twice, the second read's best of KEPT_PROBE_READS against the best read of
-    a buffer of twice llc, which no cache keeps. A virtual machine shown its socket's cache (480 MiB) keeps ~100 MiB
-    of it, so a flush sized on the reported cache would write ~10x what evicts; llc itself where the native reader
-    or sysfs is missing, or llc is under the probe's smallest size."""
+    a buffer of twice llc, which no cache keeps. A virtual machine shown its socket's 480 MiB keeps ~100-250 MiB of
+    it (256 MiB by this rule), so a flush sized on the reported cache would write twice what evicts; llc itself where
+    the native reader or sysfs is missing, or llc is under the probe's smallest size."""
+    if llc is not None and (isinstance(llc, bool) or not isinstance(llc, int) or llc < 0):
+        raise ArgumentError(f"llc must be None or a whole number of bytes >= 0, got {show(llc)}")
     llc = last_level_cache() if llc is None else llc
     lib = native.load()
     if lib is None or llc < KEPT_PROBE_MIN:
