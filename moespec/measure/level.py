@@ -15,9 +15,9 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   back: a read after the cores idled reads low whatever the host does (after a 0.2 s sleep 8-10 GB/s where reads
   back to back read 35-55: the vCPUs wake slowly), so a poll that slept between reads waited out its
   whole budget for a read that could not come, and the measurement then re-pinned to a level it never left.
-  Each poll follows a cache flush, as a round's read follows its work: read twice in a row, the 64 MiB buffer is
-  partly still in a 32 MiB last-level cache and reads 12-30% faster (54 against 40 GB/s, interleaved), so polls
-  back to back read as another level than the reads they are compared with.
+  Each poll follows an eviction of the cache, as a round's read follows its work: read twice in a row, the 64 MiB
+  buffer is partly still in a 32 MiB last-level cache and reads 12-30% faster (54 against 40 GB/s, interleaved), so
+  polls back to back read as another level than the reads they are compared with.
   After a dropped round the host counts as back on the median of a few reads (SETTLE_READS), not on one;
 - the waiting has a budget (wait_s per measurement). When it is spent, the host has moved for longer than a
   burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
@@ -100,7 +100,7 @@ class Level:
     """The pinned bandwidth level of one measurement (module docstring): `pinned` GB/s, or None to pin the first
     kept round's; `wait_s` seconds of waiting for it at most per pin (None: WAIT_S; 0: no pinning). `read()` is the
     reference read (GB/s; a REFERENCE_BYTES streaming read unless given), which also evicts the caches; `poll()`
-    the same after `evict` (default with the default read: a cache flush; none with a given read)."""
+    the same after `evict` (default with the default read: the flush's read alone; none with a given read)."""
 
     def __init__(self, pinned: float | None = None, wait_s: float | None = None,
                  read: Callable[[], float] | None = None, evict: Callable[[], object] | None = None) -> None:
@@ -123,9 +123,10 @@ class Level:
         return read()
 
     def _reader(self) -> Callable[[], float]:
-        """The reference read, made on the first call with its eviction (the default read's: a cache flush)."""
+        """The reference read, made on the first call with its eviction (the default read's: the cache flush's read
+        alone, CacheFlusher(write=False): a verify pass writes little, and the poll runs before every pass)."""
         if self._read is None:
-            self._read, self._evict = StreamRead(REFERENCE_BYTES), self._evict or CacheFlusher(flush_bytes())
+            self._read, self._evict = StreamRead(REFERENCE_BYTES), self._evict or CacheFlusher(flush_bytes(), False)
         return self._read
 
     @property

@@ -7,9 +7,9 @@ one of a few levels for seconds to minutes (moespec.measure.level). So a pass is
 time every pass size and policy once each, and:
 - the rounds' order varies (the sizes ascending and descending in turn, each size's policies rotated), so that
   drift and a change of level hit every n and policy alike;
-- a reference read before every pass (after a cache flush, Level.poll) evicts the last-level cache and measures
-  the machine; a round whose slowest read falls below DISTURBED x the kept rounds' median was disturbed, and one
-  off the level is dropped;
+- a reference read before every pass (after an eviction of the cache, Level.poll) leaves no weights cached and
+  measures the machine; a round whose slowest read falls below DISTURBED x the kept rounds' median was disturbed,
+  and one off the level is dropped;
 - the rounds go on until every median's 95% bootstrap interval is within +-target of it (or a round limit or a
   time budget), and the medians are reported with those intervals.
 """
@@ -168,7 +168,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
         times, reads = {}, []
         level.settle()
         for n, policy in _round_order(ns, policies, rep):
-            reads.append(level.poll())  # after a flush: a pass that read little leaves the reference buffer cached
+            reads.append(level.poll())  # after an eviction: a pass that read little leaves the reference buffer cached
             cores.before()
             times[f"{n} {policy}"] = time_pass(n, policy, rep)
             cores.after()
