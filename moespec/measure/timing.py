@@ -192,23 +192,11 @@ def kept_cache(llc: int | None = None) -> int:
     if llc is not None and (isinstance(llc, bool) or not isinstance(llc, int) or llc < 0):
         raise ArgumentError(f"llc must be None or a whole number of bytes >= 0, got {show(llc)}")
     llc = last_level_cache() if llc is None else llc
-    lib = native.load()
-    if lib is None or llc < KEPT_PROBE_MIN:
+    if native.load() is None or llc < KEPT_PROBE_MIN:
         return llc
-
-    def best(buf: torch.Tensor) -> float:
-        nbytes = buf.numel() * 8
-        lib.moespec_stream_read(buf.data_ptr(), nbytes, torch.get_num_threads())  # first read: paged in, cached
-        times = []
-        for _ in range(KEPT_PROBE_READS):
-            start = perf_counter()
-            lib.moespec_stream_read(buf.data_ptr(), nbytes, torch.get_num_threads())
-            times.append(perf_counter() - start)
-        return nbytes / min(times) / 1e9
-
+    best = lambda nbytes: max(measure_stream_read(nbytes, KEPT_PROBE_READS))  # noqa: E731 - after one untimed read
     sizes = [KEPT_PROBE_MIN << i for i in range((llc // KEPT_PROBE_MIN).bit_length()) if KEPT_PROBE_MIN << i <= llc]
-    memory = best(random_words(FLUSH_LLC_MULTIPLE * llc))
-    return kept_of({size: best(random_words(size)) for size in sizes}, memory, llc)
+    return kept_of({size: best(size) for size in sizes}, best(FLUSH_LLC_MULTIPLE * llc), llc)
 
 
 def flush_bytes() -> int:
