@@ -187,8 +187,9 @@ def kept_cache(llc: int | None = None) -> int:
     """Bytes of cache this process keeps, measured once (kept_of): each power-of-two buffer from KEPT_PROBE_MIN up to
     llc (default last_level_cache()) read twice, the second read's best of KEPT_PROBE_READS against the best read of
     a buffer of twice llc, which no cache keeps. A virtual machine shown its socket's 480 MiB keeps ~100-250 MiB of
-    it (256 MiB by this rule), so a flush sized on the reported cache would write twice what evicts; llc itself where
-    the native reader or sysfs is missing, or llc is under the probe's smallest size."""
+    it (128 or 256 MiB by this rule from one process to the next: a 128 MiB re-read sits near CACHED_SPEEDUP), so a
+    flush sized on the reported cache would write 2-4x what evicts; llc itself where the native reader or sysfs is
+    missing, or llc is under the probe's smallest size."""
     if llc is not None and (isinstance(llc, bool) or not isinstance(llc, int) or llc < 0):
         raise ArgumentError(f"llc must be None or a whole number of bytes >= 0, got {show(llc)}")
     llc = last_level_cache() if llc is None else llc
