@@ -4,6 +4,7 @@ bf16, ggml's pair at q8_0), the fit of the fixed costs (exact), and its refusals
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +35,7 @@ def test_no_profiled_shape_is_a_models() -> None:
 
 TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128), (128, 192), (96, 96)),
         "HOT_SHAPES": ((128, 64),), "G_VALUES": (1, 2, 3),
-        "COLD_BYTES": 1 << 20, "CHECK_N": (2,), "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
+        "COLD_BYTES": (1 << 20, 4 << 20), "HOT_BYTES": 96 << 10, "HOT_CACHE_SHARE": 1 / 64, "CHECK_N": (2,), "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
         "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,), "PROBE_SHAPE": (128, 64)}  # multiples of 32 (GGUF)
 
 
@@ -102,56 +103,75 @@ def test_fixed_costs_fit_exact() -> None:
         assert np.allclose(fitted, truth, rtol=1e-9, atol=1e-15)
 
 
-def test_excess_and_row_exact() -> None:
-    """x + r u through shapes' cold seconds per byte (u their rows per byte); neither below 0."""
-    u = [1e-3, 2e-3, 4e-3]
-    assert np.allclose(profile_fit.excess_and_row([(v, 7e-12 + 9e-9 * v) for v in u]), (7e-12, 9e-9), rtol=1e-9)
-    assert profile_fit.excess_and_row([(v, 3e-11 - 1e-9 * v) for v in u]) == (pytest.approx(3e-11 - 2e-12), 0.0)
-    x, r = profile_fit.excess_and_row([(v, -1e-11 + 9e-9 * v) for v in u])
-    assert x == 0.0 and r == pytest.approx(sum(v * (-1e-11 + 9e-9 * v) for v in u) / sum(v * v for v in u))
-    with pytest.raises(ArgumentError, match="two or more row lengths"):
-        profile_fit.excess_and_row([(1e-3, 1e-11), (1e-3, 2e-11)])
+def test_nonneg_fit_exact() -> None:
+    """Least squares with every coefficient >= 0: the exact solution where it is feasible; else the best fit on a
+    subset of the columns, the others at 0; all 0 where every fit would go negative."""
+    u = np.array([1e-3, 2e-3, 4e-3])
+    design = np.column_stack([np.ones(3), u])
+    assert np.allclose(profile_fit.nonneg_fit(design, 7e-12 + 9e-9 * u), (7e-12, 9e-9), rtol=1e-9)
+    falling = 3e-11 - 1e-9 * u  # r would be negative: x alone, their mean
+    assert np.allclose(profile_fit.nonneg_fit(design, falling), (falling.mean(), 0.0), rtol=1e-9)
+    through_origin = -1e-11 + 9e-9 * u  # x would be negative: r alone, through the origin
+    assert np.allclose(profile_fit.nonneg_fit(design, through_origin), (0.0, u @ through_origin / (u @ u)), rtol=1e-9)
+    assert np.array_equal(profile_fit.nonneg_fit(design, -u), np.zeros(2))
 
 
 def test_stream_fit_exact() -> None:
-    """y = x + s / C + r u over calls that met two host states gives back x, s and r; one state, or s outside
-    [0, 1], fixes s at 1 or its bound and fits the rest."""
-    ceilings, shapes_u = (30.0, 40.0, 55.0), (1e-3, 2e-3, 4e-3)
-    calls = lambda x, s, r, u: [(x + s / (c * 1e9) + r * u, 1 / (c * 1e9)) for c in ceilings]  # noqa: E731
-    shapes = [(u, calls(8e-12, 0.4, 9e-9, u)) for u in shapes_u]
-    assert profile_fit.stream_fit(shapes, per_row=True) == pytest.approx((8e-12, 0.4, 9e-9), rel=1e-6)
-    ours = [(u, calls(3e-12, 0.8, 0.0, u)) for u in shapes_u]
-    assert profile_fit.stream_fit(ours, per_row=False) == pytest.approx((3e-12, 0.8, 0.0), rel=1e-6)
-    one_state = [(u, [(2e-11 + 1 / 50e9 * s, 1 / 50e9) for s in (0.9, 1.0, 1.1)]) for u in shapes_u]
-    x, share, r = profile_fit.stream_fit(one_state, per_row=False)
-    assert share == 1.0 and x == pytest.approx(2e-11) and r == 0.0
-    steep = [(u, calls(1e-12, 1.6, 0.0, u)) for u in shapes_u]
-    assert profile_fit.stream_fit(steep, per_row=False)[1] == 1.0
-    flat = [(u, calls(3e-11, -0.5, 0.0, u)) for u in shapes_u]
-    assert profile_fit.stream_fit(flat, per_row=False)[1] == 0.0
+    """y = x + s / C + r u + F v over calls that met two host states gives back x, s, r and F (v: 1 / a pass's
+    bytes, passes of two sizes); one state, or s outside [0, 1], fixes s at 1 or its bound and fits the rest; passes
+    of one size leave F at 0; a per-row time needs two row lengths."""
+    ceilings, shapes_u, sizes = (30.0, 40.0, 55.0), (1e-3, 2e-3, 4e-3), (48e6, 192e6)
+    calls = lambda x, s, r, u, v=0.0, ramp=0.0: [(x + s / (c * 1e9) + r * u + ramp * v, 1 / (c * 1e9))  # noqa: E731
+                                                 for c in ceilings]
+    one_size = lambda x, s, r: [(u, 1 / 48e6, calls(x, s, r, u)) for u in shapes_u]  # noqa: E731
+    assert profile_fit.stream_fit(one_size(8e-12, 0.4, 9e-9), per_row=True) == pytest.approx(
+        (8e-12, 0.4, 9e-9, 0.0), rel=1e-6)
+    assert profile_fit.stream_fit(one_size(3e-12, 0.8, 0.0), per_row=False) == pytest.approx(
+        (3e-12, 0.8, 0.0, 0.0), rel=1e-6)
+    two_sizes = [(u, 1 / n, calls(3e-12, 0.8, 9e-9, u, 1 / n, 1.5e-4)) for u in shapes_u for n in sizes]
+    assert profile_fit.stream_fit(two_sizes, per_row=True) == pytest.approx((3e-12, 0.8, 9e-9, 1.5e-4), rel=1e-6)
+    ours = [(1e-3, 1 / n, calls(3e-12, 1.0, 0.0, 1e-3, 1 / n, 1e-4)) for n in sizes]
+    assert profile_fit.stream_fit(ours, per_row=False) == pytest.approx((3e-12, 1.0, 0.0, 1e-4), rel=1e-6)
+    one_state = [(u, 1 / 48e6, [(2e-11 + 1 / 50e9 * s, 1 / 50e9) for s in (0.9, 1.0, 1.1)]) for u in shapes_u]
+    x, share, r, ramp = profile_fit.stream_fit(one_state, per_row=False)
+    assert share == 1.0 and x == pytest.approx(2e-11) and r == 0.0 and ramp == 0.0
+    assert profile_fit.stream_fit(one_size(1e-12, 1.6, 0.0), per_row=False)[1] == 1.0
+    assert profile_fit.stream_fit(one_size(3e-11, -0.5, 0.0), per_row=False)[1] == 0.0
+    with pytest.raises(ArgumentError, match="two or more row lengths"):
+        profile_fit.stream_fit([(1e-3, 1 / n, calls(1e-11, 1.0, 0.0, 1e-3)) for n in sizes], per_row=True)
+
+
+def test_hot_rate_is_the_slope_where_the_passes_differ_in_size() -> None:
+    """kappa: the slope of time against bytes (a hot pass's start, its intercept, dropped) where the passes' bytes
+    span RAMP_SPREAD; the median of one size's passes."""
+    points = [(1 / n, 1e-11 + 5e-5 / n) for n in (8e6, 8e6, 32e6)]
+    assert profile_fit.hot_rate(points) == pytest.approx(1e-11, rel=1e-9)
+    assert profile_fit.hot_rate([(1 / 8e6, 3e-11), (1 / 9e6, 2e-11), (1 / 8.5e6, 4e-11)]) == pytest.approx(3e-11)
 
 
 def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Our kernels' cold calls timed as the model says with s = 0.6, at ceilings of two host states, and the
-    overhead and hot passes: the fit gives back s, x and kappa."""
+    """Our kernels' cold calls timed as the model says with s = 0.6 and a cold pass's start F, at ceilings of two
+    host states and two pass sizes, hot passes of two sizes with a start of their own, and the overhead passes: the
+    fit gives back s, x, F and kappa."""
     x, share, kappa, pass_s, group_s = {1: 2e-11, 2: 3e-11}, {1: 0.6, 2: 0.5}, {1: 1e-11, 2: 1.5e-11}, 1e-4, 5e-7
+    ramp, hot_start = {1: 1e-4, 2: 2e-4}, 4e-5
     by_key, info = {}, {}
     for d, f in device_profile.RATE_SHAPES:
-        b, e = device_profile.Weights.bytes_of(d, f, "bf16"), 4
-        for g in (1, 2):
+        b = device_profile.Weights.bytes_of(d, f, "bf16")
+        for g, e in itertools.product((1, 2), (4, 16)):
             ceilings = [32.0, 36.0, 52.0, 55.0]
-            seconds = [pass_s + e * (group_s + b * max(share[g] / (c * 1e9) + x[g], 1 / (c * 1e9), kappa[g]))
-                       for c in ceilings]
-            key = ("cold", "dedup", d, f, g)
+            seconds = [pass_s + ramp[g] + e * (group_s + b * max(share[g] / (c * 1e9) + x[g], 1 / (c * 1e9),
+                                                                 kappa[g])) for c in ceilings]
+            key = ("cold", "dedup", d, f, g, e)
             by_key[key] = profile_fit.Item(key, lambda: None, seconds=seconds, ceilings=ceilings)
             info[key] = (b, 2 * f + d, e)
     for d, f in device_profile.HOT_SHAPES:
         b = device_profile.Weights.bytes_of(d, f, "bf16")
-        for g in (1, 2):
-            key = ("hot", "dedup", d, f, g)
+        for g, e in itertools.product((1, 2), (2, 8)):
+            key = ("hot", "dedup", d, f, g, e)
             by_key[key] = profile_fit.Item(key, lambda: None, cold=False,
-                                           seconds=[pass_s + 2 * (group_s + b * kappa[g])] * 3)
-            info[key] = (b, 2 * f + d, 2)
+                                           seconds=[pass_s + hot_start + e * (group_s + b * kappa[g])] * 3)
+            info[key] = (b, 2 * f + d, e)
     b = device_profile.Weights.bytes_of(64, 64, "bf16")
     for kind, tokens, m in device_profile._overhead_passes("bf16"):
         groups = tokens * m
@@ -165,7 +185,20 @@ def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> Non
     rates = profile_fit.fit_rates(by_key, info, (1, 2), per_row=False)
     assert rates.stream_share == pytest.approx((share[1], share[2]), rel=1e-3)
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
+    assert rates.ramp_s == pytest.approx((ramp[1], ramp[2]), rel=1e-3)
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
+
+
+def test_expert_counts_per_size() -> None:
+    """Each fill's nearest expert count, at least `least`, distinct and ascending: on a CPU whose process keeps 32
+    MiB of cache both hot sizes are HOT_EXPERTS experts of ~4 MB (one size, kappa their median), on one keeping 256
+    MiB the larger fills 32 MiB."""
+    b = device_profile.Weights.bytes_of(*device_profile.HOT_SHAPES[0], "bf16")
+    small = device_profile.sizes_for("cpu", 32 << 20).hot_bytes
+    assert device_profile.expert_counts(small, b, device_profile.HOT_EXPERTS) == [device_profile.HOT_EXPERTS]
+    large = device_profile.sizes_for("cpu", 256 << 20).hot_bytes
+    assert device_profile.expert_counts(large, b, device_profile.HOT_EXPERTS) == [2, round((32 << 20) / b)]
+    assert device_profile.expert_counts((48 << 20, 192 << 20), 200 << 20, 1) == [1]  # an expert past both sizes
 
 
 def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,11 +335,13 @@ def test_cuda_sizes_and_a_profile_with_the_slot_kernel_apart(tmp_path: Path, tin
     per-slot kernel apart and no probe (here on the CPU's native kernels) writes the slot's own rates, which the
     loader validates and the model reads for the slot kind only, and the last-level cache's size as the cache."""
     cuda = device_profile.sizes_for("cuda", 60 << 20)
-    assert cuda.apart and max(cuda.g_values) == 16 and cuda.cold_bytes == 240 << 20 and cuda.hot_bytes == 24 << 20 \
-        and cuda.device == "cuda" and not cuda.probe
-    assert not device_profile.sizes_for("cpu").apart and device_profile.sizes_for("cpu").probe
+    assert cuda.apart and max(cuda.g_values) == 16 and cuda.cold_bytes == (240 << 20,) \
+        and cuda.hot_bytes == (24 << 20,) and cuda.device == "cuda" and not cuda.probe
+    cpu = device_profile.sizes_for("cpu", 256 << 20)
+    assert not cpu.apart and cpu.probe and cpu.cold_bytes == device_profile.COLD_BYTES
+    assert cpu.hot_bytes == (device_profile.HOT_BYTES, int(device_profile.HOT_CACHE_SHARE * (256 << 20)))
     monkeypatch.setattr(device_profile, "sizes_for", lambda kind, l2=0: device_profile.Sizes(
-        (1, 2), 1 << 20, 1 << 18, True, False, "cpu"))
+        (1, 2), (1 << 20,), (1 << 18,), True, False, "cpu"))
     device_profile.run_profile(device_profile.ProfileConfig(out=str(tmp_path / "device.json"), reps=2))
     loaded = load_profile(tmp_path / "device.json")
     entry = loaded["dtypes"]["bf16"]

@@ -26,8 +26,9 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     1-thread time of the first dtype's rate passes over the profile's threads' time
                                     (null on cuda)
   sizes        {G, cold_bytes, hot_bytes, slot_apart, cache_probe}  what the rate passes were sized to on this device
-                                    kind, and whether the cache probe ran
-  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, group_s, pass_s, node_s,
+                                    kind (cold_bytes, hot_bytes: the sizes, a list; one number in files before
+                                    cold_ramp_s), and whether the cache probe ran
+  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, cold_ramp_s, group_s, pass_s, node_s,
           matmul_peak_gflops}}
            per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
            q8_0, q4_0 from ggml's pair (ggml-per-slot, ggml-mul_mat_id: the kernels that run GGUF blocks,
@@ -42,6 +43,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            stream_share [..]        s_G in [0, 1]: the share of the stream's time 1 / C a cold group's time follows
                                     (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
                                     calls met more than one state of the host, else 1; optional (absent: 1)
+           cold_ramp_s [..]         F_G >= 0: a cold pass's start past pass_s (moespec.kernels.structure), the
+                                    intercept of the cold rate passes' time against their bytes; optional (absent: 0)
            group_s, pass_s          the fixed seconds of one group and of one call
            token_s                  optional (0 where absent): the fixed seconds of each token of a call, told apart
                                     by overhead passes of 1..8 tokens (ours; ggml's per-token time is node_s)
@@ -68,7 +71,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT, THREADS_LIMIT
@@ -107,18 +110,22 @@ def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
     if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
         raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
     if "row_s" in entry or quantized:
-        values = entry.get("row_s")
-        if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and v >= 0 for v in values)):
-            raise _fail(where, f"dtypes.{dtype}.row_s must list {len(g)} numbers >= 0, one per G")
+        _per_g(where, dtype, entry, "row_s", lambda v: v >= 0, ">= 0")
+    if "cold_ramp_s" in entry:
+        _per_g(where, dtype, entry, "cold_ramp_s", lambda v: v >= 0, ">= 0")
     if "stream_share" in entry:
-        values = entry["stream_share"]
-        if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) and 0 <= v <= 1
-                                                                           for v in values)):
-            raise _fail(where, f"dtypes.{dtype}.stream_share must list {len(g)} numbers in [0, 1], one per G")
+        _per_g(where, dtype, entry, "stream_share", lambda v: 0 <= v <= 1, "in [0, 1]")
     for key in ("group_s", "pass_s", *(("node_s",) if quantized or "node_s" in entry else ()),
                 *(("token_s",) if "token_s" in entry else ())):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
+
+
+def _per_g(where: str, dtype: str, entry: dict[str, Any], key: str, ok: Callable[[float], bool], words: str) -> None:
+    """entry[key] lists one number per G, each ok (words says how)."""
+    values, count = entry.get(key), len(entry["G"])
+    if not (isinstance(values, list) and len(values) == count and all(is_number(v) and ok(v) for v in values)):
+        raise _fail(where, f"dtypes.{dtype}.{key} must list {count} numbers {words}, one per G")
 
 
 class DeviceProfile(Record):

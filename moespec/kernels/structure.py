@@ -25,13 +25,21 @@ Our native kernels make no call per row (a row task is a tile of rows) and one r
 
 Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
 
-    t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0)
+    t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0) + mean over groups of (1 - h_g) F(G_g)
         + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(s(G) / C + x(G), 1 / C, kappa(G))
 
 (b bytes and R weight rows per expert; node_s and r are 0 for our native kernels, which run any pass as one call;
 token_s is a call's fixed time per token, its rows gathered and its output scattered, 0 for ggml's pair, whose
 per-token work node_s holds.)
+
+F(G) >= 0 is a cold pass's start beyond the fixed time of a pass of tiny experts: the time before its streams
+reach their rate (each thread's first row task starts cold). The profile times its cold rate passes at two sizes
+and fits F(G) as the intercept of time against bytes (moespec.measure.profile_fit), so x(G) is the rate a pass
+settles at, not the average of a short pass. On a 2-core Xeon VM a cold pass of ~48 MB at G = 1 streamed ~0.78 of
+the ceiling on average and one of ~190 MB ~0.86, a line through both ~0.9 with F ~0.1 ms past pass_s: one rate
+from the short pass alone predicted every longer pass 10-30% slow. A pass of mixed G pays the mean of its groups'
+F, each by the share of its expert read from memory.
 
 A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
 memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); s(G) in [0,
@@ -69,7 +77,8 @@ class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
     from 1) kappa = hot_s_per_byte, the cold loop's excess x = cold_excess_s_per_byte and the fixed seconds per weight
     row r = row_s (ggml's; empty: none, our kernels) and the stream's share s = stream_share (empty: 1 at every G);
-    group_s and pass_s the fixed seconds of a group and of a call; node_s those of each node past the first of a
+    group_s and pass_s the fixed seconds of a group and of a call, ramp_s = cold_ramp_s a cold pass's start F per G
+    (empty: 0); node_s those of each node past the first of a
     kernel that runs one node per token (ggml-per-slot; 0 where a call is one node); token_s those of each token of
     a call (0 where the profile did not tell them apart)."""
 
@@ -82,6 +91,7 @@ class Rates:
     row_s: tuple[float, ...] = ()
     stream_share: tuple[float, ...] = ()
     token_s: float = 0.0
+    ramp_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
@@ -90,6 +100,8 @@ class Rates:
             raise ArgumentError("hot_s_per_byte and cold_excess_s_per_byte need one value per G")
         if self.row_s and (len(self.row_s) != len(self.G) or min(self.row_s) < 0):
             raise ArgumentError(f"row_s must be empty or hold one value >= 0 per G, got {show(self.row_s)}")
+        if self.ramp_s and (len(self.ramp_s) != len(self.G) or min(self.ramp_s) < 0):
+            raise ArgumentError(f"ramp_s must be empty or hold one value >= 0 per G, got {show(self.ramp_s)}")
         if self.stream_share and (len(self.stream_share) != len(self.G)
                                   or not all(0 <= v <= 1 for v in self.stream_share)):
             raise ArgumentError(f"stream_share must be empty or hold one value in [0, 1] per G, got "
@@ -103,14 +115,15 @@ class Rates:
     def from_profile(cls, entry: Mapping[str, Any], kind: str = "dedup") -> Rates:
         """The rates kernel kind `kind` (slot or dedup) runs at, from one `dtypes` entry of a validated device.json:
         the entry's own, or for the per-slot kind its `slot` entry where it has one (the kernel is a program of its
-        own there); node_s and token_s 0, no row_s and no stream_share where the entry has none."""
+        own there); node_s and token_s 0, no row_s, stream_share or cold_ramp_s where the entry has none."""
         if kind not in ("slot", "dedup"):
             raise ArgumentError(f"kind must be 'slot' or 'dedup', got {show(kind)}")
         if kind == "slot" and "slot" in entry:
             entry = entry["slot"]
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
-                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())), float(entry.get("token_s", 0.0)))
+                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())), float(entry.get("token_s", 0.0)),
+                   tuple(entry.get("cold_ramp_s", ())))
 
     def with_share(self, shares: Rates, ceiling_gbps: float) -> Rates:
         """These rates, taken at one ceiling C = ceiling_gbps GB/s (a pinned profile's: its calls cannot tell the
@@ -129,6 +142,12 @@ class Rates:
         without stream_share."""
         _check_tokens(g)
         return float(np.interp(g, self.G, self.stream_share)) if self.stream_share else 1.0
+
+    def ramp(self, g: int) -> float:
+        """A cold pass's start F(g) at groups of g tokens: interpolated, its last value past the profile's G; 0
+        without ramp_s."""
+        _check_tokens(g)
+        return float(np.interp(g, self.G, self.ramp_s)) if self.ramp_s else 0.0
 
     def per_row(self, g: int) -> float:
         """Fixed seconds per weight row of a group of g tokens (0 without row_s): r(g) interpolated, past the
@@ -209,7 +228,8 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, exp
     order = groups(kind, ids)
     hot = hit_share(order, expert_bytes, cache_bytes)
     nodes = len(ids) - 1 if kind == "slot" else 0
-    return rates.pass_s + rates.token_s * len(ids) + rates.node_s * nodes + sum(
+    start = sum((1.0 - h) * rates.ramp(g) for (_, g), h in zip(order, hot)) / len(order)
+    return rates.pass_s + start + rates.token_s * len(ids) + rates.node_s * nodes + sum(
         rates.group_s + expert_rows * rates.per_row(g)
         + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps) + h * rates.per_byte(g, ceiling_gbps, cold=False))
         for (_, g), h in zip(order, hot))

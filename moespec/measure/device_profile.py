@@ -8,18 +8,21 @@ through moespec.kernels.peers.ggml_quantized, ggml-mul_mat_id playing dedup and 
 threads asked) and never on a model's expert shapes (RATE_SHAPES and the others are synthetic; a test checks them
 against every preset and the trained pair); the rates are fitted by moespec.measure.profile_fit:
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
-  expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush, E experts of
-  ~48 MiB in all, past the last-level cache) on every rate shape, and hot (the same pass run just before) on HOT_SHAPES,
-  HOT_EXPERTS experts of ~4 MB each, which the cache keeps (two, so the threads' row tasks overlap across groups as
-  in a real pass). kappa_G is the hot seconds per byte; the cold loop's excess x_G the median over cold calls of
-  their seconds per byte less s_G / C, C the ceiling sampled right after each, so the drift of a shared host's
-  bandwidth between calls is taken out call by call. s_G (stream_share) is the least-squares coefficient of 1 / C
-  in the cold calls' seconds per byte where those calls met more than one state of the host (STATE_SPREAD), in
-  [0, 1], else 1 (stream_fit). ggml's pair spends fixed time per weight row (moespec.kernels.structure), so a GGUF
-  format is timed on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows of 384-12800 weights, and per G its
-  cold seconds per byte less s_G / C (each shape's median over its calls) is fitted as x_G + r_G / (bytes per row),
-  least squares over the shapes, neither below 0: r_G (row_s) the fixed seconds per row, subtracted before kappa
-  too.
+  expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush) on every rate
+  shape, at two sizes (COLD_BYTES: E experts of ~48 MiB in all, past the last-level cache, and of ~4x that), and hot
+  (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the
+  process keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a
+  pass pays once from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
+  starts once); the cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the
+  ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call by
+  call, and F_G (cold_ramp_s) the cold intercept past the fixed costs of a pass of tiny experts (a cold pass's
+  start: moespec.kernels.structure). s_G (stream_share) is the least-squares coefficient of 1 / C in the cold calls'
+  seconds per byte where those calls met more than one state of the host (STATE_SPREAD), in [0, 1], else 1
+  (stream_fit). ggml's pair spends fixed time per weight row (moespec.kernels.structure), so a GGUF format is timed
+  on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows of 384-12800 weights, and per G its cold seconds per
+  byte less s_G / C (each pass's median over its calls) is fitted as x_G + r_G / (bytes per row) + F_G / (bytes of
+  the pass), least squares over the passes, none below 0: r_G (row_s) the fixed seconds per row, subtracted before
+  kappa too.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots and at 1, 2 and 4
   tokens of 8 slots, cold and hot: the fixed time of a call (pass_s), of a group (group_s) and of a token (token_s:
   gathering its row, scattering its output), by least squares on the time left after the groups' bytes. ggml's pair
@@ -92,7 +95,12 @@ GGUF_RATE_SHAPES = ((384, 384), (832, 832), (1600, 1600), (3840, 640), (640, 384
 # Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
 # MB measured partly from memory here)
 HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
-HOT_EXPERTS = 2
+HOT_EXPERTS = 2  # at least: the threads' row tasks overlap across groups, as in a real pass
+HOT_BYTES = 8 << 20  # the smaller hot passes: two of HOT_SHAPES' experts, which a 32 MiB last-level cache keeps whole
+# The larger hot passes fill this share of the cache the process keeps (kept_cache): where that is ~4x HOT_BYTES or
+# more, the two sizes tell a hot pass's fixed start from the cached rate (a pass of 8 MB spent a third of its time
+# outside the loop on a VM keeping 128-256 MiB); on a 32 MiB cache they are the same passes, and kappa their median
+HOT_CACHE_SHARE = 1 / 8
 OVERHEAD_SHAPE = (64, 64)  # 24 KiB in bf16: its time is the fixed costs
 OVERHEAD_SLOTS = (1, 2, 4, 8)  # slots per token of the overhead passes (8 tokens: 8..64 groups)
 OVERHEAD_TOKENS = 8
@@ -100,7 +108,9 @@ NODE_TOKENS = (1, 2, 4)  # overhead passes at fewer tokens (of 8 slots): a token
 CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
 CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
 G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
-COLD_BYTES = 48 << 20  # a cold rate pass reads about this much: past a 32 MiB last-level cache
+# A cold rate pass reads about this much: past a 32 MiB last-level cache, and 4x that, so that time against bytes
+# gives a pass's start (its intercept) apart from the rate it settles at (moespec.kernels.structure: F)
+COLD_BYTES = (48 << 20, 192 << 20)
 STREAM_CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # around the kernels' ~1 MiB row task
 THREAD_SCALING_G = (1, 4, 16)
 # On a CUDA device: G up to the Triton kernels' TOKENS_MAX (16; a verification pass's groups hold at most n = 9),
@@ -207,25 +217,32 @@ def _same_experts(tokens: int, experts: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Sizes:
-    """What the profile times on one kind of device (sizes_for): the G of the rate passes, the bytes of a cold rate
-    pass, the bytes a hot pass's experts fill (None: HOT_EXPERTS experts), whether the per-slot kernel gets rate
-    passes and fixed costs of its own (`apart`), whether the cache probe runs (else the cache is the last-level
-    cache's size), and the device the weights live on."""
+    """What the profile times on one kind of device (sizes_for): the G of the rate passes, the bytes of the cold rate
+    passes and those the hot passes' experts fill (each shape's expert counts: expert_counts; two sizes let the fit
+    tell a pass's start from its rate), whether the per-slot kernel gets rate passes and fixed costs of its own
+    (`apart`), whether the cache probe runs (else the cache is the last-level cache's size), and the device the
+    weights live on."""
 
     g_values: tuple[int, ...]
-    cold_bytes: int
-    hot_bytes: int | None
+    cold_bytes: tuple[int, ...]
+    hot_bytes: tuple[int, ...]
     apart: bool
     probe: bool
     device: str
 
 
-def sizes_for(device_kind: str, l2_bytes: int = 0) -> Sizes:
-    """The CPU's sizes (G_VALUES, COLD_BYTES, HOT_EXPERTS; one fit for both kinds) or a CUDA device's, from its L2
-    (module docstring)."""
+def sizes_for(device_kind: str, cache_bytes: int = 0) -> Sizes:
+    """The CPU's sizes (G_VALUES, COLD_BYTES, hot passes of HOT_BYTES and HOT_CACHE_SHARE of the cache the process
+    keeps, cache_bytes; one fit for both kinds) or a CUDA device's, from its L2 (cache_bytes; module docstring)."""
     if device_kind == "cuda":
-        return Sizes(CUDA_G_VALUES, CUDA_COLD_L2 * l2_bytes, int(CUDA_HOT_L2 * l2_bytes), True, False, "cuda")
-    return Sizes(G_VALUES, COLD_BYTES, None, False, True, "cpu")
+        return Sizes(CUDA_G_VALUES, (CUDA_COLD_L2 * cache_bytes,), (int(CUDA_HOT_L2 * cache_bytes),), True, False,
+                     "cuda")
+    return Sizes(G_VALUES, COLD_BYTES, (HOT_BYTES, int(HOT_CACHE_SHARE * cache_bytes)), False, True, "cpu")
+
+
+def expert_counts(fills: tuple[int, ...], expert_bytes: int, least: int) -> list[int]:
+    """The distinct expert counts (at least `least`) whose experts of expert_bytes come nearest each fill, ascending."""
+    return sorted({max(least, round(fill / expert_bytes)) for fill in fills})
 
 
 def _overhead_passes(dtype: str, apart: bool = False) -> list[tuple[str, int, int]]:
@@ -249,24 +266,26 @@ def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
 
 def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
                 scaling: bool = False) -> tuple[list[Item], dict[str, Any]]:
-    """The cold (every rate shape) or hot (HOT_SHAPES) rate passes of one dtype: the dedup kernel at each G, and
-    where `apart` the per-slot kernel at G = 1 (one token naming the E experts); keys (state, kind, d, f, G). With
-    `scaling`, the first shape's dedup passes at THREAD_SCALING_G on one thread too (keys ("threads_1", d, f, G))."""
+    """The cold (every rate shape) or hot (HOT_SHAPES) rate passes of one dtype, each shape at the expert counts of
+    its sizes: the dedup kernel at each G, and where `apart` the per-slot kernel at G = 1 (one token naming the E
+    experts); keys (state, kind, d, f, G, E). With `scaling`, the first shape's dedup passes at THREAD_SCALING_G on
+    one thread too, at its fewest experts (keys ("threads_1", d, f, G))."""
     pair, items, info = pair_of(dtype), [], {}
     for i, (d, f) in enumerate(rate_shapes(dtype) if state == "cold" else HOT_SHAPES):
         b = Weights.bytes_of(d, f, dtype)
-        fill = sizes.cold_bytes if state == "cold" else sizes.hot_bytes
-        experts = max(1 if state == "cold" else HOT_EXPERTS, round(fill / b)) if fill is not None else HOT_EXPERTS
-        w = Weights.draw(d, f, experts, dtype, sizes.device)
-        runs = [("dedup", g, _same_experts(g, experts)) for g in sizes.g_values]
-        if sizes.apart:
-            runs.append(("slot", 1, _same_experts(1, experts)))
-        for kind, g, ids in runs:
-            key = (state, kind, d, f, g)
-            items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold"))
-            info[key] = (w.expert_bytes, w.rows, experts)
+        counts = expert_counts(sizes.cold_bytes, b, 1) if state == "cold" else \
+            expert_counts(sizes.hot_bytes, b, HOT_EXPERTS)
+        w = Weights.draw(d, f, max(counts), dtype, sizes.device)
+        for experts in counts:
+            runs = [("dedup", g, _same_experts(g, experts)) for g in sizes.g_values]
+            if sizes.apart:
+                runs.append(("slot", 1, _same_experts(1, experts)))
+            for kind, g, ids in runs:
+                key = (state, kind, d, f, g, experts)
+                items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold"))
+                info[key] = (w.expert_bytes, w.rows, experts)
         if scaling and i == 0:
-            items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, experts), 1))
+            items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, counts[0]), 1))
                       for g in THREAD_SCALING_G]
     return items, info
 
@@ -365,7 +384,7 @@ def _entry(rates: Rates) -> dict[str, Any]:
     entry = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
              "pass_s": rates.pass_s, "node_s": rates.node_s, "token_s": rates.token_s,
-             "stream_share": list(rates.stream_share)}
+             "stream_share": list(rates.stream_share), "cold_ramp_s": list(rates.ramp_s)}
     return entry | ({"row_s": list(rates.row_s)} if rates.row_s else {})
 
 
@@ -421,9 +440,10 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                     (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], expert_bytes, rows, nominal)
             if timer.kind == "cpu":
                 first = rate_shapes(dtype)[0]
+                experts = min(k[5] for k in by_key if k[:4] == ("cold", "dedup", *first))
                 scaling = {"G": list(THREAD_SCALING_G), "speedup": [
                     float(np.median(by_key["threads_1", *first, g].seconds)
-                          / np.median(by_key["cold", "dedup", *first, g].seconds)) for g in THREAD_SCALING_G],
+                          / np.median(by_key["cold", "dedup", *first, g, experts].seconds)) for g in THREAD_SCALING_G],
                     "ceiling_gbps": median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]}
         checks[dtype] = self_check(rates, by_key, info, cache)
     stream = _stream_chunks(timer, config.reps) if timer.kind == "cpu" else None
@@ -437,7 +457,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
            "shapes": {"rates": {dtype: [list(s) for s in rate_shapes(dtype)] for dtype in config.dtypes},
                       "hot": [list(s) for s in HOT_SHAPES],
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
-           "sizes": {"G": list(sizes.g_values), "cold_bytes": sizes.cold_bytes, "hot_bytes": sizes.hot_bytes,
+           "sizes": {"G": list(sizes.g_values), "cold_bytes": list(sizes.cold_bytes),
+                     "hot_bytes": list(sizes.hot_bytes),
                      "slot_apart": sizes.apart, "cache_probe": sizes.probe},
            "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
                                                                                              "passes")}

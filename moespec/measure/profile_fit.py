@@ -2,8 +2,9 @@
 (moespec.measure.device_profile, which owns what is timed and the keys; this module owns how they become rates).
 
 Keys of the timed calls (Item.key) and what info[key] holds beside them:
-    ("cold" | "hot", kind, d, f, G)           a rate pass of `kind`'s kernel: E experts of shape (d, f), each applied to
-                                              G tokens; info (expert bytes b, weight rows R, E)
+    ("cold" | "hot", kind, d, f, G, E)        a rate pass of `kind`'s kernel: E experts of shape (d, f), each applied to
+                                              G tokens (each shape at two E where the sizes allow: a pass's start F
+                                              apart from its rate); info (expert bytes b, weight rows R, E)
     ("overhead", kind, tokens, m, "cold" | "hot")  tiny experts, distinct in every slot; info (b, R, (groups, nodes))
     ("check", kind, n, U)                     the self-check's passes of chosen ids; info (b, R, ids [n, m])
 Rates are fitted per kernel kind: the deduplicating kind's rate passes give every G; where the per-slot kernel is a
@@ -14,6 +15,7 @@ kernels share one group loop; ggml's pair its vec_dot) one fit serves both kinds
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,6 +30,9 @@ from moespec.kernels.structure import Rates, pass_time
 # over at least this share of its median (10th to 90th percentile). A quiet run's calls spread 0.1-0.2; runs on this
 # host while its streaming read moved between ~30 and ~55 GB/s spread ~0.5 (benchmarks/stream_share.py).
 STATE_SPREAD = 0.25
+# A cold pass's start F is fitted where the rate passes' bytes span at least this factor (the profile's two sizes:
+# 4x); passes of one size leave it 0 (F's column would be nearly constant, so x and F could not be told apart)
+RAMP_SPREAD = 2.0
 # Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
 # per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
 FIT_PASSES = 10
@@ -70,44 +75,64 @@ def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates
     return pass_s, group_s, node_s, token_s
 
 
-def excess_and_row(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(x, r) of y = x + r u, least squares over points (u, y): u a shape's rows per byte, y its cold seconds per
-    byte less s / C; neither below 0 (r 0 and x the median of y where the line falls, x 0 and r through the origin
-    where it would start below 0)."""
-    u, y = (np.array(v, dtype=float) for v in zip(*points))
-    if len(points) < 2 or np.ptp(u) == 0:
+def nonneg_fit(design: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of y on the columns of design with every coefficient >= 0: the best fit among those on each
+    subset of the columns whose coefficients all come out >= 0, the columns left out at 0 (all 0 where none does).
+    A fit here has at most three columns, so trying every subset is exact and cheap."""
+    design, y = np.asarray(design, dtype=float), np.asarray(y, dtype=float)
+    columns = design.shape[1]
+    best, out = float(y @ y), np.zeros(columns)
+    for size in range(1, columns + 1):
+        for keep in itertools.combinations(range(columns), size):
+            coef = np.linalg.lstsq(design[:, keep], y, rcond=None)[0]
+            left = y - design[:, keep] @ coef
+            if (coef >= 0).all() and float(left @ left) < best:
+                best, out = float(left @ left), np.zeros(columns)
+                out[list(keep)] = coef
+    return out
+
+
+def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per_row: bool,
+               state_spread: float = STATE_SPREAD) -> tuple[float, float, float, float]:
+    """(x, s, r, F) of a cold group's seconds per byte y = x + s / C + r u + F v (moespec.kernels.structure) from
+    its calls: per rate pass (u: its expert's rows per byte, v: 1 / the pass's bytes, [(y, 1 / C) per call]).
+    s is the least-squares coefficient of 1 / C, clipped to [0, 1], where the calls' 1 / C spread over state_spread
+    of its median, else 1; then, with s fixed, x, r (where per_row) and F (where the passes' bytes span RAMP_SPREAD)
+    by least squares over the passes' medians of y - s / C, none below 0 (nonneg_fit). F is a cold pass's start
+    (its intercept in time against bytes); r needs shapes of two or more row lengths."""
+    calls = [(u, v, y, w) for u, v, rows in passes for y, w in rows]
+    u, v, y, w = (np.array(c, dtype=float) for c in zip(*calls))
+    if per_row and np.ptp(u) == 0:
         raise ArgumentError(f"a per-row time needs shapes of two or more row lengths, got {len(set(u))}")
-    r, x = np.polyfit(u, y, 1)
-    if r < 0:
-        return max(float(np.median(y)), 0.0), 0.0
-    if x < 0:
-        return 0.0, max(float(u @ y / (u @ u)), 0.0)
-    return float(x), float(r)
-
-
-def stream_fit(shapes: list[tuple[float, list[tuple[float, float]]]], per_row: bool,
-               state_spread: float = STATE_SPREAD) -> tuple[float, float, float]:
-    """(x, s, r) of a cold group's seconds per byte y = x + s / C + r u (moespec.kernels.structure) from its calls:
-    per shape (u: its rows per byte, [(y, 1 / C) per call]). s is the least-squares coefficient of 1 / C, clipped to
-    [0, 1], where the calls' 1 / C spread over state_spread of its median, else 1; then, with s fixed, x and r as
-    before (excess_and_row over the shapes' medians where per_row, else x the median), neither below 0."""
-    calls = [(u, y, w) for u, rows in shapes for y, w in rows]
-    u, y, w = (np.array(v, dtype=float) for v in zip(*calls))
+    ramp = v.max() >= RAMP_SPREAD * v.min()
+    extra = [c for c, on in ((u, per_row), (v, ramp)) if on]
     share = 1.0
     if (np.percentile(w, 90) - np.percentile(w, 10)) >= state_spread * np.median(w):
-        design = np.column_stack([np.ones_like(w), w, *([u] if per_row else [])])
+        design = np.column_stack([np.ones_like(w), w, *extra])
         share = float(np.clip(np.linalg.lstsq(design, y, rcond=None)[0][1], 0.0, 1.0))
-    if per_row:
-        x, r = excess_and_row([(ui, float(np.median([yi - share * wi for yi, wi in rows]))) for ui, rows in shapes])
-    else:
-        x, r = max(float(np.median(y - share * w)), 0.0), 0.0
-    return x, share, r
+    medians = [float(np.median([yi - share * wi for yi, wi in rows])) for _, _, rows in passes]
+    pu, pv = (np.array(c, dtype=float) for c in zip(*((pu, pv) for pu, pv, _ in passes)))
+    coef = iter(nonneg_fit(np.column_stack([np.ones_like(pu), *[c for c, on in ((pu, per_row), (pv, ramp)) if on]]),
+                           medians))
+    x = float(next(coef))
+    r = float(next(coef)) if per_row else 0.0
+    return x, share, r, float(next(coef)) if ramp else 0.0
+
+
+def hot_rate(points: list[tuple[float, float]]) -> float:
+    """kappa from hot passes' (v: 1 / the pass's bytes, seconds per byte past the hot fixed costs): the slope of
+    time against bytes where the passes' bytes span RAMP_SPREAD (what is left of a hot pass's start is its
+    intercept, not a rate), else the median."""
+    v, y = (np.array(c, dtype=float) for c in zip(*points))
+    if v.max() >= RAMP_SPREAD * v.min():
+        return float(nonneg_fit(np.column_stack([np.ones_like(v), v]), y)[0])
+    return float(np.median(y))
 
 
 def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[int], per_row: bool,
               state_spread: float = STATE_SPREAD, kind: str = "dedup", apart: bool = False) -> Rates:
-    """kappa_G, x_G, s_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's pair) and the cold
-    pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module docstring) and the overhead
+    """kappa_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's
+    pair) and the cold pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module docstring) and the overhead
     passes of every kind (of `kind` alone where `apart`). A hot call has fixed costs of its own (its threads are awake
     and its code cached), taken from the hot overhead passes and subtracted before kappa; the fixed costs and the
     rates depend on each other only through small corrections, so alternating passes settle them (FIT_PASSES)."""
@@ -118,20 +143,22 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
     for _ in range(FIT_PASSES):
         hot_pass, hot_group, _, hot_token = fixed_costs(by_key, info, "hot", rates, own)
         pass_s, group_s, node_s, token_s = fixed_costs(by_key, info, "cold", rates, own)
-        kappa, excess, shares, row = [], [], [], []
+        kappa, excess, shares, row, ramp = [], [], [], [], []
         for g in g_values:  # a rate pass of kind dedup runs G tokens, of kind slot one (key[4] = 1 = its tokens)
-            x, share, r = stream_fit([(rows / b, [((t - pass_s - g * token_s - e * group_s) / (b * e), 1 / (c * 1e9))
-                                                  for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
-                                      for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g],
-                                     per_row, state_spread)
-            hot = [(np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group - e * rows * r) / (b * e)
+            x, share, r, start = stream_fit(
+                [(rows / b, 1 / (b * e), [((t - pass_s - g * token_s - e * group_s) / (b * e), 1 / (c * 1e9))
+                                          for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
+                 for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g], per_row, state_spread)
+            hot = [(1 / (b * e), (np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group
+                                  - e * rows * r) / (b * e))
                    for k, (b, rows, e) in info.items() if k[:2] == ("hot", kind) and k[4] == g]
-            kappa.append(max(float(np.median(hot)), 1e-15))
+            kappa.append(max(hot_rate(hot), 1e-15))
             excess.append(x)
             shares.append(share)
             row.append(r)
+            ramp.append(start)
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else (), tuple(shares), token_s)
+                      tuple(row) if per_row else (), tuple(shares), token_s, tuple(ramp))
     return rates
 
 
