@@ -25,7 +25,10 @@ from moespec import ArgumentError
 from moespec.arguments import show
 from moespec.kernels.structure import Rates, pass_time
 
-PROBE_SHAPE = (896, 320)  # (d, f): 1.7 MB an expert in bf16, 0.9 MB in q8_0; no model's
+# (d, f): 8.1 MB an expert in bf16, 4.3 MB in q8_0, no model's; near the models' experts in size, as a re-read of a
+# small one is held back by the kernel's work per group (experts of 1.7 MB re-read at the cold rate from 32 MiB on a
+# VM where experts of 8 MB re-read ~20% faster up to 62 MiB)
+PROBE_SHAPE = (1408, 960)
 PROBE_SHARES = (1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1, 3 / 2)  # re-read distances D over the nominal cache
 PROBE_CYCLES = 3  # each expert read PROBE_CYCLES times: once cold, then re-read at D = K b
 CAPACITY_STEPS = 64  # the capacity grid: nominal / 64, 2 nominal / 64, .., nominal (0.5 MiB steps of a 32 MiB L3)
