@@ -193,8 +193,8 @@ def test_status_names_the_library():
 
 
 @pytest.mark.skipif(dense.pack(torch.zeros(2, 2, dtype=torch.bfloat16)) is None, reason="torch without oneDNN")
-@pytest.mark.parametrize("n", [17, 72])
-def test_packed_linear_equals_torch_past_max_tokens(n):
+@pytest.mark.parametrize("n", [5, 17, 72])
+def test_packed_linear_equals_torch(n):
     gen = torch.Generator().manual_seed(n)
     w = torch.randn(96, 64, generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
@@ -210,7 +210,17 @@ def test_pack_takes_contiguous_cpu_bf16_matrices_only():
     assert dense.pack(w) is None  # fp32: measured no faster, left to F.linear
     assert dense.pack(w.bfloat16().t()) is None and dense.pack(w.bfloat16()[0]) is None
     assert dense.pack(torch.empty(0, 4, dtype=torch.bfloat16)) is None
-    rows = torch.zeros(dense.MAX_TOKENS + 1, 4, dtype=torch.bfloat16)
+    rows = torch.zeros(dense.packed_rows(), 4, dtype=torch.bfloat16)
     assert dense.packed_takes(rows) and dense.packed_takes(rows, torch.zeros(8, dtype=torch.bfloat16))
-    assert not dense.packed_takes(rows[:dense.MAX_TOKENS]) and not dense.packed_takes(rows.float())
+    assert not dense.packed_takes(rows[:-1]) and not dense.packed_takes(rows.float())
     assert not dense.packed_takes(rows, torch.zeros(8))  # an fp32 bias: F.linear
+
+
+@pytest.mark.parametrize("flags, rows", [
+    (frozenset({"avx2", "fma"}), dense.MAX_TOKENS + 1), (None, dense.MAX_TOKENS + 1),
+    (frozenset({"avx2", "amx_bf16", "amx_tile"}), dense.AMX_PACKED_ROWS)])
+def test_packed_rows_follow_the_cpu(monkeypatch, flags, rows):
+    """oneDNN's packed copy takes bf16 calls past MAX_TOKENS rows, from AMX_PACKED_ROWS on a CPU with AMX tiles."""
+    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
+    x = torch.zeros(rows, 4, dtype=torch.bfloat16)
+    assert dense.packed_rows() == rows and dense.packed_takes(x) and not dense.packed_takes(x[:-1])

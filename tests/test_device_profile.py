@@ -35,7 +35,8 @@ def test_no_profiled_shape_is_a_models() -> None:
 
 TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128), (128, 192), (96, 96)),
         "HOT_SHAPES": ((128, 64),), "G_VALUES": (1, 2, 3),
-        "COLD_BYTES": (1 << 20, 4 << 20), "HOT_BYTES": 96 << 10, "HOT_CACHE_SHARE": 1 / 64, "CHECK_N": (2,), "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
+        "COLD_BYTES": (1 << 20, 4 << 20), "HOT_BYTES": 96 << 10, "HOT_CACHE_SHARE": 1 / 64, "CHECK_N": (2,),
+        "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
         "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,), "PROBE_SHAPE": (128, 64)}  # multiples of 32 (GGUF)
 
 

@@ -51,9 +51,13 @@ def decode(model, passes=PASSES, **extra) -> tuple[list[torch.Tensor], object]:
     return logits, cache
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 @pytest.mark.parametrize("model_type", LEAN)
-def test_lean_pass_gives_transformers_logits_and_cache(model_type, dtype, tiny_configs):
+def test_lean_pass_gives_transformers_logits_and_cache(model_type, dtype, packed, tiny_configs, monkeypatch):
+    """On any CPU, both rules for the bf16 dense layers: native up to MAX_TOKENS rows, or (`packed`, a CPU with
+    AMX) oneDNN's packed copy from AMX_PACKED_ROWS rows, so the passes of 9 and 16 tokens multiply the packs."""
+    rows = dense.AMX_PACKED_ROWS if packed else dense.MAX_TOKENS + 1
+    monkeypatch.setattr(dense, "packed_rows", lambda: rows)
     model = model_of(tiny_configs, model_type, dtype)
     assert lean.unsupported(model) is None
     set_dense(model, "native" if dtype == torch.bfloat16 else "torch")
@@ -74,8 +78,10 @@ def test_lean_pass_gives_transformers_logits_and_cache(model_type, dtype, tiny_c
     layers = model.config.num_hidden_layers
     verify_passes = len(PASSES) - 1
     assert installed.attention_calls == verify_passes * layers == native_attention_calls(model)
-    # per pass and layer q, k, v, o and the router (or a dense layer's 3 matrices), and the head
-    assert native_calls(model) >= verify_passes * (5 * layers + 1)
+    # per native pass and layer q, k, v, o and the router (or a dense layer's 3 matrices), and the head
+    native_passes = sum(n < rows for _, n in PASSES[1:]) if dtype == torch.bfloat16 else verify_passes
+    assert native_calls(model) >= native_passes * (5 * layers + 1)
+    assert bool(installed.packs) == (packed and dtype == torch.bfloat16)
     set_dense(model, "torch")
     assert "forward" not in model.__dict__ and all("forward" not in r.__dict__ for r in installed.routers)
 

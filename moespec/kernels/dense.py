@@ -10,7 +10,9 @@ fp32 accumulation, the OpenMP threads sharing the rows of W. Its fma path (AVX2 
 with memory to n ~ 4-5 on two cores; its dot path (AVX512-BF16, for bf16 W and bf16 x on CPUs that have
 it) doubles the multiply-add rate and keeps up to n ~ 6-8; past that, both are bound by their
 multiply-adds and the time grows with n. Past MAX_TOKENS rows (a batched pass of B sequences) a call is a small
-GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
+GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it; on a
+CPU with AMX tiles (packed_rows) from AMX_PACKED_ROWS rows, where oneDNN's tiles keep up with memory and the native
+dot path does not.
 
 Shape legend
     n  tokens: the product of x's leading dimensions, 1..16
@@ -38,6 +40,10 @@ from moespec.kernels import native
 
 MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
 ISA = {"auto": 0, "fma": 1, "dot": 2}
+# On a CPU with AMX, oneDNN multiplies a packed bf16 weight on its tiles at memory speed from one row to dozens (the
+# 50304 x 2048 head 8.6-8.9 ms at 1-16 rows on a 2-core Xeon VM), while the native dot path turns compute-bound past
+# ~4 rows (8.8 ms at 4, 11.5 at 6, 28.6 at 16): calls of this many rows or more go to the packed copy there
+AMX_PACKED_ROWS = 5
 PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for; 1, 17 or 64 run alike at 17-72 rows here
 
 
@@ -174,9 +180,16 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
+def packed_rows() -> int:
+    """The fewest rows a bf16 call takes to `packed_linear`: AMX_PACKED_ROWS on a CPU with AMX (bf16 tiles, which
+    oneDNN multiplies on), else past MAX_TOKENS."""
+    flags = native.cpu_flags() or frozenset()
+    return AMX_PACKED_ROWS if {"amx_bf16", "amx_tile"} <= flags else MAX_TOKENS + 1
+
+
 def packed_takes(x: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether a call goes to `packed_linear`: x [n, K] bf16 of more than MAX_TOKENS rows, bias None or bf16."""
-    return x.dim() == 2 and x.shape[0] > MAX_TOKENS and x.dtype == torch.bfloat16 and (
+    """Whether a call goes to `packed_linear`: x [n, K] bf16 of packed_rows() rows or more, bias None or bf16."""
+    return x.dim() == 2 and x.shape[0] >= packed_rows() and x.dtype == torch.bfloat16 and (
         bias is None or bias.dtype == torch.bfloat16)
 
 

@@ -65,15 +65,24 @@ def cache_dir() -> Path:
     return Path(base) / "moespec" / "native"
 
 
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    return frozenset(line.partition(":")[2].split())
+
+
 def _cpu_supported() -> str | None:
     """None when this CPU runs the kernels, else the reason it cannot."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"needs x86-64, this is {platform.machine()}"
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
+    flags = cpu_flags()
+    if flags is None:
         return "cannot read /proc/cpuinfo to check for AVX2 and FMA"
-    missing = {"avx2", "fma"} - set(flags.split())
+    missing = {"avx2", "fma"} - flags
     return f"CPU lacks {', '.join(sorted(missing))}" if missing else None
 
 

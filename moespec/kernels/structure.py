@@ -122,8 +122,8 @@ class Rates:
             entry = entry["slot"]
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
-                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())), float(entry.get("token_s", 0.0)),
-                   tuple(entry.get("cold_ramp_s", ())))
+                   tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())),
+                   float(entry.get("token_s", 0.0)), tuple(entry.get("cold_ramp_s", ())))
 
     def with_share(self, shares: Rates, ceiling_gbps: float) -> Rates:
         """These rates, taken at one ceiling C = ceiling_gbps GB/s (a pinned profile's: its calls cannot tell the

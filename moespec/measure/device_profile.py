@@ -9,7 +9,7 @@ threads asked) and never on a model's expert shapes (RATE_SHAPES and the others 
 against every preset and the trained pair); the rates are fitted by moespec.measure.profile_fit:
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush) on every rate
-  shape, at two sizes (COLD_BYTES: E experts of ~48 MiB in all, past the last-level cache, and of ~4x that), and hot
+  shape, at two sizes (COLD_BYTES: E experts of ~48 MiB in all, past the last-level cache, and of ~8x that), and hot
   (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the
   process keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a
   pass pays once from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
@@ -108,9 +108,10 @@ NODE_TOKENS = (1, 2, 4)  # overhead passes at fewer tokens (of 8 slots): a token
 CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
 CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
 G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
-# A cold rate pass reads about this much: past a 32 MiB last-level cache, and 4x that, so that time against bytes
-# gives a pass's start (its intercept) apart from the rate it settles at (moespec.kernels.structure: F)
-COLD_BYTES = (48 << 20, 192 << 20)
+# A cold rate pass reads about this much: past a 32 MiB last-level cache, and 8x that, so that time against bytes
+# gives a pass's start (its intercept) apart from the rate it settles at (moespec.kernels.structure: F), over the
+# range a model's verification pass reads (an OLMoE layer: 100 MB at one token, 0.5-0.9 GB at nine)
+COLD_BYTES = (48 << 20, 384 << 20)
 STREAM_CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # around the kernels' ~1 MiB row task
 THREAD_SCALING_G = (1, 4, 16)
 # On a CUDA device: G up to the Triton kernels' TOKENS_MAX (16; a verification pass's groups hold at most n = 9),

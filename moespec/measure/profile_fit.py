@@ -31,7 +31,7 @@ from moespec.kernels.structure import Rates, pass_time
 # host while its streaming read moved between ~30 and ~55 GB/s spread ~0.5 (benchmarks/stream_share.py).
 STATE_SPREAD = 0.25
 # A cold pass's start F is fitted where the rate passes' bytes span at least this factor (the profile's two sizes:
-# 4x); passes of one size leave it 0 (F's column would be nearly constant, so x and F could not be told apart)
+# 8x); passes of one size leave it 0 (F's column would be nearly constant, so x and F could not be told apart)
 RAMP_SPREAD = 2.0
 # Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
 # per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
@@ -132,10 +132,10 @@ def hot_rate(points: list[tuple[float, float]]) -> float:
 def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[int], per_row: bool,
               state_spread: float = STATE_SPREAD, kind: str = "dedup", apart: bool = False) -> Rates:
     """kappa_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's
-    pair) and the cold pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module docstring) and the overhead
-    passes of every kind (of `kind` alone where `apart`). A hot call has fixed costs of its own (its threads are awake
-    and its code cached), taken from the hot overhead passes and subtracted before kappa; the fixed costs and the
-    rates depend on each other only through small corrections, so alternating passes settle them (FIT_PASSES)."""
+    pair) and the cold pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module
+    docstring) and the overhead passes of every kind (of `kind` alone where `apart`). A hot call has fixed costs of
+    its own (its threads are awake and its code cached), taken from the hot overhead passes and subtracted before
+    kappa; the fixed costs and the rates depend on each other only through small corrections, so alternating passes settle them (FIT_PASSES)."""
     g_values = tuple(g_values)
     zeros = (0.0,) * len(g_values)
     rates = Rates(g_values, (1e-12,) * len(g_values), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
