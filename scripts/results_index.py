@@ -272,6 +272,10 @@ ENTRIES: dict[str, Entry] = {
     **{f"structure-model/log-{m}.txt": Entry(f"console output of the {m} step",
                                              source=f"structure-model/{m}/errors.json") for m in STRUCTURE_MODELS},
     # the same for ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF formats, n = 1..9 (and B = 8)
+    **with_console("dense-paths/xeon-2core", "a 2-core Intel Xeon VM with AMX: a bf16 dense layer on oneDNN's packed "
+                   "copy against the native kernel at 1-16 rows; packed faster from 4-5 rows (0.29x at 16 rows of the "
+                   "LM head), so the engine packs from AMX_PACKED_ROWS = 5 there"),
+    "dense-paths/README.md": Entry("write-up of dense-paths/xeon-2core.json", source="dense-paths/xeon-2core.json"),
     **with_console("one-token-paths/xeon-2core", "a 2-core Intel Xeon VM: one-token rows in prefetched tiles over rows "
                    "read in sequence, LM head 1.57x, expert op 1.18-1.19x; streaming read 28.7 prefetched, 25.1 not"),
     **with_console("structure-model/stream-share", "how much of a cold one-token pass follows the streaming read: "
