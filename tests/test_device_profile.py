@@ -187,6 +187,7 @@ def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> Non
     assert rates.stream_share == pytest.approx((share[1], share[2]), rel=1e-3)
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
     assert rates.ramp_s == pytest.approx((ramp[1], ramp[2]), rel=1e-3)
+    assert rates.ramp_bytes == min(b * e for b, _, e in info.values() if isinstance(e, int) and e in (4, 16))
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
 
 

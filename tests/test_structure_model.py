@@ -67,17 +67,21 @@ def test_pass_time_exact() -> None:
 
 
 def test_pass_time_pays_the_mean_cold_start_of_its_groups() -> None:
-    """A cold pass's start F(G): the mean over its groups of F at each group's G, each by the share of its expert
-    read from memory (a cached re-read starts nothing); interpolated on G, its last value past the grid."""
-    ramped = dataclasses.replace(RATES, ramp_s=(1e-4, 2e-4, 4e-4))
+    """F(G), what a cold pass's first W bytes cost past its rate: the mean over its groups of F at each group's G,
+    each by the share of its expert read from memory (a cached re-read pays nothing), all of it from W cold bytes
+    and that share of it below; interpolated on G, its last value past the grid."""
+    ramped = dataclasses.replace(RATES, ramp_s=(1e-4, 2e-4, 4e-4), ramp_bytes=2e6)
     ids, b, c = np.array([[0, 1], [0, 2]]), 1e6, 40.0
     assert ramped.ramp(3) == pytest.approx(3e-4) and ramped.ramp(9) == 4e-4 and RATES.ramp(1) == 0.0
-    # dedup: groups at G = 2, 1, 1, all cold
+    # dedup: groups at G = 2, 1, 1, all cold, 3 MB past W
     assert pass_time(ramped, "dedup", ids, b, 700, c, 1e9) == pytest.approx(
         pass_time(RATES, "dedup", ids, b, 700, c, 1e9) + (2e-4 + 2 * 1e-4) / 3)
-    # slot: four groups at G = 1, expert 0's second read all cached (2 MB cache)
+    # slot: four groups at G = 1, expert 0's second read all cached (2 MB cache): 3 MB cold
     assert pass_time(ramped, "slot", ids, b, 700, c, 2e6) == pytest.approx(
         pass_time(RATES, "slot", ids, b, 700, c, 2e6) + 3 * 1e-4 / 4)
+    # one token on one expert: 1 MB cold, half of W
+    assert pass_time(ramped, "dedup", ids[:1, :1], b, 700, c, 1e9) == pytest.approx(
+        pass_time(RATES, "dedup", ids[:1, :1], b, 700, c, 1e9) + 1e-4 / 2)
 
 
 GGML = Rates(G=(1, 2), hot_s_per_byte=(3e-11, 4e-11), cold_excess_s_per_byte=(2e-11, 3e-11), group_s=2e-6,
@@ -150,7 +154,8 @@ def test_per_row_interpolated_and_past_the_grid() -> None:
     lambda: hit_share([(0, 1)], 1.0, -1.0), lambda: Rates((2, 3), (1e-11, 1e-11), (0.0, 0.0), 0.0, 0.0),
     lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
     lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6),
-    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(-1e-6,)), lambda: RATES.ramp(0)])
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(-1e-6,), ramp_bytes=1.0),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(1e-6,)), lambda: RATES.ramp(0)])
 def test_domain(call) -> None:
     with pytest.raises(ArgumentError):
         call()
@@ -383,10 +388,14 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="self_check_by_dtype"):
         load_profile(write(tmp_path / "stray.json", stray))
     ramped = profile_doc()
-    ramped["dtypes"]["bf16"]["cold_ramp_s"] = [1e-4] * 5
-    assert Rates.from_profile(load_profile(write(tmp_path / "r.json", ramped))["dtypes"]["bf16"]).ramp(2) == 1e-4
+    ramped["dtypes"]["bf16"] |= {"cold_ramp_s": [1e-4] * 5, "cold_ramp_bytes": 48 << 20}
+    rates = Rates.from_profile(load_profile(write(tmp_path / "r.json", ramped))["dtypes"]["bf16"])
+    assert rates.ramp(2) == 1e-4 and rates.ramp_bytes == 48 << 20
     ramped["dtypes"]["bf16"]["cold_ramp_s"] = [1e-4, -1e-4, 0, 0, 0]
     with pytest.raises(Exception, match=r"r.json: dtypes.bf16.cold_ramp_s must list 5 numbers >= 0"):
+        load_profile(write(tmp_path / "r.json", ramped))
+    ramped["dtypes"]["bf16"] |= {"cold_ramp_s": [1e-4] * 5, "cold_ramp_bytes": 0}
+    with pytest.raises(Exception, match=r"r.json: dtypes.bf16.cold_ramp_bytes = 0 must be a number > 0"):
         load_profile(write(tmp_path / "r.json", ramped))
     with pytest.raises(Exception, match="ok.json: level.pinned_gbps"):
         load_profile(write(tmp_path / "ok.json", profile_doc(level={"pinned_gbps": -3.0})))

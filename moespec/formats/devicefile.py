@@ -28,8 +28,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
   sizes        {G, cold_bytes, hot_bytes, slot_apart, cache_probe}  what the rate passes were sized to on this device
                                     kind (cold_bytes, hot_bytes: the sizes, a list; one number in files before
                                     cold_ramp_s), and whether the cache probe ran
-  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, cold_ramp_s, group_s, pass_s, node_s,
-          matmul_peak_gflops}}
+  dtypes {dtype: {G, hot_s_per_byte, cold_excess_s_per_byte, row_s, stream_share, cold_ramp_s, cold_ramp_bytes,
+          group_s, pass_s, node_s, matmul_peak_gflops}}
            per weight format timed, on synthetic shapes only: bf16, fp32 from our native expert op; the GGUF formats
            q8_0, q4_0 from ggml's pair (ggml-per-slot, ggml-mul_mat_id: the kernels that run GGUF blocks,
            moespec.kernels.peers.ggml_quantized):
@@ -43,8 +43,10 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            stream_share [..]        s_G in [0, 1]: the share of the stream's time 1 / C a cold group's time follows
                                     (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
                                     calls met more than one state of the host, else 1; optional (absent: 1)
-           cold_ramp_s [..]         F_G >= 0: a cold pass's start past pass_s (moespec.kernels.structure), the
-                                    intercept of the cold rate passes' time against their bytes; optional (absent: 0)
+           cold_ramp_s [..]         F_G >= 0: what a cold pass's first cold_ramp_bytes cost past its rate and pass_s
+                                    (moespec.kernels.structure), from the cold rate passes' time against their bytes;
+                                    optional (absent: 0)
+           cold_ramp_bytes          W > 0, with cold_ramp_s: a pass reading fewer cold bytes pays F_G x its bytes / W
            group_s, pass_s          the fixed seconds of one group and of one call
            token_s                  optional (0 where absent): the fixed seconds of each token of a call, told apart
                                     by overhead passes of 1..8 tokens (ours; ggml's per-token time is node_s)
@@ -113,6 +115,9 @@ def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
         _per_g(where, dtype, entry, "row_s", lambda v: v >= 0, ">= 0")
     if "cold_ramp_s" in entry:
         _per_g(where, dtype, entry, "cold_ramp_s", lambda v: v >= 0, ">= 0")
+        if not (is_number(entry.get("cold_ramp_bytes")) and entry["cold_ramp_bytes"] > 0):
+            raise _fail(where, f"dtypes.{dtype}.cold_ramp_bytes = {entry.get('cold_ramp_bytes')!r} must be a number > "
+                               f"0 beside cold_ramp_s")
     if "stream_share" in entry:
         _per_g(where, dtype, entry, "stream_share", lambda v: 0 <= v <= 1, "in [0, 1]")
     for key in ("group_s", "pass_s", *(("node_s",) if quantized or "node_s" in entry else ()),

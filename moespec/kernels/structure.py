@@ -25,39 +25,23 @@ Our native kernels make no call per row (a row task is a tile of rows) and one r
 
 Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
 
-    t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0) + mean over groups of (1 - h_g) F(G_g)
+    t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0)
+        + min(1, D_cold / W) mean over groups of (1 - h_g) F(G_g)
         + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(s(G) / C + x(G), 1 / C, kappa(G))
 
-(b bytes and R weight rows per expert; node_s and r are 0 for our native kernels, which run any pass as one call;
-token_s is a call's fixed time per token, its rows gathered and its output scattered, 0 for ggml's pair, whose
-per-token work node_s holds.)
+(b bytes and R weight rows per expert, D_cold = sum over groups of (1 - h_g) b the bytes a pass reads from memory;
+node_s and r are 0 for our native kernels, which run any pass as one call; token_s is a call's fixed time per token, its
+rows gathered and its output scattered, 0 for ggml's pair, whose per-token work node_s holds.)
 
-F(G) >= 0 is a cold pass's start beyond the fixed time of a pass of tiny experts: the time before its streams
-reach their rate (each thread's first row task starts cold). The profile times its cold rate passes at two sizes
-and fits F(G) as the intercept of time against bytes (moespec.measure.profile_fit), so x(G) is the rate a pass
-settles at, not the average of a short pass. On a 2-core Xeon VM a cold pass of ~48 MB at G = 1 streamed ~0.78 of
-the ceiling on average and one of ~190 MB ~0.86, a line through both ~0.9 with F ~0.1 ms past pass_s: one rate
-from the short pass alone predicted every longer pass 10-30% slow. A pass of mixed G pays the mean of its groups'
-F, each by the share of its expert read from memory.
-
-A cold group streams its bytes at the ceiling, 1 / C per byte, and its inner loop adds x(G) per byte that a faster
-memory does not shorten (the loop's work on data arriving from memory, not overlapped with the stream); s(G) in [0,
-1] is the share of the stream's time the group's time follows as C moves (benchmarks/stream_share.py: ~0.8 for our
-kernels at one token, ~0.3-0.5 for ggml's, whose loop hides much of a slower stream), fitted where the profile's
-calls met more than one state of the host and 1 (all of it) where they did not, as no single state can tell s from x
-(or taken from a profile that met several: Rates.with_share); kappa(G) is the seconds per byte of a group whose
-weights sit in the cache: the issue rate of the inner loop at G tokens, its limit once the loop, not memory, is the
-slower (at G = 1 memory is, at large G the loop is, and the ceiling no longer matters). h_g is the share of the
-group's expert the cache still holds. Every rate comes from a device profile (moespec.measure.device_profile), timed
-through the kernels' own entry point on synthetic shapes, none a model's; G between the profile's values is
-interpolated linearly and past its largest extrapolated (kappa and r, the loop's work, on the line through their
-last two values, x and s at their last values). A per-slot group re-reading an expert finds the share min(1, cache /
-D) of it in the cache, D the distinct expert bytes read since its expert's previous slot, its own included (all of
-it when they fit; a cyclic re-read of more than the cache still finds part, as the last-level cache's replacement is
-not strict LRU); a first read, and every group of the deduplicating kernel (which reads each expert once), is cold.
-The ceiling C is a device measurement, never a parameter: a prediction is made at the profile's own ceiling or at
-one measured beside the times it is compared with.
+F(G) >= 0 is what a cold pass pays past the fixed time of a pass of tiny experts when it reads ramp_bytes (W) or
+more from memory, and a shorter one F times its cold bytes over W: a cold pass streams its first W bytes slower than
+the rest. The profile times its cold rate passes at two sizes, W (~48 MiB) and 8x that, so x(G) is the rate past the
+first W bytes and F(G) what those bytes cost beyond it (moespec.measure.profile_fit). On a 2-core Xeon VM a cold
+pass at G = 1 streamed ~28 GB/s past pass_s from 12 to ~200 MB and ~30 beyond, against a ~33 GB/s ceiling: one rate
+from 48 MB passes predicted every longer pass 10-30% slow, and a fixed start in every pass the tiny experts of the
+trained pair 1.3-2x slow. A pass of mixed G pays the mean of its groups' F, each by the share of its expert read
+from memory.
 """
 
 from __future__ import annotations
@@ -77,8 +61,8 @@ class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
     from 1) kappa = hot_s_per_byte, the cold loop's excess x = cold_excess_s_per_byte and the fixed seconds per weight
     row r = row_s (ggml's; empty: none, our kernels) and the stream's share s = stream_share (empty: 1 at every G);
-    group_s and pass_s the fixed seconds of a group and of a call, ramp_s = cold_ramp_s a cold pass's start F per G
-    (empty: 0); node_s those of each node past the first of a
+    group_s and pass_s the fixed seconds of a group and of a call, ramp_s = cold_ramp_s what a cold pass's first
+    ramp_bytes = cold_ramp_bytes cost past its rate, F per G (empty: 0); node_s those of each node past the first of a
     kernel that runs one node per token (ggml-per-slot; 0 where a call is one node); token_s those of each token of
     a call (0 where the profile did not tell them apart)."""
 
@@ -92,6 +76,7 @@ class Rates:
     stream_share: tuple[float, ...] = ()
     token_s: float = 0.0
     ramp_s: tuple[float, ...] = ()
+    ramp_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
@@ -102,6 +87,8 @@ class Rates:
             raise ArgumentError(f"row_s must be empty or hold one value >= 0 per G, got {show(self.row_s)}")
         if self.ramp_s and (len(self.ramp_s) != len(self.G) or min(self.ramp_s) < 0):
             raise ArgumentError(f"ramp_s must be empty or hold one value >= 0 per G, got {show(self.ramp_s)}")
+        if self.ramp_s and not self.ramp_bytes > 0:
+            raise ArgumentError(f"ramp_bytes must be positive where ramp_s is given, got {show(self.ramp_bytes)}")
         if self.stream_share and (len(self.stream_share) != len(self.G)
                                   or not all(0 <= v <= 1 for v in self.stream_share)):
             raise ArgumentError(f"stream_share must be empty or hold one value in [0, 1] per G, got "
@@ -123,7 +110,8 @@ class Rates:
         return cls(tuple(entry["G"]), tuple(entry["hot_s_per_byte"]), tuple(entry["cold_excess_s_per_byte"]),
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
                    tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())),
-                   float(entry.get("token_s", 0.0)), tuple(entry.get("cold_ramp_s", ())))
+                   float(entry.get("token_s", 0.0)), tuple(entry.get("cold_ramp_s", ())),
+                   float(entry.get("cold_ramp_bytes", 0.0)))
 
     def with_share(self, shares: Rates, ceiling_gbps: float) -> Rates:
         """These rates, taken at one ceiling C = ceiling_gbps GB/s (a pinned profile's: its calls cannot tell the
@@ -229,6 +217,8 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, exp
     hot = hit_share(order, expert_bytes, cache_bytes)
     nodes = len(ids) - 1 if kind == "slot" else 0
     start = sum((1.0 - h) * rates.ramp(g) for (_, g), h in zip(order, hot)) / len(order)
+    if start:
+        start *= min(1.0, sum(1.0 - h for h in hot) * expert_bytes / rates.ramp_bytes)
     return rates.pass_s + start + rates.token_s * len(ids) + rates.node_s * nodes + sum(
         rates.group_s + expert_rows * rates.per_row(g)
         + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps) + h * rates.per_byte(g, ceiling_gbps, cold=False))

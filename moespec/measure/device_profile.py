@@ -10,19 +10,18 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush) on every rate
   shape, at two sizes (COLD_BYTES: E experts of ~48 MiB in all, past the last-level cache, and of ~8x that), and hot
-  (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the
-  process keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a
-  pass pays once from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
-  starts once); the cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the
-  ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call by
-  call, and F_G (cold_ramp_s) the cold intercept past the fixed costs of a pass of tiny experts (a cold pass's
-  start: moespec.kernels.structure). s_G (stream_share) is the least-squares coefficient of 1 / C in the cold calls'
-  seconds per byte where those calls met more than one state of the host (STATE_SPREAD), in [0, 1], else 1
-  (stream_fit). ggml's pair spends fixed time per weight row (moespec.kernels.structure), so a GGUF format is timed
-  on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows of 384-12800 weights, and per G its cold seconds per
-  byte less s_G / C (each pass's median over its calls) is fitted as x_G + r_G / (bytes per row) + F_G / (bytes of
-  the pass), least squares over the passes, none below 0: r_G (row_s) the fixed seconds per row, subtracted before
-  kappa too.
+  (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the process
+  keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a pass pays once
+  from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass starts once); the
+  cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the ceiling sampled right
+  after each, so the drift of a shared host's bandwidth between calls is taken out call by call, and F_G (cold_ramp_s)
+  what the first W bytes of a cold pass (cold_ramp_bytes: the smaller size's) cost past that rate and the fixed costs of
+  a pass of tiny experts (moespec.kernels.structure). s_G (stream_share) is the least-squares coefficient of 1 / C in
+  the cold calls' seconds per byte where those calls met more than one state of the host (STATE_SPREAD), in [0, 1], else
+  1 (stream_fit). ggml's pair spends fixed time per weight row (moespec.kernels.structure), so a GGUF format is timed on
+  GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows of 384-12800 weights, and per G its cold seconds per byte
+  less s_G / C (each pass's median over its calls) is fitted as x_G + r_G / (bytes per row) + F_G / max(bytes of the pass, W),
+  least squares over the passes, none below 0: r_G (row_s) the fixed seconds per row, subtracted before kappa too.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots and at 1, 2 and 4
   tokens of 8 slots, cold and hot: the fixed time of a call (pass_s), of a group (group_s) and of a token (token_s:
   gathering its row, scattering its output), by least squares on the time left after the groups' bytes. ggml's pair
@@ -385,7 +384,8 @@ def _entry(rates: Rates) -> dict[str, Any]:
     entry = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
              "pass_s": rates.pass_s, "node_s": rates.node_s, "token_s": rates.token_s,
-             "stream_share": list(rates.stream_share), "cold_ramp_s": list(rates.ramp_s)}
+             "stream_share": list(rates.stream_share), "cold_ramp_s": list(rates.ramp_s),
+             "cold_ramp_bytes": rates.ramp_bytes}
     return entry | ({"row_s": list(rates.row_s)} if rates.row_s else {})
 
 

@@ -95,7 +95,8 @@ def nonneg_fit(design: np.ndarray, y: np.ndarray) -> np.ndarray:
 def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per_row: bool,
                state_spread: float = STATE_SPREAD) -> tuple[float, float, float, float]:
     """(x, s, r, F) of a cold group's seconds per byte y = x + s / C + r u + F v (moespec.kernels.structure) from
-    its calls: per rate pass (u: its expert's rows per byte, v: 1 / the pass's bytes, [(y, 1 / C) per call]).
+    its calls: per rate pass (u: its expert's rows per byte, v: 1 / the pass's bytes, past the first W bytes that
+    F is paid over: 1 / max(bytes, W); [(y, 1 / C) per call]).
     s is the least-squares coefficient of 1 / C, clipped to [0, 1], where the calls' 1 / C spread over state_spread
     of its median, else 1; then, with s fixed, x, r (where per_row) and F (where the passes' bytes span RAMP_SPREAD)
     by least squares over the passes' medians of y - s / C, none below 0 (nonneg_fit). F is a cold pass's start
@@ -132,10 +133,11 @@ def hot_rate(points: list[tuple[float, float]]) -> float:
 def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[int], per_row: bool,
               state_spread: float = STATE_SPREAD, kind: str = "dedup", apart: bool = False) -> Rates:
     """kappa_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's
-    pair) and the cold pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module
-    docstring) and the overhead passes of every kind (of `kind` alone where `apart`). A hot call has fixed costs of
-    its own (its threads are awake and its code cached), taken from the hot overhead passes and subtracted before
-    kappa; the fixed costs and the rates depend on each other only through small corrections, so alternating passes settle them (FIT_PASSES)."""
+    pair) and the cold pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module docstring)
+    and the overhead passes of every kind (of `kind` alone where `apart`). A hot call has fixed costs of its own (its
+    threads are awake and its code cached), taken from the hot overhead passes and subtracted before kappa; the fixed
+    costs and the rates depend on each other only through small corrections, so alternating passes settle them
+    (FIT_PASSES)."""
     g_values = tuple(g_values)
     zeros = (0.0,) * len(g_values)
     rates = Rates(g_values, (1e-12,) * len(g_values), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
@@ -143,12 +145,16 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
     for _ in range(FIT_PASSES):
         hot_pass, hot_group, _, hot_token = fixed_costs(by_key, info, "hot", rates, own)
         pass_s, group_s, node_s, token_s = fixed_costs(by_key, info, "cold", rates, own)
-        kappa, excess, shares, row, ramp = [], [], [], [], []
+        kappa, excess, shares, row, ramp, knees = [], [], [], [], [], []
         for g in g_values:  # a rate pass of kind dedup runs G tokens, of kind slot one (key[4] = 1 = its tokens)
+            cold = [(k, b, rows, e) for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g]
+            knee = min(b * e for _, b, _, e in cold)  # the first bytes of a pass, which stream slower (ramp_bytes)
             x, share, r, start = stream_fit(
-                [(rows / b, 1 / (b * e), [((t - pass_s - g * token_s - e * group_s) / (b * e), 1 / (c * 1e9))
-                                          for t, c in zip(by_key[k].seconds, by_key[k].ceilings)])
-                 for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g], per_row, state_spread)
+                [(rows / b, 1 / max(b * e, knee), [((t - pass_s - g * token_s - e * group_s) / (b * e),
+                                                    1 / (c * 1e9)) for t, c in zip(by_key[k].seconds,
+                                                                                   by_key[k].ceilings)])
+                 for k, b, rows, e in cold], per_row, state_spread)
+            knees.append(knee)
             hot = [(1 / (b * e), (np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group
                                   - e * rows * r) / (b * e))
                    for k, (b, rows, e) in info.items() if k[:2] == ("hot", kind) and k[4] == g]
@@ -158,7 +164,7 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
             row.append(r)
             ramp.append(start)
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else (), tuple(shares), token_s, tuple(ramp))
+                      tuple(row) if per_row else (), tuple(shares), token_s, tuple(ramp), float(min(knees)))
     return rates
 
 
