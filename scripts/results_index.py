@@ -195,10 +195,11 @@ PINNED_GGUF_RUNS = {
 GGUF_Q4_RUNS = (1, 2)
 
 
-def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str) -> dict[str, Entry]:
+def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str,
+                      consoles: bool = True) -> dict[str, Entry]:
     """The entries of one run of benchmarks/structure_model.py into `folder`: its table, held-out configs, each
-    (model, format folder, B) of `runs`' measured and predicted bench, each model's errors and console output;
-    `profile` says which profile predicted them."""
+    (model, format folder, B) of `runs`' measured and predicted bench, each model's errors and (`consoles`) console
+    output; `profile` says which profile predicted them."""
     pairs = sorted({(m, sub) for m, sub, _ in runs})
     fmt = lambda sub: f" in {sub[:-1]}, ggml's pair" if sub else ""  # noqa: E731
     return {
@@ -214,16 +215,16 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
             f"{m}{fmt(sub)}: every pass measured and predicted, the error per n") for m, sub in pairs},
         **{f"{folder}/log-{m}{'-' + sub[:-1] if sub else ''}.txt": Entry(
             f"console output of the {m} {sub[:-1] or 'bf16'} step", source=f"{folder}/{m}/{sub}errors.json")
-           for m, sub in pairs}}
+           for m, sub in pairs if consoles}}
 
 
 def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, str, int]],
-                   predicted_by: str) -> dict[str, Entry]:
+                   predicted_by: str, consoles: bool = True) -> dict[str, Entry]:
     """A run of benchmarks/structure_model.py with its own profile: the profile (its claim), the table (its claim),
-    the profile's console output and validation_folder's entries."""
+    the profile's console output and validation_folder's entries (with the models' console output, `consoles`)."""
     return {f"{folder}/device.json": Entry(profile), f"{folder}/table.json": Entry(table),
             f"{folder}/log-profile.txt": Entry("console output of moespec profile", source=f"{folder}/device.json"),
-            **validation_folder(folder, runs, predicted_by)}
+            **validation_folder(folder, runs, predicted_by, consoles)}
 
 
 ENTRIES: dict[str, Entry] = {
@@ -387,6 +388,15 @@ ENTRIES: dict[str, Entry] = {
         "median over n: the ceiling was not the Xeon's miss", [(m, "", 1) for m in ("olmoe-1b-7b", "qwen3-30b-a3b",
                                                                                    "heldout-3072x1536")],
         "the run's own profile, its benches pinned to its level"),
+    # the Xeon again with cold rate passes at two sizes and hot ones at two (a cold pass's first bytes apart from
+    # its rate), the probe's experts of 8.1 MB; the models' console output was not kept
+    **validation_run(
+        "structure-model/xeon/run-2", "bf16 profile on the Xeon with cold rate passes of ~48 and ~384 MiB, pinned at "
+        "36.3 GB/s (take 3 of 3, all flagged: self-check 53% per-slot at n = 9, U = 4, dedup max 14%; cache 128 MiB)",
+        "the Xeon with a cold pass's first bytes fitted apart: median error over n 4-11% on 6 of 8 models (largest "
+        "8-15%), the pair's per-slot 28% and 3072 x 1536 24-26% (its benches at 28 GB/s, the profile at 36); "
+        "crossover within one on 7 of 8; every predicted plan refused (eps 0.53-0.54 from the self-check)",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level", consoles=False),
     # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
     **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
         f"structure-model/pinned-gguf/run-{r}", profile, table,
