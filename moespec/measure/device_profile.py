@@ -10,18 +10,19 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
 - rates: the deduplicating kernel on passes of n = G tokens that all name the same E experts, so every group is one
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush) on every rate
   shape, at two sizes (COLD_BYTES: E experts of ~48 MiB in all, past the last-level cache, and of ~8x that), and hot
-  (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the process
-  keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a pass pays once
-  from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass starts once); the
-  cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the ceiling sampled right
-  after each, so the drift of a shared host's bandwidth between calls is taken out call by call, and F_G (cold_ramp_s)
-  what the first W bytes of a cold pass (cold_ramp_bytes: the smaller size's) cost past that rate and the fixed costs of
-  a pass of tiny experts (moespec.kernels.structure). s_G (stream_share) is the least-squares coefficient of 1 / C in
-  the cold calls' seconds per byte where those calls met more than one state of the host (STATE_SPREAD), in [0, 1], else
-  1 (stream_fit). ggml's pair spends fixed time per weight row (moespec.kernels.structure), so a GGUF format is timed on
-  GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows of 384-12800 weights, and per G its cold seconds per byte
-  less s_G / C (each pass's median over its calls) is fitted as x_G + r_G / (bytes per row) + F_G / max(bytes of the pass, W),
-  least squares over the passes, none below 0: r_G (row_s) the fixed seconds per row, subtracted before kappa too.
+  (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the
+  process keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a pass
+  pays once from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
+  starts once); the cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the
+  ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call by call,
+  and F_G (cold_ramp_s) what the first W bytes of a cold pass (cold_ramp_bytes: the smaller size's) cost past that
+  rate and the fixed costs of a pass of tiny experts (moespec.kernels.structure). s_G (stream_share) is the
+  least-squares coefficient of 1 / C in the cold calls' seconds per byte where those calls met more than one state of
+  the host (STATE_SPREAD), in [0, 1], else 1 (stream_fit). ggml's pair spends fixed time per weight row
+  (moespec.kernels.structure), so a GGUF format is timed on GGUF_RATE_SHAPES, experts of ~0.5-170 MB in q8_0 with rows
+  of 384-12800 weights, and per G its cold seconds per byte less s_G / C (each pass's median over its calls) is fitted
+  as x_G + r_G / (bytes per row) + F_G / max(bytes of the pass, W), least squares over the passes, none below 0: r_G
+  (row_s) the fixed seconds per row, subtracted before kappa too.
 - overhead: the per-slot kernel on a tiny expert (64 x 64) at 8 tokens of 1, 2, 4 and 8 slots and at 1, 2 and 4
   tokens of 8 slots, cold and hot: the fixed time of a call (pass_s), of a group (group_s) and of a token (token_s:
   gathering its row, scattering its output), by least squares on the time left after the groups' bytes. ggml's pair
@@ -108,7 +109,7 @@ CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
 CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
 G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
 # A cold rate pass reads about this much: past a 32 MiB last-level cache, and 8x that, so that time against bytes
-# gives a pass's start (its intercept) apart from the rate it settles at (moespec.kernels.structure: F), over the
+# gives what a pass's first bytes cost (moespec.kernels.structure: F) apart from the rate it settles at, over the
 # range a model's verification pass reads (an OLMoE layer: 100 MB at one token, 0.5-0.9 GB at nine)
 COLD_BYTES = (48 << 20, 384 << 20)
 STREAM_CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # around the kernels' ~1 MiB row task
@@ -219,7 +220,7 @@ def _same_experts(tokens: int, experts: int) -> np.ndarray:
 class Sizes:
     """What the profile times on one kind of device (sizes_for): the G of the rate passes, the bytes of the cold rate
     passes and those the hot passes' experts fill (each shape's expert counts: expert_counts; two sizes let the fit
-    tell a pass's start from its rate), whether the per-slot kernel gets rate passes and fixed costs of its own
+    tell what a pass pays once from its rate), whether the per-slot kernel gets rate passes and fixed costs of its own
     (`apart`), whether the cache probe runs (else the cache is the last-level cache's size), and the device the
     weights live on."""
 

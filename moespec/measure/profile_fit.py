@@ -3,8 +3,9 @@
 
 Keys of the timed calls (Item.key) and what info[key] holds beside them:
     ("cold" | "hot", kind, d, f, G, E)        a rate pass of `kind`'s kernel: E experts of shape (d, f), each applied to
-                                              G tokens (each shape at two E where the sizes allow: a pass's start F
-                                              apart from its rate); info (expert bytes b, weight rows R, E)
+                                              G tokens (each shape at two E where the sizes allow, so a pass's
+                                              first bytes' cost F is fitted apart from its rate); info (expert bytes
+                                              b, weight rows R, E)
     ("overhead", kind, tokens, m, "cold" | "hot")  tiny experts, distinct in every slot; info (b, R, (groups, nodes))
     ("check", kind, n, U)                     the self-check's passes of chosen ids; info (b, R, ids [n, m])
 Rates are fitted per kernel kind: the deduplicating kind's rate passes give every G; where the per-slot kernel is a
@@ -30,8 +31,8 @@ from moespec.kernels.structure import Rates, pass_time
 # over at least this share of its median (10th to 90th percentile). A quiet run's calls spread 0.1-0.2; runs on this
 # host while its streaming read moved between ~30 and ~55 GB/s spread ~0.5 (benchmarks/stream_share.py).
 STATE_SPREAD = 0.25
-# A cold pass's start F is fitted where the rate passes' bytes span at least this factor (the profile's two sizes:
-# 8x); passes of one size leave it 0 (F's column would be nearly constant, so x and F could not be told apart)
+# F, what a cold pass's first bytes cost past its rate, is fitted where the rate passes' bytes span at least this
+# factor (the profile's two sizes: 8x); passes of one size leave it 0 (x and F could not be told apart)
 RAMP_SPREAD = 2.0
 # Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
 # per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
@@ -99,8 +100,8 @@ def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per
     F is paid over: 1 / max(bytes, W); [(y, 1 / C) per call]).
     s is the least-squares coefficient of 1 / C, clipped to [0, 1], where the calls' 1 / C spread over state_spread
     of its median, else 1; then, with s fixed, x, r (where per_row) and F (where the passes' bytes span RAMP_SPREAD)
-    by least squares over the passes' medians of y - s / C, none below 0 (nonneg_fit). F is a cold pass's start
-    (its intercept in time against bytes); r needs shapes of two or more row lengths."""
+    by least squares over the passes' medians of y - s / C, none below 0 (nonneg_fit). F is what a pass's first W
+    bytes cost past the rate x (an intercept in time against bytes); r needs shapes of two or more row lengths."""
     calls = [(u, v, y, w) for u, v, rows in passes for y, w in rows]
     u, v, y, w = (np.array(c, dtype=float) for c in zip(*calls))
     if per_row and np.ptp(u) == 0:
@@ -112,9 +113,9 @@ def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per
         design = np.column_stack([np.ones_like(w), w, *extra])
         share = float(np.clip(np.linalg.lstsq(design, y, rcond=None)[0][1], 0.0, 1.0))
     medians = [float(np.median([yi - share * wi for yi, wi in rows])) for _, _, rows in passes]
-    pu, pv = (np.array(c, dtype=float) for c in zip(*((pu, pv) for pu, pv, _ in passes)))
-    coef = iter(nonneg_fit(np.column_stack([np.ones_like(pu), *[c for c, on in ((pu, per_row), (pv, ramp)) if on]]),
-                           medians))
+    pu, pv = np.array([p[0] for p in passes], dtype=float), np.array([p[1] for p in passes], dtype=float)
+    columns = [c for c, on in ((pu, per_row), (pv, ramp)) if on]
+    coef = iter(nonneg_fit(np.column_stack([np.ones_like(pu), *columns]), medians))
     x = float(next(coef))
     r = float(next(coef)) if per_row else 0.0
     return x, share, r, float(next(coef)) if ramp else 0.0
