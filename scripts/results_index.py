@@ -503,6 +503,13 @@ ENTRIES: dict[str, Entry] = {
                                                   f"in batch-engine/README.md)") for i in range(2, 6)},
     **{f"batch-engine/batch-pass-{i}.txt": Entry(f"console output of run {i} of benchmarks/batch_pass.py",
                                                  source=f"batch-engine/batch-pass-{i}.json") for i in range(2, 6)},
+    **{f"batch-engine/xeon/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on the 2-core Intel Xeon VM (dense layers on oneDNN's packed copies "
+        f"from 5 rows): moespec dedup / llama.cpp 0.44-0.77 in median over the five, dedup roofline share 35-72%")
+       for i in range(1, 6)},
+    **{f"batch-engine/xeon/batch-pass-{i}.txt": Entry(f"console output of run {i} on the Xeon",
+                                                      source=f"batch-engine/xeon/batch-pass-{i}.json")
+       for i in range(1, 6)},
     "batch-engine/bench-demo.json": Entry("the demo's bench (layer 7, OLMoE-1B-7B bf16) the batch plans are made with"),
     "batch-engine/runs-verify.json": Entry("verify times at B = 1, 2, 4, 8 (both kernels): V_B(1)/V_B(0) 1.31-1.53 "
                                            "at B > 1, dedup from n = 2"),
