@@ -397,6 +397,13 @@ ENTRIES: dict[str, Entry] = {
         "8-15%), the pair's per-slot 28% and 3072 x 1536 24-26% (its benches at 28 GB/s, the profile at 36); "
         "crossover within one on 7 of 8; every predicted plan refused (eps 0.53-0.54 from the self-check)",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level", consoles=False),
+    **validation_run(
+        "structure-model/xeon/run-3", "bf16 profile on the Xeon, the code of run-2, pinned at 35.2 GB/s (take 3 of 3, "
+        "all flagged: self-check 36% per-slot, 20% dedup; cache 78 MiB)",
+        "the Xeon's second run of the two-size fit: 7 of 8 models within 10% / 20% (median / largest error over n) on "
+        "both kernels (median 2.1-9.1%, largest 7.2-15.9%), the pair's per-slot 27% / 43%; crossover within one on 7 "
+        "of 8; k_hat*(a) within one at every a on 5 of 7 plannable models", [(m, "", 1) for m in STRUCTURE_MODELS],
+        "the run's own profile, its benches pinned to its level"),
     # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
     **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
         f"structure-model/pinned-gguf/run-{r}", profile, table,
