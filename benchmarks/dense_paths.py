@@ -103,9 +103,9 @@ def main(argv: list[str]) -> int:
         summary = summarize(data := measure(args.rounds))
     except MoespecError as e:
         parser.error(str(e))
-    flags = native.cpu_flags() or frozenset()
+    amx = dense.amx_tiles()
     print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, bf16 matmul {summary['matmul_peak_gflops']:.0f} "
-          f"GFLOP/s; AMX tiles: {'yes' if {'amx_bf16', 'amx_tile'} <= flags else 'no'}; the engine packs from "
+          f"GFLOP/s; AMX tiles: {'yes' if amx else 'no'}; the engine packs from "
           f"{dense.packed_rows()} rows")
     for c in summary["cells"]:
         nat, pk, ratio = c["native"], c["packed"], c["packed_over_native"]
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
         write_json(args.out, {"summary": summary, "seconds": {f"{w}/{n}/{p}": v for (w, n, p), v in
                                                                data["seconds"].items()},
                               "weights": {k: list(v) for k, v in WEIGHTS.items()}, "rounds": args.rounds,
-                              "amx": {"amx_bf16", "amx_tile"} <= flags, "packed_rows": dense.packed_rows(),
+                              "amx": amx, "packed_rows": dense.packed_rows(),
                               "flush_bytes": data["flush_bytes"], "command": shlex.join([sys.executable, *sys.argv]),
                               "provenance": provenance("cpu", "bf16")})
     return 0

@@ -219,8 +219,10 @@ def test_pack_takes_contiguous_cpu_bf16_matrices_only():
 @pytest.mark.parametrize("flags, rows", [
     (frozenset({"avx2", "fma"}), dense.MAX_TOKENS + 1), (None, dense.MAX_TOKENS + 1),
     (frozenset({"avx2", "amx_bf16", "amx_tile"}), dense.AMX_PACKED_ROWS)])
-def test_packed_rows_follow_the_cpu(monkeypatch, flags, rows):
+def test_packed_rows_follow_the_cpu(monkeypatch, request, flags, rows):
     """oneDNN's packed copy takes bf16 calls past MAX_TOKENS rows, from AMX_PACKED_ROWS on a CPU with AMX tiles."""
     monkeypatch.setattr(native, "cpu_flags", lambda: flags)
+    dense.packed_rows.cache_clear()
+    request.addfinalizer(dense.packed_rows.cache_clear)  # the next test reads this CPU's rule again
     x = torch.zeros(rows, 4, dtype=torch.bfloat16)
     assert dense.packed_rows() == rows and dense.packed_takes(x) and not dense.packed_takes(x[:-1])

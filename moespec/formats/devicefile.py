@@ -106,9 +106,7 @@ def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
                                                             for v in g) and all(a < b for a, b in zip(g, g[1:]))):
         raise _fail(where, f"dtypes.{dtype}.G must list ascending whole numbers of tokens per group from 1, got {g!r}")
     for key in RATE_KEYS:
-        values = entry.get(key)
-        if not (isinstance(values, list) and len(values) == len(g) and all(is_number(v) for v in values)):
-            raise _fail(where, f"dtypes.{dtype}.{key} must list {len(g)} numbers, one per G")
+        _per_g(where, dtype, entry, key, lambda v: True, "")
     if not all(v > 0 for v in entry["hot_s_per_byte"]) or not all(v >= 0 for v in entry["cold_excess_s_per_byte"]):
         raise _fail(where, f"dtypes.{dtype}: hot_s_per_byte must be positive and cold_excess_s_per_byte >= 0")
     if "row_s" in entry or quantized:
@@ -127,10 +125,10 @@ def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
 
 
 def _per_g(where: str, dtype: str, entry: dict[str, Any], key: str, ok: Callable[[float], bool], words: str) -> None:
-    """entry[key] lists one number per G, each ok (words says how)."""
+    """entry[key] lists one number per G, each ok (words says how; "" where any number is)."""
     values, count = entry.get(key), len(entry["G"])
     if not (isinstance(values, list) and len(values) == count and all(is_number(v) and ok(v) for v in values)):
-        raise _fail(where, f"dtypes.{dtype}.{key} must list {count} numbers {words}, one per G")
+        raise _fail(where, f"dtypes.{dtype}.{key} must list {count} numbers{' ' + words if words else ''}, one per G")
 
 
 class DeviceProfile(Record):

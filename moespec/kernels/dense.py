@@ -30,6 +30,7 @@ model with moespec.model.dense.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -180,11 +181,16 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
+def amx_tiles() -> bool:
+    """Whether the CPU has AMX bf16 tiles, which oneDNN multiplies on (/proc/cpuinfo's amx_bf16 and amx_tile)."""
+    return {"amx_bf16", "amx_tile"} <= (native.cpu_flags() or frozenset())
+
+
+@functools.cache  # read on every dense call of a pass; the CPU does not change under a process
 def packed_rows() -> int:
-    """The fewest rows a bf16 call takes to `packed_linear`: AMX_PACKED_ROWS on a CPU with AMX (bf16 tiles, which
-    oneDNN multiplies on), else past MAX_TOKENS."""
-    flags = native.cpu_flags() or frozenset()
-    return AMX_PACKED_ROWS if {"amx_bf16", "amx_tile"} <= flags else MAX_TOKENS + 1
+    """The fewest rows a bf16 call takes to `packed_linear`: AMX_PACKED_ROWS on a CPU with AMX tiles (amx_tiles),
+    else past MAX_TOKENS."""
+    return AMX_PACKED_ROWS if amx_tiles() else MAX_TOKENS + 1
 
 
 def packed_takes(x: torch.Tensor, bias: torch.Tensor | None = None) -> bool:

@@ -76,6 +76,11 @@ def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates
     return pass_s, group_s, node_s, token_s
 
 
+def spans_sizes(inverse_bytes: np.ndarray) -> bool:
+    """Whether passes of these 1 / bytes differ in size by RAMP_SPREAD or more: enough to fit time against bytes."""
+    return bool(inverse_bytes.max() >= RAMP_SPREAD * inverse_bytes.min())
+
+
 def nonneg_fit(design: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares of y on the columns of design with every coefficient >= 0: the best fit among those on each
     subset of the columns whose coefficients all come out >= 0, the columns left out at 0 (all 0 where none does).
@@ -106,7 +111,7 @@ def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per
     u, v, y, w = (np.array(c, dtype=float) for c in zip(*calls))
     if per_row and np.ptp(u) == 0:
         raise ArgumentError(f"a per-row time needs shapes of two or more row lengths, got {len(set(u))}")
-    ramp = v.max() >= RAMP_SPREAD * v.min()
+    ramp = spans_sizes(v)
     extra = [c for c, on in ((u, per_row), (v, ramp)) if on]
     share = 1.0
     if (np.percentile(w, 90) - np.percentile(w, 10)) >= state_spread * np.median(w):
@@ -126,7 +131,7 @@ def hot_rate(points: list[tuple[float, float]]) -> float:
     time against bytes where the passes' bytes span RAMP_SPREAD (what is left of a hot pass's start is its
     intercept, not a rate), else the median."""
     v, y = (np.array(c, dtype=float) for c in zip(*points))
-    if v.max() >= RAMP_SPREAD * v.min():
+    if spans_sizes(v):
         return float(nonneg_fit(np.column_stack([np.ones_like(v), v]), y)[0])
     return float(np.median(y))
 
@@ -143,19 +148,20 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
     zeros = (0.0,) * len(g_values)
     rates = Rates(g_values, (1e-12,) * len(g_values), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
     own = kind if apart else None
+    # per G: the cold rate passes (key, b, rows, E), and the first bytes of a pass, which stream slower (ramp_bytes)
+    cold = {g: [(k, b, rows, e) for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g]
+            for g in g_values}
+    knee = {g: min(b * e for _, b, _, e in passes) for g, passes in cold.items()}
     for _ in range(FIT_PASSES):
         hot_pass, hot_group, _, hot_token = fixed_costs(by_key, info, "hot", rates, own)
         pass_s, group_s, node_s, token_s = fixed_costs(by_key, info, "cold", rates, own)
-        kappa, excess, shares, row, ramp, knees = [], [], [], [], [], []
+        kappa, excess, shares, row, ramp = [], [], [], [], []
         for g in g_values:  # a rate pass of kind dedup runs G tokens, of kind slot one (key[4] = 1 = its tokens)
-            cold = [(k, b, rows, e) for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g]
-            knee = min(b * e for _, b, _, e in cold)  # the first bytes of a pass, which stream slower (ramp_bytes)
             x, share, r, start = stream_fit(
-                [(rows / b, 1 / max(b * e, knee), [((t - pass_s - g * token_s - e * group_s) / (b * e),
-                                                    1 / (c * 1e9)) for t, c in zip(by_key[k].seconds,
-                                                                                   by_key[k].ceilings)])
-                 for k, b, rows, e in cold], per_row, state_spread)
-            knees.append(knee)
+                [(rows / b, 1 / max(b * e, knee[g]), [((t - pass_s - g * token_s - e * group_s) / (b * e),
+                                                       1 / (c * 1e9)) for t, c in zip(by_key[k].seconds,
+                                                                                      by_key[k].ceilings)])
+                 for k, b, rows, e in cold[g]], per_row, state_spread)
             hot = [(1 / (b * e), (np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group
                                   - e * rows * r) / (b * e))
                    for k, (b, rows, e) in info.items() if k[:2] == ("hot", kind) and k[4] == g]
@@ -165,7 +171,7 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
             row.append(r)
             ramp.append(start)
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else (), tuple(shares), token_s, tuple(ramp), float(min(knees)))
+                      tuple(row) if per_row else (), tuple(shares), token_s, tuple(ramp), float(min(knee.values())))
     return rates
 
 
