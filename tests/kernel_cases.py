@@ -7,7 +7,10 @@ import torch
 # (name, n, m, N, d, f, same_ids): n = 1; all tokens on the same experts; m = N - 1; prime N; up to n = 9;
 # d and f not multiples of the SIMD width; a shape with several row tasks and chunks per matrix; a hidden
 # size wide enough to be split in column blocks; OLMoE's ratios at small size; a prime number of tokens on each
-# expert (13: token blocks of 5, 4 and 4); a pass of 72 tokens (B = 8 sequences of 9), ~36 on each expert.
+# expert (13: token blocks of 5, 4 and 4); a pass of 72 tokens (B = 8 sequences of 9), ~36 on each expert; on a CPU
+# with AMX, 40 tokens on each expert's tiles (token tiles of 16, 16 and 8; row tiles of 32 then 16; the down rows on
+# the wide tiles, f = 48 not a whole column block) and 17 tokens (a second token tile of one; both phases on the
+# tiles, 8 gate rows past the last whole row tile).
 SHAPES = [
     ("n1_prime7", 1, 2, 7, 37, 13, False),
     ("same_experts", 9, 4, 13, 48, 24, True),
@@ -18,6 +21,8 @@ SHAPES = [
     ("wide_hidden", 7, 2, 3, 3000, 24, True),
     ("prime_group_13", 13, 2, 5, 70, 33, True),
     ("pass_of_72", 72, 8, 16, 96, 40, False),
+    ("amx_40_tokens", 40, 2, 3, 64, 48, True),
+    ("amx_17_tokens", 17, 3, 5, 96, 72, True),
 ]
 
 

@@ -342,6 +342,28 @@ def test_both_one_token_paths_match_the_reference(path: str, dot: str) -> None:
     assert proc.returncode == 0 and "one-token path ok" in proc.stdout, proc.stderr[-2000:]
 
 
+WIDE_CHECK = """
+import torch
+from kernel_cases import SHAPES, make, rel_err
+from moespec import kernels as K
+for name, n, m, N, d, f, same in SHAPES:
+    for mode in ("slot", "dedup"):
+        args = make(n, m, N, d, f, torch.bfloat16, same=same, bias=True)
+        ref = K.reference_float64(*args, act=K.GPT_OSS)
+        assert rel_err(K.expert_op(mode, *args, act=K.GPT_OSS), ref) < 3e-2, (name, mode)
+print("wide tiles ok")
+"""
+
+
+def test_the_wide_tiles_run_where_the_cpu_has_amx():
+    """MOESPEC_NATIVE_AMX=0 keeps experts of many tokens on the 512-bit wide tiles, the path of every CPU without AMX,
+    checked against the reference on the edge shapes even where the CPU has AMX (a fresh process: read once); the
+    in-process tests above run the AMX tiles where the CPU has them."""
+    env = {**os.environ, "MOESPEC_NATIVE_AMX": "0", "PYTHONPATH": os.path.dirname(__file__)}
+    proc = subprocess.run([sys.executable, "-c", WIDE_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "wide tiles ok" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_the_avx2_paths_run_where_the_cpu_has_the_dot_instructions(tmp_path):
     """MOESPEC_NATIVE_DOT=0 keeps the bf16 kernels on their AVX2 path: the path of every AVX2-only machine, checked
     against the reference even on a CPU with AVX512-BF16 (a fresh process: the switch is read once)."""

@@ -2,7 +2,8 @@
 // fp32 or bf16 weights, AVX2 + FMA, OpenMP threads sharing the rows of every weight matrix. With bf16 weights
 // and bf16 x on a CPU with AVX512-BF16 (detected at run time), both phases multiply on the dot path (vdpbf16ps):
 // 256-bit tiles for groups of a few tokens, where the weights' stream sets the time, and 512-bit wide tiles from
-// kWideMinTokens tokens, where the multiply-adds would.
+// kWideMinTokens tokens, where the multiply-adds would; where the CPU also has AMX, from kAmxMinTokens tokens on the
+// tile registers (amx_tiles.h), which keep up with the weights' stream to 32 tokens and more.
 // The physics, the shape legend and the Python entry point are in moespec/kernels/__init__.py; this file is loaded
 // through ctypes (plain C ABI, no torch headers), so it builds in seconds with g++ alone.
 //
@@ -27,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "expert_tiles.h"
 #include "simd_common.h"
 
@@ -34,6 +36,7 @@ namespace {
 
 using namespace moespec_simd;   // bf16, to_f32, to_bf16, load8, hsum, cpu_has_dot
 using namespace moespec_tiles;  // the register tiles (expert_tiles.h) and their sizes
+using namespace moespec_amx;    // the AMX tiles (amx_tiles.h)
 
 
 // Rows per work chunk (a multiple of kTileRows).
@@ -61,6 +64,11 @@ constexpr int64_t kPrefetchMaxTokens = 6;
 // Groups of at least this many tokens take the wide tiles on the dot path (expert_tiles.h), compute-bound from
 // ~8 tokens.
 constexpr int64_t kWideMinTokens = 4;
+// Groups of at least this many tokens take the AMX tiles where the CPU has them (amx_tiles.h): bound by the weights'
+// stream to 32 tokens and more, where the wide tiles are bound by their multiply-adds from ~8 (cold OLMoE experts on a
+// 2-core Xeon: 16 tokens 8.3 ms a pass of 16 experts against 20.7 on the wide tiles, 1 token 7.1-7.4); at 4 and 6
+// tokens the two are level.
+constexpr int64_t kAmxMinTokens = 6;
 // Columns per block of the wide tiles: the bf16 inputs of all of a group's tokens over one block fit in 24 KiB
 // of L1 beside the tile's rows, so the token blocks after the first read the rows from L1.
 constexpr int64_t kWideColBlockBytes = 24 << 10;
@@ -205,11 +213,19 @@ void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* con
 // rows [lo, hi) of the matrix `next` (same K) that the caller reads right after. Unless `warm` (the first
 // rows were requested by the caller's previous matvec_rows), the stream's first kPrefetchBytes are
 // requested up front, so a task does not start with a cold, unprefetched distance.
+// With `xp` not null (bf16, the G tokens packed by amx_pack), the AMX tiles take the whole 16-row tiles first.
 template <class W, class X>
 void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* xs, int64_t G, float* y,
-                 int64_t ldy, float* res, const W* next, bool warm) {
-    if constexpr (std::is_same_v<X, bf16>)
+                 int64_t ldy, float* res, const W* next, bool warm, const bf16* xp = nullptr) {
+    if constexpr (std::is_same_v<X, bf16> && std::is_same_v<W, bf16>) {
+        if (xp) {
+            const int64_t done = amx_rows(w, K, lo, hi, xp, G, y, ldy, res);
+            y += done - lo;
+            lo = done;
+            if (lo == hi) return;
+        }
         if (G >= kWideMinTokens) return wide_rows(w, K, lo, hi, xs, G, y, ldy, res, next);
+    }
     constexpr int64_t kLineCols = 64 / sizeof(W);
     const int64_t blocks = (G + kTileTokens - 1) / kTileTokens;
     const int64_t per_block = (G + blocks - 1) / blocks;
@@ -332,13 +348,26 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
     std::atomic<int64_t> next1{0}, next2{0};
     const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nthreads, groups * std::max(T1, T2))));
     std::vector<float> outs(static_cast<size_t>(nt) * n * d, 0.0f);
+    // Groups of kAmxMinTokens or more take the AMX tiles for a matrix whose rows are whole column blocks; each thread
+    // packs a group's tokens (phase 1) or activations (phase 2) once, for all its tasks of that group and phase.
+    const bool amx = dot && amx_ready();
+    auto on_amx = [&](int64_t G, int64_t K) { return amx && G >= kAmxMinTokens && K % kAmxCols == 0; };
+    const int64_t amx_len = amx ? (gmax + kAmxTokens - 1) / kAmxTokens * kAmxTokens * std::max(d, f) : 0;
 
 #pragma omp parallel num_threads(nt)
     {
         float* my_out = outs.data() + static_cast<size_t>(omp_get_thread_num()) * n * d;
         std::vector<const float*> ptrs(gmax);
         std::vector<const bf16*> bptrs(gmax);
-        std::vector<float> graw(gmax * rows1), uraw(gmax * rows1), yraw(gmax * rows2), res(kRowChunk * gmax);
+        std::vector<float> graw(gmax * rows1), uraw(gmax * rows1), yraw(gmax * rows2),
+            res(std::max<int64_t>(kRowChunk * gmax, 4 * kAmxRows * kAmxTokens));
+        std::vector<bf16> packed(amx_len);
+        int64_t packed_for = -1;  // g (phase 1) or groups + g (phase 2) whose inputs `packed` holds
+        auto pack_once = [&](int64_t key, int64_t G, int64_t K) -> const bf16* {
+            if (packed_for != key) amx_pack(bptrs.data(), G, K, packed.data());
+            packed_for = key;
+            return packed.data();
+        };
         int idle = 0;
         for (;;) {
             int64_t i2 = next2.load(std::memory_order_relaxed);
@@ -355,7 +384,9 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                     if (dot) {
                         const bf16* h = hbf.data() + (g2 % kLookahead) * gmax * ldh;
                         for (int64_t i = 0; i < G; ++i) bptrs[i] = h + i * ldh;
-                        matvec_rows(down + e * d * f, f, lo, hi, bptrs.data(), G, yraw.data(), rows2, res.data(), none, false);
+                        const bf16* xp = on_amx(G, f) ? pack_once(groups + g2, G, f) : nullptr;
+                        matvec_rows(down + e * d * f, f, lo, hi, bptrs.data(), G, yraw.data(), rows2, res.data(), none, false,
+                                    xp);
                     }
                 if (!dot) {
                     const float* h = hbuf.data() + (g2 % kLookahead) * gmax * ldh;
@@ -386,8 +417,9 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
                 if constexpr (std::is_same_v<W, bf16>)
                     if (dot) {
                         for (int64_t i = 0; i < G; ++i) bptrs[i] = xbf.data() + (ent[i] / m) * ldx;
-                        matvec_rows(gate, d, lo, hi, bptrs.data(), G, graw.data(), rows1, res.data(), gate + f * d, false);
-                        matvec_rows(gate + f * d, d, lo, hi, bptrs.data(), G, uraw.data(), rows1, res.data(), none, true);
+                        const bf16* xp = on_amx(G, d) ? pack_once(g1, G, d) : nullptr;
+                        matvec_rows(gate, d, lo, hi, bptrs.data(), G, graw.data(), rows1, res.data(), gate + f * d, false, xp);
+                        matvec_rows(gate + f * d, d, lo, hi, bptrs.data(), G, uraw.data(), rows1, res.data(), none, true, xp);
                     }
                 if (!dot) {
                     for (int64_t i = 0; i < G; ++i) ptrs[i] = xpk.data() + (ent[i] / m) * ldx;
