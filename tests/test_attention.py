@@ -20,9 +20,11 @@ from moespec.model.spec import SUPPORTED_MODEL_TYPES
 pytestmark = pytest.mark.skipif(not A.takes(*[torch.zeros(1, 1, 1, 8)] * 3), reason="native kernels unavailable")
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}  # fp32: summation order, exp to 2e-7; bf16: one rounding
 
-# (B, Hq, Hkv, n, L, D, Dv)
+# (B, Hq, Hkv, n, L, D, Dv); the query rows of a kv head, G n, cover the kernel's score blocks of 1-8 rows (8 + 4, 6,
+# 8 + 2, 3, ...) and its value blocks of 1-3 rows by 4 vectors, 1 vector and single columns (Dv = 44, 40, 9, 5).
 SHAPES = [(1, 16, 16, 1, 513, 128, 128), (1, 4, 2, 16, 40, 8, 8), (2, 6, 2, 3, 7, 12, 5), (1, 3, 1, 5, 5, 9, 9),
-          (1, 2, 2, 1, 1, 16, 16), (1, 8, 1, 7, 30, 192, 128)]
+          (1, 2, 2, 1, 1, 16, 16), (1, 8, 1, 7, 30, 192, 128), (1, 4, 1, 3, 11, 40, 44), (1, 6, 1, 1, 9, 24, 40),
+          (1, 5, 1, 2, 7, 72, 16), (2, 3, 1, 1, 4, 33, 9)]
 
 
 def tensors(B, Hq, Hkv, n, L, D, Dv, dtype, seed=0):

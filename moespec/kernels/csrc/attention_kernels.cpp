@@ -16,7 +16,8 @@
 // is n G multiply-adds per key element, so up to n of 16 the pass is a stream of K and V. torch's CPU flash
 // attention is built for long query blocks: at n = 1 it takes ~0.9 ms for those 4 MB here. This kernel reads
 // each key and value row once per (sequence, kv head) task and applies it to all G n query rows held in L1,
-// accumulating in fp32: pass 1 streams K into the scores, a row-wise softmax, pass 2 streams V into the output.
+// accumulating in fp32: pass 1 streams K into the scores (8 query rows a key row, 8 independent FMA chains), a
+// row-wise softmax, pass 2 streams V into the output (blocks of 3 rows x 32 columns in registers over all keys).
 // Tasks (one per sequence and kv head) are shared by the OpenMP threads.
 #include <immintrin.h>
 #include <omp.h>
@@ -62,6 +63,100 @@ inline float exp1(float x) {  // the scalar tail, through the same polynomial
     return lane[0];
 }
 
+// Query rows one key row is applied to at once: 8 independent FMA chains keep both FMA pipes busy (one row's single
+// chain waits on the FMA's latency at every step), and each widened key vector feeds 8 FMAs.
+constexpr int kScoreRows = 8;
+
+// The eight sums of a[0..7], in order.
+inline __m256 hsum8(const __m256* a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of 0-3, 4-7
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// dots[i] = <qf row i, kj> for i < rows (<= kScoreRows; qf rows of D fp32, contiguous). Fewer rows keep more chains
+// per row (RB x A >= 8).
+template <typename T, int RB>
+void score_rows(const T* kj, const float* qf, int64_t D, float* dots) {
+    constexpr int A = RB >= 5 ? 1 : RB >= 3 ? 2 : 8 / RB;  // chains per row: RB x A <= 8
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + kLanes * A <= D; c += kLanes * A)
+        _Pragma("GCC unroll 8") for (int a = 0; a < A; ++a) {
+            const __m256 kv = load8(kj + c + a * kLanes);
+            _Pragma("GCC unroll 8") for (int i = 0; i < RB; ++i)
+                acc[i * A + a] = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i * D + c + a * kLanes), kv, acc[i * A + a]);
+        }
+    for (; c + kLanes <= D; c += kLanes) {
+        const __m256 kv = load8(kj + c);
+        _Pragma("GCC unroll 8") for (int i = 0; i < RB; ++i)
+            acc[i * A] = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i * D + c), kv, acc[i * A]);
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, hsum8(acc));
+    for (int i = 0; i < RB; ++i) {
+        float dot = 0.0f;
+        for (int a = 0; a < A; ++a) dot += sums[i * A + a];
+        for (int64_t t = c; t < D; ++t) dot += qf[i * D + t] * to_f32(kj[t]);
+        dots[i] = dot;
+    }
+}
+
+template <typename T>
+void scores(const T* kj, const float* qf, int64_t D, int rows, float* dots) {
+    switch (rows) {
+        case 1: return score_rows<T, 1>(kj, qf, D, dots);
+        case 2: return score_rows<T, 2>(kj, qf, D, dots);
+        case 3: return score_rows<T, 3>(kj, qf, D, dots);
+        case 4: return score_rows<T, 4>(kj, qf, D, dots);
+        case 5: return score_rows<T, 5>(kj, qf, D, dots);
+        case 6: return score_rows<T, 6>(kj, qf, D, dots);
+        case 7: return score_rows<T, 7>(kj, qf, D, dots);
+        default: return score_rows<T, 8>(kj, qf, D, dots);
+    }
+}
+
+// Value rows' blocks: kValueRows query rows x kValueCols columns (4 vectors, a cache line of bf16 values): 12
+// accumulators, and each value vector loaded feeds kValueRows FMAs where a row at a time loads and stores its sums
+// at every key.
+constexpr int kValueRows = 3;
+constexpr int64_t kValueCols = 4 * kLanes;
+
+// acc[i * lda + c0 + c] = sum_j p[i * L + j] v[j * v_sl + c0 + c] for i < RB and c < 8 CV.
+template <typename T, int RB, int CV>
+void value_block(const T* v, int64_t v_sl, int64_t L, const float* p, int64_t c0, float* acc, int64_t lda) {
+    __m256 a[RB][CV];
+    for (int i = 0; i < RB; ++i)
+        for (int q = 0; q < CV; ++q) a[i][q] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < L; ++j) {
+        __m256 vv[CV];
+        _Pragma("GCC unroll 4") for (int q = 0; q < CV; ++q) vv[q] = load8(v + j * v_sl + c0 + q * kLanes);
+        _Pragma("GCC unroll 4") for (int i = 0; i < RB; ++i) {
+            const __m256 pi = _mm256_broadcast_ss(p + i * L + j);
+            _Pragma("GCC unroll 4") for (int q = 0; q < CV; ++q) a[i][q] = _mm256_fmadd_ps(pi, vv[q], a[i][q]);
+        }
+    }
+    for (int i = 0; i < RB; ++i)
+        for (int q = 0; q < CV; ++q) _mm256_storeu_ps(acc + i * lda + c0 + q * kLanes, a[i][q]);
+}
+
+// value_block for 1..kValueRows rows, kValueCols columns (`wide`) or one vector of them.
+template <typename T>
+void values(const T* v, int64_t v_sl, int64_t L, const float* p, int64_t c0, float* acc, int64_t lda, int rows,
+            bool wide) {
+    static_assert(kValueRows == 3 && kValueCols == 4 * kLanes, "dispatches blocks of 1 to 3 rows, 4 or 1 vectors");
+    switch (rows * 2 + wide) {
+        case 2: return value_block<T, 1, 1>(v, v_sl, L, p, c0, acc, lda);
+        case 3: return value_block<T, 1, 4>(v, v_sl, L, p, c0, acc, lda);
+        case 4: return value_block<T, 2, 1>(v, v_sl, L, p, c0, acc, lda);
+        case 5: return value_block<T, 2, 4>(v, v_sl, L, p, c0, acc, lda);
+        case 6: return value_block<T, 3, 1>(v, v_sl, L, p, c0, acc, lda);
+        default: return value_block<T, 3, 4>(v, v_sl, L, p, c0, acc, lda);
+    }
+}
+
 struct Args {
     int64_t B, Hq, Hkv, n, L, D, Dv;
     const void *q, *k, *v;
@@ -88,24 +183,20 @@ void task(const Args& A, int64_t b, int64_t g, std::vector<float>& qf, std::vect
             const T* row = q + (g * G + h) * A.q_sh + i * A.q_sn;
             for (int64_t c = 0; c < D; ++c) qf[(h * n + i) * D + c] = to_f32(row[c]) * A.scale;
         }
-    // Pass 1: scores s[r][j] = scale q_r . k_j, -inf where masked; each key row read once for all R rows.
+    // Pass 1: scores s[r][j] = scale q_r . k_j, -inf where masked; each key row read once for all R rows, in blocks of
+    // up to kScoreRows rows (scores).
     const float ninf = -std::numeric_limits<float>::infinity();
-    const int64_t D8 = D - D % kLanes;
     for (int64_t j = 0; j < L; ++j) {
         const T* kj = k + j * A.k_sl;
-        for (int64_t r = 0; r < R; ++r) {
-            const int64_t i = r % n;
-            const bool attend = A.mask ? A.mask[b * A.m_sb + i * A.m_si + j * A.m_sj] != 0 : j <= L - n + i;
-            if (!attend) {
-                s[r * L + j] = ninf;
-                continue;
+        for (int64_t r0 = 0; r0 < R; r0 += kScoreRows) {
+            float dots[kScoreRows];
+            const int rows = static_cast<int>(std::min<int64_t>(kScoreRows, R - r0));
+            scores(kj, qf.data() + r0 * D, D, rows, dots);
+            for (int i = 0; i < rows; ++i) {
+                const int64_t r = r0 + i, qi = r % n;
+                const bool attend = A.mask ? A.mask[b * A.m_sb + qi * A.m_si + j * A.m_sj] != 0 : j <= L - n + qi;
+                s[r * L + j] = attend ? dots[i] : ninf;
             }
-            const float* qr = qf.data() + r * D;
-            __m256 a = _mm256_setzero_ps();
-            for (int64_t c = 0; c < D8; c += kLanes) a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + c), load8(kj + c), a);
-            float dot = hsum(a);
-            for (int64_t c = D8; c < D; ++c) dot += qr[c] * to_f32(kj[c]);
-            s[r * L + j] = dot;
         }
     }
     // Softmax per row: p = exp(s - max), the sum kept for the end; a row with no key attended gives zeros.
@@ -134,19 +225,20 @@ void task(const Args& A, int64_t b, int64_t g, std::vector<float>& qf, std::vect
         }
         total[r] = sum;
     }
-    // Pass 2: acc[r] = sum_j p[r][j] v_j; each value row read once for all R rows.
+    // Pass 2: acc[r] = sum_j p[r][j] v_j, in blocks of up to kValueRows rows x kValueCols columns held in registers
+    // over all L keys (the value rows stay in L2 between the blocks); the last Dv % 8 columns one at a time.
     const int64_t V8 = Dv - Dv % kLanes;
-    for (int64_t j = 0; j < L; ++j) {
-        const T* vj = v + j * A.v_sl;
-        for (int64_t r = 0; r < R; ++r) {
-            const float p = s[r * L + j];
-            if (p == 0.0f) continue;
-            float* ar = acc.data() + r * Dv;
-            const __m256 p8 = _mm256_set1_ps(p);
-            for (int64_t c = 0; c < V8; c += kLanes)
-                _mm256_storeu_ps(ar + c, _mm256_fmadd_ps(p8, load8(vj + c), _mm256_loadu_ps(ar + c)));
-            for (int64_t c = V8; c < Dv; ++c) ar[c] += p * to_f32(vj[c]);
-        }
+    for (int64_t r0 = 0; r0 < R; r0 += kValueRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kValueRows, R - r0));
+        int64_t c0 = 0;
+        for (; c0 + kValueCols <= V8; c0 += kValueCols) values(v, A.v_sl, L, s.data() + r0 * L, c0, acc.data() + r0 * Dv, Dv, rows, true);
+        for (; c0 < V8; c0 += kLanes) values(v, A.v_sl, L, s.data() + r0 * L, c0, acc.data() + r0 * Dv, Dv, rows, false);
+        for (int64_t r = r0; r < r0 + rows; ++r)
+            for (int64_t c = V8; c < Dv; ++c) {
+                float y = 0.0f;
+                for (int64_t j = 0; j < L; ++j) y += s[r * L + j] * to_f32(v[j * A.v_sl + c]);
+                acc[r * Dv + c] = y;
+            }
     }
     T* out = static_cast<T*>(A.out);
     for (int64_t h = 0; h < G; ++h)
