@@ -404,6 +404,29 @@ ENTRIES: dict[str, Entry] = {
         "both kernels (median 2.1-9.1%, largest 7.2-15.9%), the pair's per-slot 27% / 43%; crossover within one on 7 "
         "of 8; k_hat*(a) within one at every a on 5 of 7 plannable models", [(m, "", 1) for m in STRUCTURE_MODELS],
         "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/xeon/run-4", "bf16 profile on the Xeon, the code of run-2, pinned at 35.6 GB/s (take 3 of 3, "
+        "unflagged: self-check 23% per-slot, 24% dedup; cache 116 MiB)",
+        "the Xeon's third run of the two-size fit: 5 of 8 models within 10% / 20% on both kernels (gpt-oss's max 42% / "
+        "58% at n = 6, 3072 x 1536 12.6-14.1% median, the pair's per-slot 27%)", [(m, "", 1) for m in STRUCTURE_MODELS],
+        "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/xeon/run-5", "bf16 profile on the Xeon, the code of run-2, pinned at 35.1 GB/s (take 3 of 3, "
+        "all flagged: self-check 31% per-slot, 21% dedup; cache 88 MiB)",
+        "the Xeon's fourth run: 4 of 8 models within 10% / 20% on both kernels, the benches of 6 of 8 models off the "
+        "profile's level (22-29 GB/s)", [(m, "", 1) for m in STRUCTURE_MODELS],
+        "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/xeon/run-6", "bf16 profile on the Xeon, the code of run-2, pinned at 31.6 GB/s (take 3 of 3, "
+        "all flagged: self-check 33% per-slot, 19% dedup; cache 38 MiB)",
+        "the Xeon's fifth run: 1 of 8 models within 10% / 20% on both kernels, the six largest predicted 7-19% slow "
+        "in median",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    "structure-model/xeon/summary.json": Entry(
+        "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
+        "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); every model "
+        "predicted slow in every run; crossover within one in 35 of 40 model-runs, k_hat*(a) in 19 of 28 plannable"),
+    "structure-model/xeon/summary.md": Entry("summary.json as markdown", source="structure-model/xeon/summary.json"),
     # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
     **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
         f"structure-model/pinned-gguf/run-{r}", profile, table,
@@ -516,6 +539,13 @@ ENTRIES: dict[str, Entry] = {
        for i in range(1, 6)},
     **{f"batch-engine/xeon/batch-pass-{i}.txt": Entry(f"console output of run {i} on the Xeon",
                                                       source=f"batch-engine/xeon/batch-pass-{i}.json")
+       for i in range(1, 6)},
+    **{f"batch-engine/xeon-amx/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on the Xeon with the AMX expert tiles and the blocked attention "
+        f"kernel: moespec dedup / llama.cpp 0.32-0.87 in median over the five, dedup roofline share 53-72%")
+       for i in range(1, 6)},
+    **{f"batch-engine/xeon-amx/batch-pass-{i}.txt": Entry(f"console output of run {i} on the Xeon with the AMX tiles",
+                                                          source=f"batch-engine/xeon-amx/batch-pass-{i}.json")
        for i in range(1, 6)},
     "batch-engine/bench-demo.json": Entry("the demo's bench (layer 7, OLMoE-1B-7B bf16) the batch plans are made with"),
     "batch-engine/runs-verify.json": Entry("verify times at B = 1, 2, 4, 8 (both kernels): V_B(1)/V_B(0) 1.31-1.53 "
