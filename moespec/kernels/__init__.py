@@ -38,8 +38,8 @@ Implementations. On the CPU `slot` and `dedup` run the native AVX2/FMA kernels o
 weights, fp32 accumulation, the threads sharing the rows of every weight matrix; see moespec.kernels.native; bf16
 weights with bf16 x take the AVX512-BF16 dot product where the CPU has it, with h rounded to bf16 between the two
 matrices as the model's own bf16 forward rounds it, 512-bit tiles for experts serving several tokens, and on a CPU
-with AMX the tile registers for experts serving 6 or more, which keep such an expert bound by its weights' stream
-to 32 tokens and more; MOESPEC_NATIVE_AMX=0 turns them off) and fall
+with AMX the tile registers for experts serving 6 or more, which keep such an expert near its weights' stream to
+16 tokens and more; MOESPEC_NATIVE_AMX=0 turns them off) and fall
 back to a pure-torch loop with the same results when the native library is unavailable or the weights are
 neither fp32 nor bf16; on a CUDA device they run the Triton kernels of moespec.kernels.triton_experts.
 `implementation(kernel, dtype, device)` says which runs. `reference` (float64) is every test's ground truth. Peers:

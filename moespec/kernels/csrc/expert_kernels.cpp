@@ -3,7 +3,7 @@
 // and bf16 x on a CPU with AVX512-BF16 (detected at run time), both phases multiply on the dot path (vdpbf16ps):
 // 256-bit tiles for groups of a few tokens, where the weights' stream sets the time, and 512-bit wide tiles from
 // kWideMinTokens tokens, where the multiply-adds would; where the CPU also has AMX, from kAmxMinTokens tokens on the
-// tile registers (amx_tiles.h), which keep up with the weights' stream to 32 tokens and more.
+// tile registers (amx_tiles.h), which stay near the weights' stream to 16 tokens and more.
 // The physics, the shape legend and the Python entry point are in moespec/kernels/__init__.py; this file is loaded
 // through ctypes (plain C ABI, no torch headers), so it builds in seconds with g++ alone.
 //
@@ -64,10 +64,10 @@ constexpr int64_t kPrefetchMaxTokens = 6;
 // Groups of at least this many tokens take the wide tiles on the dot path (expert_tiles.h), compute-bound from
 // ~8 tokens.
 constexpr int64_t kWideMinTokens = 4;
-// Groups of at least this many tokens take the AMX tiles where the CPU has them (amx_tiles.h): bound by the weights'
-// stream to 32 tokens and more, where the wide tiles are bound by their multiply-adds from ~8 (cold OLMoE experts on a
-// 2-core Xeon: 16 tokens 8.3 ms a pass of 16 experts against 20.7 on the wide tiles, 1 token 7.1-7.4); at 4 and 6
-// tokens the two are level.
+// Groups of at least this many tokens take the AMX tiles where the CPU has them (amx_tiles.h), which stay near the
+// weights' stream where the wide tiles are bound by their multiply-adds from ~8 tokens (cold OLMoE experts on a 2-core
+// Xeon, a pass of 16 experts: 7.8-8.0 ms at 4-8 tokens, 8.3 at 16 and 10.1 at 32, against 11.7, 20.7 and 45.9 on the
+// wide tiles at 8, 16 and 32 and 7.1-7.4 for one token); at 4 and 6 tokens the two are level.
 constexpr int64_t kAmxMinTokens = 6;
 // Columns per block of the wide tiles: the bf16 inputs of all of a group's tokens over one block fit in 24 KiB
 // of L1 beside the tile's rows, so the token blocks after the first read the rows from L1.
