@@ -364,6 +364,17 @@ def test_the_wide_tiles_run_where_the_cpu_has_amx():
     assert proc.returncode == 0 and "wide tiles ok" in proc.stdout, proc.stderr[-2000:]
 
 
+def test_the_library_builds_without_the_amx_tiles(tmp_path):
+    """A compiler without the tile intrinsics (GCC < 11, Clang < 12) still builds every source: amx_tiles.h's guard,
+    checked here by defining MOESPEC_NO_AMX (the kernels then keep the wide tiles; MOESPEC_NATIVE_AMX=0 runs them)."""
+    cxx = native._compiler()
+    if cxx is None or native._cpu_supported():
+        pytest.skip(f"no native kernels on this machine: {native.status()}")
+    proc = subprocess.run([cxx, *native.CXXFLAGS, "-DMOESPEC_NO_AMX", *map(str, native.SOURCES), "-o",
+                           str(tmp_path / "no_amx.so")], capture_output=True, text=True, timeout=native.BUILD_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_the_avx2_paths_run_where_the_cpu_has_the_dot_instructions(tmp_path):
     """MOESPEC_NATIVE_DOT=0 keeps the bf16 kernels on their AVX2 path: the path of every AVX2-only machine, checked
     against the reference even on a CPU with AVX512-BF16 (a fresh process: the switch is read once)."""

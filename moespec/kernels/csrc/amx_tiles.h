@@ -38,6 +38,20 @@ constexpr int kAmxTokens = 16;  // tokens of a tile
 constexpr int kAmxCols = 32;    // columns of a tile: 64 bytes of bf16, one cache line of each weight row
 constexpr int64_t kAmxPacked = kAmxTokens * kAmxCols;  // bf16 of one packed (token tile, column block)
 
+// The tile intrinsics came with GCC 11 and Clang 12; an older compiler (or MOESPEC_NO_AMX, which the tests define to
+// check this build) gets a library without them: amx_ready() false, and the kernels never call the other two.
+#if !defined(MOESPEC_NO_AMX) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define MOESPEC_AMX 1
+#endif
+
+#ifndef MOESPEC_AMX
+inline bool amx_ready() { return false; }
+inline void amx_pack(const bf16* const*, int64_t, int64_t, bf16*) {}
+inline int64_t amx_rows(const bf16*, int64_t, int64_t lo, int64_t, const bf16*, int64_t, float*, int64_t, float*) {
+    return lo;
+}
+#else
+
 // Whether this process runs the tiles: the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22) and
 // Linux grants the tile registers' state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux 5.16+; a
 // process must ask before its first tile instruction). MOESPEC_NATIVE_AMX=0 keeps the wide tiles on any CPU (the
@@ -168,5 +182,7 @@ MOESPEC_AMX_TARGET inline int64_t amx_rows(const bf16* w, int64_t K, int64_t lo,
     _tile_release();
     return end;
 }
+
+#endif  // MOESPEC_AMX
 
 }  // namespace moespec_amx
