@@ -424,8 +424,9 @@ ENTRIES: dict[str, Entry] = {
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
-        "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); every model "
-        "predicted slow in every run; crossover within one in 35 of 40 model-runs, k_hat*(a) in 19 of 28 plannable"),
+        "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "
+        "in 58 of 60 model-kernel-runs of the six largest; crossover within one in 35 of 40 model-runs, k_hat*(a) in 19 "
+        "of 28 plannable"),
     "structure-model/xeon/summary.md": Entry("summary.json as markdown", source="structure-model/xeon/summary.json"),
     # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
     **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
