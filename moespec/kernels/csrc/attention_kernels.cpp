@@ -177,7 +177,7 @@ void task(const Args& A, int64_t b, int64_t g, std::vector<float>& qf, std::vect
     const T* v = static_cast<const T*>(A.v) + b * A.v_sb + g * A.v_sh;
     qf.resize(R * D);
     s.resize(R * L);
-    acc.assign(R * Dv, 0.0f);
+    acc.resize(R * Dv);  // every entry written by pass 2
     for (int64_t h = 0; h < G; ++h)
         for (int64_t i = 0; i < n; ++i) {
             const T* row = q + (g * G + h) * A.q_sh + i * A.q_sn;
