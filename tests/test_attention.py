@@ -1,10 +1,15 @@
 """The native attention of a verification pass (moespec.kernels.attention) against its plain-torch definition, on
 edge shapes (n = 1 and 16, one key, grouped-query heads, MLA's value size, head sizes off the 8-lane width, a
-batch, masks with holes, a row that sees nothing, a view of a longer cache), the refusals before any pointer
+batch, masks with holes, a row that sees nothing, a view of a longer cache, the AMX tiles' row and key tails) on
+the CPU's own paths and, in a fresh process, on the AVX2 path of a CPU without AMX, the refusals before any pointer
 reaches native code, and its installation in the five architectures (moespec.model.dense): logits of a cached
 decoding equal to transformers' sdpa."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,13 +23,20 @@ from moespec.model.load import cache_argument
 from moespec.model.spec import SUPPORTED_MODEL_TYPES
 
 pytestmark = pytest.mark.skipif(not A.takes(*[torch.zeros(1, 1, 1, 8)] * 3), reason="native kernels unavailable")
-ATOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}  # fp32: summation order, exp to 2e-7; bf16: one rounding
+# fp32: summation order, exp to 2e-7; bf16: the result's rounding, one unit in its last place either way (2^-7 of
+# it), to which the AMX tiles' rounding of p to bf16 before the values (2^-9 of each weight) can tip it
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}
+RTOL = {torch.float32: 0.0, torch.bfloat16: 2 ** -7}
 
 # (B, Hq, Hkv, n, L, D, Dv); the query rows of a kv head, G n, cover the kernel's score blocks of 1-8 rows (8 + 4, 6,
-# 8 + 2, 3, ...) and its value blocks of 1-3 rows by 4 vectors, 1 vector and single columns (Dv = 44, 40, 9, 5).
+# 8 + 2, 3, ...) and its value blocks of 1-3 rows by 4 vectors, 1 vector and single columns (Dv = 44, 40, 9, 5); in
+# bf16 on a CPU with AMX, the tiles from 4 rows where D and Dv are multiples of 32: one and two row tiles (9, 56, 20
+# and 4 rows), keys past the last whole 16 (521, 30, 37), an odd last pair of keys, value blocks of 4 and 2 tiles
+# (Dv = 128, 96, 32).
 SHAPES = [(1, 16, 16, 1, 513, 128, 128), (1, 4, 2, 16, 40, 8, 8), (2, 6, 2, 3, 7, 12, 5), (1, 3, 1, 5, 5, 9, 9),
           (1, 2, 2, 1, 1, 16, 16), (1, 8, 1, 7, 30, 192, 128), (1, 4, 1, 3, 11, 40, 44), (1, 6, 1, 1, 9, 24, 40),
-          (1, 5, 1, 2, 7, 72, 16), (2, 3, 1, 1, 4, 33, 9)]
+          (1, 5, 1, 2, 7, 72, 16), (2, 3, 1, 1, 4, 33, 9), (1, 4, 4, 9, 521, 128, 128), (2, 8, 2, 5, 37, 64, 96),
+          (1, 2, 1, 2, 32, 32, 32)]
 
 
 def tensors(B, Hq, Hkv, n, L, D, Dv, dtype, seed=0):
@@ -35,16 +47,39 @@ def tensors(B, Hq, Hkv, n, L, D, Dv, dtype, seed=0):
     return q, cache[:, :, :L], v
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_matches_the_reference_causal_and_masked(shape, dtype):
+def check_shape(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """The kernel against the reference on one shape, causal and under a random mask."""
     B, Hq, Hkv, n, L, D, Dv = shape
     q, k, v = tensors(*shape, dtype)
     for mask in (None, torch.rand(B, 1, n, L, generator=torch.Generator().manual_seed(1)) > 0.4):
         got = A.attention(q, k, v, mask, scale=0.3)
         want = A.attention_reference(q, k, v, mask, scale=0.3)
         assert got.shape == (B, n, Hq, Dv) and got.dtype == dtype and got.is_contiguous()
-        torch.testing.assert_close(got.float(), want.float(), atol=ATOL[dtype], rtol=0)
+        torch.testing.assert_close(got.float(), want.float(), atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_the_reference_causal_and_masked(shape, dtype):
+    check_shape(shape, dtype)
+
+
+VECTOR_CHECK = """
+import torch
+from test_attention import SHAPES, check_shape
+for shape in SHAPES:
+    check_shape(shape, torch.bfloat16)
+print("vector path ok")
+"""
+
+
+def test_bf16_takes_the_vector_path_where_the_cpu_has_amx():
+    """MOESPEC_NATIVE_AMX=0 keeps bf16 attention on the AVX2 path of every CPU without AMX, checked against the
+    reference on every shape even where the CPU has AMX (a fresh process: the switch is read once); the in-process
+    tests above run the tiles where the CPU has them."""
+    env = {**os.environ, "MOESPEC_NATIVE_AMX": "0", "PYTHONPATH": os.path.dirname(__file__)}
+    proc = subprocess.run([sys.executable, "-c", VECTOR_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "vector path ok" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_a_query_that_sees_no_key_gives_zeros_and_the_mask_broadcasts_over_the_batch():

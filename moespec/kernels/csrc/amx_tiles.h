@@ -1,6 +1,8 @@
-// The AMX path of moespec's native expert kernels (expert_kernels.cpp) for experts serving many tokens:
-// y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, hi) of a bf16 matrix and G bf16 token vectors, on the
-// tile registers (AMX-TILE and AMX-BF16, chosen at run time: amx_ready).
+// The AMX paths of moespec's native kernels, on the tile registers (AMX-TILE and AMX-BF16, chosen at run time:
+// amx_ready): y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, hi) of a bf16 matrix and G bf16 token vectors
+// (amx_rows: the expert kernels' experts serving many tokens, expert_kernels.cpp; attention's scores, the cached keys
+// as the rows), and the product of a few rows of weights with values packed in pairs of rows (amx_values:
+// attention's sums of values, attention_kernels.cpp).
 //
 // One tdpbf16ps multiplies a tile of 16 weight rows x 32 columns, loaded straight from the row-major matrix (16 rows
 // at stride K: the weights are never repacked), by the same 32 columns of 16 tokens packed in pairs (the layout the
@@ -9,12 +11,15 @@
 // multiply-adds; on the tiles a group of 16 tokens costs about the stream of its weights, one of 32 ~25% more.
 //
 // Shapes (K a multiple of kAmxCols):
-//   w    [rows, K] bf16, row-major, stride K
+//   w    [rows, K] bf16, row-major, stride ldw >= K
 //   xs   G pointers to K bf16 each (the group's tokens, or their activations h)
 //   xp   [ceil(G / 16)][K / 32][16][32] bf16, packed by amx_pack: xp[b][c][i][2 n + j] = xs[16 b + n][32 c + 2 i + j],
 //        zero for tokens past G
 //   sums [32][32] fp32 scratch: one 16 x 16 tile per (16 rows, 16 tokens) of a block
-// Tiles: tmm0-3 the sums of (row tile, token tile), tmm4-5 the two row tiles, tmm6-7 the two token tiles.
+//   p    [ceil(rows / 16) 16, ldp] bf16 weights of the values (zero past `rows` and past L keys)
+//   vp   [ceil(L / 32)][Dv / 16][16][32] bf16, packed by amx_pack_pairs:
+//        vp[c][b][i][2 e + j] = v[32 c + 2 i + j][16 b + e], zero for keys past L
+// Tiles (amx_rows): tmm0-3 the sums of (row tile, token tile), tmm4-5 the two row tiles, tmm6-7 the two token tiles.
 #pragma once
 
 #include <cpuid.h>
@@ -47,9 +52,12 @@ constexpr int64_t kAmxPacked = kAmxTokens * kAmxCols;  // bf16 of one packed (to
 #ifndef MOESPEC_AMX
 inline bool amx_ready() { return false; }
 inline void amx_pack(const bf16* const*, int64_t, int64_t, bf16*) {}
-inline int64_t amx_rows(const bf16*, int64_t, int64_t lo, int64_t, const bf16*, int64_t, float*, int64_t, float*) {
+inline int64_t amx_rows(const bf16*, int64_t, int64_t, int64_t lo, int64_t, const bf16*, int64_t, float*, int64_t,
+                        float*) {
     return lo;
 }
+inline void amx_pack_pairs(const bf16*, int64_t, int64_t, int64_t, bf16*) {}
+inline void amx_values(const bf16*, int64_t, int64_t, int64_t, const bf16*, int64_t, float*) {}
 #else
 
 // Whether this process runs the tiles: the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22) and
@@ -124,16 +132,17 @@ MOESPEC_AMX_TARGET inline void amx_pack(const bf16* const* xs, int64_t G, int64_
     }
 }
 
-// One block: RB row tiles (16 RB rows from w, stride K) x TB token tiles (xp, the next token tile at xp + tile_step),
+// One block: RB row tiles (16 RB rows from w, stride ldw) x TB token tiles (xp, the next token tile at xp + tile_step),
 // over all K columns, into sums[16 RB][32] (row r, token t at r * 32 + t). No software prefetch: the hardware's
 // keeps up with the 16-32 row streams (a prefetch of the next block's rows measured 3-4% slower).
 template <int RB, int TB>
-MOESPEC_AMX_TARGET void amx_block(const bf16* w, int64_t K, const bf16* xp, int64_t tile_step, float* sums) {
+MOESPEC_AMX_TARGET void amx_block(const bf16* w, int64_t K, int64_t ldw, const bf16* xp, int64_t tile_step,
+                                  float* sums) {
     _tile_zero(0);
     if constexpr (TB == 2) _tile_zero(1);
     if constexpr (RB == 2) _tile_zero(2);
     if constexpr (RB == 2 && TB == 2) _tile_zero(3);
-    const int64_t stride = K * static_cast<int64_t>(sizeof(bf16));
+    const int64_t stride = ldw * static_cast<int64_t>(sizeof(bf16));
     for (int64_t c = 0; c < K; c += kAmxCols) {
         const bf16* x = xp + c / kAmxCols * kAmxPacked;
         _tile_loadd(4, w + c, stride);
@@ -144,7 +153,7 @@ MOESPEC_AMX_TARGET void amx_block(const bf16* w, int64_t K, const bf16* xp, int6
             _tile_dpbf16ps(1, 4, 7);
         }
         if constexpr (RB == 2) {
-            _tile_loadd(5, w + kAmxRows * K + c, stride);
+            _tile_loadd(5, w + kAmxRows * ldw + c, stride);
             _tile_dpbf16ps(2, 5, 6);
             if constexpr (TB == 2) _tile_dpbf16ps(3, 5, 7);
         }
@@ -156,11 +165,12 @@ MOESPEC_AMX_TARGET void amx_block(const bf16* w, int64_t K, const bf16* xp, int6
     if constexpr (RB == 2 && TB == 2) _tile_stored(3, sums + kAmxRows * 2 * kAmxTokens + kAmxTokens, ld);
 }
 
-// y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, lo + 16 j), the most whole row tiles in [lo, hi), from the
-// packed tokens xp (amx_pack) of G tokens; returns the first row it did not do (the caller's other tiles take the
-// rest). Blocks of 32 rows (16 for a last odd tile) x 32 tokens. `sums`: 32 x 32 fp32 scratch.
-MOESPEC_AMX_TARGET inline int64_t amx_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* xp, int64_t G,
-                                           float* y, int64_t ldy, float* sums) {
+// y[t * ldy + r - lo] = <row r of w, xs[t]> for rows [lo, lo + 16 j), the most whole row tiles in [lo, hi), of w's
+// rows at stride ldw (>= K), from the packed tokens xp (amx_pack) of G tokens; returns the first row it did not do
+// (the caller's other tiles take the rest). Blocks of 32 rows (16 for a last odd tile) x 32 tokens. `sums`: 32 x 32
+// fp32 scratch.
+MOESPEC_AMX_TARGET inline int64_t amx_rows(const bf16* w, int64_t K, int64_t ldw, int64_t lo, int64_t hi,
+                                           const bf16* xp, int64_t G, float* y, int64_t ldy, float* sums) {
     static const TileConfig config;
     _tile_loadconfig(&config);
     const int64_t tile_step = K / kAmxCols * kAmxPacked;
@@ -170,10 +180,11 @@ MOESPEC_AMX_TARGET inline int64_t amx_rows(const bf16* w, int64_t K, int64_t lo,
         for (int64_t t0 = 0; t0 < G; t0 += 2 * kAmxTokens) {
             const int TB = G - t0 > kAmxTokens ? 2 : 1;
             const bf16* x = xp + t0 / kAmxTokens * tile_step;
-            if (RB == 2 && TB == 2) amx_block<2, 2>(w + r * K, K, x, tile_step, sums);
-            else if (RB == 2) amx_block<2, 1>(w + r * K, K, x, tile_step, sums);
-            else if (TB == 2) amx_block<1, 2>(w + r * K, K, x, tile_step, sums);
-            else amx_block<1, 1>(w + r * K, K, x, tile_step, sums);
+            const bf16* wr = w + r * ldw;
+            if (RB == 2 && TB == 2) amx_block<2, 2>(wr, K, ldw, x, tile_step, sums);
+            else if (RB == 2) amx_block<2, 1>(wr, K, ldw, x, tile_step, sums);
+            else if (TB == 2) amx_block<1, 2>(wr, K, ldw, x, tile_step, sums);
+            else amx_block<1, 1>(wr, K, ldw, x, tile_step, sums);
             const int64_t tn = std::min<int64_t>(TB * kAmxTokens, G - t0);
             for (int64_t t = 0; t < tn; ++t)
                 for (int64_t i = 0; i < RB * kAmxRows; ++i) y[(t0 + t) * ldy + r + i - lo] = sums[i * 2 * kAmxTokens + t];
@@ -181,6 +192,85 @@ MOESPEC_AMX_TARGET inline int64_t amx_rows(const bf16* w, int64_t K, int64_t lo,
     }
     _tile_release();
     return end;
+}
+
+// Packs the values of L keys (rows of Dv bf16 at stride v_sl, Dv a multiple of 32) in pairs of keys (vp above), the
+// layout of a tile's second operand when the keys are what the product sums over.
+MOESPEC_AMX_TARGET inline void amx_pack_pairs(const bf16* v, int64_t v_sl, int64_t L, int64_t Dv, bf16* vp) {
+    alignas(64) int16_t lo[32], hi[32];
+    for (int e = 0; e < 16; ++e) {  // word 2 e from the first row, 2 e + 1 from the second (index + 32)
+        lo[2 * e] = static_cast<int16_t>(e), lo[2 * e + 1] = static_cast<int16_t>(32 + e);
+        hi[2 * e] = static_cast<int16_t>(16 + e), hi[2 * e + 1] = static_cast<int16_t>(48 + e);
+    }
+    const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+    const int64_t blocks = Dv / 16;
+    for (int64_t k0 = 0; k0 < L; k0 += 2) {
+        const int64_t c = k0 / kAmxCols, i = k0 % kAmxCols / 2;
+        for (int64_t h = 0; h < Dv; h += kAmxCols) {
+            const __m512i a = _mm512_loadu_si512(v + k0 * v_sl + h);
+            const __m512i b = k0 + 1 < L ? _mm512_loadu_si512(v + (k0 + 1) * v_sl + h) : _mm512_setzero_si512();
+            bf16* out = vp + ((c * blocks + h / 16) * kAmxRows + i) * kAmxCols;
+            _mm512_storeu_si512(out, _mm512_permutex2var_epi16(a, ilo, b));
+            _mm512_storeu_si512(out + kAmxPacked, _mm512_permutex2var_epi16(a, ihi, b));
+        }
+    }
+    const int64_t padded = (L + kAmxCols - 1) / kAmxCols * kAmxCols;  // the last block's pairs past L: zero
+    for (int64_t k0 = (L + 1) / 2 * 2; k0 < padded; k0 += 2)
+        for (int64_t b = 0; b < blocks; ++b)
+            std::memset(vp + ((k0 / kAmxCols * blocks + b) * kAmxRows + k0 % kAmxCols / 2) * kAmxCols, 0,
+                        kAmxCols * sizeof(bf16));
+}
+
+// NB column blocks of 16 of one 16-row tile of acc over every key block: acc[r][16 b + e] = sum over keys of
+// p[r][key] vp's (key, column), tmm0..NB-1 the sums, tmm4 the weights' tile, tmm5-7 the values' in turn.
+template <int NB>
+MOESPEC_AMX_TARGET void amx_value_tile(const bf16* p, int64_t ldp, int64_t key_blocks, const bf16* vp,
+                                       int64_t blocks, float* acc, int64_t lda) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (NB == 4) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t c = 0; c < key_blocks; ++c) {
+        const bf16* vc = vp + c * blocks * kAmxPacked;
+        _tile_loadd(4, p + c * kAmxCols, ldp * static_cast<int64_t>(sizeof(bf16)));
+        _tile_loadd(5, vc, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, vc + kAmxPacked, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        if constexpr (NB == 4) {
+            _tile_loadd(7, vc + 2 * kAmxPacked, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, vc + 3 * kAmxPacked, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    const int64_t ld = lda * static_cast<int64_t>(sizeof(float));
+    _tile_stored(0, acc, ld);
+    _tile_stored(1, acc + 16, ld);
+    if constexpr (NB == 4) {
+        _tile_stored(2, acc + 32, ld);
+        _tile_stored(3, acc + 48, ld);
+    }
+}
+
+// acc[r * Dv + e] = sum_j p[r * ldp + j] v[j][e] for r < rows rounded up to 16 (acc has those rows; p's rows past
+// `rows` and its keys from L to ldp zero, ldp >= L rounded up to 32) and e < Dv (a multiple of 32), from the values
+// packed by amx_pack_pairs.
+MOESPEC_AMX_TARGET inline void amx_values(const bf16* p, int64_t ldp, int64_t rows, int64_t L, const bf16* vp,
+                                          int64_t Dv, float* acc) {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+    const int64_t key_blocks = (L + kAmxCols - 1) / kAmxCols, blocks = Dv / 16;
+    for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows)
+        for (int64_t b = 0; b < blocks; b += 4) {
+            const bf16* pr = p + r0 * ldp;
+            float* out = acc + r0 * Dv + b * 16;
+            if (blocks - b >= 4) amx_value_tile<4>(pr, ldp, key_blocks, vp + b * kAmxPacked, blocks, out, Dv);
+            else amx_value_tile<2>(pr, ldp, key_blocks, vp + b * kAmxPacked, blocks, out, Dv);
+        }
+    _tile_release();
 }
 
 #endif  // MOESPEC_AMX

@@ -18,7 +18,9 @@
 // each key and value row once per (sequence, kv head) task and applies it to all G n query rows held in L1,
 // accumulating in fp32: pass 1 streams K into the scores (8 query rows a key row, 8 independent FMA chains), a
 // row-wise softmax, pass 2 streams V into the output (blocks of 3 rows x 32 columns in registers over all keys).
-// Tasks (one per sequence and kv head) are shared by the OpenMP threads.
+// Past a few query rows those multiply-adds, not the bytes, set the time (n = 9 at 521 keys: ~0.5 ms, hot, 16 heads
+// of 128 on two cores of an AVX-512 Xeon); on a CPU with AMX a bf16 task of kAmxMinRows rows or more runs both passes
+// on the tiles (amx_tiles.h): ~0.25 ms there. Tasks (one per sequence and kv head) are shared by the OpenMP threads.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -29,11 +31,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "simd_common.h"
 
 namespace {
 
 using namespace moespec_simd;  // bf16, to_f32, to_bf16, load8, hsum
+using namespace moespec_amx;   // the AMX tiles (amx_tiles.h)
 
 constexpr int64_t kMaxQueries = 16;
 constexpr int kLanes = 8;
@@ -167,40 +171,73 @@ struct Args {
     void* out;
 };
 
+// Query rows of a kv head (G n) from which a bf16 task runs on the AMX tiles where the CPU has them (amx_tiles.h):
+// pass 1 multiplies 16 cached key rows, loaded in place, by the packed query rows per tdpbf16ps, pass 2 the bf16
+// probabilities by the values packed in pairs of keys (rounded to bf16 before that product, as torch's CPU flash
+// attention rounds them for a bf16 model: aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, qk_reduced)
+constexpr int64_t kAmxMinRows = 4;
+
+// Per-thread buffers, reused across a thread's tasks.
+struct Scratch {
+    std::vector<float> qf, s, acc, total, sums;
+    std::vector<bf16> qp, pb, vp;
+    std::vector<const bf16*> rows;
+};
+
 // One task: sequence b, kv head g, its G query heads x n queries = R rows.
 template <typename T>
-void task(const Args& A, int64_t b, int64_t g, std::vector<float>& qf, std::vector<float>& s,
-          std::vector<float>& acc) {
+void task(const Args& A, int64_t b, int64_t g, Scratch& w) {
     const int64_t G = A.Hq / A.Hkv, n = A.n, L = A.L, D = A.D, Dv = A.Dv, R = G * n;
     const T* q = static_cast<const T*>(A.q) + b * A.q_sb;
     const T* k = static_cast<const T*>(A.k) + b * A.k_sb + g * A.k_sh;
     const T* v = static_cast<const T*>(A.v) + b * A.v_sb + g * A.v_sh;
+    bool tiles = false;
+    if constexpr (std::is_same_v<T, bf16>)
+        tiles = R >= kAmxMinRows && D % kAmxCols == 0 && Dv % kAmxCols == 0 && amx_ready();
+    const int64_t R16 = (R + kAmxRows - 1) / kAmxRows * kAmxRows, L32 = (L + kAmxCols - 1) / kAmxCols * kAmxCols;
+    // the tiles' dot products are of the unscaled q (scale after); the vector path scales q up front
+    const float pre = tiles ? 1.0f : A.scale, post = tiles ? A.scale : 1.0f;
+    std::vector<float>&qf = w.qf, &s = w.s, &acc = w.acc;
     qf.resize(R * D);
     s.resize(R * L);
-    acc.resize(R * Dv);  // every entry written by pass 2
+    acc.resize(R16 * Dv);  // every entry of the first R rows written by pass 2
     for (int64_t h = 0; h < G; ++h)
         for (int64_t i = 0; i < n; ++i) {
             const T* row = q + (g * G + h) * A.q_sh + i * A.q_sn;
-            for (int64_t c = 0; c < D; ++c) qf[(h * n + i) * D + c] = to_f32(row[c]) * A.scale;
+            for (int64_t c = 0; c < D; ++c) qf[(h * n + i) * D + c] = to_f32(row[c]) * pre;
         }
-    // Pass 1: scores s[r][j] = scale q_r . k_j, -inf where masked; each key row read once for all R rows, in blocks of
-    // up to kScoreRows rows (scores).
+    // Pass 1: scores s[r][j] = scale q_r . k_j, -inf where masked; each key row read once for all R rows: on the tiles
+    // the whole 16-row tiles of keys, the rest in blocks of up to kScoreRows query rows (scores).
+    int64_t first = 0;  // the first key the vector path scores
+    if constexpr (std::is_same_v<T, bf16>)
+        if (tiles) {
+            w.rows.resize(R);
+            for (int64_t h = 0; h < G; ++h)
+                for (int64_t i = 0; i < n; ++i) w.rows[h * n + i] = q + (g * G + h) * A.q_sh + i * A.q_sn;
+            w.qp.resize(R16 * D);
+            w.sums.resize(4 * kAmxRows * kAmxTokens);
+            amx_pack(w.rows.data(), R, D, w.qp.data());
+            first = amx_rows(k, D, A.k_sl, 0, L, w.qp.data(), R, s.data(), L, w.sums.data());
+        }
     const float ninf = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < L; ++j) {
+    auto attends = [&](int64_t r, int64_t j) {
+        const int64_t qi = r % n;
+        return A.mask ? A.mask[b * A.m_sb + qi * A.m_si + j * A.m_sj] != 0 : j <= L - n + qi;
+    };
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < first; ++j) s[r * L + j] = attends(r, j) ? s[r * L + j] * post : ninf;
+    for (int64_t j = first; j < L; ++j) {
         const T* kj = k + j * A.k_sl;
         for (int64_t r0 = 0; r0 < R; r0 += kScoreRows) {
             float dots[kScoreRows];
             const int rows = static_cast<int>(std::min<int64_t>(kScoreRows, R - r0));
             scores(kj, qf.data() + r0 * D, D, rows, dots);
-            for (int i = 0; i < rows; ++i) {
-                const int64_t r = r0 + i, qi = r % n;
-                const bool attend = A.mask ? A.mask[b * A.m_sb + qi * A.m_si + j * A.m_sj] != 0 : j <= L - n + qi;
-                s[r * L + j] = attend ? dots[i] : ninf;
-            }
+            for (int i = 0; i < rows; ++i) s[(r0 + i) * L + j] = attends(r0 + i, j) ? dots[i] * post : ninf;
         }
     }
     // Softmax per row: p = exp(s - max), the sum kept for the end; a row with no key attended gives zeros.
-    std::vector<float> total(R);
+    std::vector<float>& total = w.total;
+    total.resize(R);
     const int64_t L8 = L - L % kLanes;
     for (int64_t r = 0; r < R; ++r) {
         float* sr = s.data() + r * L;
@@ -225,10 +262,20 @@ void task(const Args& A, int64_t b, int64_t g, std::vector<float>& qf, std::vect
         }
         total[r] = sum;
     }
-    // Pass 2: acc[r] = sum_j p[r][j] v_j, in blocks of up to kValueRows rows x kValueCols columns held in registers
+    // Pass 2: acc[r] = sum_j p[r][j] v_j. On the tiles: p rounded to bf16 into [R16, L32] (zero past R and L), the
+    // values packed in pairs of keys. Else in blocks of up to kValueRows rows x kValueCols columns held in registers
     // over all L keys (the value rows stay in L2 between the blocks); the last Dv % 8 columns one at a time.
+    if constexpr (std::is_same_v<T, bf16>)
+        if (tiles) {
+            w.pb.assign(R16 * L32, 0);
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t j = 0; j < L; ++j) w.pb[r * L32 + j] = to_bf16(s[r * L + j]);
+            w.vp.resize(L32 * Dv);
+            amx_pack_pairs(v, A.v_sl, L, Dv, w.vp.data());
+            amx_values(w.pb.data(), L32, R, L, w.vp.data(), Dv, acc.data());
+        }
     const int64_t V8 = Dv - Dv % kLanes;
-    for (int64_t r0 = 0; r0 < R; r0 += kValueRows) {
+    for (int64_t r0 = 0; r0 < R && !tiles; r0 += kValueRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kValueRows, R - r0));
         int64_t c0 = 0;
         for (; c0 + kValueCols <= V8; c0 += kValueCols) values(v, A.v_sl, L, s.data() + r0 * L, c0, acc.data() + r0 * Dv, Dv, rows, true);
@@ -258,9 +305,9 @@ void run(const Args& A, int threads) {
     const int64_t tasks = A.B * A.Hkv;
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<float> qf, s, acc;  // per thread, reused across its tasks
+        Scratch w;  // per thread, reused across its tasks
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) task<T>(A, t / A.Hkv, t % A.Hkv, qf, s, acc);
+        for (int64_t t = 0; t < tasks; ++t) task<T>(A, t / A.Hkv, t % A.Hkv, w);
     }
 }
 

@@ -219,7 +219,7 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
                  int64_t ldy, float* res, const W* next, bool warm, const bf16* xp = nullptr) {
     if constexpr (std::is_same_v<X, bf16> && std::is_same_v<W, bf16>) {
         if (xp) {
-            const int64_t done = amx_rows(w, K, lo, hi, xp, G, y, ldy, res);
+            const int64_t done = amx_rows(w, K, K, lo, hi, xp, G, y, ldy, res);
             y += done - lo;
             lo = done;
             if (lo == hi) return;
