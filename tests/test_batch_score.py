@@ -71,6 +71,24 @@ def test_k_hat_crossover_and_b_stop_by_hand():
         score_batches(plan, runs, "calibrated")
 
 
+def test_b_stop_is_where_no_draft_pays_from_that_batch_on():
+    """A measured best k of 0 at B = 2 and 1 at B = 4 (the union nearing all experts makes a draft cheap again)
+    leaves no B_stop; the plan's B_stop comes from its own k map, not the b_stop it stored."""
+    plan = {"draft_time_s": [0.0] * 5,
+            "batch": {"batches": [1, 2, 4], "kmax": 4, "policy": "auto", "acceptances": A, "b_stop": [1, 1],
+                      "per_batch": {"1": _entry([0, 2], 3), "2": _entry([0, 2], 2), "4": _entry([0, 0], 2)}}}
+    best = {1: [1, 2], 2: [0, 2], 4: [1, 0]}
+
+    def rows(b, batch):
+        return [_row("auto", k, a, 10.0 - abs(k - best[b][i]), batch) for i, a in enumerate(A) for k in range(5)]
+    runs = {"throughput": rows(1, False), "crossover": 3,
+            "batch": {"batches": [2, 4], "per_batch": {"2": {"throughput": rows(2, True), "crossover": 2},
+                                                       "4": {"throughput": rows(4, True), "crossover": 2}}}}
+    result = score_batches(plan, runs)
+    assert result["measured_b_stop"] == [None, 4] and result["b_stop"] == [1, 4]
+    assert not result["b_stop_holds"]  # a = 0.5: B = 1 against none, three steps
+
+
 # ---- rule 3: throughput lost at k_hat* ---------------------------------------------------------------------
 def test_loss_holds_at_exactly_six_percent_and_fails_past_it():
     # a = 0.5: best k = 2, k_hat 1 loses 1 - 0.94 = 6% exactly; a = 0.9: k_hat = k* = 2 loses nothing

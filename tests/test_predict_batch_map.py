@@ -60,7 +60,9 @@ def test_the_batch_block_by_hand():
 
 
 def test_b_stop_and_entry_rules():
-    assert b_stop([1, 2, 4], {1: [2, 0, 1], 2: [1, 0, 0], 4: [0, 0, 3]}, 3) == [4, 1, 2]
+    # no draft from B = 4; none from B = 1 on; a draft that pays again at B = 4 leaves no B from which none pays
+    assert b_stop([1, 2, 4], {1: [2, 0, 1], 2: [1, 0, 0], 4: [0, 0, 3]}, 3) == [4, 1, None]
+    assert b_stop([1, 2, 4, 8], {1: [0, 0], 2: [0, 1], 4: [0, 0], 8: [0, None]}, 2) == [1, None]  # None drafts
     entry = batch_entry({"slot": [1.0, 1.1], "dedup": [1.0, 1.0]}, [0.5, 0.5], 2, [0.5])
     assert entry["kernel_by_n"] == {"1": "slot", "2": "dedup"} and entry["step_time_s"]["auto"] == [1.5, 1.5]
 

@@ -64,11 +64,11 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   batch        with --batch (absent otherwise): {batches, kmax, policy: "auto", source, acceptances (the paper's
                11), per_batch: {B: {step_time_s: {policy: [V_B(0..kmax)]}, kernel_by_n: {n: kernel}, crossover,
                k_hat: [per acceptance], tokens_per_s: [B G_a(k)/V_B(k)], speedup: [per acceptance]}}, b_stop:
-               [the least B at which k_hat = 0, or null, per acceptance], predicted: null or {per_batch, b_stop} of
-               the prediction from the bench} (moespec.predict.batch_map): per_batch from the verify times measured
-               at each B; the prediction's per_batch entries also hold, in newer plans, union_share [u_B(n)] and r
-               [r(B n), or null where a kernel's fitted time is not positive] over n = 1..kmax+1 on the bench's
-               timed layers, rule (7) at batch B: dedup faster where u_B(n) < r(B n)
+               [the least B from which k_hat = 0 at every larger B, or null, per acceptance], predicted: null or
+               {per_batch, b_stop} of the prediction from the bench} (moespec.predict.batch_map): per_batch from the
+               verify times measured at each B; the prediction's per_batch entries also hold, in newer plans,
+               union_share [u_B(n)] and r [r(B n), or null where a kernel's fitted time is not positive] over n =
+               1..kmax+1 on the bench's timed layers, rule (7) at batch B: dedup faster where u_B(n) < r(B n)
   provenance   who made the plan and how (moespec.formats.files.provenance), and
     inputs     {role: {path, sha256}} of each file the plan was made from (INPUT_ROLES: bench, trace, runs of
                --runs, draft_time where --draft-time named a runs.json): the path as given to `moespec plan`, the

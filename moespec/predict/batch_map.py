@@ -6,8 +6,12 @@ Physics (DESIGN "Batch B > 1"). A step of B sequences verifies B (k + 1) tokens 
 V_B(k): B is a constant factor, so k*(a, B), the step points and the bounds are Section 3's results on the vector
 V_B (moespec.theory), unchanged. What B changes is V_B: the pass's expert bytes are the union U^B(k + 1) of B
 sequences' experts, which grows toward all N with B n, while the dense weights are read once per pass, so the
-first drafted token's price V_B(1) / V_B(0) rises with B and k* falls; B_stop(a) is the least B of the grid at which
-k*(a, B) = 0. Dedup is faster at batch B where u_B(n) < r(B n) (7), so each B has its own crossover and AUTO policy.
+first drafted token's price V_B(1) / V_B(0) rises with B and k* falls, until the union nears all N experts: past
+that a drafted token adds few expert bytes and the price falls again (the demo's model on the 2-core Xeon: V_B(1) /
+V_B(0) of the verify pass 1.19, 1.31, 1.29, 1.21 at B = 1, 2, 4, 8), so k*(a, B) need not fall monotonically in B.
+B_stop(a), the batch from which speculation stops paying, is the least B of the grid from which k*(a, B) = 0 at every
+larger B of the grid too, None where the largest B drafts. Dedup is faster at batch B where u_B(n) < r(B n) (7), so
+each B has its own crossover and AUTO policy.
 
 Two versions of V_B:
 - measured (the map's, `per_batch`): the engine's verify times at each B (`moespec run --batch`, verify-only: passes
@@ -85,9 +89,18 @@ def batch_entry(tau: Mapping[str, np.ndarray], h: Sequence[float], batch: int,
             "speedup": [float(theory.speedup(V, a, k)) for a, k in zip(acceptances, k_hat)]}
 
 
-def b_stop(batches: Sequence[int], k_hat: Mapping[int, Sequence[int]], count: int) -> list[int | None]:
-    """Per acceptance i: the least batch size of the grid at which k_hat[B][i] = 0, or None where every B drafts."""
-    return [next((b for b in batches if k_hat[b][i] == 0), None) for i in range(count)]
+def b_stop(batches: Sequence[int], k_hat: Mapping[int, Sequence[int | None]], count: int) -> list[int | None]:
+    """Per acceptance i: the least batch size of the ascending grid from which k_hat[B][i] = 0 at every larger B too,
+    or None where the largest B drafts (any k_hat other than 0, None included, drafts)."""
+    stops: list[int | None] = []
+    for i in range(count):
+        stop = None
+        for b in reversed(batches):
+            if k_hat[b][i] != 0:
+                break
+            stop = b
+        stops.append(stop)
+    return stops
 
 
 def batch_block(runs: Mapping[str, Any], runs_path: str, batches: Sequence[int], kmax: int,

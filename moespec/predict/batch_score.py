@@ -35,8 +35,8 @@ Rules per B (the JSON names of moespec.predict.score, the same limits and slack)
   without plain decoding (k = 0) measured is `unmeasured` and the rule does not hold; not applicable (holds null)
   where the run at B recorded no step times;
 and over the grid:
-- b_stop: at every acceptance, the plan's B_stop(a) within one grid step of the measured one (no B_stop counts as
-  one step past the largest B).
+- b_stop: at every acceptance, the plan's B_stop(a) within one grid step of the measured one, each from its k map
+  over the scored batch sizes (moespec.predict.batch_map.b_stop; no B_stop counts as one step past the largest B).
 Rules 3, 4, 5 and 6 are objects {name, rule, value, holds, ...} (moespec.predict.score.Verdict.to_json) in each
 per-B entry; `all_hold`: every rule at every B and b_stop hold (holds null, not applicable, does not count).
 The measured rate scored is the one the plan names (plan.json throughput_rate, as the batch-one rules read it):
@@ -56,6 +56,7 @@ from moespec.defaults import KERNELS
 from moespec.formats.files import field, positive
 from moespec.formats.runsfile import RATES
 from moespec.predict.acceptance import SLACK, plan_rate
+from moespec.predict.batch_map import b_stop
 from moespec.predict.rules import (
     BAND_KEYS,
     CROSSOVER_WITHIN,
@@ -289,8 +290,8 @@ def score_batches(plan: Mapping[str, Any], runs: Mapping[str, Any], version: str
             "throughput_loss": loss_rule(by_a), "saving_sign": sign_rule(steps, measured, b, where),
             "verify_time": verify_rule(steps, h, measured, b, where),
             "speedup_band": speedup_rule(by_a, steps, rows, policy, where)}
-    stops = [next((b for b in scored if measured_k[b][i] == 0), None) for i in range(len(acceptances))]
-    planned_stops = [s if s is None or s in scored else None for s in (source["b_stop"][i] for i in index)]
+    stops = b_stop(scored, measured_k, len(acceptances))
+    planned_stops = b_stop(scored, {b: per_batch[str(b)]["k_hat"] for b in scored}, len(acceptances))
     b_stop_holds = [abs(_step(scored, p) - _step(scored, m)) <= 1 for p, m in zip(planned_stops, stops)]
     return {"version": version, "rate": rate, "batches": scored, "policy": policy, "acceptances": acceptances,
             "per_batch": per_batch, "b_stop": planned_stops, "measured_b_stop": stops,

@@ -117,8 +117,8 @@ def batch_section(plan: dict[str, Any], runs: dict[str, Any] | None) -> str:
                      + ("]" if predicted is not None else "")])
     caption = (f"k_hat*(a, B) of the {block['policy']} policy from the verify times measured at each B"
                f"{' [predicted from the bench]' if predicted is not None else ''}"
-               f"{' / the best k the run measured' if best else ''}; B_stop: the least batch size at which no draft "
-               f"pays. Source: {block['source']}")
+               f"{' / the best k the run measured' if best else ''}; B_stop: the least batch size from which no draft "
+               f"pays at any larger one. Source: {block['source']}")
     parts = [table(["a", *(f"B = {b}" for b in batches), "B_stop"], rows, caption)]
     policy = block["policy"]
     rows = []
