@@ -242,6 +242,18 @@ def test_bench_pins_only_when_asked(bench_argv, tmp_path, monkeypatch, flags, pi
         assert record["wait_s"] == 0 and record["pinned_gbps"] is None and sum(settles) == 0
 
 
+def test_the_bench_pins_a_window_of_reads_not_its_first(bench_argv, tmp_path, monkeypatch):
+    """A read after idle cores reads low: the bench pins the median of PIN_READS polls before its rounds, so one low
+    first read leaves the pin at the host's level."""
+    from moespec import cli
+
+    reads = itertools.chain([8.0], itertools.repeat(20.0))
+    monkeypatch.setattr(L, "StreamRead", lambda nbytes: lambda: next(reads))
+    assert cli.main(bench_argv(tmp_path / "b.json", "--pin-wait", "30")) == 0
+    record = json.loads((tmp_path / "b.json").read_text())["level"]
+    assert record["pinned_gbps"] == 20.0 and record["kept_off"] == 0 and record["dropped"] == 0
+
+
 @pytest.mark.parametrize("flag, new", [("--level", "--pin-gbps"), ("--level-wait", "--pin-wait")])
 def test_the_old_flag_names_are_refused_naming_the_new(flag, new, tiny_checkpoints, bench_argv, tmp_path, capsys):
     """--level is an interval level in `reuse`; in bench and run the bandwidth to pin is --pin-gbps."""

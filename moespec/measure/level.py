@@ -23,8 +23,9 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
   again, at most MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput
   prompts, bench rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
-The first kept round pins the level when none is given. A wait of 0 turns pinning off: rounds are dropped only
-as disturbed (moespec.measure.rounds.DISTURBED).
+The first kept round pins the level when none is given (a verify run's: the median of its passes' reads); a bench
+and a device profile, whose units carry one read each, pin the median of PIN_READS polls before them (pin_host). A
+wait of 0 turns pinning off: rounds are dropped only as disturbed (moespec.measure.rounds.DISTURBED).
 
 Pinning is opt-in (pin_wait): the budget and the band above were tuned on one shared 2-core host, and on a quiet
 machine of one's own the host's level does not move, so waiting for it costs time and keeps nothing out. The demo

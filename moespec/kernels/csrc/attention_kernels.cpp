@@ -197,7 +197,9 @@ void task(const Args& A, int64_t b, int64_t g, Scratch& w) {
     const int64_t R16 = (R + kAmxRows - 1) / kAmxRows * kAmxRows, L32 = (L + kAmxCols - 1) / kAmxCols * kAmxCols;
     // the tiles' dot products are of the unscaled q (scale after); the vector path scales q up front
     const float pre = tiles ? 1.0f : A.scale, post = tiles ? A.scale : 1.0f;
-    std::vector<float>&qf = w.qf, &s = w.s, &acc = w.acc;
+    std::vector<float>& qf = w.qf;
+    std::vector<float>& s = w.s;
+    std::vector<float>& acc = w.acc;
     qf.resize(R * D);
     s.resize(R * L);
     acc.resize(R16 * Dv);  // every entry of the first R rows written by pass 2
