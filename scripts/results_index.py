@@ -428,6 +428,9 @@ ENTRIES: dict[str, Entry] = {
         "in 58 of 60 model-kernel-runs of the six largest; crossover within one in 35 of 40 model-runs, k_hat*(a) in 19 "
         "of 28 plannable"),
     "structure-model/xeon/summary.md": Entry("summary.json as markdown", source="structure-model/xeon/summary.json"),
+    **with_console("structure-model/xeon/stream-share", "the Xeon's stream share (stream_share.py, 150 s, the code of "
+                   "run-2): the host held 28-30 GB/s, too narrow a span to tell s (correlation 0.05); the dedup "
+                   "kernel's cold one-token pass 27.5-27.9 GB/s"),
     # ggml's pair in five runs pinned the same way (pinned-gguf/), and predicted again at another profile's share
     **{key: entry for r, (profile, table) in PINNED_GGUF_RUNS.items() for key, entry in validation_run(
         f"structure-model/pinned-gguf/run-{r}", profile, table,
@@ -552,6 +555,17 @@ ENTRIES: dict[str, Entry] = {
                    "the batch chain five times at the paper's 11 acceptances on the Xeon with the AMX expert tiles: "
                    "k_hat within one at 10, 11, 11, 11 of 11 (B = 1, 2, 4, 8, median of the measured map; >= 9 in "
                    "every chain, both versions), crossover 5 of 5, B_stop 2 of 5 (misses at a = 0.4 only)"),
+    **{f"batch-engine/xeon-amx-attention/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on the Xeon with attention on the AMX tiles: moespec dedup / "
+        f"llama.cpp 0.30-0.91 in median over the five, dedup roofline share 59-72% (8 x 9: 87 ms, 59%)")
+       for i in range(1, 6)},
+    **{f"batch-engine/xeon-amx-attention/batch-pass-{i}.txt": Entry(
+        f"console output of run {i} on the Xeon with attention on the AMX tiles",
+        source=f"batch-engine/xeon-amx-attention/batch-pass-{i}.json") for i in range(1, 6)},
+    **with_console("batch-engine/xeon-amx-attention/fidelity-rounds",
+                   "the batch chain five times at the paper's 11 acceptances, B_stop the batch from which no draft "
+                   "pays: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 10, 11, 10, 9 (prediction), "
+                   "crossover 5 of 5, B_stop 5 of 5 in both versions"),
     "batch-engine/bench-demo.json": Entry("the demo's bench (layer 7, OLMoE-1B-7B bf16) the batch plans are made with"),
     "batch-engine/runs-verify.json": Entry("verify times at B = 1, 2, 4, 8 (both kernels): V_B(1)/V_B(0) 1.31-1.53 "
                                            "at B > 1, dedup from n = 2"),
