@@ -185,12 +185,13 @@ kmax = 2
 
 
 @needs_llama
-def test_a_gguf_cell_is_traced_benched_run_and_planned(timed_gguf, tmp_path: Path, capsys,
+def test_a_gguf_cell_is_traced_benched_run_and_planned(timed_gguf, tmp_path: Path, capsys, host_flush,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Its routing traced by llama.cpp, its bench at the file's shapes and format, its verify-only run on llama.cpp
     (dedup, its one kernel), its plan on that run's one-token pass. The file's f32 experts are fp32 throughout,
     whichever name grid.format gives, and `moespec plan` takes the bench and the run (a runs file naming the format
-    f32 too). The bench and the run each time on the cores of the machine they run on, counted there (one, here)."""
+    f32 too). The bench and the run each time on the cores of the machine they run on, counted there (one, here); the
+    bench's flush evicts what this host's cache keeps (host_flush), so its fits describe the op."""
     monkeypatch.setattr(contention, "cores", lambda: 1)
     path = tmp_path / "sweep.toml"
     path.write_text(GGUF_RUN.format(model=timed_gguf))

@@ -7,8 +7,8 @@ flash attention is tuned for long query blocks: ~0.9 ms for those 4 MB at n = 1 
 thirds of the time outside the expert operation of the demo's 2-layer model. The native kernel
 (csrc/attention_kernels.cpp) reads every key and value row once per (sequence, kv head) and applies it to all
 G n query rows, in fp32; past a few rows its multiply-adds set the time, and on a CPU with AMX tiles a bf16 call of
-4 or more rows per kv head runs on the tiles (the probabilities rounded to bf16 before the values, as torch rounds
-them for a bf16 model).
+4 or more rows per kv head, D and Dv multiples of 32, runs on the tiles (the probabilities rounded to bf16 before
+the values, as torch rounds them for a bf16 model).
 
 Shape legend
     B batch   Hq query heads   Hkv kv heads (Hq a multiple)   n new queries (1..16)   L keys   D, Dv head sizes
