@@ -375,9 +375,9 @@ def test_bench_repeats_a_round_off_the_level():
                             run=lambda kernel, *inp: calls.append(kernel))
     timer = SimpleNamespace(flush=lambda: None, time=lambda fn: fn() or 0.001, ceiling=lambda repeats: [30.0])
     two = [passes.Pass("chosen", np.zeros((2, 2), dtype=np.int64), 2)]
-    # round 1: nothing pinned to settle at, after 30 (pins); round 2: settle 30, after 50 (off: again), settle's
-    # window at 30, after 30
-    level = L.Level(wait_s=10, read=reads_of([30.0, 30.0, 50.0] + [30.0] * L.SETTLE_READS + [30.0]))
+    # round 1: nothing pinned, so PIN_READS polls at 30 pin it, settle 30, after 30; round 2: settle 30, after 50
+    # (off: again), settle's window at 30, after 30
+    level = L.Level(wait_s=10, read=reads_of([30.0] * (L.PIN_READS + 3) + [50.0] + [30.0] * L.SETTLE_READS + [30.0]))
     inputs = [bench.pass_inputs(two, 8, torch.float32, "cpu")]
     bench_rounds.warm_up(inputs, ["slot", "dedup"], layer)
     rounds = [bench_rounds.time_round(inputs, ["slot", "dedup"], layer, rep, 2, timer, lambda n: None, level, Cores())

@@ -347,7 +347,6 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
         f"{peak:.0f} GFLOP/s (IQR {peak_iqr:.0f})")
     level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     level.restore(checkpoint)
-    level.pin_host()  # not one read after the first group: a read after idle cores reads low (8 GB/s at 30)
     cores = Cores(config.threads)
     try:
         with checkpoint:

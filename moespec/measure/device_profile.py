@@ -344,7 +344,6 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: 
     for item in items:
         item.fn()  # warm-up: code and buffers ready
         item.seconds, item.ceilings = [], []
-    level.pin_host()  # the host's level now, unless given
 
     def call(item: Item) -> tuple[float, float | None]:
         if item.cold:

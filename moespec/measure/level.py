@@ -23,9 +23,10 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
   again, at most MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput
   prompts, bench rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
-The first kept round pins the level when none is given (a verify run's: the median of its passes' reads); a bench
-and a device profile, whose units carry one read each, pin the median of PIN_READS polls before them (pin_host). A
-wait of 0 turns pinning off: rounds are dropped only as disturbed (moespec.measure.rounds.DISTURBED).
+The first kept round pins the level when none is given (a verify run's: the median of its passes' reads); units
+judged by one read each (Level.measured: a bench's groups, a profile's calls, throughput prompts) pin the median of
+PIN_READS polls before the first (pin_host). A wait of 0 turns pinning off: rounds are dropped only as disturbed
+(moespec.measure.rounds.DISTURBED).
 
 Pinning is opt-in (pin_wait): the budget and the band above were tuned on one shared 2-core host, and on a quiet
 machine of one's own the host's level does not move, so waiting for it costs time and keeps nothing out. The demo
@@ -59,8 +60,9 @@ ATTEMPTS = 3  # runs of one longer unit (a throughput prompt) at most, where a r
 # at it: on a busy host one read spreads +-20%, and a single read in the band started rounds that were then dropped
 # (38 in a row, 3 s of waiting, then a re-pin, in a `make demo` run).
 SETTLE_READS = 5
-# A long measurement without a given level pins the median of this many polls taken after its warm-up (pin_host):
-# one read spreads +-20% on a busy host, and a first read after idle cores reads low
+# Units judged by one read each (Level.measured) pin, where no level is given, the median of this many polls before
+# the first (pin_host): one read spreads +-20% on a busy host, and a first read after idle cores reads low (8.2 GB/s
+# with the host at 30 in a `make demo` bench)
 PIN_READS = 15
 MAX_REPINS = 1  # a measurement follows the host to another level at most this often (each re-measures its rounds)
 KEEP, DROP, REPIN = "keep", "drop", "repin"  # Level.judge's verdicts on a round
@@ -197,10 +199,12 @@ class Level:
         The time of a run thrown away counts against the waiting budget, as waiting: a grid of many short units
         on a host that came back between them and left during them ran hundreds of units twice or three times
         (687 dropped, the demo's scored run 4.3 min instead of 3; results/demo-cpu.md) while its waits stayed in budget.
-        Units of a grid interleave, so a level that stays elsewhere is kept (kept_off), not re-pinned. Unpinned
+        Units of a grid interleave, so a level that stays elsewhere is kept (kept_off), not re-pinned. With no level
+        pinned, the first unit pins the median of PIN_READS polls (pin_host), not the one read after it. Unpinned
         (not active), the unit runs once with no read: there is no level to judge it by."""
         if not self.active:
             return unit()
+        self.pin_host()
         for _ in range(ATTEMPTS - 1):
             self.settle()
             start = time.perf_counter()

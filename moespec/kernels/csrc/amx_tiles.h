@@ -44,7 +44,7 @@ constexpr int kAmxCols = 32;    // columns of a tile: 64 bytes of bf16, one cach
 constexpr int64_t kAmxPacked = kAmxTokens * kAmxCols;  // bf16 of one packed (token tile, column block)
 
 // The tile intrinsics came with GCC 11 and Clang 12; an older compiler (or MOESPEC_NO_AMX, which the tests define to
-// check this build) gets a library without them: amx_ready() false, and the kernels never call the other two.
+// check this build) gets a library without them: amx_ready() false, and the kernels never call the others.
 #if !defined(MOESPEC_NO_AMX) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #define MOESPEC_AMX 1
 #endif
@@ -132,6 +132,12 @@ MOESPEC_AMX_TARGET inline void amx_pack(const bf16* const* xs, int64_t G, int64_
     }
 }
 
+// Loads the tile configuration every call of this file runs under (its caller releases the tiles at the end).
+MOESPEC_AMX_TARGET inline void amx_configure() {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+}
+
 // One block: RB row tiles (16 RB rows from w, stride ldw) x TB token tiles (xp, the next token tile at xp + tile_step),
 // over all K columns, into sums[16 RB][32] (row r, token t at r * 32 + t). No software prefetch: the hardware's
 // keeps up with the 16-32 row streams (a prefetch of the next block's rows measured 3-4% slower).
@@ -171,8 +177,7 @@ MOESPEC_AMX_TARGET void amx_block(const bf16* w, int64_t K, int64_t ldw, const b
 // fp32 scratch.
 MOESPEC_AMX_TARGET inline int64_t amx_rows(const bf16* w, int64_t K, int64_t ldw, int64_t lo, int64_t hi,
                                            const bf16* xp, int64_t G, float* y, int64_t ldy, float* sums) {
-    static const TileConfig config;
-    _tile_loadconfig(&config);
+    amx_configure();
     const int64_t tile_step = K / kAmxCols * kAmxPacked;
     const int64_t end = lo + (hi - lo) / kAmxRows * kAmxRows;
     for (int64_t r = lo; r < end; r += 2 * kAmxRows) {
@@ -260,8 +265,7 @@ MOESPEC_AMX_TARGET void amx_value_tile(const bf16* p, int64_t ldp, int64_t key_b
 // packed by amx_pack_pairs.
 MOESPEC_AMX_TARGET inline void amx_values(const bf16* p, int64_t ldp, int64_t rows, int64_t L, const bf16* vp,
                                           int64_t Dv, float* acc) {
-    static const TileConfig config;
-    _tile_loadconfig(&config);
+    amx_configure();
     const int64_t key_blocks = (L + kAmxCols - 1) / kAmxCols, blocks = Dv / 16;
     for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows)
         for (int64_t b = 0; b < blocks; b += 4) {

@@ -200,22 +200,16 @@ void task(const Args& A, int64_t b, int64_t g, Scratch& w) {
     std::vector<float>& qf = w.qf;
     std::vector<float>& s = w.s;
     std::vector<float>& acc = w.acc;
-    qf.resize(R * D);
     s.resize(R * L);
     acc.resize(R16 * Dv);  // every entry of the first R rows written by pass 2
-    for (int64_t h = 0; h < G; ++h)
-        for (int64_t i = 0; i < n; ++i) {
-            const T* row = q + (g * G + h) * A.q_sh + i * A.q_sn;
-            for (int64_t c = 0; c < D; ++c) qf[(h * n + i) * D + c] = to_f32(row[c]) * pre;
-        }
+    auto query = [&](int64_t r) { return q + (g * G + r / n) * A.q_sh + r % n * A.q_sn; };  // row r = h n + i
     // Pass 1: scores s[r][j] = scale q_r . k_j, -inf where masked; each key row read once for all R rows: on the tiles
-    // the whole 16-row tiles of keys, the rest in blocks of up to kScoreRows query rows (scores).
+    // the whole 16-row tiles of keys, the rest in blocks of up to kScoreRows query rows (scores) on q in fp32.
     int64_t first = 0;  // the first key the vector path scores
     if constexpr (std::is_same_v<T, bf16>)
         if (tiles) {
             w.rows.resize(R);
-            for (int64_t h = 0; h < G; ++h)
-                for (int64_t i = 0; i < n; ++i) w.rows[h * n + i] = q + (g * G + h) * A.q_sh + i * A.q_sn;
+            for (int64_t r = 0; r < R; ++r) w.rows[r] = query(r);
             w.qp.resize(R16 * D);
             w.sums.resize(4 * kAmxRows * kAmxTokens);
             amx_pack(w.rows.data(), R, D, w.qp.data());
@@ -228,6 +222,11 @@ void task(const Args& A, int64_t b, int64_t g, Scratch& w) {
     };
     for (int64_t r = 0; r < R; ++r)
         for (int64_t j = 0; j < first; ++j) s[r * L + j] = attends(r, j) ? s[r * L + j] * post : ninf;
+    if (first < L) {
+        qf.resize(R * D);
+        for (int64_t r = 0; r < R; ++r)
+            for (int64_t c = 0; c < D; ++c) qf[r * D + c] = to_f32(query(r)[c]) * pre;
+    }
     for (int64_t j = first; j < L; ++j) {
         const T* kj = k + j * A.k_sl;
         for (int64_t r0 = 0; r0 < R; r0 += kScoreRows) {
