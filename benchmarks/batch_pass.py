@@ -82,6 +82,7 @@ from moespec import MoespecError
 from moespec.cli.args import parse_ints
 from moespec.defaults import BATCH_LIMIT, DEPTH, DEPTH_LIMIT, MODEL, N_MAX, THREADS_LIMIT
 from moespec.formats.files import check_output, provenance, write_json
+from moespec.kernels import pages
 from moespec.kernels.experts import distinct_experts
 from moespec.measure.decoding import PREFILL_POLICY
 from moespec.measure.rounds import bootstrap_median
@@ -240,7 +241,8 @@ def print_report(result: dict) -> None:
     stream, matmul = ([r[key] for r in c["per_round"]] for key in ("stream_gbps", "matmul_gflops"))
     print(f"ceilings per round: streaming read {min(stream):.1f}-{max(stream):.1f} GB/s (median "
           f"{np.median(stream):.1f}), bf16 matmul {min(matmul):.0f}-{max(matmul):.0f} GFLOP/s")
-    print(f"moespec: dense {result['moespec']['dense']}, batched pass {result['moespec']['pass_kind']}; routing: "
+    print(f"moespec: dense {result['moespec']['dense']}, batched pass {result['moespec']['pass_kind']}, weights, "
+          f"caches and the ceiling's buffer in {result['moespec']['pages']}; routing: "
           "random weights, routed as they route (the unions are moespec's routing of each cell's tokens)")
     print(f"\nverify pass of B sequences x n tokens at depth {result['depth']}, ms: median [95% interval] over "
           f"{result['rounds']} interleaved rounds; ratio = moespec / llama.cpp, median of per-round ratios")
@@ -360,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         "engines": list(ENGINES), "parameters_per_token": sum(per_token),
         "parameters_per_token_dense_experts": list(per_token),
         "moespec": {"dense": ours.dense, "pass_kind": batch_pass_kind(lm.model, tokens[most, longest],
-                                                                     ours.caches[:most])},
+                                                                     ours.caches[:most]),
+                    "pages": pages.placement()},
         "llama_cpp": {"timing": "one llama_decode of B n tokens (each with its sequence id and position, every "
                                 "logit) to llama_synchronize, then llama_memory_seq_rm per sequence",
                       "n_seq_max": most, "positions_per_sequence": args.depth + longest},

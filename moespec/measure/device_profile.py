@@ -75,7 +75,7 @@ from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REP
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, DeviceProfile
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.kernels import KERNELS as REGISTRY
-from moespec.kernels import PAIRS, expert_op, implementation
+from moespec.kernels import PAIRS, expert_op, implementation, pages
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.level import Level, check_level, host_level
@@ -179,8 +179,8 @@ class Weights:
         gen = torch.Generator().manual_seed(SEED)
         tensors = [torch.randn(experts, *shape, generator=gen) * 0.02 for shape in ((2 * f, d), (d, f))]
         if dtype in QUANTIZED:
-            return cls(*(gguf_blocks(t, dtype) for t in tensors), dtype, d, f)
-        return cls(*(t.to(torch_dtype(dtype)).to(device) for t in tensors), dtype, d, f)
+            return cls(*(pages.huge(gguf_blocks(t, dtype)) for t in tensors), dtype, d, f)
+        return cls(*(pages.huge(t.to(torch_dtype(dtype)).to(device)) for t in tensors), dtype, d, f)
 
     @staticmethod
     def bytes_of(d: int, f: int, dtype: str) -> int:

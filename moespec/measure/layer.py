@@ -17,7 +17,7 @@ from gguf import quants as gguf_quants
 
 from moespec import MoespecError, kernels
 from moespec.defaults import QUANTIZED, TORCH_DTYPES
-from moespec.kernels import GPT_OSS, SILU, Activation, expert_op
+from moespec.kernels import GPT_OSS, SILU, Activation, expert_op, pages
 from moespec.kernels.peers import ggml_quantized
 from moespec.measure.passes import Pass, chosen_ids
 from moespec.model.spec import ModelSpec
@@ -145,6 +145,7 @@ def layer_weights(spec: ModelSpec, layer: int, dtype: str, seed: int, device: st
         if device != "cpu":
             raise MoespecError(f"--dtype {dtype}: quantized experts run on the CPU (ggml's kernels) only")
         gate_up, down = gguf_blocks(gate_up, dtype), gguf_blocks(down, dtype)
+    gate_up, down = pages.huge(gate_up), pages.huge(down)  # in the pages the engine's weights are in
     return LayerWeights(gate_up, down, *biases, act, dtype, (N, d, f))
 
 

@@ -41,7 +41,7 @@ import torch
 
 from moespec import ArgumentError
 from moespec.arguments import show
-from moespec.kernels import native
+from moespec.kernels import native, pages
 from moespec.model.load import resolve_device
 
 __all__ = [
@@ -89,7 +89,7 @@ def random_words(nbytes: int) -> torch.Tensor:
     the kernel may merge identical pages (KSM), and a read of one physical page repeated reads from cache; seen
     here as impossible 50-59 GB/s "ceilings" from buffers of ones."""
     gen = torch.Generator().manual_seed(nbytes)
-    return torch.randint(-(2**62), 2**62, (nbytes // 8,), dtype=torch.int64, generator=gen)
+    return pages.huge(torch.randint(-(2**62), 2**62, (nbytes // 8,), dtype=torch.int64, generator=gen))
 
 
 class StreamRead:
@@ -135,7 +135,7 @@ class CacheFlusher:
     level's polls between verify passes)."""
 
     def __init__(self, nbytes: int = FLUSH_MIN_BYTES, write: bool = True) -> None:
-        self._dirty = torch.empty(nbytes // 4, dtype=torch.float32) if write else None
+        self._dirty = pages.empty((nbytes // 4,), torch.float32) if write else None
         self._clean = random_words(nbytes)
         self._value = 0.0
 

@@ -22,6 +22,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from moespec.kernels import pages
+
 MIN_ROWS = 256  # the first buffer's positions: a prompt and some passes fit without growing
 
 
@@ -44,7 +46,8 @@ class InPlaceLayer(DynamicLayer):
         capacity = max(MIN_ROWS, 2 * rows)
         made = []
         for old, new in ((self.keys, key_states), (self.values, value_states)):
-            buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+            shape = (*new.shape[:-2], capacity, new.shape[-1])
+            buffer = pages.empty(shape, new.dtype) if new.device.type == "cpu" else new.new_empty(shape)
             if old.numel():
                 buffer[..., :old.shape[-2], :].copy_(old)
             made.append(buffer)

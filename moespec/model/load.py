@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from moespec import MoespecError
+from moespec.kernels import pages
 from moespec.defaults import DTYPES, TORCH_DTYPES
 from moespec.model.spec import SUPPORTED_MODEL_TYPES, ModelSpec
 
@@ -97,6 +98,7 @@ def load_model(path: str | None = None, preset: str | ModelSpec | None = None, l
             model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
         tokenizer, source = None, f"preset {spec.name}, random weights (seed {seed})"
     model = model.to(device).eval().requires_grad_(False)
+    pages.to_huge_pages(model)  # its weight streams enter 2 MiB pages (moespec.kernels.pages); a no-op off the CPU
     return LoadedModel(model, tokenizer, spec, device, dtype, source)
 
 
@@ -115,7 +117,9 @@ def load_draft(path: str, dtype: str = "bf16", device: str = "cpu") -> Any:
                                                      dtype=getattr(torch, TORCH_DTYPES[dtype]))
     except _LOAD_ERRORS as e:
         raise MoespecError(f"{path}: cannot load the draft model ({_first_line(e)})") from None
-    return model.to(device).eval().requires_grad_(False)
+    model = model.to(device).eval().requires_grad_(False)
+    pages.to_huge_pages(model)
+    return model
 
 
 def _check_weights(folder: Path) -> None:
