@@ -1,12 +1,14 @@
-"""The two paths of a bf16 dense layer side by side at 1..16 rows: the native kernel (moespec.kernels.dense.linear, its
-dot path where the CPU has AVX512-BF16) and oneDNN's packed copy of the weight (dense.pack, dense.packed_linear), which
-the engine takes from dense.packed_rows() rows (AMX_PACKED_ROWS on a CPU with AMX tiles, else past MAX_TOKENS).
+"""The paths of a bf16 dense layer side by side at 1..72 rows (a verification pass's tokens, and a batched pass's B n):
+the native kernel as the engine calls it (moespec.kernels.dense.linear, isa "auto": its AMX path from 2 rows where the
+CPU's tiles run, else its dot path where the CPU has AVX512-BF16, else fma), the native vector paths alone (isa "dot"
+or "fma", to 16 rows) and oneDNN's packed copy of the weight (dense.pack, dense.packed_linear), which the engine takes
+past the rows the native kernel takes (dense.native_rows).
 
 One process, interleaved rounds: each round times every (weight, rows, path) cold (after the flush), the order rotated
 from round to round, with a streaming read after each call; the bf16 matmul peak before and after. Weights: the LM
 head of the demo's model (OLMoE's 50304 x 2048) and one attention projection (2048 x 2048). Printed and written: per
-cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratio packed /
-native per round (median and interval); the rows from which packed is the faster in median, per weight.
+cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratios packed / native
+and vector / native per round (median and interval); the rows from which packed is the faster in median, per weight.
 
     .venv/bin/python benchmarks/dense_paths.py --rounds 9 --out results/dense-paths/DEVICE.json
 """
@@ -22,24 +24,33 @@ import torch
 
 from moespec import MoespecError
 from moespec.formats.files import check_output, provenance, write_json
-from moespec.kernels import dense, native
+from moespec.kernels import dense, native, pages
 from moespec.measure.rounds import bootstrap_median
 from moespec.measure.timing import CpuTimer, matmul_peak
 
 WEIGHTS = {"lm_head": (50304, 2048), "attention_projection": (2048, 2048)}  # rows x columns, bf16
-ROWS = (1, 2, 4, 5, 6, 8, 12, 16)
-PATHS = ("native", "packed")
+ROWS = (1, 2, 4, 5, 8, 16, 32, 72)
+PATHS = ("native", "vector", "packed")
+
+
+def vector_isa() -> str:
+    """The native vector path a bf16 call takes without the tiles: dot where the CPU has AVX512-BF16, else fma."""
+    return "dot" if dense.has_dot_path() else "fma"
 
 
 def calls(gen: torch.Generator) -> dict[tuple[str, int, str], object]:
-    """(weight, rows, path) -> its call, inputs drawn once."""
+    """(weight, rows, path) -> its call, inputs drawn once; the vector paths to MAX_TOKENS rows, the native kernel to
+    the rows it takes; the weights in the pages the engine's are in."""
     out = {}
     for name, (m, k) in WEIGHTS.items():
-        w = (0.02 * torch.randn(m, k, generator=gen)).bfloat16()
+        w = pages.huge((0.02 * torch.randn(m, k, generator=gen)).bfloat16())
         packed = dense.pack(w)
         for n in ROWS:
             x = torch.randn(n, k, generator=gen).bfloat16()
-            out[name, n, "native"] = lambda x=x, w=w: dense.linear(x, w)
+            if n <= dense.native_rows(x, w):
+                out[name, n, "native"] = lambda x=x, w=w: dense.linear(x, w)
+            if n <= dense.MAX_TOKENS:
+                out[name, n, "vector"] = lambda x=x, w=w: dense.linear(x, w, isa=vector_isa())
             out[name, n, "packed"] = lambda x=x, p=packed: dense.packed_linear(x, p)
     return out
 
@@ -69,21 +80,28 @@ def measure(rounds: int) -> dict:
 
 
 def summarize(data: dict) -> dict:
-    """Medians, intervals, rates and ratios per cell; the first row count where packed wins, per weight."""
+    """Medians, intervals, rates and ratios per cell (the paths timed there); the first row count where packed wins
+    (or the native kernel does not run), per weight."""
     rng = np.random.default_rng(0)
+    seconds = data["seconds"]
     cells, faster_from = [], {}
     for name, (m, k) in WEIGHTS.items():
         for n in ROWS:
             row = {"weight": name, "rows": n}
             for path in PATHS:
-                med, lo, hi = bootstrap_median(data["seconds"][name, n, path], rng)
+                if (name, n, path) not in seconds:
+                    continue
+                med, lo, hi = bootstrap_median(seconds[name, n, path], rng)
                 row[path] = {"median_s": med, "interval_s": [lo, hi], "gbps": m * k * 2 / med / 1e9,
                              "gflops": 2 * m * k * n / med / 1e9}
-            ratio = [p / q for p, q in zip(data["seconds"][name, n, "packed"], data["seconds"][name, n, "native"])]
-            med, lo, hi = bootstrap_median(ratio, rng)
-            row["packed_over_native"] = {"median": med, "interval": [lo, hi]}
+            for path in ("packed", "vector"):
+                if path in row and "native" in row:
+                    ratio = [p / q for p, q in zip(seconds[name, n, path], seconds[name, n, "native"])]
+                    med, lo, hi = bootstrap_median(ratio, rng)
+                    row[f"{path}_over_native"] = {"median": med, "interval": [lo, hi]}
             cells.append(row)
-        wins = [c["rows"] for c in cells if c["weight"] == name and c["packed_over_native"]["median"] < 1]
+        wins = [c["rows"] for c in cells if c["weight"] == name
+                and ("native" not in c or c["packed_over_native"]["median"] < 1)]
         faster_from[name] = min(wins) if wins else None
     return {"cells": cells, "packed_faster_from_rows": faster_from,
             "streaming_read_gbps": float(np.median(data["reads"])),
@@ -103,22 +121,24 @@ def main(argv: list[str]) -> int:
         summary = summarize(data := measure(args.rounds))
     except MoespecError as e:
         parser.error(str(e))
-    amx = dense.amx_tiles()
+    amx, most = dense.amx_path(), dense.native_rows(torch.zeros(1, 2048, dtype=torch.bfloat16))
     print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, bf16 matmul {summary['matmul_peak_gflops']:.0f} "
-          f"GFLOP/s; AMX tiles: {'yes' if amx else 'no'}; the engine packs from "
-          f"{dense.packed_rows()} rows")
+          f"GFLOP/s; native AMX path: {'yes' if amx else 'no'}; vector path {vector_isa()}; the engine takes the "
+          f"native kernel to {most} rows, packed past; weights in {pages.placement()}")
     for c in summary["cells"]:
-        nat, pk, ratio = c["native"], c["packed"], c["packed_over_native"]
-        print(f"{c['weight']} {c['rows']:2d} rows: native {nat['median_s'] * 1e3:6.2f} ms ({nat['gbps']:5.1f} GB/s, "
-              f"{nat['gflops']:4.0f} GFLOP/s), packed {pk['median_s'] * 1e3:6.2f} ms ({pk['gbps']:5.1f} GB/s, "
-              f"{pk['gflops']:4.0f} GFLOP/s); packed / native {ratio['median']:.2f} "
-              f"(95% {ratio['interval'][0]:.2f}-{ratio['interval'][1]:.2f})")
+        parts = [f"{path} {c[path]['median_s'] * 1e3:6.2f} ms ({c[path]['gbps']:5.1f} GB/s, "
+                 f"{c[path]['gflops']:4.0f} GFLOP/s)" for path in PATHS if path in c]
+        parts += [f"{path} / native {c[f'{path}_over_native']['median']:.2f} "
+                  f"(95% {c[f'{path}_over_native']['interval'][0]:.2f}-{c[f'{path}_over_native']['interval'][1]:.2f})"
+                  for path in ("vector", "packed") if f"{path}_over_native" in c]
+        print(f"{c['weight']} {c['rows']:2d} rows: " + "; ".join(parts))
     print("packed faster from rows: " + ", ".join(f"{k} {v}" for k, v in summary["packed_faster_from_rows"].items()))
     if args.out:
         write_json(args.out, {"summary": summary, "seconds": {f"{w}/{n}/{p}": v for (w, n, p), v in
                                                                data["seconds"].items()},
                               "weights": {k: list(v) for k, v in WEIGHTS.items()}, "rounds": args.rounds,
-                              "amx": amx, "packed_rows": dense.packed_rows(),
+                              "amx": amx, "native_rows": most, "vector_isa": vector_isa(),
+                              "pages": pages.placement(),
                               "flush_bytes": data["flush_bytes"], "command": shlex.join([sys.executable, *sys.argv]),
                               "provenance": provenance("cpu", "bf16")})
     return 0

@@ -12,6 +12,9 @@ bit, in every dtype, shape, tail and path; that is what pins down indexing, tail
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -26,6 +29,11 @@ BF16, F32 = torch.bfloat16, torch.float32
 SHAPES = [(7, 1), (13, 3), (16, 5), (33, 33), (130, 1001), (2049, 33)]
 NS = [1, 2, 5, 9, 16]  # one token; each path's 2-row tiles (fma n = 2, dot n = 4..6); two and three token blocks
 PATHS = ["auto", "fma"]  # auto: the dot path for bf16 x bf16 where the CPU has AVX512-BF16
+# The AMX path's (K, M): K one and many tiles of 32 columns; M below one 16-row tile, one tile and a tail, a 32-row
+# block and a tail, several row tasks (100 rows of K = 2048: 128-row tasks, so one task and a 4-row tail)
+AMX_SHAPES = [(32, 1), (64, 15), (96, 17), (160, 33), (2048, 100), (64, 300)]
+AMX_NS = [2, 5, 16, 17, 33, 72, 256]  # from the least row count it takes to its most; token blocks of 16 and 32
+needs_amx = pytest.mark.skipif(not dense.amx_path(), reason="no AMX tiles granted to this process")
 
 
 def _ints(shape, dtype, gen, lo=-4, hi=5):
@@ -181,10 +189,11 @@ def test_native_entry_point_rejects_bad_arguments():
 
     assert call() == 0 and torch.allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
     y.zero_()
-    assert [call(wd=2), call(yd=-1), call(isa=3)] == [1, 1, 1]
+    assert [call(wd=2), call(yd=-1), call(isa=4), call(isa=-1)] == [1, 1, 1, 1]
     assert [call(n=0), call(n=17), call(K=0), call(M=0), call(ldx=15), call(ldy=7)] == [2] * 6
     assert [call(x=None), call(w=None), call(y=None)] == [3, 3, 3]
-    assert call(isa=2) == 4  # fp32 weights never take the dot path
+    assert call(isa=2) == 4 and call(isa=3) == 4  # fp32 weights take neither the dot path nor the tiles
+    assert call(isa=3, n=257) == 2  # past the AMX path's rows
     assert not y.any()
 
 
@@ -210,19 +219,81 @@ def test_pack_takes_contiguous_cpu_bf16_matrices_only():
     assert dense.pack(w) is None  # fp32: measured no faster, left to F.linear
     assert dense.pack(w.bfloat16().t()) is None and dense.pack(w.bfloat16()[0]) is None
     assert dense.pack(torch.empty(0, 4, dtype=torch.bfloat16)) is None
-    rows = torch.zeros(dense.packed_rows(), 4, dtype=torch.bfloat16)
+    rows = torch.zeros(dense.MAX_TOKENS + 1, 4, dtype=torch.bfloat16)  # K = 4: never the tiles' rows
     assert dense.packed_takes(rows) and dense.packed_takes(rows, torch.zeros(8, dtype=torch.bfloat16))
     assert not dense.packed_takes(rows[:-1]) and not dense.packed_takes(rows.float())
     assert not dense.packed_takes(rows, torch.zeros(8))  # an fp32 bias: F.linear
 
 
-@pytest.mark.parametrize("flags, rows", [
-    (frozenset({"avx2", "fma"}), dense.MAX_TOKENS + 1), (None, dense.MAX_TOKENS + 1),
-    (frozenset({"avx2", "amx_bf16", "amx_tile"}), dense.AMX_PACKED_ROWS)])
-def test_packed_rows_follow_the_cpu(monkeypatch, request, flags, rows):
-    """oneDNN's packed copy takes bf16 calls past MAX_TOKENS rows, from AMX_PACKED_ROWS on a CPU with AMX tiles."""
-    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
-    dense.packed_rows.cache_clear()
-    request.addfinalizer(dense.packed_rows.cache_clear)  # the next test reads this CPU's rule again
-    x = torch.zeros(rows, 4, dtype=torch.bfloat16)
-    assert dense.packed_rows() == rows and dense.packed_takes(x) and not dense.packed_takes(x[:-1])
+@pytest.mark.parametrize("amx", [False, True])
+def test_native_rows_follow_the_tiles(monkeypatch, amx):
+    """The native kernel takes bf16 calls of K a multiple of 32 to AMX_MAX_TOKENS rows where the tiles run, every
+    other call to MAX_TOKENS; oneDNN's packed copy takes bf16 calls past those rows."""
+    monkeypatch.setattr(dense, "amx_path", lambda: amx)
+    tiles = torch.zeros(dense.AMX_MAX_TOKENS + 1, 64, dtype=torch.bfloat16)
+    most = dense.AMX_MAX_TOKENS if amx else dense.MAX_TOKENS
+    assert dense.native_rows(tiles) == most and dense.native_rows(tiles, torch.zeros(8, 64)) == dense.MAX_TOKENS
+    assert dense.native_rows(tiles[:, :48]) == dense.native_rows(tiles.float()) == dense.MAX_TOKENS
+    assert dense.packed_takes(tiles[:most + 1]) and not dense.packed_takes(tiles[:most])
+    assert dense.takes(tiles[:most], torch.zeros(8, 64, dtype=torch.bfloat16))
+    assert not dense.takes(tiles[:most + 1], torch.zeros(8, 64, dtype=torch.bfloat16))
+
+
+@needs_amx
+@pytest.mark.parametrize("K,M", AMX_SHAPES)
+def test_amx_path_exact_on_integers(K, M):
+    """Small integers: the tiles' products and fp32 sums are exact, so every row count, tail and bias gives the
+    reference bit for bit; from 2 rows `auto` takes the tiles, at 1 row `amx` asks for them."""
+    gen = torch.Generator().manual_seed(K * 1000 + M)
+    w = _ints((M, K), BF16, gen)
+    for n, with_bias in itertools.product([1, *AMX_NS], [False, True]):
+        x = _ints((n, K), BF16, gen)
+        b = _ints((M,), BF16, gen, -50, 51) if with_bias else None
+        y = dense.linear(x, w, b, isa="amx" if n == 1 else "auto")
+        assert y.shape == (n, M) and y.dtype == BF16
+        assert torch.equal(y, dense.linear_reference(x, w, b)), (n, with_bias)
+
+
+@needs_amx
+def test_amx_path_random_within_tolerance_on_any_thread_count():
+    gen = torch.Generator().manual_seed(11)
+    w, b = torch.randn(515, 2048, generator=gen).to(BF16), torch.randn(515, generator=gen).to(BF16)
+    for n in (3, 72):
+        x = torch.randn(n, 2048, generator=gen).to(BF16)
+        ys = [dense.linear(x, w, b, threads=t) for t in (1, 2, 3)]
+        assert all(torch.equal(ys[0], y) for y in ys[1:])  # each row is summed by one thread, in one order
+        _check_close(ys[0], x, w, b)
+
+
+@needs_amx
+def test_amx_path_refusals():
+    w = torch.randn(8, 64).to(BF16)
+    with pytest.raises(ValueError, match="at most 256"):
+        dense.linear(torch.randn(257, 64).to(BF16), w)
+    with pytest.raises(ValueError, match="at most 16"):
+        dense.linear(torch.randn(17, 64), w.float())  # fp32: the fma path's rows
+    with pytest.raises(ValueError, match="at most 16"):
+        dense.linear(torch.randn(17, 48).to(BF16), torch.randn(8, 48).to(BF16))  # K not a multiple of 32
+    with pytest.raises(ValueError, match="AMX tiles"):
+        dense.linear(torch.randn(3, 64), w.float(), isa="amx")
+    with pytest.raises(ValueError, match="AMX tiles"):
+        dense.linear(torch.randn(3, 48).to(BF16), torch.randn(8, 48).to(BF16), isa="amx")
+
+
+TILES_OFF_CHECK = """
+import torch
+from moespec.kernels import dense
+assert not dense.amx_path() and dense.native_rows(torch.zeros(2, 64, dtype=torch.bfloat16)) == dense.MAX_TOKENS
+gen = torch.Generator().manual_seed(2)
+w, x = torch.randint(-4, 5, (40, 64), generator=gen).bfloat16(), torch.randint(-4, 5, (9, 64), generator=gen).bfloat16()
+assert torch.equal(dense.linear(x, w), dense.linear_reference(x, w))
+print("tiles off ok")
+"""
+
+
+def test_moespec_native_amx_0_keeps_the_dense_layers_off_the_tiles():
+    """MOESPEC_NATIVE_AMX=0 (read once a process): the dense kernel takes MAX_TOKENS rows on its vector paths."""
+    env = {**os.environ, "MOESPEC_NATIVE_AMX": "0"}
+    proc = subprocess.run([sys.executable, "-c", TILES_OFF_CHECK], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "tiles off ok" in proc.stdout, proc.stderr[-2000:]

@@ -54,10 +54,11 @@ def decode(model, passes=PASSES, **extra) -> tuple[list[torch.Tensor], object]:
 @pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 @pytest.mark.parametrize("model_type", LEAN)
 def test_lean_pass_gives_transformers_logits_and_cache(model_type, dtype, packed, tiny_configs, monkeypatch):
-    """On any CPU, both rules for the bf16 dense layers: native up to MAX_TOKENS rows, or (`packed`, a CPU with
-    AMX) oneDNN's packed copy from AMX_PACKED_ROWS rows, so the passes of 9 and 16 tokens multiply the packs."""
-    rows = dense.AMX_PACKED_ROWS if packed else dense.MAX_TOKENS + 1
-    monkeypatch.setattr(dense, "packed_rows", lambda: rows)
+    """On any CPU, both rules for the bf16 dense layers: native up to the rows it takes (dense.native_rows: the AMX
+    path's on a CPU with tiles), or (`packed`) oneDNN's packed copy past 4 rows, so the passes of 9 and 16 tokens
+    multiply the packs."""
+    if packed:
+        monkeypatch.setattr(dense, "native_rows", lambda x, weight=None: 4)
     model = model_of(tiny_configs, model_type, dtype)
     assert lean.unsupported(model) is None
     set_dense(model, "native" if dtype == torch.bfloat16 else "torch")
@@ -79,7 +80,8 @@ def test_lean_pass_gives_transformers_logits_and_cache(model_type, dtype, packed
     verify_passes = len(PASSES) - 1
     assert installed.attention_calls == verify_passes * layers == native_attention_calls(model)
     # per native pass and layer q, k, v, o and the router (or a dense layer's 3 matrices), and the head
-    native_passes = sum(n < rows for _, n in PASSES[1:]) if dtype == torch.bfloat16 else verify_passes
+    rows = 4 if packed else dense.MAX_TOKENS  # the native rows; every verify pass has at most MAX_TOKENS
+    native_passes = sum(n <= rows for _, n in PASSES[1:]) if dtype == torch.bfloat16 else verify_passes
     assert native_calls(model) >= native_passes * (5 * layers + 1)
     assert bool(installed.packs) == (packed and dtype == torch.bfloat16)
     set_dense(model, "torch")
@@ -199,12 +201,12 @@ def test_a_model_moved_after_the_install_runs_transformers_forward(tiny_configs)
     assert model._moespec_dense.lean.attention_calls == 0 and model._moespec_dense.lean.fused_calls == 0
 
 
-def test_passes_past_max_tokens_multiply_packed_weights(tiny_configs):
+def test_passes_past_the_native_rows_multiply_packed_weights(tiny_configs):
     model = model_of(tiny_configs, "olmoe", torch.bfloat16)
     set_dense(model, "native")
     installed = model._moespec_dense.lean
     head = model.lm_head
-    x = torch.randn(dense.MAX_TOKENS + 4, head.weight.shape[1]).bfloat16()
+    x = torch.randn(dense.AMX_MAX_TOKENS + 4, head.weight.shape[1]).bfloat16()  # past the native rows anywhere
     with torch.inference_mode():
         got = installed.linear(x, head)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, head.weight), atol=0, rtol=0)

@@ -9,13 +9,14 @@ kernel (dense_kernels.cpp) reads each W row once per call and applies it to all 
 fp32 accumulation, the OpenMP threads sharing the rows of W. Its fma path (AVX2 + FMA, every dtype) keeps up
 with memory to n ~ 4-5 on two cores; its dot path (AVX512-BF16, for bf16 W and bf16 x on CPUs that have
 it) doubles the multiply-add rate and keeps up to n ~ 6-8; past that, both are bound by their
-multiply-adds and the time grows with n. Past MAX_TOKENS rows (a batched pass of B sequences) a call is a small
-GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it; on a
-CPU with AMX tiles (packed_rows) from AMX_PACKED_ROWS rows, where oneDNN's tiles keep up with memory and the native
-dot path does not.
+multiply-adds and the time grows with n. Its AMX path (the tile registers, bf16 W and bf16 x with K a multiple of
+32, on a CPU whose tiles the process is granted: `amx_path`) multiplies 16 rows by 16 tokens an instruction and
+stays a stream of W from 2 rows to dozens: it takes those calls, up to AMX_MAX_TOKENS rows (a batched pass of B
+sequences). Past the rows the native kernel takes (`native_rows`) a call is a GEMM: `pack` and `packed_linear` run
+it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
 
 Shape legend
-    n  tokens: the product of x's leading dimensions, 1..16
+    n  tokens: the product of x's leading dimensions, 1..16 (1..AMX_MAX_TOKENS on the AMX path)
     K  input features        M  output features
 
     x       [..., K]  fp32 or bf16
@@ -40,11 +41,9 @@ from moespec.arguments import show
 from moespec.kernels import native
 
 MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
-ISA = {"auto": 0, "fma": 1, "dot": 2}
-# On a CPU with AMX, oneDNN multiplies a packed bf16 weight on its tiles at memory speed from one row to dozens (the
-# 50304 x 2048 head 8.6-8.9 ms at 1-16 rows on a 2-core Xeon VM), while the native dot path turns compute-bound past
-# ~4 rows (8.8 ms at 4, 11.5 at 6, 28.6 at 16): calls of this many rows or more go to the packed copy there
-AMX_PACKED_ROWS = 5
+AMX_MAX_TOKENS = 256  # the AMX path's rows (dense_kernels.cpp kAmxMaxTokens): 16 sequences of 16 tokens
+AMX_COLUMNS = 32  # K a multiple of this: one tile's columns (amx_tiles.h kAmxCols)
+ISA = {"auto": 0, "fma": 1, "dot": 2, "amx": 3}
 PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for; 1, 17 or 64 run alike at 17-72 rows here
 
 
@@ -58,7 +57,8 @@ def status() -> str:
     lib = native.load()
     if lib is None:
         return native.status()
-    return f"{native.status()}; dense: {'dot path (AVX512-BF16) for bf16 x bf16, ' if has_dot_path() else ''}fma path"
+    amx = f"AMX path for bf16 x bf16 of 2..{AMX_MAX_TOKENS} rows, " if amx_path() else ""
+    return f"{native.status()}; dense: {amx}{'dot path (AVX512-BF16) for bf16 x bf16, ' if has_dot_path() else ''}fma path"
 
 
 def has_dot_path() -> bool:
@@ -67,9 +67,24 @@ def has_dot_path() -> bool:
     return lib is not None and bool(lib.moespec_dense_cpu_has_dot())
 
 
+@functools.cache  # read on every dense call of a pass; the CPU does not change under a process
+def amx_path() -> bool:
+    """Whether this process runs the dense kernel's AMX path (the CPU's tiles granted; see the module docstring)."""
+    lib = native.load()
+    return lib is not None and bool(lib.moespec_dense_amx())
+
+
+def native_rows(x: torch.Tensor, weight: torch.Tensor | None = None) -> int:
+    """The most rows `linear` takes for inputs like x (and weight, where given): AMX_MAX_TOKENS for bf16 x (and W)
+    of K a multiple of AMX_COLUMNS where `amx_path`, else MAX_TOKENS."""
+    tiles = x.dtype == torch.bfloat16 and x.shape[-1] % AMX_COLUMNS == 0 and (
+        weight is None or weight.dtype == torch.bfloat16)
+    return AMX_MAX_TOKENS if tiles and amx_path() else MAX_TOKENS
+
+
 def takes(x: object, weight: object, bias: object = None) -> bool:
     """Whether `linear` runs this call natively: the library loaded, CPU tensors of fp32 or bf16, a contiguous 2-D
-    weight [M, K], x [..., K] of 1..MAX_TOKENS rows, bias None or [M]. A check, never an error: the engine sends
+    weight [M, K], x [..., K] of 1..native_rows rows, bias None or [M]. A check, never an error: the engine sends
     everything else (a prefill, another dtype) to torch."""
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and available()):
         return False
@@ -81,7 +96,7 @@ def takes(x: object, weight: object, bias: object = None) -> bool:
         return False
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         return False
-    return 1 <= math.prod(x.shape[:-1]) <= MAX_TOKENS and weight.shape[0] >= 1 and weight.shape[1] >= 1
+    return 1 <= math.prod(x.shape[:-1]) <= native_rows(x, weight) and weight.shape[0] >= 1 and weight.shape[1] >= 1
 
 
 def _check_tensor(name: str, t: object) -> None:
@@ -100,8 +115,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Every argument is checked before a pointer reaches native code: CPU tensors of float32 or bfloat16,
     weight 2-D and contiguous (a transposed weight is refused rather than copied on every call), x [..., K]
-    with at most 16 rows once its leading dimensions are flattened, bias [M]. `threads` defaults to
-    torch.get_num_threads(); `isa` is "auto", "fma" or "dot" (see the module docstring). The result carries
+    with at most native_rows rows once its leading dimensions are flattened, bias [M]. `threads` defaults to
+    torch.get_num_threads(); `isa` is "auto", "fma", "dot" or "amx" (see the module docstring). The result carries
     no autograd graph. Zero-size shapes (n, K or M = 0) are computed by `linear_reference`.
 
     Lean on purpose: right after a cache flush each torch call costs microseconds of misses, and a 2048 x
@@ -123,8 +138,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"bias {tuple(bias.shape)} must be [M={M}] for weight {tuple(ws)}")
     lead = xs[:-1]
     n = lead[0] if len(lead) == 1 else math.prod(lead)
-    if n > MAX_TOKENS:
-        raise ValueError(f"x has n={n} rows (leading dims {tuple(lead)}); linear takes at most {MAX_TOKENS}")
+    most = AMX_MAX_TOKENS if isa == "amx" else native_rows(x, weight) if isa == "auto" else MAX_TOKENS
+    if n > most:
+        raise ValueError(f"x has n={n} rows (leading dims {tuple(lead)}); linear takes at most {most} here "
+                         f"({AMX_MAX_TOKENS} on the AMX path: bf16 x and weight, K a multiple of {AMX_COLUMNS})")
     if not weight.is_contiguous():
         raise ValueError(f"weight {tuple(ws)} with strides {weight.stride()} is not contiguous; pass "
                          "weight.contiguous() once instead of a copy on every call")
@@ -162,7 +179,8 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threa
         row_stride if n > 1 else K, weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), M,
         threads or torch.get_num_threads(), ISA[isa])
     if rc == 4:
-        raise ValueError("isa='dot' needs bf16 weight and bf16 x on a CPU with AVX512-BF16")
+        raise ValueError(f"isa={isa!r} needs bf16 weight and bf16 x on a CPU with "
+                         + ("AVX512-BF16" if isa == "dot" else f"AMX tiles, and K a multiple of {AMX_COLUMNS}"))
     if rc != 0:
         raise RuntimeError(f"moespec_linear rejected its arguments (code {rc})")
     return y
@@ -170,9 +188,9 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threa
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's blocked copy of a contiguous 2-D CPU bf16 weight [M, K], for `packed_linear`; None for any other
-    weight, or where torch has no oneDNN. Past MAX_TOKENS rows a call is a small GEMM: in oneDNN's own layout (the
-    one Inductor's CPU freezing packs) it multiplies a cold weight at 1.1-1.4x F.linear's rate at 17-72 rows on
-    this project's machine (the 32768 x 2048 head: 300-425 GFLOP/s against 220-370), with the same result; the
+    weight, or where torch has no oneDNN. Past the native kernel's rows a call is a small GEMM: in oneDNN's own
+    layout (the one Inductor's CPU freezing packs) it multiplies a cold weight at 1.1-1.4x F.linear's rate at 17-72
+    rows on a CPU without AMX (the 32768 x 2048 head: 300-425 GFLOP/s against 220-370), with the same result; the
     copy costs the weight's bytes again."""
     ok = (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
           and weight.dim() == 2 and weight.is_contiguous() and min(weight.shape) >= 1)
@@ -181,21 +199,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
-def amx_tiles() -> bool:
-    """Whether the CPU has AMX bf16 tiles, which oneDNN multiplies on (/proc/cpuinfo's amx_bf16 and amx_tile)."""
-    return {"amx_bf16", "amx_tile"} <= (native.cpu_flags() or frozenset())
-
-
-@functools.cache  # read on every dense call of a pass; the CPU does not change under a process
-def packed_rows() -> int:
-    """The fewest rows a bf16 call takes to `packed_linear`: AMX_PACKED_ROWS on a CPU with AMX tiles (amx_tiles),
-    else past MAX_TOKENS."""
-    return AMX_PACKED_ROWS if amx_tiles() else MAX_TOKENS + 1
-
-
 def packed_takes(x: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether a call goes to `packed_linear`: x [n, K] bf16 of packed_rows() rows or more, bias None or bf16."""
-    return x.dim() == 2 and x.shape[0] >= packed_rows() and x.dtype == torch.bfloat16 and (
+    """Whether a call goes to `packed_linear`: x [n, K] bf16 of more rows than the native kernel takes
+    (native_rows), bias None or bf16."""
+    return x.dim() == 2 and x.dtype == torch.bfloat16 and x.shape[0] > native_rows(x) and (
         bias is None or bias.dtype == torch.bfloat16)
 
 

@@ -44,7 +44,7 @@ HEADERS = tuple(Path(__file__).parent / "csrc" / name  # included by them: part 
 # -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
 CXXFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 ABI_VERSION = 2  # of expert_kernels.cpp (moespec_abi_version)
-DENSE_ABI_VERSION = 1  # of dense_kernels.cpp (moespec_dense_abi_version)
+DENSE_ABI_VERSION = 2  # of dense_kernels.cpp (moespec_dense_abi_version)
 ATTENTION_ABI_VERSION = 1  # of attention_kernels.cpp (moespec_attention_abi_version)
 TOKEN_ABI_VERSION = 1  # of token_kernels.cpp (moespec_token_abi_version)
 LAYER_ABI_VERSION = 1  # of layer_kernels.cpp and its LayerArgs (moespec_layer_abi_version)
@@ -124,6 +124,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.moespec_stream_read.argtypes = [ptr, i64, i32]
     lib.moespec_dense_abi_version.restype = i32
     lib.moespec_dense_cpu_has_dot.restype = i32
+    lib.moespec_dense_amx.restype = i32
     lib.moespec_linear.restype = i32
     lib.moespec_linear.argtypes = [i32, i32, i32, i32, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i32, i32]
     lib.moespec_attention_abi_version.restype = i32

@@ -16,9 +16,9 @@ implementations) runs the same steps from Python: RMSNorm and rotary one native 
 causal mask, the KV cache written in place (moespec.model.cache), and the MoE block as transformers' own module,
 so expert policies, routing replay and router hooks (moespec.model.policies, the tracer) work unchanged. Both
 give the same bits (tests/test_lean.py). moespec.model.batched runs these steps over the rows of B sequences at once;
-past MAX_TOKENS rows (from fewer on a CPU with AMX: moespec.kernels.dense.packed_rows) a bf16 matrix multiplies
-oneDNN's packed copy of its weight (moespec.kernels.dense.pack), made at the first such pass and kept: the dense
-weights' bytes a second time in memory.
+the native dense kernel takes them up to dense.native_rows (MAX_TOKENS; 256 bf16 rows on a CPU with AMX tiles),
+and past those rows a bf16 matrix multiplies oneDNN's packed copy of its weight (moespec.kernels.dense.pack), made
+at the first such pass and kept: the dense weights' bytes a second time in memory.
 
 Where it applies (`unsupported` says why not): a model of these families on the CPU in fp32 or bf16 on transformers'
 sdpa attention, full attention only (every cache layer an InPlaceLayer: no sliding window), rotary over the whole
@@ -123,7 +123,7 @@ class RotaryTable:
 class Lean:
     """What `install` puts on a model: its instance forward, the routers' instance forwards, the rotary table, the
     counts of native calls made by the passes it ran (`linear_calls`, `attention_calls`), and oneDNN's packed
-    copies of the bf16 dense weights that passes of dense.packed_rows() rows or more multiply (`packs`)."""
+    copies of the bf16 dense weights that passes past dense.native_rows multiply (`packs`)."""
 
     def __init__(self, model: Any) -> None:
         self.model, self.qk_norm = model, QK_NORM[model.config.model_type]
@@ -171,7 +171,7 @@ class Lean:
         return F.linear(x, layer.weight, layer.bias)
 
     def packed(self, layer: torch.nn.Linear) -> torch.Tensor | None:
-        """The oneDNN copy of a layer's weight for passes of dense.packed_rows() rows or more (kernels.dense.pack),
+        """The oneDNN copy of a layer's weight for passes past dense.native_rows (kernels.dense.pack),
         made at its first such pass and made again if the weight is replaced or written to; None where it has none."""
         w = layer.weight
         key = (w.data_ptr(), w._version, tuple(w.shape))
