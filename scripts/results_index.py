@@ -276,7 +276,11 @@ ENTRIES: dict[str, Entry] = {
     **with_console("dense-paths/xeon-2core", "a 2-core Intel Xeon VM with AMX: a bf16 dense layer on oneDNN's packed "
                    "copy against the native kernel at 1-16 rows; packed faster from 4-5 rows (0.29x at 16 rows of the "
                    "LM head), so the engine packs from AMX_PACKED_ROWS = 5 there"),
-    "dense-paths/README.md": Entry("write-up of dense-paths/xeon-2core.json", source="dense-paths/xeon-2core.json"),
+    **with_console("dense-paths/xeon-2core-amx-path", "a 2-core Intel Xeon VM with AMX: the native dense kernel's AMX "
+                   "path from 2 rows against its dot path and oneDNN's packed copy at 1-72 rows; packed / native "
+                   "1.17-1.47 on the LM head at every row count, so the engine runs the AMX path to 256 rows"),
+    "dense-paths/README.md": Entry("write-up of dense-paths/xeon-2core-amx-path.json and xeon-2core.json",
+                                   source="dense-paths/xeon-2core-amx-path.json"),
     **with_console("one-token-paths/xeon-2core", "a 2-core Intel Xeon VM: one-token rows in prefetched tiles over rows "
                    "read in sequence, LM head 1.57x, expert op 1.18-1.19x; streaming read 28.7 prefetched, 25.1 not"),
     **with_console("structure-model/stream-share", "how much of a cold one-token pass follows the streaming read: "
@@ -566,6 +570,14 @@ ENTRIES: dict[str, Entry] = {
                    "the batch chain five times at the paper's 11 acceptances, B_stop the batch from which no draft "
                    "pays: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 10, 11, 10, 9 (prediction), "
                    "crossover 5 of 5, B_stop 5 of 5 in both versions"),
+    **{f"batch-engine/xeon-amx-dense/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on the Xeon with weights in 2 MiB pages and dense layers on the "
+        f"AMX tiles: moespec dedup / llama.cpp 0.27-0.77 in median over the five, dedup roofline share 78-80% at "
+        f"B = 1 and 63-76% at B > 1 (8 x 9: 86.5 ms, 63%)")
+       for i in range(1, 6)},
+    **{f"batch-engine/xeon-amx-dense/batch-pass-{i}.txt": Entry(
+        f"console output of run {i} on the Xeon with weights in 2 MiB pages and dense layers on the AMX tiles",
+        source=f"batch-engine/xeon-amx-dense/batch-pass-{i}.json") for i in range(1, 6)},
     "batch-engine/bench-demo.json": Entry("the demo's bench (layer 7, OLMoE-1B-7B bf16) the batch plans are made with"),
     "batch-engine/runs-verify.json": Entry("verify times at B = 1, 2, 4, 8 (both kernels): V_B(1)/V_B(0) 1.31-1.53 "
                                            "at B > 1, dedup from n = 2"),
