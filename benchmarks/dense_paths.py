@@ -1,6 +1,6 @@
 """The paths of a bf16 dense layer side by side at 1..72 rows (a verification pass's tokens, and a batched pass's B n):
-the native kernel as the engine calls it (moespec.kernels.dense.linear, isa "auto": its AMX path from 2 rows where the
-CPU's tiles run, else its dot path where the CPU has AVX512-BF16, else fma), the native vector paths alone (isa "dot"
+the native kernel as the engine calls it (moespec.kernels.dense.linear, isa "auto": its AMX path where the CPU's tiles
+run, else its dot path where the CPU has AVX512-BF16, else fma), the native vector paths alone (isa "dot"
 or "fma", to 16 rows) and oneDNN's packed copy of the weight (dense.pack, dense.packed_linear), which the engine takes
 past the rows the native kernel takes (dense.native_rows).
 

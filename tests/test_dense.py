@@ -32,7 +32,7 @@ PATHS = ["auto", "fma"]  # auto: the dot path for bf16 x bf16 where the CPU has 
 # The AMX path's (K, M): K one and many tiles of 32 columns; M below one 16-row tile, one tile and a tail, a 32-row
 # block and a tail, several row tasks (100 rows of K = 2048: 128-row tasks, so one task and a 4-row tail)
 AMX_SHAPES = [(32, 1), (64, 15), (96, 17), (160, 33), (2048, 100), (64, 300)]
-AMX_NS = [2, 5, 16, 17, 33, 72, 256]  # from the least row count it takes to its most; token blocks of 16 and 32
+AMX_NS = [1, 2, 5, 16, 17, 33, 72, 256]  # to the most rows it takes; token blocks of 16 and 32, and their tails
 needs_amx = pytest.mark.skipif(not dense.amx_path(), reason="no AMX tiles granted to this process")
 
 
@@ -243,13 +243,13 @@ def test_native_rows_follow_the_tiles(monkeypatch, amx):
 @pytest.mark.parametrize("K,M", AMX_SHAPES)
 def test_amx_path_exact_on_integers(K, M):
     """Small integers: the tiles' products and fp32 sums are exact, so every row count, tail and bias gives the
-    reference bit for bit; from 2 rows `auto` takes the tiles, at 1 row `amx` asks for them."""
+    reference bit for bit."""
     gen = torch.Generator().manual_seed(K * 1000 + M)
     w = _ints((M, K), BF16, gen)
-    for n, with_bias in itertools.product([1, *AMX_NS], [False, True]):
+    for n, with_bias in itertools.product(AMX_NS, [False, True]):
         x = _ints((n, K), BF16, gen)
         b = _ints((M,), BF16, gen, -50, 51) if with_bias else None
-        y = dense.linear(x, w, b, isa="amx" if n == 1 else "auto")
+        y = dense.linear(x, w, b)  # `auto`: the tiles take every such call
         assert y.shape == (n, M) and y.dtype == BF16
         assert torch.equal(y, dense.linear_reference(x, w, b)), (n, with_bias)
 
@@ -263,6 +263,18 @@ def test_amx_path_random_within_tolerance_on_any_thread_count():
         ys = [dense.linear(x, w, b, threads=t) for t in (1, 2, 3)]
         assert all(torch.equal(ys[0], y) for y in ys[1:])  # each row is summed by one thread, in one order
         _check_close(ys[0], x, w, b)
+
+
+@needs_amx
+def test_amx_path_gives_a_row_the_same_bits_in_a_call_of_any_size():
+    """Batch invariance: a token's outputs do not depend on the other rows of its call (one-token decoding and a
+    verify pass of many tokens agree exactly), on random inputs where the sums round."""
+    gen = torch.Generator().manual_seed(12)
+    w, b = torch.randn(200, 2048, generator=gen).to(BF16), torch.randn(200, generator=gen).to(BF16)
+    x = torch.randn(72, 2048, generator=gen).to(BF16)
+    whole = dense.linear(x, w, b)
+    for lo, hi in ((0, 1), (5, 6), (71, 72), (3, 12), (16, 49)):
+        assert torch.equal(dense.linear(x[lo:hi], w, b), whole[lo:hi]), (lo, hi)
 
 
 @needs_amx

@@ -11,8 +11,9 @@ with memory to n ~ 4-5 on two cores; its dot path (AVX512-BF16, for bf16 W and b
 it) doubles the multiply-add rate and keeps up to n ~ 6-8; past that, both are bound by their
 multiply-adds and the time grows with n. Its AMX path (the tile registers, bf16 W and bf16 x with K a multiple of
 32, on a CPU whose tiles the process is granted: `amx_path`) multiplies 16 rows by 16 tokens an instruction and
-stays a stream of W from 2 rows to dozens: it takes those calls, up to AMX_MAX_TOKENS rows (a batched pass of B
-sequences). Past the rows the native kernel takes (`native_rows`) a call is a GEMM: `pack` and `packed_linear` run
+stays a stream of W from one row to dozens: it takes those calls, up to AMX_MAX_TOKENS rows (a batched pass of B
+sequences), and gives each row the same bits whatever the call's other rows, so one-token decoding and a pass of
+many tokens agree exactly in the dense layers. Past the rows the native kernel takes (`native_rows`) a call is a GEMM: `pack` and `packed_linear` run
 it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
 
 Shape legend
@@ -57,7 +58,7 @@ def status() -> str:
     lib = native.load()
     if lib is None:
         return native.status()
-    amx = f"AMX path for bf16 x bf16 of 2..{AMX_MAX_TOKENS} rows, " if amx_path() else ""
+    amx = f"AMX path for bf16 x bf16 of 1..{AMX_MAX_TOKENS} rows, " if amx_path() else ""
     return f"{native.status()}; dense: {amx}{'dot path (AVX512-BF16) for bf16 x bf16, ' if has_dot_path() else ''}fma path"
 
 

@@ -22,9 +22,10 @@
 //         the CPU has it (the rest of the library needs AVX2 + FMA only). One instruction multiplies 16
 //         bf16 pairs exactly and adds them in fp32: twice the fma path's rate, and no widening.
 //   amx : the AMX tiles (amx_tiles.h), bf16 weights and bf16 x with K a multiple of 32, on a CPU whose tiles
-//         amx_ready grants, from kAmxMinTokens rows: 16 weight rows x 16 tokens x 32 columns an instruction, so
-//         the layer stays a stream of W to dozens of rows (a batched pass's B n), where the dot path is bound by
-//         its multiply-adds from ~8. The only path past kMaxTokens rows (to kAmxMaxTokens).
+//         amx_ready grants, every such call: 16 weight rows x 16 tokens x 32 columns an instruction, so the layer
+//         stays a stream of W to dozens of rows (a batched pass's B n), where the dot path is bound by its
+//         multiply-adds from ~4-8. The only path past kMaxTokens rows (to kAmxMaxTokens). A row's sums do not
+//         depend on the other rows of the call, so a token gets the same bits in a pass of any size.
 // Rows of M are cut into tasks of ~kTaskBytes of weights that the OpenMP threads take in turn, so a
 // descheduled thread on a shared machine holds back one task, not half the matrix.
 #include <immintrin.h>
@@ -51,10 +52,6 @@ using namespace moespec_amx;   // the AMX tiles (amx_tiles.h)
 
 constexpr int64_t kMaxTokens = 16;  // rows of the fma and dot paths
 constexpr int64_t kAmxMaxTokens = 256;  // rows of the AMX path: a batched pass of up to 16 sequences x 16 tokens
-// Calls of at least this many rows take the AMX tiles where the CPU has them. Cold, two threads of a Xeon VM, on the
-// tiles against the dot path: 50304 x 2048 7.1-7.5 ms at 2-16 rows against 8.2 at 2, 10.2 at 5, 27 at 16; 2048 x 2048
-// 0.46-0.49 against 0.51-1.3. At one row the two are within a few percent and one-token decoding keeps the dot path.
-constexpr int64_t kAmxMinTokens = 2;
 constexpr int kLanes = 8;  // fp32 lanes of one AVX2 register
 // Rows of W per register tile. Each input vector loaded feeds kTileRows multiply-adds.
 constexpr int kTileRows = 4;
@@ -440,8 +437,8 @@ int moespec_dense_cpu_has_dot() { return cpu_has_dot() ? 1 : 0; }
 // 1 when this process runs the AMX path for bf16 W and bf16 x with K a multiple of 32, else 0.
 int moespec_dense_amx() { return amx_ready() ? 1 : 0; }
 
-// nthreads <= 0: omp_get_max_threads(). isa: 0 auto (the AMX path for bf16 W and x, K % 32 == 0, from
-// kAmxMinTokens rows where the tiles run; else the dot path for bf16 W and bf16 x when the CPU has it; else fma),
+// nthreads <= 0: omp_get_max_threads(). isa: 0 auto (the AMX path for bf16 W and x, K % 32 == 0, where the tiles
+// run; else the dot path for bf16 W and bf16 x when the CPU has it; else fma),
 // 1 fma path only, 2 dot path only, 3 AMX path only. Returns 0; 1 on a bad dtype or isa code; 2 on a bad size
 // (n outside 1..16, or to 256 on the AMX path; K or M < 1, ldx < K, ldy < M); 3 on a null x, w or y; 4 when the
 // isa asked for cannot run (a CPU without AVX512-BF16 or the tiles, W or x not bf16, K not a multiple of 32).
@@ -452,7 +449,7 @@ int moespec_linear(int wdtype, int xdtype, int bdtype, int ydtype, int64_t n, in
         return 1;
     const bool dot_dtypes = wdtype == 1 && xdtype == 1;
     const bool tiles = dot_dtypes && K % kAmxCols == 0 && amx_ready();
-    const bool amx = isa == 3 || (isa == 0 && tiles && n >= kAmxMinTokens);
+    const bool amx = isa == 3 || (isa == 0 && tiles);
     if (n < 1 || n > (amx ? kAmxMaxTokens : kMaxTokens) || K < 1 || M < 1 || ldx < K || ldy < M) return 2;
     if (!x || !w || !y) return 3;
     if ((isa == 2 && !(dot_dtypes && cpu_has_dot())) || (isa == 3 && !tiles)) return 4;
