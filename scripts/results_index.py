@@ -279,8 +279,10 @@ ENTRIES: dict[str, Entry] = {
     **with_console("dense-paths/xeon-2core-amx-path", "a 2-core Intel Xeon VM with AMX: the native dense kernel's AMX "
                    "path from 2 rows against its dot path and oneDNN's packed copy at 1-72 rows; packed / native "
                    "1.17-1.47 on the LM head at every row count, so the engine runs the AMX path to 256 rows"),
-    "dense-paths/README.md": Entry("write-up of dense-paths/xeon-2core-amx-path.json and xeon-2core.json",
-                                   source="dense-paths/xeon-2core-amx-path.json"),
+    **with_console("dense-paths/xeon-2core-amx-every-row", "a 2-core Intel Xeon VM with AMX: the native dense "
+                   "kernel on the tiles at every row count against its dot path and oneDNN's packed copy at 1-72 rows; "
+                   "packed / native 1.24-1.64 on the LM head, dot / native 1.02 at 1 row and 1.11-3.59 at 2-16"),
+    "dense-paths/README.md": Entry("write-up of the dense-paths runs", source="dense-paths/xeon-2core-amx-every-row.json"),
     **with_console("one-token-paths/xeon-2core", "a 2-core Intel Xeon VM: one-token rows in prefetched tiles over rows "
                    "read in sequence, LM head 1.57x, expert op 1.18-1.19x; streaming read 28.7 prefetched, 25.1 not"),
     **with_console("structure-model/stream-share", "how much of a cold one-token pass follows the streaming read: "
