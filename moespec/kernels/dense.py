@@ -13,8 +13,8 @@ multiply-adds and the time grows with n. Its AMX path (the tile registers, bf16 
 32, on a CPU whose tiles the process is granted: `amx_path`) multiplies 16 rows by 16 tokens an instruction and
 stays a stream of W from one row to dozens: it takes those calls, up to AMX_MAX_TOKENS rows (a batched pass of B
 sequences), and gives each row the same bits whatever the call's other rows, so one-token decoding and a pass of
-many tokens agree exactly in the dense layers. Past the rows the native kernel takes (`native_rows`) a call is a GEMM: `pack` and `packed_linear` run
-it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
+many tokens agree exactly in the dense layers. Past the rows the native kernel takes (`native_rows`) a call is a
+GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
 
 Shape legend
     n  tokens: the product of x's leading dimensions, 1..16 (1..AMX_MAX_TOKENS on the AMX path)
@@ -59,7 +59,8 @@ def status() -> str:
     if lib is None:
         return native.status()
     amx = f"AMX path for bf16 x bf16 of 1..{AMX_MAX_TOKENS} rows, " if amx_path() else ""
-    return f"{native.status()}; dense: {amx}{'dot path (AVX512-BF16) for bf16 x bf16, ' if has_dot_path() else ''}fma path"
+    dot = "dot path (AVX512-BF16) for bf16 x bf16, " if has_dot_path() else ""
+    return f"{native.status()}; dense: {amx}{dot}fma path"
 
 
 def has_dot_path() -> bool:

@@ -15,8 +15,8 @@ and a few modules that hold a weight matrix and call F.linear on it themselves (
 "native")` gives every nn.Linear of the model an instance `forward` that runs the native kernel, and puts on each
 of the other matrix-holding modules a forward pre-hook and an always-called forward hook that enter and leave a
 TorchFunctionMode for the duration of that module's forward, inside which F.linear runs the native kernel. A call
-runs natively when its input has at most kernels.dense.MAX_TOKENS rows (a verification pass; prefill keeps
-torch's GEMM) and its tensors are ones the kernel takes (CPU, fp32 or bf16, contiguous 2-D weight); any other
+runs natively when its input has at most kernels.dense.native_rows rows (16, or 256 bf16 rows on a CPU with AMX
+tiles: a verification pass; a longer prefill keeps torch's GEMM) and its tensors are ones the kernel takes (CPU, fp32 or bf16, contiguous 2-D weight); any other
 call runs torch's. The mode is scoped to those few modules on purpose: a mode intercepts every torch call made
 while it is active (about 350 per pass of the demo's model, ~1.3 us each here), so a model-wide mode would add
 its own half millisecond to every pass. No module class, weight or model source changes; `set_dense(model,
