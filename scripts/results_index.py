@@ -580,6 +580,14 @@ ENTRIES: dict[str, Entry] = {
     **{f"batch-engine/xeon-amx-dense/batch-pass-{i}.txt": Entry(
         f"console output of run {i} on the Xeon with weights in 2 MiB pages and dense layers on the AMX tiles",
         source=f"batch-engine/xeon-amx-dense/batch-pass-{i}.json") for i in range(1, 6)},
+    **{f"batch-engine/xeon-amx-every-row/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on the final engine (2 MiB pages, dense layers on the AMX tiles at "
+        f"every row count): moespec dedup / llama.cpp 0.27-0.78 in median over the five, dedup roofline share 79-81% "
+        f"at B = 1 and 63-77% at B > 1 (8 x 9: 85.9 ms, 63%)")
+       for i in range(1, 6)},
+    **{f"batch-engine/xeon-amx-every-row/batch-pass-{i}.txt": Entry(
+        f"console output of run {i} on the final engine", source=f"batch-engine/xeon-amx-every-row/batch-pass-{i}.json")
+       for i in range(1, 6)},
     **with_console("batch-engine/xeon-amx-dense/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances with weights in 2 MiB pages and dense "
                    "layers on the AMX tiles: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 11 at every "
