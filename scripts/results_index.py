@@ -428,6 +428,13 @@ ENTRIES: dict[str, Entry] = {
         "the Xeon's fifth run: 1 of 8 models within 10% / 20% on both kernels, the six largest predicted 7-19% slow "
         "in median",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/xeon/run-7", "bf16 profile on the Xeon with every expert weight and buffer in 2 MiB pages, "
+        "pinned at 30.6 GB/s (take 3 of 3, all flagged: self-check up to 43-45%; cache 132 MiB)",
+        "the Xeon's run on the final kernels (2 MiB pages): 3 of 8 models within 10% / 20% on both kernels as "
+        "registered (OLMoE, DeepSeek-V2-Lite, 3072 x 1536), 5 of 8 paired by round; predicted 1.07-1.18x slow on "
+        "four models, 1.00-1.03 on two, 0.84-0.88 on Mixtral; crossover within one on 7 of 8",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
         "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "
