@@ -85,9 +85,10 @@ COPY_BYTES = 1 << 30  # the GPU ceiling's copy: 20x an H100's L2, ~0.5 ms at 4 T
 
 # ---- CPU helpers -------------------------------------------------------------------------------------------
 def random_words(nbytes: int) -> torch.Tensor:
-    """A buffer of nbytes of seeded random int64 words for the CPU to read. Not a constant fill: on a shared host
-    the kernel may merge identical pages (KSM), and a read of one physical page repeated reads from cache; seen
-    here as impossible 50-59 GB/s "ceilings" from buffers of ones."""
+    """A buffer of nbytes of seeded random int64 words for the CPU to read, in the 2 MiB pages the engine's weights are
+    in (moespec.kernels.pages), so a ceiling read from it is read as the kernels read. Not a constant fill: on a
+    shared host the kernel may merge identical pages (KSM), and a read of one physical page repeated reads from
+    cache; seen here as impossible 50-59 GB/s "ceilings" from buffers of ones."""
     gen = torch.Generator().manual_seed(nbytes)
     return pages.huge(torch.randint(-(2**62), 2**62, (nbytes // 8,), dtype=torch.int64, generator=gen))
 
