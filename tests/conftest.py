@@ -56,6 +56,17 @@ def small_flush() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def small_pages() -> Iterator[None]:
+    """The suite's timers, benches and models stay in torch's 4 KiB pages (moespec.kernels.pages finds no transparent
+    huge pages): on a host whose memory is fragmented the kernel compacts it to fault 2 MiB pages in, seconds for a
+    timer's 512 MiB of buffers, and the suite makes hundreds of them. tests/test_pages.py gives the placement back to
+    check it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("moespec.kernels.pages.THP_SETTING", Path("/nonexistent/transparent_hugepage/enabled"))
+        yield
+
+
 @pytest.fixture
 def host_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     """For a test whose plan needs a bench that timed a real expert op: the flush sized on the cache this host keeps

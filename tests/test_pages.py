@@ -19,6 +19,13 @@ SPEC = replace(PRESETS["olmoe-1b-7b"], name="pages-olmoe", hidden=256, expert_wi
                head_dim=64)
 
 needs_thp = pytest.mark.skipif(not pages.available(), reason="the kernel gives no transparent huge pages here")
+HOST_THP_SETTING = pages.THP_SETTING  # read at collection, before the suite's small_pages fixture turns it off
+
+
+@pytest.fixture(autouse=True)
+def host_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This module checks the placement itself: the host's huge pages, which the rest of the suite leaves off."""
+    monkeypatch.setattr(pages, "THP_SETTING", HOST_THP_SETTING)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8, torch.int64])
