@@ -201,7 +201,7 @@ def test_status_names_the_library():
     assert dense.status().startswith("native (")
 
 
-@pytest.mark.skipif(dense.pack(torch.zeros(2, 2, dtype=torch.bfloat16)) is None, reason="torch without oneDNN")
+@pytest.mark.skipif(not dense.packs_bf16(), reason="torch's oneDNN does not pack bf16 on this CPU")
 @pytest.mark.parametrize("n", [5, 17, 72])
 def test_packed_linear_equals_torch(n):
     gen = torch.Generator().manual_seed(n)
@@ -214,6 +214,22 @@ def test_packed_linear_equals_torch(n):
                                atol=1e-2, rtol=1e-2)
 
 
+def test_pack_is_none_where_onednn_refuses_bf16(monkeypatch):
+    """A CPU without AVX512-BW/VL/DQ or AVX-NE-CONVERT: torch's reorder raises, so nothing is packed and the engine's
+    calls past the native rows go to F.linear."""
+    def refuse(*args):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    dense.packs_bf16.cache_clear()
+    try:
+        assert not dense.packs_bf16() and dense.pack(torch.ones(8, 4, dtype=torch.bfloat16)) is None
+    finally:
+        monkeypatch.undo()
+        dense.packs_bf16.cache_clear()
+    assert dense.packs_bf16() == (dense.pack(torch.ones(8, 4, dtype=torch.bfloat16)) is not None)
+
+
 def test_pack_takes_contiguous_cpu_bf16_matrices_only():
     w = torch.randn(8, 4)
     assert dense.pack(w) is None  # fp32: measured no faster, left to F.linear
@@ -223,6 +239,25 @@ def test_pack_takes_contiguous_cpu_bf16_matrices_only():
     assert dense.packed_takes(rows) and dense.packed_takes(rows, torch.zeros(8, dtype=torch.bfloat16))
     assert not dense.packed_takes(rows[:-1]) and not dense.packed_takes(rows.float())
     assert not dense.packed_takes(rows, torch.zeros(8))  # an fp32 bias: F.linear
+
+
+@pytest.mark.parametrize("shape", [(dense.MAX_TOKENS + 1, 96), (40, 96), (2, 23, 100)])
+def test_past_the_native_rows_bf16_runs_in_row_blocks_where_torch_has_no_bf16_gemm(monkeypatch, shape):
+    """An AVX2 CPU: nothing packs, so a bf16 call past the native rows runs as blocks of the native rows (fp32 sums,
+    one rounding: the definition's value up to the order of the fp32 sums); where oneDNN packs, it is not taken."""
+    monkeypatch.setattr(dense, "amx_path", lambda: False)
+    gen = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(*shape, generator=gen).bfloat16()
+    w = torch.randn(24, shape[-1], generator=gen).bfloat16()
+    b = torch.randn(24, generator=gen).bfloat16()
+    monkeypatch.setattr(dense, "packs_bf16", lambda: False)
+    for bias in (None, b):
+        y = dense.linear_if_taken(x, w, bias)
+        assert y is not None and y.shape == (*shape[:-1], 24) and y.dtype == torch.bfloat16
+        torch.testing.assert_close(y, dense.linear_reference(x, w, bias), atol=2e-2, rtol=1e-2)
+    assert dense.linear_if_taken(x.float(), w.float()) is None  # fp32: torch's GEMM
+    monkeypatch.setattr(dense, "packs_bf16", lambda: True)
+    assert dense.linear_if_taken(x, w) is None  # oneDNN's packed copy serves it
 
 
 @pytest.mark.parametrize("amx", [False, True])

@@ -121,8 +121,11 @@ def test_cuda_timer_flushes_times_and_measures_a_ceiling() -> None:
     assert len(samples) == 3 and all(s > 0 for s in samples)
 
 
-def test_the_matmul_peak_counts_two_flops_a_multiply_add(monkeypatch):
-    """Each sample is 2 M K N FLOPs over the timer's time of one product; the product really runs in the dtype."""
+@pytest.mark.parametrize("has_gemm", [True, False])
+def test_the_matmul_peak_counts_two_flops_a_multiply_add(monkeypatch, has_gemm):
+    """Each sample is 2 M K N FLOPs over the timer's time of one product; the product really runs in the dtype, or in
+    fp32 on a CPU without a bf16 GEMM."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: has_gemm)
     calls = []
 
     class Fixed(timing.CpuTimer):
@@ -133,4 +136,16 @@ def test_the_matmul_peak_counts_two_flops_a_multiply_add(monkeypatch):
     monkeypatch.setattr(timing, "MATMUL_SHAPE", (4, 6, 8))
     samples = timing.matmul_peak(Fixed(), torch.bfloat16, repeats=3)
     assert samples == [2 * 4 * 6 * 8 / 0.5 / 1e9] * 3
-    assert [tuple(c.shape) for c in calls] == [(4, 8)] * 3 and all(c.dtype == torch.bfloat16 for c in calls)
+    dtype = torch.bfloat16 if has_gemm else torch.float32
+    assert [tuple(c.shape) for c in calls] == [(4, 8)] * 3 and all(c.dtype == dtype for c in calls)
+
+
+@pytest.mark.parametrize("has_gemm", [True, False])
+def test_the_compute_ceiling_of_16_bit_work_is_fp32_where_the_cpu_has_no_16_bit_gemm(monkeypatch, has_gemm):
+    """An AVX2 CPU: torch's bf16 GEMM is a ~0.1 GFLOP/s loop there, and kernels multiply bf16 widened to fp32."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: has_gemm)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: has_gemm)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert timing.matmul_dtype(dtype, "cpu") == (dtype if has_gemm else torch.float32)
+        assert timing.matmul_dtype(dtype, "cuda:0") == dtype
+    assert timing.matmul_dtype(torch.float32, "cpu") == torch.float32

@@ -22,8 +22,9 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   ceiling_by_n_gbps {n: median of the ceiling samples taken between the rounds of that n} (newer files)
   ceiling_rounds_gbps {layer: {n: [the sample after that (layer, n)'s group in each round, in round order]}}
            (newer files): a pass's round_s[k] ran just before the k-th sample
-  matmul_peak_gflops  the compute ceiling: GFLOP/s of a torch.matmul in the bench's dtype (moespec.measure.timing
-           matmul_peak), median of the samples before the timing; absent in version-1 files
+  matmul_peak_gflops  the compute ceiling: GFLOP/s of a torch.matmul in the bench's dtype, or fp32 on a CPU whose
+           torch has no GEMM in it (moespec.measure.timing matmul_peak, matmul_dtype), median of the samples
+           before the timing; absent in version-1 files
   pair     [per-slot kernel, dedup kernel]: the engine pair timed (moespec.kernels.PAIRS: ours, or ggml's), or
            null (version-1 files timed ours)
   r        {n: beta_dedup/beta_slot} of the pair (empty if none was timed)

@@ -52,8 +52,9 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     by overhead passes of 1..8 tokens (ours; ggml's per-token time is node_s)
            node_s                   the fixed seconds of each node past the first of a call that runs one node per
                                     token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
-           matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records;
-                                    moespec.measure.timing.matmul_peak): the compute yardstick
+           matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records,
+                                    and on a CPU whose torch has no GEMM in it; moespec.measure.timing.matmul_peak):
+                                    the compute yardstick
            slot {G, hot_s_per_byte, cold_excess_s_per_byte, stream_share, group_s, pass_s, node_s}
                                     optional: the per-slot kernel's own rates (its groups all G = 1) and fixed costs,
                                     where it is a program of its own (the Triton kernels on a GPU); absent, the rates

@@ -155,8 +155,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def linear_if_taken(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """`linear` where the kernel takes the call (`takes`), else None: the engine's path, checked once."""
-    return _run(x, weight, bias, None, "auto") if takes(x, weight, bias) else None
+    """`linear` where the kernel takes the call (`takes`), else None: the engine's path, checked once. Past the
+    native rows, bf16 x and W on a CPU where torch has no bf16 GEMM (`packs_bf16` false, an AVX2 CPU: F.linear there
+    multiplies at ~7-11 GFLOP/s) run as blocks of native_rows rows, each block reading W again: ~3.5-4.7x F.linear's
+    rate there, where the kernel is bound by its multiply-adds anyway."""
+    if takes(x, weight, bias):
+        return _run(x, weight, bias, None, "auto")
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() >= 1
+            and x.dtype == weight.dtype == torch.bfloat16 and not packs_bf16()):
+        return None
+    rows, K = native_rows(x, weight), x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if not takes(x2[:rows], weight, bias):
+        return None
+    y = torch.cat([_run(x2[i:i + rows], weight, bias, None, "auto") for i in range(0, x2.shape[0], rows)])
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int | None,
@@ -190,15 +203,27 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threa
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's blocked copy of a contiguous 2-D CPU bf16 weight [M, K], for `packed_linear`; None for any other
-    weight, or where torch has no oneDNN. Past the native kernel's rows a call is a small GEMM: in oneDNN's own
+    weight, or where torch's oneDNN does not pack bf16 on this CPU (`packs_bf16`). Past the native kernel's rows a call is a small GEMM: in oneDNN's own
     layout (the one Inductor's CPU freezing packs) it multiplies a cold weight at 1.1-1.4x F.linear's rate at 17-72
     rows on a CPU without AMX (the 32768 x 2048 head: 300-425 GFLOP/s against 220-370), with the same result; the
     copy costs the weight's bytes again."""
     ok = (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
           and weight.dim() == 2 and weight.is_contiguous() and min(weight.shape) >= 1)
-    if not ok or not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if ok and packs_bf16() else None
+
+
+@functools.cache  # the CPU and torch do not change under a process
+def packs_bf16() -> bool:
+    """Whether torch's oneDNN lays out and multiplies a bf16 weight on this CPU: it refuses (RuntimeError) on one
+    without AVX512-BW/VL/DQ or AVX-NE-CONVERT, where a call past the native kernel's rows goes to F.linear."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    w = torch.ones(2, 2, dtype=torch.bfloat16)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
+        return bool(packed_linear(w, packed).float().eq(2).all())
+    except RuntimeError:
+        return False
 
 
 def packed_takes(x: torch.Tensor, bias: torch.Tensor | None = None) -> bool:

@@ -87,7 +87,7 @@ from moespec.measure.layer import (
     torch_dtype,
 )
 from moespec.measure.passes import Pass, plan_unit
-from moespec.measure.timing import MATMUL_SHAPE, Timer, matmul_peak, median_iqr, timer_for
+from moespec.measure.timing import MATMUL_SHAPE, Timer, matmul_dtype, matmul_peak, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
 from moespec.model.spec import ModelSpec
@@ -343,7 +343,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     first, first_iqr = median_iqr(before)
     say(f"ceiling: {timer.ceiling_kind} {first:.1f} GB/s (IQR {first_iqr:.1f})")
     peak, peak_iqr = median_iqr(matmul_peak(timer, torch_dtype(config.dtype)))
-    say(f"compute ceiling: torch.matmul {' x '.join(map(str, MATMUL_SHAPE))} in {torch_dtype(config.dtype)} "
+    say(f"compute ceiling: torch.matmul {' x '.join(map(str, MATMUL_SHAPE))} in "
+        f"{matmul_dtype(torch_dtype(config.dtype), timer.device)} "
         f"{peak:.0f} GFLOP/s (IQR {peak_iqr:.0f})")
     level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     level.restore(checkpoint)

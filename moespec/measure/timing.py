@@ -46,7 +46,7 @@ from moespec.model.load import resolve_device
 
 __all__ = [
     "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "last_level_cache", "kept_of", "kept_cache",
-    "flush_bytes", "device_name",
+    "flush_bytes", "device_name", "matmul_peak", "matmul_dtype",
     "cuda_device_name", "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
@@ -345,10 +345,25 @@ class CudaTimer(Timer):
         return lambda: 2 * nbytes / self.time(lambda: dst.copy_(src)) / 1e9
 
 
+def matmul_dtype(dtype: torch.dtype, device: str) -> torch.dtype:
+    """The dtype the compute ceiling of `dtype` work is timed in: `dtype` itself, except bf16 or fp16 on a CPU where
+    torch's oneDNN has no GEMM for it (no AVX512-BW/VL/DQ, AVX512-FP16 or AVX-NE-CONVERT: an AVX2 CPU), where torch
+    falls back to a loop of ~0.1 GFLOP/s and every kernel multiplies 16-bit weights widened to fp32, at fp32's rate
+    at best: the ceiling there is fp32's."""
+    if device != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return dtype
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported" if dtype == torch.bfloat16
+                    else "_is_mkldnn_fp16_supported", None)
+    native = torch.backends.mkldnn.is_available() and probe is not None and bool(probe())
+    return dtype if native else torch.float32
+
+
 def matmul_peak(timer: Timer, dtype: torch.dtype, repeats: int = CEILING_REPEATS) -> list[float]:
-    """GFLOP/s of `repeats` timed torch.matmul products of MATMUL_SHAPE in `dtype` on the timer's device, after one
-    warm-up call: the compute ceiling a compute-bound pass is judged against (2 M K N FLOPs a product)."""
+    """GFLOP/s of `repeats` timed torch.matmul products of MATMUL_SHAPE in `matmul_dtype(dtype)` on the timer's
+    device, after one warm-up call: the compute ceiling a compute-bound pass of `dtype` work is judged against (2 M K
+    N FLOPs a product)."""
     m, k, n = MATMUL_SHAPE
+    dtype = matmul_dtype(dtype, timer.device)
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=gen).to(dtype).to(timer.device)
     b = torch.randn(k, n, generator=gen).to(dtype).to(timer.device)
