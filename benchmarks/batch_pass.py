@@ -40,9 +40,9 @@ What it does.
    round so every pass starts a round as often. Medians with 95% bootstrap intervals over the rounds
    (moespec.measure.rounds.bootstrap_median); the ratio moespec / llama.cpp is the median of the per-round ratios
    (the rounds pair the engines) with its interval.
-5. Ceilings: the streaming read and the bf16 matmul peak, before the first round and after the last, and a
-   short sample of each (ROUND_STREAM_READS reads, ROUND_MATMULS products) before every round and after the
-   last. This host's read moves by 2x within seconds, so a pass is judged against the ceilings around its own
+5. Ceilings: the streaming read and the matmul peak (bf16; fp32 where torch has no bf16 GEMM:
+   moespec.measure.timing.matmul_dtype), before the first round and after the last, and a short sample of each
+   (ROUND_STREAM_READS reads, ROUND_MATMULS products) before every round and after the last. This host's read moves by 2x within seconds, so a pass is judged against the ceilings around its own
    round: its round share is the pass's floor at the mean of the samples bracketing its round over its time, and
    the table's share and phase share are each engine's median over rounds with a 95% interval. The share at the
    run's ceilings (the median of the before and after samples) stays in the JSON (`run_roofline_share`).
@@ -86,7 +86,7 @@ from moespec.kernels import pages
 from moespec.kernels.experts import distinct_experts
 from moespec.measure.decoding import PREFILL_POLICY
 from moespec.measure.rounds import bootstrap_median
-from moespec.measure.timing import CpuTimer, StreamRead, matmul_peak, measure_stream_read
+from moespec.measure.timing import CpuTimer, StreamRead, matmul_dtype, matmul_peak, measure_stream_read
 from moespec.model.batched import batch_logits, batch_pass_kind
 from moespec.model.cache import new_cache
 from moespec.model.dense import set_dense
@@ -235,12 +235,13 @@ def cell_stats(samples: dict[str, list[float]], w: dict, gbps: float, gflops: fl
 # ---- output ---------------------------------------------------------------------------------------------------
 def print_report(result: dict) -> None:
     c = result["ceilings"]
+    mm = c.get("matmul_dtype", "bf16")  # the compute ceiling's dtype (fp32 where torch has no bf16 GEMM)
     print(f"ceilings ({result['threads']} threads): streaming read {c['stream_gbps']:.2f} GB/s (before "
-          f"{c['stream_before_gbps']:.2f}, after {c['stream_after_gbps']:.2f}); bf16 matmul {c['matmul_gflops']:.0f} "
+          f"{c['stream_before_gbps']:.2f}, after {c['stream_after_gbps']:.2f}); {mm} matmul {c['matmul_gflops']:.0f} "
           f"GFLOP/s (before {c['matmul_before_gflops']:.0f}, after {c['matmul_after_gflops']:.0f})")
     stream, matmul = ([r[key] for r in c["per_round"]] for key in ("stream_gbps", "matmul_gflops"))
     print(f"ceilings per round: streaming read {min(stream):.1f}-{max(stream):.1f} GB/s (median "
-          f"{np.median(stream):.1f}), bf16 matmul {min(matmul):.0f}-{max(matmul):.0f} GFLOP/s")
+          f"{np.median(stream):.1f}), {mm} matmul {min(matmul):.0f}-{max(matmul):.0f} GFLOP/s")
     print(f"moespec: dense {result['moespec']['dense']}, batched pass {result['moespec']['pass_kind']}, weights, "
           f"caches and the ceiling's buffer in {result['moespec']['pages']}; routing: "
           "random weights, routed as they route (the unions are moespec's routing of each cell's tokens)")
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                       "n_seq_max": most, "positions_per_sequence": args.depth + longest},
         "routing": "random weights, routed as they route; unions: moespec's routing of each cell's tokens",
         "ceilings": {"stream_gbps": gbps, "matmul_gflops": gflops,
+                     "matmul_dtype": str(matmul_dtype(torch.bfloat16, "cpu")).removeprefix("torch."),
                      "stream_before_gbps": float(np.median(ceilings["stream_before"])),
                      "stream_after_gbps": float(np.median(ceilings["stream_after"])),
                      "matmul_before_gflops": float(np.median(ceilings["matmul_before"])),

@@ -5,9 +5,9 @@ or "fma", to 16 rows) and oneDNN's packed copy of the weight (dense.pack, dense.
 past the rows the native kernel takes (dense.native_rows).
 
 One process, interleaved rounds: each round times every (weight, rows, path) cold (after the flush), the order rotated
-from round to round, with a streaming read after each call; the bf16 matmul peak before and after. Weights: the LM
-head of the demo's model (OLMoE's 50304 x 2048) and one attention projection (2048 x 2048). Printed and written: per
-cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratios packed / native
+from round to round, with a streaming read after each call; the matmul peak (timing.matmul_dtype) before and after.
+Weights: the LM head of the demo's model (OLMoE's 50304 x 2048) and one attention projection (2048 x 2048). Printed and
+written: per cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratios packed / native
 and vector / native per round (median and interval); the rows from which packed is the faster in median, per weight.
 
     .venv/bin/python benchmarks/dense_paths.py --rounds 9 --out results/dense-paths/DEVICE.json
@@ -26,7 +26,7 @@ from moespec import MoespecError
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels import dense, native, pages
 from moespec.measure.rounds import bootstrap_median
-from moespec.measure.timing import CpuTimer, matmul_peak
+from moespec.measure.timing import CpuTimer, matmul_dtype, matmul_peak
 
 WEIGHTS = {"lm_head": (50304, 2048), "attention_projection": (2048, 2048)}  # rows x columns, bf16
 ROWS = (1, 2, 4, 5, 8, 16, 32, 72)
@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
     except MoespecError as e:
         parser.error(str(e))
     amx, most = dense.amx_path(), dense.native_rows(torch.zeros(1, 2048, dtype=torch.bfloat16))
-    print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, bf16 matmul {summary['matmul_peak_gflops']:.0f} "
+    print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, "
+          f"{str(matmul_dtype(torch.bfloat16, 'cpu')).removeprefix('torch.')} matmul {summary['matmul_peak_gflops']:.0f} "
           f"GFLOP/s; native AMX path: {'yes' if amx else 'no'}; vector path {vector_isa()}; the engine takes the "
           f"native kernel to {most} rows, packed past; weights in {pages.placement()}")
     for c in summary["cells"]:
