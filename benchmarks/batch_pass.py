@@ -42,10 +42,11 @@ What it does.
    (the rounds pair the engines) with its interval.
 5. Ceilings: the streaming read and the matmul peak (bf16; fp32 where torch has no bf16 GEMM:
    moespec.measure.timing.matmul_dtype), before the first round and after the last, and a short sample of each
-   (ROUND_STREAM_READS reads, ROUND_MATMULS products) before every round and after the last. This host's read moves by 2x within seconds, so a pass is judged against the ceilings around its own
-   round: its round share is the pass's floor at the mean of the samples bracketing its round over its time, and
-   the table's share and phase share are each engine's median over rounds with a 95% interval. The share at the
-   run's ceilings (the median of the before and after samples) stays in the JSON (`run_roofline_share`).
+   (ROUND_STREAM_READS reads, ROUND_MATMULS products) before every round and after the last. This host's read moves by
+   2x within seconds, so a pass is judged against the ceilings around its own round: its round share is the pass's floor
+   at the mean of the samples bracketing its round over its time, and the table's share and phase share are each
+   engine's median over rounds with a 95% interval. The share at the run's ceilings (the median of the before and after
+   samples) stays in the JSON (`run_roofline_share`).
 
 Caveats.
 - Routing: random weights route however they route (close to uniform over the N experts); a trained model's tokens

@@ -7,8 +7,9 @@ past the rows the native kernel takes (dense.native_rows).
 One process, interleaved rounds: each round times every (weight, rows, path) cold (after the flush), the order rotated
 from round to round, with a streaming read after each call; the matmul peak (timing.matmul_dtype) before and after.
 Weights: the LM head of the demo's model (OLMoE's 50304 x 2048) and one attention projection (2048 x 2048). Printed and
-written: per cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratios packed / native
-and vector / native per round (median and interval); the rows from which packed is the faster in median, per weight.
+written: per cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratios
+packed / native and vector / native per round (median and interval); the rows from which packed is the faster in median,
+per weight.
 
     .venv/bin/python benchmarks/dense_paths.py --rounds 9 --out results/dense-paths/DEVICE.json
 """
@@ -122,8 +123,8 @@ def main(argv: list[str]) -> int:
     except MoespecError as e:
         parser.error(str(e))
     amx, most = dense.amx_path(), dense.native_rows(torch.zeros(1, 2048, dtype=torch.bfloat16))
-    print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, "
-          f"{str(matmul_dtype(torch.bfloat16, 'cpu')).removeprefix('torch.')} matmul {summary['matmul_peak_gflops']:.0f} "
+    mm = str(matmul_dtype(torch.bfloat16, "cpu")).removeprefix("torch.")  # fp32 where torch has no bf16 GEMM
+    print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, {mm} matmul {summary['matmul_peak_gflops']:.0f} "
           f"GFLOP/s; native AMX path: {'yes' if amx else 'no'}; vector path {vector_isa()}; the engine takes the "
           f"native kernel to {most} rows, packed past; weights in {pages.placement()}")
     for c in summary["cells"]:

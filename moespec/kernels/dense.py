@@ -202,11 +202,11 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threa
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's blocked copy of a contiguous 2-D CPU bf16 weight [M, K], for `packed_linear`; None for any other
-    weight, or where torch's oneDNN does not pack bf16 on this CPU (`packs_bf16`). Past the native kernel's rows a call is a small GEMM: in oneDNN's own
-    layout (the one Inductor's CPU freezing packs) it multiplies a cold weight at 1.1-1.4x F.linear's rate at 17-72
-    rows on a CPU without AMX (the 32768 x 2048 head: 300-425 GFLOP/s against 220-370), with the same result; the
-    copy costs the weight's bytes again."""
+    """oneDNN's blocked copy of a contiguous 2-D CPU bf16 weight [M, K], for `packed_linear`; None for any other weight,
+    or where torch's oneDNN does not pack bf16 on this CPU (`packs_bf16`). Past the native kernel's rows a call is a
+    small GEMM: in oneDNN's own layout (the one Inductor's CPU freezing packs) it multiplies a cold weight at 1.1-1.4x
+    F.linear's rate at 17-72 rows on a CPU without AMX (the 32768 x 2048 head: 300-425 GFLOP/s against 220-370), with
+    the same result; the copy costs the weight's bytes again."""
     ok = (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
           and weight.dim() == 2 and weight.is_contiguous() and min(weight.shape) >= 1)
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if ok and packs_bf16() else None
