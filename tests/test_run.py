@@ -305,3 +305,32 @@ def test_a_verify_round_covers_every_size_and_policy_in_turn():
     assert rounds._round_order([1, 2], ["slot", "dedup"], 0) == [(1, "slot"), (1, "dedup"), (2, "slot"), (2, "dedup")]
     assert rounds._round_order([1, 2], ["slot", "dedup"], 1) == [(2, "dedup"), (2, "slot"), (1, "dedup"), (1, "slot")]
     assert len(rounds._round_order(list(range(1, 10)), ["slot", "dedup", "auto"], 5)) == 27
+
+
+@pytest.mark.parametrize("bf16_gemm", [True, False])
+def test_prompts_are_prefilled_by_the_dedup_kernel_where_torch_has_no_bf16_gemm(tiny_configs, monkeypatch, bf16_gemm):
+    """transformers' eager experts where torch multiplies bf16 (and for fp32 models); on an AVX2 CPU a bf16 model's
+    prompts go through the dedup kernel, and the prefilled cache is the eager one's up to rounding."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from moespec.model import speculative
+    from moespec.model.policies import moe_experts, pass_kernel, set_policy
+
+    monkeypatch.setattr(D, "matmul_dtype", lambda dtype, device: dtype if bf16_gemm else torch.float32)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(tiny_configs["olmoe"])).eval()
+    assert D.set_prefill_policy(model) == "eager"  # fp32: torch's GEMM either way
+    model = model.to(torch.bfloat16)
+    policy = D.set_prefill_policy(model)
+    assert policy == ("eager" if bf16_gemm else "dedup")
+    assert pass_kernel(moe_experts(model)[0], 37) == (None if bf16_gemm else "dedup")
+    ids = torch.arange(3, 40)[None]
+    got = speculative.prefill(model, ids)
+    set_policy(model, "eager")
+    want = speculative.prefill(model, ids)
+    assert got.length == want.length == 37
+    for layer in range(len(model.model.layers)):
+        torch.testing.assert_close(got.cache.layers[layer].keys, want.cache.layers[layer].keys, atol=5e-2, rtol=5e-2)

@@ -38,7 +38,7 @@ from moespec.formats.files import is_number
 from moespec.formats.planfile import load_plan
 from moespec.formats.trace import Trace
 from moespec.measure.contention import Cores
-from moespec.measure.decoding import PREFILL_POLICY, prompts
+from moespec.measure.decoding import prompts, set_prefill_policy
 from moespec.measure.level import Level
 from moespec.measure.passes import documents_holding, starts_apart
 from moespec.measure.decoding import replay_documents
@@ -103,7 +103,7 @@ def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: l
     contexts = prompts(batch, config.depth, vocab, config.seed + batch)
     target = None
     if not verify_done(checkpoint, unit):
-        set_policy(lm.model, PREFILL_POLICY)
+        set_prefill_policy(lm.model)
         states = [speculative.prefill(lm.model, torch.tensor([c], device=lm.device)) for c in contexts]
         target = BatchGreedy(lm.model, [s.cache for s in states])
     windows = {n: batch_windows(trace, lm.spec.L, n, batch, config.max_reps, config.seed) for n in ns}
@@ -243,7 +243,7 @@ class BatchPrompts:
     def plain(self, policy: str, kernel_by_n: dict[int, str] | None) -> tuple[list, list[list[int]]]:
         if policy not in self.made:
             model = self.lm.model
-            set_policy(model, PREFILL_POLICY)
+            set_prefill_policy(model)
             ids = [torch.tensor([c], device=self.lm.device) for c in self.contexts]
             states = [speculative.prefill(model, i) for i in ids]
             set_policy(model, policy, kernel_by_n)

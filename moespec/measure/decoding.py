@@ -30,6 +30,7 @@ from moespec.measure.contention import Cores, merge
 from moespec.measure.level import LEVEL_UNIT, Level
 from moespec.measure.level import check_unit as check_level_unit
 from moespec.measure.rounds import VERIFY_UNIT, bootstrap_rate, verify_unit_check
+from moespec.measure.timing import matmul_dtype
 from moespec.model import speculative
 from moespec.model.load import LoadedModel
 from moespec.model.policies import set_policy, set_replay
@@ -38,6 +39,18 @@ from moespec.model.spec import ModelSpec
 # Prompts are prefilled by transformers' eager experts (a GEMM per hit expert): the policies under test are made
 # for verify passes of <= 9 tokens, and a per-slot kernel would stream every expert once per prompt token.
 PREFILL_POLICY = "eager"
+# ... except a bf16 model on a CPU where torch has no bf16 GEMM (AVX2: its bf16 F.linear runs ~7-11 GFLOP/s): there
+# the dedup kernel, which reads each hit expert once as well (a 512-token prompt of the demo's model 12-15 -> 5.7 s).
+PREFILL_POLICY_NO_BF16_GEMM = "dedup"
+
+
+def set_prefill_policy(model: Any) -> str:
+    """Set and return the experts policy a prompt of `model` is prefilled with (PREFILL_POLICY*)."""
+    weight = next(model.parameters())
+    slow = weight.dtype == torch.bfloat16 and matmul_dtype(torch.bfloat16, weight.device.type) != torch.bfloat16
+    policy = PREFILL_POLICY_NO_BF16_GEMM if slow else PREFILL_POLICY
+    set_policy(model, policy)
+    return policy
 
 
 def prompts(count: int, depth: int, vocab: int, seed: int) -> list[list[int]]:
@@ -95,7 +108,7 @@ class Prompts:
 
     def prefilled(self) -> list[Any]:
         if self.states is None:
-            set_policy(self.lm.model, PREFILL_POLICY)
+            set_prefill_policy(self.lm.model)
             self.states = [speculative.prefill(self.lm.model, self.ids(c)) for c in self.contexts]
         return self.states
 

@@ -57,12 +57,12 @@ from moespec.formats.trace import Trace, load_trace
 from moespec.measure.batch_run import batch_unit_checks, check_trace, measure_batches, plan_kernels
 from moespec.measure.contention import Cores, check_threads, describe, merge, on_own_cores
 from moespec.measure.decoding import (
-    PREFILL_POLICY,
     Prompts,
     expand_k0,
     measure_throughput,
     prompts,
     run_unit_checks,
+    set_prefill_policy,
     throughput_cells,
 )
 from moespec.measure.level import LEVEL_BAND, Level, check_level, host_level, pin_wait
@@ -125,7 +125,7 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
     in the rounds of `timed_rounds` at the level `level`, on the threads `cores` fits to the free cores."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     if not verify_done(checkpoint):
-        set_policy(lm.model, PREFILL_POLICY)
+        set_prefill_policy(lm.model)
         state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
     windows = {n: replay_windows(trace, config.replay, lm.spec, n, config.max_reps, config.seed) for n in ns}
     tokens = {n: unit_rng(config.seed, f"verify n {n}").integers(3, lm.model.config.vocab_size,

@@ -10,18 +10,19 @@ a GEMM tuned for large n: on this project's machine the LM head (32768 x 2048 bf
 and 67 ms at n = 9, so the time outside the expert operation grew ~10 ms per token, which no byte model predicts.
 moespec.kernels.dense streams each row once for all n tokens instead.
 
-How it is installed. transformers computes all of these as torch.nn.functional.linear calls: nn.Linear modules,
-and a few modules that hold a weight matrix and call F.linear on it themselves (the routers). `set_dense(model,
-"native")` gives every nn.Linear of the model an instance `forward` that runs the native kernel, and puts on each
-of the other matrix-holding modules a forward pre-hook and an always-called forward hook that enter and leave a
-TorchFunctionMode for the duration of that module's forward, inside which F.linear runs the native kernel. A call
-runs natively when its input has at most kernels.dense.native_rows rows (16, or 256 bf16 rows on a CPU with AMX
-tiles: a verification pass; a longer prefill keeps torch's GEMM) and its tensors are ones the kernel takes (CPU, fp32 or bf16, contiguous 2-D weight); any other
-call runs torch's. The mode is scoped to those few modules on purpose: a mode intercepts every torch call made
-while it is active (about 350 per pass of the demo's model, ~1.3 us each here), so a model-wide mode would add
-its own half millisecond to every pass. No module class, weight or model source changes; `set_dense(model,
-"torch")` removes the instance forwards and the hooks. The expert operation is not an F.linear under our
-policies (moespec.model.policies), so it is untouched.
+How it is installed. transformers computes all of these as torch.nn.functional.linear calls: nn.Linear modules, and a
+few modules that hold a weight matrix and call F.linear on it themselves (the routers). `set_dense(model, "native")`
+gives every nn.Linear of the model an instance `forward` that runs the native kernel, and puts on each of the other
+matrix-holding modules a forward pre-hook and an always-called forward hook that enter and leave a TorchFunctionMode
+for the duration of that module's forward, inside which F.linear runs the native kernel. A call runs natively when its
+input has at most kernels.dense.native_rows rows (16, or 256 bf16 rows on a CPU with AMX tiles: a verification pass; a
+longer prefill keeps torch's GEMM, except in bf16 on a CPU where torch has none: there it runs the native kernel in
+row blocks, kernels.dense.linear_if_taken) and its tensors are ones the kernel takes (CPU, fp32 or bf16, contiguous
+2-D weight); any other call runs torch's. The mode is scoped to those few modules on purpose: a mode intercepts every
+torch call made while it is active (about 350 per pass of the demo's model, ~1.3 us each here), so a model-wide mode
+would add its own half millisecond to every pass. No module class, weight or model source changes; `set_dense(model,
+"torch")` removes the instance forwards and the hooks. The expert operation is not an F.linear under our policies
+(moespec.model.policies), so it is untouched.
 
 The lean pass. For OLMoE, Qwen3-MoE and Mixtral `set_dense(model, "native")` also installs moespec.model.lean:
 the model's verification passes (1..16 new tokens on the engine's cache) then run one readable forward with the
