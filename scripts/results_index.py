@@ -595,6 +595,13 @@ ENTRIES: dict[str, Entry] = {
     **{f"batch-engine/xeon-amx-every-row/batch-pass-{i}.txt": Entry(
         f"console output of run {i} on the final engine", source=f"batch-engine/xeon-amx-every-row/batch-pass-{i}.json")
        for i in range(1, 6)},
+    **{f"batch-engine/epyc-avx2/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on a Zen 1 EPYC with AVX2 only (compute ceiling in fp32): moespec "
+        f"dedup / llama.cpp 0.45-0.80 in median over the five, dedup roofline share 58-76%")
+       for i in range(1, 6)},
+    **{f"batch-engine/epyc-avx2/batch-pass-{i}.txt": Entry(
+        f"console output of run {i} on the AVX2 EPYC", source=f"batch-engine/epyc-avx2/batch-pass-{i}.json")
+       for i in range(1, 6)},
     **with_console("batch-engine/xeon-amx-dense/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances with weights in 2 MiB pages and dense "
                    "layers on the AMX tiles: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 11 at every "
