@@ -216,7 +216,7 @@ def test_packed_linear_equals_torch(n):
 
 def test_pack_is_none_where_onednn_refuses_bf16(monkeypatch):
     """A CPU without AVX512-BW/VL/DQ or AVX-NE-CONVERT: torch's reorder raises, so nothing is packed and the engine's
-    calls past the native rows go to F.linear."""
+    bf16 calls past the native rows run in native row blocks."""
     def refuse(*args):
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
 

@@ -215,7 +215,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 @functools.cache  # the CPU and torch do not change under a process
 def packs_bf16() -> bool:
     """Whether torch's oneDNN lays out and multiplies a bf16 weight on this CPU: it refuses (RuntimeError) on one
-    without AVX512-BW/VL/DQ or AVX-NE-CONVERT, where a call past the native kernel's rows goes to F.linear."""
+    without AVX512-BW/VL/DQ or AVX-NE-CONVERT, where a bf16 call past the native kernel's rows runs in native row
+    blocks instead (`linear_if_taken`)."""
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return False
     w = torch.ones(2, 2, dtype=torch.bfloat16)
