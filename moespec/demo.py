@@ -75,9 +75,10 @@ from moespec.routing.synth import synthesize
 DEFAULT_OUT_DIR = "out/demo"
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
-# The engine steps: 2 of OLMoE's 16 layers at full shape; 25-40 verify rounds (8 s per n) to a 5% interval, and
-# 24 prompts of 6 tokens per (policy, k) cell in interleaved rounds: a cell's V(k) to ~2.5% (results/demo-cpu.md).
-ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 25, 40, 8.0
+# The engine steps: 2 of OLMoE's 16 layers at full shape; 10-40 verify rounds to a 5% interval, each set of rounds
+# stopped after 5 s per n (a CPU whose passes are slow times fewer rounds, not more minutes), and 24 prompts of 6
+# tokens per (policy, k) cell in interleaved rounds: a cell's V(k) to ~2.5% (results/demo-cpu.md).
+ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 10, 40, 5.0
 ENGINE_PROMPTS, ENGINE_TOKENS = 24, 6
 # The batch map's grid: batch one and one B > 1, whose verify rounds step 4 measures too (~45 s here).
 DEMO_BATCHES = (1, 4)

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from moespec import MoespecError, kernels
 from moespec.model import policies as engine
+from moespec.model import speculative
 from moespec.model.load import PRESET_VOCAB, find_routers, load_model, preset_config
 from moespec.model.policies import moe_experts, set_policy, set_replay
 from moespec.model.spec import PRESETS, SUPPORTED_MODEL_TYPES, ModelSpec
@@ -29,6 +30,8 @@ from moespec.model.speculative import (
     OracleDraft,
     StepRecord,
     plain_decode,
+    prefill,
+    prefill_all,
     realized_acceptance,
     speculative_decode,
 )
@@ -242,6 +245,46 @@ def test_speculative_oracle_gives_plain_tokens(model_type, models):
                 assert len(records) == math.ceil((NEW - 1) / (k + 1))
             assert all(min(r.verify_s, r.draft_s, r.host_s) >= 0 for r in records)
             assert all(math.isclose(r.step_s, r.verify_s + r.draft_s + r.host_s, abs_tol=1e-9) for r in records)
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
+def test_prompts_sharing_a_prefix_prefill_it_once_and_decode_as_alone(model_type, models, monkeypatch):
+    """prefill_all feeds the contexts' common prefix once (one forward of it, then each context's own tokens): each
+    state's first token and cache equal the context's own prefill up to rounding, and decoding from it gives the
+    same tokens, speculative and plain; contexts of no common prefix, or one context, are prefilled alone."""
+    model = models[model_type].model
+    set_policy(model, "auto", AUTO)
+    shared = [5, 17, 3, 40, 22, 9, 31, 8, 12, 27]
+    contexts = [shared + [11, 4], shared + [33, 4], shared + [7]]
+    fed = []
+    real = speculative.forward_logits
+    monkeypatch.setattr(speculative, "forward_logits", lambda m, t, c, keep=0: fed.append(len(t)) or real(m, t, c, keep))
+    states = prefill_all(model, contexts)
+    assert fed == [len(shared), 2, 2, 1]  # the prefix once, then each context's own tokens
+    monkeypatch.setattr(speculative, "forward_logits", real)
+    for context, state in zip(contexts, states):
+        ids = torch.tensor([context])
+        alone = prefill(model, ids)
+        assert (state.first, state.length) == (alone.first, alone.length) and alone.length == len(context)
+        for got, want in zip(state.cache.layers, alone.cache.layers):
+            torch.testing.assert_close(got.keys, want.keys, atol=ATOL, rtol=1e-4)
+        want_tokens = plain_decode(model, ids, NEW + 4)
+        assert plain_decode(model, ids, NEW + 4, prefilled=state) == want_tokens
+        draft = OracleDraft(want_tokens, 0.7, seed=1, vocab_size=VOCAB_SIZE, prompt_len=len(context))
+        assert speculative_decode(model, ids, draft, 3, NEW, prefilled=state)[0] == want_tokens[:NEW]
+    fed.clear()
+    monkeypatch.setattr(speculative, "forward_logits", lambda m, t, c, keep=0: fed.append(len(t)) or real(m, t, c, keep))
+    prefill_all(model, [[5, 6, 7], [8, 6, 7]])
+    prefill_all(model, [[5, 6, 7]])
+    prefill_all(model, [[5, 6], [5, 6]])  # equal contexts: each keeps its last token
+    assert fed == [3, 3, 3, 1, 1, 1]
+
+
+def test_prefill_all_refuses_an_empty_context(models):
+    with pytest.raises(ValueError, match="contexts"):
+        prefill_all(models["olmoe"].model, [[5, 6], []])
+    with pytest.raises(ValueError, match="contexts"):
+        prefill_all(models["olmoe"].model, [])
 
 
 def test_oracle_decides_each_position_once_for_every_k_and_a():

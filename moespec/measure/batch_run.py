@@ -104,7 +104,7 @@ def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: l
     target = None
     if not verify_done(checkpoint, unit):
         set_prefill_policy(lm.model)
-        states = [speculative.prefill(lm.model, torch.tensor([c], device=lm.device)) for c in contexts]
+        states = speculative.prefill_all(lm.model, contexts)
         target = BatchGreedy(lm.model, [s.cache for s in states])
     windows = {n: batch_windows(trace, lm.spec.L, n, batch, config.max_reps, config.seed) for n in ns}
     tokens = {n: unit_rng(config.seed, f"batch {batch} verify n {n}").integers(3, vocab, size=(config.max_reps,
@@ -245,7 +245,7 @@ class BatchPrompts:
             model = self.lm.model
             set_prefill_policy(model)
             ids = [torch.tensor([c], device=self.lm.device) for c in self.contexts]
-            states = [speculative.prefill(model, i) for i in ids]
+            states = speculative.prefill_all(model, self.contexts)
             set_policy(model, policy, kernel_by_n)
             routes = [None if self.rows is None else
                       (lambda p, n, r=r: set_replay(model, r[p:p + n])) for r in (self.rows or [None] * len(ids))]

@@ -156,6 +156,29 @@ def prefill(model: Any, prompt_ids: torch.LongTensor) -> Prefill:
     return Prefill(cache, first, len(history))
 
 
+def prefill_all(model: Any, contexts: list[list[int]]) -> list[Prefill]:
+    """Each context's `prefill`, their longest common prefix fed once: each context's own tokens extend a copy of
+    that prefix's cache (prompts that share a system prompt, as served: moespec.measure.decoding.prompts)."""
+    if not contexts or min(map(len, contexts)) < 1:
+        raise ValueError(f"contexts must be one or more token lists of >= 1 token, got lengths "
+                         f"{[len(c) for c in contexts]}")
+    shared = min(map(len, contexts)) - 1  # every context keeps >= 1 own token, whose logits give its first token
+    for context in contexts[1:]:
+        shared = next((i for i in range(shared) if context[i] != contexts[0][i]), shared)
+    if len(contexts) == 1 or shared == 0:
+        return [prefill(model, torch.tensor([c], device=model.device)) for c in contexts]
+    prefix = new_cache(model)
+    with torch.inference_mode():
+        forward_logits(model, contexts[0][:shared], prefix, keep=1)
+        states = []
+        for context in contexts:
+            cache = copy.deepcopy(prefix)
+            first = int(forward_logits(model, context[shared:], cache, keep=1)[-1].argmax())
+            _rollback(cache, 0)
+            states.append(Prefill(cache, first, len(context)))
+    return states
+
+
 def timed_forward(model: Any, tokens: list[int], state: Prefill) -> float:
     """Seconds of one forward of `tokens` (a verify pass) after the prefilled context, every logit computed;
     the cache is cropped back to the context afterwards, so passes can be timed again and again."""
