@@ -22,7 +22,8 @@ hidden 2048) in bf16 at context depth 512, with routing from the calibrated `pap
 5. Plan: (22) from the bench and the trace, calibrated by the measured verify times; the AUTO kernel per n,
    k_hat*(a) and the speedup band (21) (moespec.predict.plan); and the batch map k_hat*(a, B), B_stop(a) at
    B = 1 and 4 from the verify times at each, beside its prediction from the bench (moespec.predict.batch_map).
-6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; the paper's 11 acceptances) and the six
+6. Engine with the plan on a reduced grid (slot, dedup, AUTO; k = 0..8; the paper's 11 acceptances; as many prompts
+   per cell as step 4's verify times say fit the grid's seconds, scored_prompts) and the six
    scoring rules (moespec.measure.run with the plan, moespec.predict.score): the plan is written before that run,
    so pre-registered.
 7. Report: moespec.report.html writes report.html (Figures 1, 2, 4, 5, the staircases, Tables 1, 3, 8) from them.
@@ -41,11 +42,14 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import numpy as np
+
 from moespec import MoespecError, __version__, theory
 from moespec.defaults import (
     DEPTH,
     DTYPES,
     FORMAT,
+    KERNELS,
     KMAX,
     MODEL,
     PAIR_DIR,
@@ -75,16 +79,18 @@ from moespec.routing.synth import synthesize
 DEFAULT_OUT_DIR = "out/demo"
 # The short bench: one middle MoE layer, 3 repetitions, 8 windows and 4 chosen U per n: about 30 s here.
 BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
-# The engine steps: 2 of OLMoE's 16 layers at full shape; 10-40 verify rounds to a 5% interval, each set of rounds
-# stopped after 5 s per n (a CPU whose passes are slow times fewer rounds, not more minutes), and 24 prompts of 6
-# tokens per (policy, k) cell in interleaved rounds: a cell's V(k) to ~2.5% (results/demo-cpu.md).
-ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 10, 40, 5.0
-ENGINE_PROMPTS, ENGINE_TOKENS = 24, 6
+# The engine steps are sized in seconds, so that a CPU of slow passes measures fewer samples, not more minutes:
+# 2 of OLMoE's 16 layers at full shape; 7-40 verify rounds to a 5% interval, each set of rounds stopped after 4 s
+# per n; and up to 24 prompts of 6 tokens per (policy, k) cell in interleaved rounds (a cell's V(k) to ~2.5%), as
+# many as the verify-only run's pass times say decode in ENGINE_DECODE_S, 8 at least (scored_prompts;
+# results/demo-cpu.md).
+ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 7, 40, 4.0
+ENGINE_PROMPTS, ENGINE_MIN_PROMPTS, ENGINE_TOKENS, ENGINE_DECODE_S = 24, 8, 6, 90.0
 # The batch map's grid: batch one and one B > 1, whose verify rounds step 4 measures too (~45 s here).
 DEMO_BATCHES = (1, 4)
-# All of the demo's waiting for the host's bandwidth level: ~5 min of measuring here plus at most this keeps the
-# demo under 8 minutes on a slow host (moespec.measure.level; results/demo-cpu.md).
-DEMO_WAIT_CAP_S = 90.0
+# All of the demo's waiting for the host's bandwidth level: ~6 min of measuring on a 2-core AVX2 CPU plus at most
+# this keeps the demo under 8 minutes on a noisy host (moespec.measure.level; results/demo-cpu.md).
+DEMO_WAIT_CAP_S = 60.0
 # The cap's split across the measurements that pin a level, by their artifacts: each engine run measures 2.5x as
 # long as the bench, and the scored chain stays at one level only where the engine runs can wait for it.
 WAIT_SHARES = {"bench.json": 1.0, "runs-verify.json": 2.5, "runs.json": 2.5}
@@ -394,12 +400,28 @@ def _engine(config: DemoConfig, out_dir: Path, steps: Steps, view: DemoView, ben
     steps.run(out_dir / "runs-verify.json", lambda: view.runs(engine_run(verify, view.say, cap)))
     view.say("[bold]5. plan[/bold]: the bench's bandwidths, the trace's bytes and the measured one-token time")
     steps.run(out_dir / "plan.json", lambda: view.plan(make_plan(planned)))
-    view.say("[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid, then the score")
+    scored = replace(scored, prompts=scored_prompts(load_runs(verify.out), config.kmax))
+    view.say(f"[bold]6. engine with the plan[/bold]: slot, dedup and AUTO on a reduced grid ({scored.prompts} prompts "
+             f"per cell: of {ENGINE_PROMPTS}, as many as the verify times say decode in {ENGINE_DECODE_S:.0f} s), then "
+             "the score")
     steps.run(out_dir / "runs.json", lambda: view.runs(engine_run(scored, view.say, cap)))
     planned_versions = [v for v, keys in VERSIONS.items() if keys.table in load_plan(planned.out)]
     for version in planned_versions:
         view.score(score_files(planned.out, scored.out, version))
     return engine_summary(out_dir)
+
+
+def scored_prompts(verify: Runs, kmax: int) -> int:
+    """The scored grid's prompts per cell: as many of ENGINE_PROMPTS as the verify-only run's pass times say
+    decode in ENGINE_DECODE_S, ENGINE_MIN_PROMPTS at least. A prompt costs, in each policy (AUTO at the faster
+    kernel of each size), its plain decoding (ENGINE_TOKENS + KMAX + 1 one-token passes: the oracle's continuation)
+    and at each k = 0..kmax about ENGINE_TOKENS / G_a(k) passes of k + 1 tokens, over the grid's acceptances."""
+    V = {p: [float(verify["verify_time_s"][p][str(n)]) for n in range(1, kmax + 2)] for p in KERNELS}
+    V["auto"] = [min(pair) for pair in zip(*V.values())]
+    steps = [float(np.mean([ENGINE_TOKENS / theory.geometric_sum(float(a), k) for a in theory.PAPER_ACCEPTANCES]))
+             for k in range(kmax + 1)]
+    prompt_s = sum((ENGINE_TOKENS + KMAX + 1) * t[0] + sum(s * v for s, v in zip(steps, t)) for t in V.values())
+    return max(ENGINE_MIN_PROMPTS, min(ENGINE_PROMPTS, int(ENGINE_DECODE_S / prompt_s)))
 
 
 def engine_run(config: RunConfig, say: Callable[[str], None], cap: WaitCap) -> Runs:
