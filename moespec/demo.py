@@ -85,12 +85,12 @@ BENCH_LAYER, BENCH_REPS, BENCH_WINDOWS, BENCH_U_VALUES = 7, 3, 8, 4
 # many as the verify-only run's pass times say decode in ENGINE_DECODE_S, 8 at least (scored_prompts;
 # results/demo-cpu.md).
 ENGINE_LAYERS, ENGINE_REPS, ENGINE_MAX_REPS, ENGINE_BUDGET_S = 2, 7, 40, 4.0
-ENGINE_PROMPTS, ENGINE_MIN_PROMPTS, ENGINE_TOKENS, ENGINE_DECODE_S = 24, 8, 6, 90.0
+ENGINE_PROMPTS, ENGINE_MIN_PROMPTS, ENGINE_TOKENS, ENGINE_DECODE_S = 24, 8, 6, 60.0
 # The batch map's grid: batch one and one B > 1, whose verify rounds step 4 measures too (~45 s here).
 DEMO_BATCHES = (1, 4)
 # All of the demo's waiting for the host's bandwidth level: ~6 min of measuring on a 2-core AVX2 CPU plus at most
 # this keeps the demo under 8 minutes on a noisy host (moespec.measure.level; results/demo-cpu.md).
-DEMO_WAIT_CAP_S = 60.0
+DEMO_WAIT_CAP_S = 45.0
 # The cap's split across the measurements that pin a level, by their artifacts: each engine run measures 2.5x as
 # long as the bench, and the scored chain stays at one level only where the engine runs can wait for it.
 WAIT_SHARES = {"bench.json": 1.0, "runs-verify.json": 2.5, "runs.json": 2.5}

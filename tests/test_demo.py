@@ -32,7 +32,8 @@ def test_the_scored_grid_decodes_as_many_prompts_as_fit_its_seconds():
 def test_auto_costs_the_faster_kernel_of_each_size():
     """Slot slow at every n and dedup fast: AUTO prices at dedup's times, so the prompts are those of a grid of
     one slow and two fast policies; swapping the kernels gives the same count."""
-    kmax, slow, fast = 8, 0.1, 0.03
+    kmax, scale = 8, D.ENGINE_DECODE_S / 90  # passes of 30 and 100 ms against 90 s of decoding
+    slow, fast = 0.1 * scale, 0.03 * scale
     one_slow = D.scored_prompts(verify_times([slow] * 9, [fast] * 9), kmax)
     assert one_slow == D.scored_prompts(verify_times([fast] * 9, [slow] * 9), kmax)
     assert D.scored_prompts(verify_times([fast] * 9, [fast] * 9), kmax) > one_slow > \
