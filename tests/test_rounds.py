@@ -33,3 +33,36 @@ def test_every_pass_follows_a_flushed_reference_read(tmp_path):
     assert events == [x for p in passes for x in ("evict", "read", p)]
     assert result[1]["noise"]["rounds"] == 2 and result[1]["noise"]["reference_gbps"] == (29.0 + 28.0) / 2
     assert result[2]["samples"] == {"slot": [0.02, 0.02], "dedup": [0.02, 0.02]}
+
+
+def test_rounds_thrown_away_off_the_level_spend_the_waiting_budget(tmp_path, monkeypatch):
+    """A host at the edge of the band: settled back at the level before every round, off it by the round's read.
+    Each dropped round's 3 s count as waiting, so after 4 of them the 10 s budget is spent and the next round
+    re-pins to the host, instead of rounds dropped until the drop limit."""
+    import moespec.measure.rounds as R
+
+    clock = [0.0]
+    monkeypatch.setattr(R.time, "perf_counter", lambda: clock[0])  # the level reads the same time module
+
+    settling = [False]
+    settle = Level.settle
+
+    def settled(self):
+        settling[0] = True
+        settle(self)
+        settling[0] = False
+
+    monkeypatch.setattr(Level, "settle", settled)
+
+    def time_pass(n, policy, rep):
+        clock[0] += 3.0
+        return 0.01
+
+    level = Level(34.0, wait_s=10, read=lambda: 34.0 if settling[0] else 50.0, evict=lambda: None)
+    limits = SimpleNamespace(reps=1, max_reps=20, target=1.0, budget_s=1e6)
+    checkpoint = Checkpoint(tmp_path / "run.json", {"test": 1}, "run")
+    result = timed_rounds(time_pass, [1], ["slot"], limits, np.random.default_rng(0), lambda n: None, level,
+                          checkpoint, Cores())
+    noise = result[1]["noise"]
+    assert (noise["repeated"], noise["off_level"], noise["rounds"]) == (4, 4, 1)
+    assert level.exhausted and level.waited_s == 12.0 and level.repins == 1 and level.pinned == 50.0

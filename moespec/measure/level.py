@@ -19,7 +19,8 @@ verify-only run that calibrates the plan, the run scored against the plan) to on
   buffer is partly still in a 32 MiB last-level cache and reads 12-30% faster (54 against 40 GB/s, interleaved), so
   polls back to back read as another level than the reads they are compared with.
   After a dropped round the host counts as back on the median of a few reads (SETTLE_READS), not on one;
-- the waiting has a budget (wait_s per measurement). When it is spent, the host has moved for longer than a
+- the waiting has a budget (wait_s per measurement), which settling and the time of work thrown away off the
+  level (dropped rounds, units run again) both spend. When it is spent, the host has moved for longer than a
   burst: a run's verify rounds then follow it (REPIN: the level moves, the rounds kept at the old one are measured
   again, at most MAX_REPINS times), so that all of a run's times are of one state; longer units (throughput
   prompts, bench rounds) go on at the level they find. The record says what was dropped, waited, re-pinned and kept off.
@@ -192,6 +193,13 @@ class Level:
         self.kept_off += 1
         return KEEP
 
+    def thrown_away(self, seconds: float) -> None:
+        """Count `seconds` of work thrown away off the level (a unit, a round) as waiting: a host that sits at the
+        edge of the band, back at the level when settled and off it by the end of each round, spends the budget
+        by its rounds rather than by settle, and the measurement then follows it."""
+        self.waited_s += seconds
+        self.exhausted = self.exhausted or self.waited_s >= self.wait_s
+
     def measured(self, unit: Callable[[], T]) -> T:
         """`unit()` (a longer measurement, e.g. one prompt of a throughput cell) run at the pinned level: settled
         before, a poll after (a unit that read little would leave the reference buffer in the cache), and run again
@@ -211,8 +219,7 @@ class Level:
             result = unit()
             if self.judge([self.poll()], repin=False) == KEEP:
                 return result
-            self.waited_s += time.perf_counter() - start
-            self.exhausted = self.exhausted or self.waited_s >= self.wait_s
+            self.thrown_away(time.perf_counter() - start)
         self.settle()
         result = unit()
         if not self.within(self.poll()):

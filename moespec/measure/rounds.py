@@ -143,7 +143,8 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
 
     A round is dropped and repeated when its slowest reference read falls below DISTURBED x the median of the
     kept rounds' (another job took the memory bus or a core) or when its reads are off the pinned level (the host
-    in another state; the level waits for it before the next round). When the level's wait runs out, the level
+    in another state; the level waits for it before the next round, and the dropped round's time counts as
+    waiting, Level.thrown_away). When the level's wait runs out, the level
     moves to the host's (REPIN) and the rounds kept so far are discarded and measured again: a run's verify times
     are all of one state of the machine. Rounds go on, past config.reps, until every (n, policy) median has a 95%
     interval within +-config.target of it, or config.max_reps rounds are kept, or config.budget_s per pass size is
@@ -167,6 +168,7 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
         rep = len(rounds)
         times, reads = {}, []
         level.settle()
+        began = time.perf_counter()
         for n, policy in _round_order(ns, policies, rep):
             reads.append(level.poll())  # after an eviction: a pass that read little leaves the reference buffer cached
             cores.before()
@@ -177,7 +179,9 @@ def timed_rounds(time_pass: Callable[[int, str, int], float], ns: list[int], pol
         verdict = DROP if mins and min(reads) < DISTURBED * float(np.median(mins)) else level.judge(reads)
         if verdict == DROP:
             state["repeated"] += 1
-            state["off_level"] += not level.within(float(np.median(reads)))
+            if not level.within(float(np.median(reads))):  # off the level: its time was spent waiting for it
+                state["off_level"] += 1
+                level.thrown_away(time.perf_counter() - began)
         else:
             if verdict == REPIN:
                 state["discarded"] += len(rounds)
