@@ -435,6 +435,15 @@ ENTRIES: dict[str, Entry] = {
         "registered (OLMoE, DeepSeek-V2-Lite, 3072 x 1536), 5 of 8 paired by round; predicted 1.07-1.18x slow on "
         "four models, 1.00-1.03 on two, 0.84-0.88 on Mixtral; crossover within one on 7 of 8",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    # one pinned run on a 2-core AMD EPYC (Zen 1) with AVX2 and FMA only: the kernels' fma paths
+    **validation_run(
+        "structure-model/epyc-avx2/run-1", "bf16 profile on a 2-core Zen 1 AMD EPYC with AVX2 only, pinned at 23.7 "
+        "GB/s (take 3 of 3, the first two flagged at 32% and 27%; the kept take's self-check 9.5% / 12.1% per-slot, "
+        "7.1% / 21.6% dedup)",
+        "the AVX2 EPYC's first run on the final kernels: 12 of 16 model-kernels within 10% / 20% (not gpt-oss's and "
+        "Mixtral's per-slot 10.7% and 11.6%, DeepSeek-V2-Lite's and the pair's dedup 10.9% and 10.4%); crossover "
+        "within one on 7 of 8, k_hat*(a) at all four acceptances on 6 of 7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
         "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "
