@@ -444,6 +444,13 @@ ENTRIES: dict[str, Entry] = {
         "Mixtral's per-slot 10.7% and 11.6%, DeepSeek-V2-Lite's and the pair's dedup 10.9% and 10.4%); crossover "
         "within one on 7 of 8, k_hat*(a) at all four acceptances on 6 of 7 plannable",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/epyc-avx2/run-2", "bf16 profile on the AVX2 EPYC, the code of run-1, pinned at 23.7 GB/s "
+        "(take 1, unflagged: self-check 2.1% / 12.7% per-slot, 4.2% / 20.3% dedup)",
+        "the AVX2 EPYC's second run: 10 of 16 model-kernels within 10% / 20% (not DeepSeek-V2-Lite's two, the dedup "
+        "kernel of Mixtral and 3072 x 1536, the pair's per-slot); dedup predicted 2-17% slow; crossover within one on "
+        "7 of 8, k_hat*(a) at all four acceptances on 5 of 7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
         "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "
