@@ -38,7 +38,7 @@ from moespec.formats.files import is_number
 from moespec.formats.planfile import load_plan
 from moespec.formats.trace import Trace
 from moespec.measure.contention import Cores
-from moespec.measure.decoding import prompts, set_prefill_policy
+from moespec.measure.decoding import prefill_prompts, prompts
 from moespec.measure.level import Level
 from moespec.measure.passes import documents_holding, starts_apart
 from moespec.measure.decoding import replay_documents
@@ -103,8 +103,7 @@ def measure_batch_verify(lm: LoadedModel, batch: int, ns: list[int], policies: l
     contexts = prompts(batch, config.depth, vocab, config.seed + batch)
     target = None
     if not verify_done(checkpoint, unit):
-        set_prefill_policy(lm.model)
-        states = speculative.prefill_all(lm.model, contexts)
+        states = prefill_prompts(lm.model, contexts)
         target = BatchGreedy(lm.model, [s.cache for s in states])
     windows = {n: batch_windows(trace, lm.spec.L, n, batch, config.max_reps, config.seed) for n in ns}
     tokens = {n: unit_rng(config.seed, f"batch {batch} verify n {n}").integers(3, vocab, size=(config.max_reps,
@@ -233,6 +232,7 @@ class BatchPrompts:
         self.contexts = prompts(batch, config.depth, lm.model.config.vocab_size, config.seed + 1 + batch)
         self.rows = None if trace is None else replay_documents(trace, config.replay, lm.spec, batch,
                                                                  self.length + max(config.k) + 1, config.seed + batch)
+        self.states: list[speculative.Prefill] | None = None  # prefilled once, every policy decodes from copies
         self.made: dict[str, tuple[list, list[list[int]]]] = {}
 
     def route(self, positions: list[int], n: int) -> None:
@@ -243,9 +243,9 @@ class BatchPrompts:
     def plain(self, policy: str, kernel_by_n: dict[int, str] | None) -> tuple[list, list[list[int]]]:
         if policy not in self.made:
             model = self.lm.model
-            set_prefill_policy(model)
-            ids = [torch.tensor([c], device=self.lm.device) for c in self.contexts]
-            states = speculative.prefill_all(model, self.contexts)
+            if self.states is None:
+                self.states = prefill_prompts(model, self.contexts)
+            states, ids = self.states, [torch.tensor([c], device=self.lm.device) for c in self.contexts]
             set_policy(model, policy, kernel_by_n)
             routes = [None if self.rows is None else
                       (lambda p, n, r=r: set_replay(model, r[p:p + n])) for r in (self.rows or [None] * len(ids))]

@@ -58,6 +58,13 @@ def set_prefill_policy(model: Any) -> str:
     return policy
 
 
+def prefill_prompts(model: Any, contexts: list[list[int]]) -> list[speculative.Prefill]:
+    """Each context's prefill (speculative.prefill_all: a shared prefix fed once) under the prefill policy
+    (set_prefill_policy); the caller sets the policy under test afterwards."""
+    set_prefill_policy(model)
+    return speculative.prefill_all(model, contexts)
+
+
 def prompts(count: int, depth: int, vocab: int, seed: int) -> list[list[int]]:
     """`count` prompts of `depth` seeded random token ids, sharing all but their last PROMPT_OWN_TOKENS: a
     random-weight model has no text to prefer, and the context length (not its content) is what the verify time
@@ -115,8 +122,7 @@ class Prompts:
 
     def prefilled(self) -> list[Any]:
         if self.states is None:
-            set_prefill_policy(self.lm.model)
-            self.states = speculative.prefill_all(self.lm.model, self.contexts)
+            self.states = prefill_prompts(self.lm.model, self.contexts)
         return self.states
 
     def continuations(self, policy: str, kernel_by_n: dict[int, str] | None) -> list[list[int]]:

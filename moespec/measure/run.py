@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from moespec import MoespecError, theory
 from moespec.console import progress
@@ -60,9 +59,9 @@ from moespec.measure.decoding import (
     Prompts,
     expand_k0,
     measure_throughput,
+    prefill_prompts,
     prompts,
     run_unit_checks,
-    set_prefill_policy,
     throughput_cells,
 )
 from moespec.measure.level import LEVEL_BAND, Level, check_level, host_level, pin_wait
@@ -125,8 +124,7 @@ def measure_verify(lm: LoadedModel, config: RunConfig, ns: list[int], policies: 
     in the rounds of `timed_rounds` at the level `level`, on the threads `cores` fits to the free cores."""
     context = prompts(1, config.depth, lm.model.config.vocab_size, config.seed)[0]
     if not verify_done(checkpoint):
-        set_prefill_policy(lm.model)
-        state = speculative.prefill(lm.model, torch.tensor([context], device=lm.device))
+        state = prefill_prompts(lm.model, [context])[0]
     windows = {n: replay_windows(trace, config.replay, lm.spec, n, config.max_reps, config.seed) for n in ns}
     tokens = {n: unit_rng(config.seed, f"verify n {n}").integers(3, lm.model.config.vocab_size,
                                                                   size=(config.max_reps, n)) for n in ns}
