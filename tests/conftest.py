@@ -93,7 +93,7 @@ def bench_stopper(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     from moespec.measure import bench_rounds
 
     save, time_round, timed = Checkpoint.save, bench_rounds.time_round, []
-    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
+    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (" round " in key and timed.append(key))
                         or save(self, key, unit))
 
     def interrupt_second_round(*args: Any, **kwargs: Any) -> Any:

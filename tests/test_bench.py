@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -327,6 +328,10 @@ def test_bench_json_round_trips(smoke: dict[str, object], tmp_path: Path) -> Non
     (lambda d: d.update(eps={"slot": -0.1}), "must be a finite number >= 0"),
     (lambda d: d.update(device_kind="tpu"), "device_kind 'tpu' is not one of cpu, cuda"),
     (lambda d: d.update(ceiling_kind=""), "ceiling_kind '' must name what the ceiling measures"),
+    (lambda d: d.update(retimed=[{"layer": 0, "n": 1, "kernel": "slot", "first_s": 1.0, "seconds": 0.0}]),
+     "retimed must list calls"),
+    (lambda d: d.update(retimed=[{"layer": 99, "n": 1, "kernel": "slot", "first_s": 1.0, "seconds": 1.0}]),
+     "retimed must list calls"),
 ])
 def test_load_bench_rejects(smoke: dict[str, object], tmp_path: Path, change, problem: str) -> None:
     doc = json.loads(Path(smoke["out"]).read_text())
@@ -375,7 +380,7 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_a
     out = tmp_path / "bench.json"
     timed: list[str] = []  # the key of every round timed to the end
     save, time_round = Checkpoint.save, bench_rounds.time_round
-    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (key.startswith("layer") and timed.append(key))
+    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (" round " in key and timed.append(key))
                         or save(self, key, unit))
 
     def interrupt_after_two_rounds(*args, **kwargs):
@@ -385,7 +390,7 @@ def test_interrupted_run_resumes_without_retiming(tiny: dict[str, Path], bench_a
 
     monkeypatch.setattr(bench_rounds, "time_round", interrupt_after_two_rounds)
     assert cli.main(bench_argv(out, "--reps", "2")) == 130
-    units = [p for p in Path(f"{out}.partial").glob("layer*.json")]
+    units = [p for p in Path(f"{out}.partial").glob("layer*round*.json")]
     assert len(units) == 2 and not out.exists()
 
     first, timed[:] = list(timed), []
@@ -423,6 +428,80 @@ def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
     for n in ns:
         assert [row["median_s"] for row in units[0, n]["passes"]] == [{"slot": n * 1e-3, "dedup": n * 1e-3}] * 2
         assert len(units[0, n]["ceiling_gbps"]) == reps
+
+
+def _rounds_with(times: dict[tuple[int, int, int, int], float], reps: int = 3) -> tuple[list, list, list]:
+    """Rounds of time_round over n = 1, 2, 3 (two passes each, U = n), each call taking n ms except the calls
+    (round, group, pass, kernel index) in `times`; with the inputs and each call's requested bytes (dedup: U b,
+    slot: n m b with m = 2, b = 1)."""
+    ns, kernels = [1, 2, 3], ["slot", "dedup"]
+    plan = {n: [passes.Pass("chosen", np.zeros((n, 2), dtype=np.int64), n)] * 2 for n in ns}
+    inputs = [bench.pass_inputs(plan[n], 8, torch.float32, "cpu") for n in ns]
+    rounds = [[{"times": [[times.get((rep, i, j, c), n * 1e-3) for c in range(2)] for j in range(2)],
+                "ceiling_gbps": [30.0], "contention": Cores().take()} for i, n in enumerate(ns)] for rep in range(reps)]
+    requested = [[[requested_bytes(k, n, n, 2, 1) for k in kernels] for _ in plan[n]] for n in ns]
+    return rounds, inputs, requested
+
+
+def _retime(rounds: list, inputs: list, requested: list, again: Callable[[int], float]) -> tuple[list, list]:
+    """retime_outliers over `rounds` with every new call of pass size i taking again(i) seconds; (records, calls)."""
+    calls: list[int] = []
+    size = [0]
+    layer = SimpleNamespace(run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
+    timer = SimpleNamespace(flush=lambda: None,
+                            time=lambda fn: fn() or calls.append(size[0]) or again(size[0]))
+    return bench_rounds.retime_outliers(rounds, inputs, ["slot", "dedup"], layer, requested, timer, Level(wait_s=0),
+                                        Cores()), calls
+
+
+def test_a_call_a_core_was_taken_from_is_timed_again() -> None:
+    """One dedup call at n = 3 of round 1 took 3x (a core taken mid-call, that the contention record missed): it
+    alone is timed again, and the medians are the quiet times. Under 1.5x is left alone (1.4x here)."""
+    rounds, inputs, requested = _rounds_with({(1, 2, 0, 1): 9e-3, (2, 2, 0, 1): 4.2e-3})
+    records, calls = _retime(rounds, inputs, requested, lambda n: n * 1e-3)
+    assert calls == [3]
+    assert records == [{"round": 1, "group": 2, "pass": 0, "kernel": "dedup", "first_s": 9e-3, "seconds": 3e-3,
+                        "ceiling_gbps": None}]
+    fixed = bench_rounds.apply_retimes(rounds, records, ["slot", "dedup"])
+    assert fixed[1][2]["times"][0] == [3e-3, 3e-3] and rounds[1][2]["times"][0] == [3e-3, 9e-3]  # a copy
+    plan = {(0, n): [passes.Pass("chosen", np.zeros((n, 2), dtype=np.int64), n)] * 2 for n in (1, 2, 3)}
+    units = bench_rounds.unit_records(0, [1, 2, 3], ["slot", "dedup"], plan, fixed)
+    assert units[0, 3]["passes"][0]["round_s"]["dedup"] == [3e-3, 3e-3, 4.2e-3]
+
+
+def test_a_pass_slow_every_time_stays_slow() -> None:
+    """A call slow again at every try is timed RETIME_TRIES times and its last time kept: the rule drops a
+    disturbance, never a pass's own time. Passes of different U compare per requested byte: a dedup pass of twice
+    the U at twice the time is no outlier."""
+    rounds, inputs, requested = _rounds_with({(0, 1, 1, 0): 7e-3})
+    records, calls = _retime(rounds, inputs, requested, lambda n: 3.5 * n * 1e-3)
+    assert calls == [2] * bench_rounds.RETIME_TRIES and records[0]["seconds"] == 7e-3
+    rounds, inputs, requested = _rounds_with({})
+    requested[2][1][1] *= 2
+    rounds = [[{**g, "times": [g["times"][0], [g["times"][1][0], 2 * g["times"][1][1]]]} if i == 2 else g
+               for i, g in enumerate(r)] for r in rounds]
+    assert _retime(rounds, inputs, requested, lambda n: 1.0) == ([], [])
+
+
+def test_an_interrupted_retime_resumes_without_timing_rounds_again(tiny: dict[str, Path], bench_argv,
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted after layer 0's round, before its outliers were timed again: the rerun does not time that round
+    again, retimes both layers and writes the bench, its `retimed` a list and the protocol's outlier ratio in it."""
+    out, retime = tmp_path / "bench.json", bench_rounds.retime_outliers
+    monkeypatch.setattr(bench_rounds, "retime_outliers", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli.main(bench_argv(out)) == 130
+    monkeypatch.setattr(bench_rounds, "retime_outliers", retime)
+    rounds: list[str] = []
+    save = Checkpoint.save
+    monkeypatch.setattr(Checkpoint, "save", lambda self, key, unit: (" round " in key and rounds.append(key))
+                        or save(self, key, unit))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(bench_argv(out, "--resume")) == 0
+    doc = load_bench(out)
+    assert [k.split(" round")[0] for k in rounds] == ["layer 1"]  # layer 0's round is not timed again
+    assert doc["resumed_rounds"] == 1 and isinstance(doc["retimed"], list)
+    assert doc["protocol"]["outlier_ratio"] == bench_rounds.OUTLIER_RATIO
 
 
 def test_resume_refuses_other_settings(tiny: dict[str, Path], bench_argv, tmp_path: Path, capsys) -> None:

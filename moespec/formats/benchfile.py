@@ -44,7 +44,8 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            token); with `bench --call-ceilings` each row also has round_ceiling_gbps {kernel: [the ceiling sampled
            right after that call, per round]}
   trace    {path, synthetic, source, note, num_tokens, num_documents, sha1}
-  protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr, call_ceilings, late_starts}
+  protocol {reps, windows, u_values, seed, flush_bytes, timer, weight_std, noisy_iqr, call_ceilings, late_starts,
+           outlier_ratio}
            timer: "perf_counter" (cpu)
            or "cuda events"
   skipped_kernels {kernel: why}: kernels `--kernels all` left out because they cannot run at this dtype
@@ -61,6 +62,11 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            timed calls another process ran beside (moespec.measure.contention): `contended` of `calls` saw another
            process's runnable thread or waited for a core over 5% of the call, `fewer_threads` ran on fewer than
            `threads` because a core was taken; absent in version-1 files
+  retimed  [{layer, n, round, group, pass, kernel, first_s, seconds, ceiling_gbps}]: the timed calls over
+           protocol.outlier_ratio x their kernel's median seconds per requested byte at their pass size, timed again
+           (moespec.measure.bench_rounds.retime_outliers): `seconds` is in round_s and the medians, `first_s` the time
+           it replaced (`pass`: the index in chosen + windows at n; ceiling_gbps null without call ceilings); absent
+           in files from before it
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
   predicted true where the operation times are predicted, not timed (`bench --predict`,
            moespec.predict.structure_bench); absent in a measured bench. prediction {profile, profile_sha256,
@@ -339,6 +345,12 @@ def load_bench(path: str | Path) -> Bench:
         raise _fail(where, f"too_small must be an object whose flag is true or false, got {small!r}")
     if isinstance(resumed, bool) or not isinstance(resumed, int) or resumed < 0:
         raise _fail(where, f"resumed_rounds = {resumed!r} must be a whole number >= 0")
+    retimed = doc.get("retimed", [])
+    if not isinstance(retimed, list) or not all(
+            isinstance(f, dict) and f.get("layer") in doc["layers"] and f.get("n") in ns
+            and f.get("kernel") in doc["kernels"]
+            and all(is_number(f.get(k)) and f[k] > 0 for k in ("first_s", "seconds")) for f in retimed):
+        raise _fail(where, "retimed must list calls of a timed layer, pass size and kernel with positive times")
     _check_prediction(where, doc)
     return Bench(doc, path)
 

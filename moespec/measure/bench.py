@@ -71,7 +71,8 @@ from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import implementation
 from moespec.kernels.peers import GGML_PEERS
 from moespec.measure import bench_rounds
-from moespec.measure.bench_rounds import LAYOUT, round_check, round_key, unit_records, warm_up
+from moespec.measure.bench_rounds import (LAYOUT, OUTLIER_RATIO, apply_retimes, retime_check, retime_key,
+                                          round_check, round_key, unit_records, warm_up)
 from moespec.measure.contention import Cores, check_threads, merge, on_own_cores
 from moespec.measure.fits import NOISY_IQR, analyze, engine_of, noise, raw_medians
 from moespec.measure.level import LEVEL_UNIT, Level, check_level, host_level, pin_wait
@@ -172,10 +173,12 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         f"cache flush, timed by {timer.timer_name}")
     per_round = {layer: [p for n in ns for p in plan[layer, n]] for layer in layers}
     sample = timer.sampler() if config.call_ceilings else None
+    todo = [layer for layer in layers
+            if any(key[0] == layer for key in pending) or retime_key(layer, kernels) not in checkpoint.units]
+    weights: LayerWeights | None = None
     if pending:
-        todo = sorted({layer for layer, _ in pending})
         start = time.perf_counter()
-        weights: LayerWeights | None = layer_weights(spec, todo[0], config.dtype, config.seed, timer.device)
+        weights = layer_weights(spec, todo[0], config.dtype, config.seed, timer.device)
         generate = time.perf_counter() - start
         seconds, speeds = _estimate(kinds, weights, [p for layer, _ in pending for p in per_round[layer]], spec.m,
                                     spec.expert_bytes(todo[0], config.dtype), timer)
@@ -183,24 +186,38 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
         say(f"estimated time: {estimate} (probe on requested bytes: "
             f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in speeds.items())}; ceiling {ceiling:.1f} GB/s)")
-        with progress("bench", sum(len(per_round[layer]) for layer, _ in pending),
-                      enabled=sys.stderr.isatty()) as advance:
-            for layer in todo:
-                weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
-                inputs = [pass_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
-                          for n in ns]
-                warm_up(inputs, kernels, weights)
-                for _, rep in [key for key in pending if key[0] == layer]:
-                    checkpoint.save(round_key(layer, rep, kernels),
-                                    bench_rounds.time_round(inputs, kernels, weights, rep, config.reps, timer,
-                                                            advance, level, cores, sample))
-                    level.save(checkpoint)
-                weights = None  # frees the layer (and the peers' modules cached on its tensors)
+    with progress("bench", sum(len(per_round[layer]) for layer, _ in pending),
+                  enabled=sys.stderr.isatty() and bool(pending)) as advance:
+        for layer in todo:
+            weights = weights or layer_weights(spec, layer, config.dtype, config.seed, timer.device)
+            inputs = [pass_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
+                      for n in ns]
+            warm_up(inputs, kernels, weights)
+            for _, rep in [key for key in pending if key[0] == layer]:
+                checkpoint.save(round_key(layer, rep, kernels),
+                                bench_rounds.time_round(inputs, kernels, weights, rep, config.reps, timer,
+                                                        advance, level, cores, sample))
+                level.save(checkpoint)
+            if retime_key(layer, kernels) not in checkpoint.units:
+                b = spec.expert_bytes(layer, config.dtype)
+                requested = [[[theory.requested_bytes(kinds[k], len(p.ids), p.U, spec.m, b) for k in kernels]
+                              for p in plan[layer, n]] for n in ns]
+                checkpoint.save(retime_key(layer, kernels), bench_rounds.retime_outliers(
+                    _rounds(checkpoint, layer, config.reps, kernels), inputs, kernels, weights, requested, timer,
+                    level, cores, sample))
+                level.save(checkpoint)
+            weights = None  # frees the layer (and the peers' modules cached on its tensors)
     units = {}
     for layer in layers:
-        rounds = [checkpoint.units[round_key(layer, rep, kernels)] for rep in range(config.reps)]
+        rounds = apply_retimes(_rounds(checkpoint, layer, config.reps, kernels),
+                               checkpoint.units[retime_key(layer, kernels)], kernels)
         units |= unit_records(layer, ns, kernels, plan, rounds)
     return units
+
+
+def _rounds(checkpoint: Checkpoint, layer: int, reps: int, kernels: list[str]) -> list[list[dict[str, Any]]]:
+    """A layer's finished rounds, in order, from the checkpoint."""
+    return [checkpoint.units[round_key(layer, rep, kernels)] for rep in range(reps)]
 
 
 @dataclass(frozen=True)
@@ -325,7 +342,9 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "windows": config.windows, "u_values": config.u_values, "seed": config.seed,
            "trace_sha1": trace_info["sha1"], "n": ns, "layers": layers, "kernels": list(kinds), "device": timer.name,
            "batch": batch, **({"call_ceilings": True} if config.call_ceilings else {})}
-    checks = {f"layer {layer} round ": round_check([len(plan[layer, n]) for n in ns], list(kinds)) for layer in layers}
+    sizes = {layer: [len(plan[layer, n]) for n in ns] for layer in layers}
+    checks = {f"layer {layer} round ": round_check(sizes[layer], list(kinds)) for layer in layers} | {
+        retime_key(layer, list(kinds)): retime_check(sizes[layer], config.reps, list(kinds)) for layer in layers}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh, checks | {LEVEL_UNIT: check_level_unit})
     resumed = sum(round_key(layer, rep, list(kinds)) in checkpoint.units for layer in layers
                   for rep in range(config.reps))  # bench.json says so: --fresh times them again
@@ -362,7 +381,12 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
                    "ceiling_before_after_gbps": [first, median_iqr(after)[0]], "matmul_peak_gflops": peak}
     doc = bench_document(spec, config, kinds, units, layers, ns, u, trace_info, impl, device_keys)
     doc["protocol"] |= {"flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
-                        "late_starts": timer.late_starts}
+                        "late_starts": timer.late_starts, "outlier_ratio": OUTLIER_RATIO}
+    doc["retimed"] = [{"layer": layer, "n": ns[f["group"]], **f} for layer in layers
+                      for f in checkpoint.units[retime_key(layer, list(kinds))]]
+    if doc["retimed"]:
+        say(f"timed again: {len(doc['retimed'])} call(s) over {OUTLIER_RATIO}x their kernel's median seconds per "
+            f"requested byte at their pass size (a core taken mid-call), their new times kept (bench.json `retimed`)")
     doc |= {"skipped_kernels": skipped, "level": level.record(),
             "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
             "elapsed_s": time.perf_counter() - started, "resumed_rounds": resumed}

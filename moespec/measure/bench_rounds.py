@@ -3,16 +3,20 @@ kernel after a cache flush, in orders rotated per round; the checkpoint's key an
 rounds gathered per (layer, n) into the records `analyze` reads (moespec.measure.fits).
 
 Shapes: `inputs` [pass size][pass] of Inputs; a round [pass size] of {"times": [pass][kernel] seconds,
-"ceiling_gbps": [samples], "contention": record, and with call samples "call_ceilings_gbps": [pass][kernel] GB/s}.
+"ceiling_gbps": [samples], "contention": record, and with call samples "call_ceilings_gbps": [pass][kernel] GB/s};
+`requested` [pass size][pass][kernel] the expert bytes a call requests (moespec.theory.requested_bytes).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from moespec.formats.checkpoint import require
+import numpy as np
+
+from moespec.formats.checkpoint import is_count, require
 from moespec.formats.files import check_contention_record, is_number
 from moespec.measure.contention import Cores, merge
 from moespec.measure.layer import Inputs, LayerWeights
@@ -24,6 +28,13 @@ Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each ro
 # The checkpoint's units: one round of one layer over every pass size (a bench of units per (layer, n), from before
 # the rounds, is refused by this key rather than resumed).
 LAYOUT = "rounds over n"
+# A timed call over OUTLIER_RATIO x the median seconds per requested byte of its kernel at its pass size (every pass
+# and round of the layer) met a disturbance the bandwidth level and the contention record let through: a core taken
+# for part of the call, from inside a virtual machine or between the reads (2-3x on a 2-core host: 0-2 of ~650
+# calls of the demo's bench, where one window's median of 3 rounds read 3x the others' and turned the sign of the
+# saving at n = 3). It is timed again, RETIME_TRIES times at most until it is no outlier; the last time is kept, so
+# a pass that is slow every time stays slow.
+OUTLIER_RATIO, RETIME_TRIES = 1.5, 3
 
 
 def warm_up(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeights) -> None:
@@ -50,16 +61,7 @@ def time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeigh
     start = rep * len(inputs) // reps
     for i in [(start + j) % len(inputs) for j in range(len(inputs))]:
         def one_group(group: list[Inputs] = inputs[i]) -> list[list[tuple[float, float | None]]]:
-            times = []
-            for inp in group:
-                times.append([])
-                for kernel in order:
-                    timer.flush()
-                    cores.before()
-                    t = timer.time(partial(layer.run, kernel, *inp))
-                    cores.after()
-                    times[-1].append((t, sample() if sample else None))
-            return times
+            return [[timed_call(layer, kernel, inp, timer, cores, sample) for kernel in order] for inp in group]
 
         got = level.measured(one_group)
         out[i] = {"times": [[row[order.index(k)][0] for k in kernels] for row in got],
@@ -68,6 +70,77 @@ def time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeigh
             out[i]["call_ceilings_gbps"] = [[row[order.index(k)][1] for k in kernels] for row in got]
         advance(len(inputs[i]))
     return out
+
+
+def timed_call(layer: LayerWeights, kernel: str, inp: Inputs, timer: Timer, cores: Cores,
+               sample: Callable[[], float] | None) -> tuple[float, float | None]:
+    """One timed call after a cache flush, on the threads `cores` fits: (seconds, the ceiling sampled right after
+    it, or None without `sample`)."""
+    timer.flush()
+    cores.before()
+    t = timer.time(partial(layer.run, kernel, *inp))
+    cores.after()
+    return t, sample() if sample else None
+
+
+def retime_outliers(rounds: list[list[dict[str, Any]]], inputs: list[list[Inputs]], kernels: list[str],
+                    layer: LayerWeights, requested: list[list[list[float]]], timer: Timer, level: Level, cores: Cores,
+                    sample: Callable[[], float] | None = None) -> list[dict[str, Any]]:
+    """Time again each call of a layer's finished rounds (time_round) over OUTLIER_RATIO x the median seconds per
+    requested byte of its kernel at its pass size, at the bench's level, until it is under that or RETIME_TRIES
+    times. Returns one record per such call, {round, group, pass, kernel, first_s, seconds, ceiling_gbps (None
+    without `sample`)}, which apply_retimes puts in the rounds."""
+    out = []
+    for i, sizes in enumerate(requested):
+        for c, kernel in enumerate(kernels):
+            median = float(np.median([r[i]["times"][j][c] / sizes[j][c] for r in rounds for j in range(len(sizes))]))
+            for rep, j in [(rep, j) for rep, r in enumerate(rounds) for j in range(len(sizes))]:
+                first, limit = rounds[rep][i]["times"][j][c], OUTLIER_RATIO * median * sizes[j][c]
+                if first <= limit:
+                    continue
+                for _ in range(RETIME_TRIES):
+                    seconds, ceiling = level.measured(partial(timed_call, layer, kernel, inputs[i][j], timer, cores,
+                                                              sample))
+                    if seconds <= limit:
+                        break
+                out.append({"round": rep, "group": i, "pass": j, "kernel": kernel, "first_s": first,
+                            "seconds": seconds, "ceiling_gbps": ceiling})
+    return out
+
+
+def apply_retimes(rounds: list[list[dict[str, Any]]], retimes: list[dict[str, Any]],
+                  kernels: list[str]) -> list[list[dict[str, Any]]]:
+    """The rounds with each retimed call's time (and its ceiling sample, where the rounds have them) in place of
+    the first."""
+    out = copy.deepcopy(rounds)
+    for f in retimes:
+        group, c = out[f["round"]][f["group"]], kernels.index(f["kernel"])
+        group["times"][f["pass"]][c] = f["seconds"]
+        if "call_ceilings_gbps" in group and f["ceiling_gbps"] is not None:
+            group["call_ceilings_gbps"][f["pass"]][c] = f["ceiling_gbps"]
+    return out
+
+
+def retime_key(layer: int, kernels: list[str]) -> str:
+    """The checkpoint's key of a layer's retimed calls (retime_outliers), saved once its rounds are done."""
+    return f"layer {layer} retimed kernels {','.join(kernels)}"
+
+
+def retime_check(group_sizes: list[int], reps: int, kernels: list[str]) -> Callable[[Any, str], None]:
+    """The check of a resumed layer's retimed calls: each names a round, group, pass and kernel of the layer's
+    rounds, and positive times."""
+    def check(unit: Any, where: str) -> None:
+        require(isinstance(unit, list), where, "the retimed calls must be a list")
+        for f in unit:
+            require(isinstance(f, dict) and is_count(f.get("round")) and f["round"] < reps
+                    and is_count(f.get("group")) and f["group"] < len(group_sizes)
+                    and is_count(f.get("pass")) and f["pass"] < group_sizes[f["group"]]
+                    and f.get("kernel") in kernels
+                    and all(is_number(f.get(k)) and f[k] > 0 for k in ("first_s", "seconds"))
+                    and (f.get("ceiling_gbps") is None or (is_number(f["ceiling_gbps"]) and f["ceiling_gbps"] > 0)),
+                    where, f"a retimed call must name a round, group, pass and kernel of the layer's rounds and "
+                           f"positive times, got {f!r}")
+    return check
 
 
 def round_key(layer: int, rep: int, kernels: list[str]) -> str:
