@@ -451,6 +451,13 @@ ENTRIES: dict[str, Entry] = {
         "kernel of Mixtral and 3072 x 1536, the pair's per-slot); dedup predicted 2-17% slow; crossover within one on "
         "7 of 8, k_hat*(a) at all four acceptances on 5 of 7 plannable",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/epyc-avx2/run-3", "bf16 profile on the AVX2 EPYC, the code of run-1, pinned at 17.9 GB/s "
+        "(take 3 of 3, all flagged: 31% of calls kept off the level, self-check 14.5% / 19.4% per-slot, 24.3% / 38.2% "
+        "dedup)",
+        "the AVX2 EPYC's third run: 12 of 16 model-kernels within 10% / 20% (not OLMoE's and gpt-oss's dedup, the "
+        "pair's two); crossover within one on 7 of 7 timeable, k_hat*(a) at all four acceptances on 6 of 7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
         "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "

@@ -430,14 +430,15 @@ def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
         assert len(units[0, n]["ceiling_gbps"]) == reps
 
 
-def _rounds_with(times: dict[tuple[int, int, int, int], float], reps: int = 3) -> tuple[list, list, list]:
-    """Rounds of time_round over n = 1, 2, 3 (two passes each, U = n), each call taking n ms except the calls
+def _rounds_with(times: dict[tuple[int, int, int, int], float], reps: int = 3,
+                 per: int = 2) -> tuple[list, list, list]:
+    """Rounds of time_round over n = 1, 2, 3 (`per` passes each, U = n), each call taking n ms except the calls
     (round, group, pass, kernel index) in `times`; with the inputs and each call's requested bytes (dedup: U b,
     slot: n m b with m = 2, b = 1)."""
     ns, kernels = [1, 2, 3], ["slot", "dedup"]
-    plan = {n: [passes.Pass("chosen", np.zeros((n, 2), dtype=np.int64), n)] * 2 for n in ns}
+    plan = {n: [passes.Pass("chosen", np.zeros((n, 2), dtype=np.int64), n)] * per for n in ns}
     inputs = [bench.pass_inputs(plan[n], 8, torch.float32, "cpu") for n in ns]
-    rounds = [[{"times": [[times.get((rep, i, j, c), n * 1e-3) for c in range(2)] for j in range(2)],
+    rounds = [[{"times": [[times.get((rep, i, j, c), n * 1e-3) for c in range(2)] for j in range(per)],
                 "ceiling_gbps": [30.0], "contention": Cores().take()} for i, n in enumerate(ns)] for rep in range(reps)]
     requested = [[[requested_bytes(k, n, n, 2, 1) for k in kernels] for _ in plan[n]] for n in ns]
     return rounds, inputs, requested
@@ -471,16 +472,28 @@ def test_a_call_a_core_was_taken_from_is_timed_again() -> None:
 
 def test_a_pass_slow_every_time_stays_slow() -> None:
     """A call slow again at every try is timed RETIME_TRIES times and its last time kept: the rule drops a
-    disturbance, never a pass's own time. Passes of different U compare per requested byte: a dedup pass of twice
-    the U at twice the time is no outlier."""
+    disturbance, never a pass's own time."""
     rounds, inputs, requested = _rounds_with({(0, 1, 1, 0): 7e-3})
     records, calls = _retime(rounds, inputs, requested, lambda n: 3.5 * n * 1e-3)
     assert calls == [2] * bench_rounds.RETIME_TRIES and records[0]["seconds"] == 7e-3
-    rounds, inputs, requested = _rounds_with({})
-    requested[2][1][1] *= 2
-    rounds = [[{**g, "times": [g["times"][0], [g["times"][1][0], 2 * g["times"][1][1]]]} if i == 2 else g
-               for i, g in enumerate(r)] for r in rounds]
+
+
+@pytest.mark.parametrize("fixed_s", [0.0, 5e-3], ids=["through 0", "fixed time"])
+def test_passes_compare_on_the_line_of_their_bytes(fixed_s: float) -> None:
+    """Passes of one size and kernel that request different bytes compare on a line of time against bytes: dedup
+    passes of 1, 2, 3, 4 and 6 experts at 1 ms each past 5 ms of fixed and per-token time (the one-expert pass at 6x
+    the largest's seconds per byte) are no outliers; 3x the line is, even where it was slow in two of three rounds
+    (its median off the line too)."""
+    rounds, inputs, requested = _rounds_with({}, per=5)
+    for j, experts in enumerate((1, 2, 3, 4, 6)):
+        requested[2][j][1] = experts
+        for r in rounds:
+            r[2]["times"][j][1] = fixed_s + experts * 1e-3
     assert _retime(rounds, inputs, requested, lambda n: 1.0) == ([], [])
+    for rep in (0, 1):
+        rounds[rep][2]["times"][4][1] = 3 * (fixed_s + 6e-3)
+    records, _ = _retime(rounds, inputs, requested, lambda n: fixed_s + 6e-3)
+    assert [(f["round"], f["pass"], f["seconds"]) for f in records] == [(0, 4, fixed_s + 6e-3), (1, 4, fixed_s + 6e-3)]
 
 
 def test_an_interrupted_retime_resumes_without_timing_rounds_again(tiny: dict[str, Path], bench_argv,

@@ -63,7 +63,7 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            process's runnable thread or waited for a core over 5% of the call, `fewer_threads` ran on fewer than
            `threads` because a core was taken; absent in version-1 files
   retimed  [{layer, n, round, group, pass, kernel, first_s, seconds, ceiling_gbps}]: the timed calls over
-           protocol.outlier_ratio x their kernel's median seconds per requested byte at their pass size, timed again
+           protocol.outlier_ratio x their pass's expected time, timed again
            (moespec.measure.bench_rounds.retime_outliers): `seconds` is in round_s and the medians, `first_s` the time
            it replaced (`pass`: the index in chosen + windows at n; ceiling_gbps null without call ceilings); absent
            in files from before it

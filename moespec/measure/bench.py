@@ -385,8 +385,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     doc["retimed"] = [{"layer": layer, "n": ns[f["group"]], **f} for layer in layers
                       for f in checkpoint.units[retime_key(layer, list(kinds))]]
     if doc["retimed"]:
-        say(f"timed again: {len(doc['retimed'])} call(s) over {OUTLIER_RATIO}x their kernel's median seconds per "
-            f"requested byte at their pass size (a core taken mid-call), their new times kept (bench.json `retimed`)")
+        say(f"timed again: {len(doc['retimed'])} call(s) over {OUTLIER_RATIO}x their pass's expected time (a core "
+            f"taken mid-call), their new times kept (bench.json `retimed`)")
     doc |= {"skipped_kernels": skipped, "level": level.record(),
             "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
             "elapsed_s": time.perf_counter() - started, "resumed_rounds": resumed}

@@ -28,12 +28,13 @@ Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each ro
 # The checkpoint's units: one round of one layer over every pass size (a bench of units per (layer, n), from before
 # the rounds, is refused by this key rather than resumed).
 LAYOUT = "rounds over n"
-# A timed call over OUTLIER_RATIO x the median seconds per requested byte of its kernel at its pass size (every pass
-# and round of the layer) met a disturbance the bandwidth level and the contention record let through: a core taken
-# for part of the call, from inside a virtual machine or between the reads (2-3x on a 2-core host: 0-2 of ~650
-# calls of the demo's bench, where one window's median of 3 rounds read 3x the others' and turned the sign of the
-# saving at n = 3). It is timed again, RETIME_TRIES times at most until it is no outlier; the last time is kept, so
-# a pass that is slow every time stays slow.
+# A timed call over OUTLIER_RATIO x its pass's expected time met a disturbance the bandwidth level and the contention
+# record let through: a core taken for part of the call, from inside a virtual machine or between the reads (2-3x
+# on a 2-core host, where one window's median of 3 rounds read 3x the others' and turned the sign of the saving at
+# n = 3). The expected time is the line, robust to such passes, of the passes' medians against the bytes they
+# request at that pass size and kernel (expected_times): a pass's fixed and per-token costs are on it, not outliers.
+# The call is timed again, RETIME_TRIES times at most until it is under that; the last time is kept, so a pass that
+# is slow every time stays slow.
 OUTLIER_RATIO, RETIME_TRIES = 1.5, 3
 
 
@@ -83,25 +84,37 @@ def timed_call(layer: LayerWeights, kernel: str, inp: Inputs, timer: Timer, core
     return t, sample() if sample else None
 
 
+def expected_times(rounds: list[list[dict[str, Any]]], requested: list[list[list[float]]], i: int,
+                   c: int) -> np.ndarray:
+    """Each pass's expected seconds at pass size i by kernel c: the Theil-Sen line (the median of the pairwise
+    slopes, not below 0, and the median intercept) of the passes' medians over the rounds against the bytes they
+    request, which a few passes disturbed in most rounds do not move; not below the smallest median."""
+    x = np.array([sizes[c] for sizes in requested[i]], dtype=float)
+    y = np.array([np.median([r[i]["times"][j][c] for r in rounds]) for j in range(len(x))])
+    slopes = [(y[b] - y[a]) / (x[b] - x[a]) for a in range(len(x)) for b in range(a + 1, len(x)) if x[b] != x[a]]
+    slope = max(float(np.median(slopes)), 0.0) if slopes else 0.0
+    return np.maximum(float(np.median(y - slope * x)) + slope * x, y.min())
+
+
 def retime_outliers(rounds: list[list[dict[str, Any]]], inputs: list[list[Inputs]], kernels: list[str],
                     layer: LayerWeights, requested: list[list[list[float]]], timer: Timer, level: Level, cores: Cores,
                     sample: Callable[[], float] | None = None) -> list[dict[str, Any]]:
-    """Time again each call of a layer's finished rounds (time_round) over OUTLIER_RATIO x the median seconds per
-    requested byte of its kernel at its pass size, at the bench's level, until it is under that or RETIME_TRIES
-    times. Returns one record per such call, {round, group, pass, kernel, first_s, seconds, ceiling_gbps (None
-    without `sample`)}, which apply_retimes puts in the rounds."""
+    """Time again each call of a layer's finished rounds (time_round) over OUTLIER_RATIO x its pass's expected time
+    (expected_times), at the bench's level, until it is under that or RETIME_TRIES times. Returns one record per such
+    call, {round, group, pass, kernel, first_s, seconds, ceiling_gbps (None without `sample`)}, which apply_retimes
+    puts in the rounds."""
     out = []
-    for i, sizes in enumerate(requested):
+    for i in range(len(requested)):
         for c, kernel in enumerate(kernels):
-            median = float(np.median([r[i]["times"][j][c] / sizes[j][c] for r in rounds for j in range(len(sizes))]))
-            for rep, j in [(rep, j) for rep, r in enumerate(rounds) for j in range(len(sizes))]:
-                first, limit = rounds[rep][i]["times"][j][c], OUTLIER_RATIO * median * sizes[j][c]
-                if first <= limit:
+            limits = OUTLIER_RATIO * expected_times(rounds, requested, i, c)
+            for rep, j in [(rep, j) for rep in range(len(rounds)) for j in range(len(limits))]:
+                first = rounds[rep][i]["times"][j][c]
+                if first <= limits[j]:
                     continue
                 for _ in range(RETIME_TRIES):
                     seconds, ceiling = level.measured(partial(timed_call, layer, kernel, inputs[i][j], timer, cores,
                                                               sample))
-                    if seconds <= limit:
+                    if seconds <= limits[j]:
                         break
                 out.append({"round": rep, "group": i, "pass": j, "kernel": kernel, "first_s": first,
                             "seconds": seconds, "ceiling_gbps": ceiling})
