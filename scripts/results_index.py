@@ -458,6 +458,21 @@ ENTRIES: dict[str, Entry] = {
         "the AVX2 EPYC's third run: 12 of 16 model-kernels within 10% / 20% (not OLMoE's and gpt-oss's dedup, the "
         "pair's two); crossover within one on 7 of 7 timeable, k_hat*(a) at all four acceptances on 6 of 7 plannable",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/epyc-avx2/run-4", "bf16 profile on the AVX2 EPYC, the code of run-1, pinned at 15.7 GB/s "
+        "(take 3 of 3, all flagged: 42% of calls kept off the level, self-check 13.1% / 19.4% per-slot, 24.8% / 41.4% "
+        "dedup)",
+        "the AVX2 EPYC's fourth run, its profile in a slow state of the host and 6 of 8 benches off its level (19-20 "
+        "GB/s against 15.7): 1 of 16 model-kernels within 10% / 20%, every model predicted 1.2-1.4x slow; crossover "
+        "within one on 7 of 8, k_hat*(a) at all four acceptances on 6 of 7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    "structure-model/epyc-avx2/summary.json": Entry(
+        "the AVX2 EPYC's four runs (run-1 to run-4): in median over runs 12 of 16 model-kernels within 10% / 20% (not "
+        "OLMoE's dedup 10.03%, gpt-oss's dedup 13.8% / 21.2%, DeepSeek-V2-Lite's dedup 14.4%, the pair's per-slot "
+        "12.1% / 23.1%); crossover within one in 28 of 32 model-runs (the misses the pair's, too small to time), "
+        "k_hat*(a) in 23 of 28 plannable"),
+    "structure-model/epyc-avx2/summary.md": Entry("summary.json as markdown",
+                                                  source="structure-model/epyc-avx2/summary.json"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
         "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "
