@@ -26,15 +26,18 @@ r/reps of the way through the pass sizes (1..9, 4..9 1..3, 7..9 1..6 for three r
 each part of a round (drift balanced) and a burst across two rounds meets different n: rounds that ran ascending
 and descending in turn put n = 7-9 at both ends of the first boundary, where one burst took two of their three
 samples (the fit read 4.8 ms at n = 1 against 2.9 measured, `make demo`, results/demo-cpu.md: the ceiling read 52-61
-GB/s at n = 7-9 and 37-43 below). Each figure is a median over the rounds with its interquartile range.
+GB/s at n = 7-9 and 37-43 below). Once a layer's rounds are done, a call far over its pass's expected time (a core
+taken mid-call: up to 6x here) is timed again (moespec.measure.bench_rounds.retime_outliers): a median of three
+rounds does not survive two such calls of one pass. Each figure is a median over the rounds with its interquartile
+range.
 The device's ceiling (moespec.measure.timing: a streaming read on the CPU, a device-to-device copy on a GPU) is
 printed beside every bandwidth.
 
 `--device cuda` runs the kernels on a GPU (slot and dedup as our Triton kernels) and times them with CUDA
 events; weights and inputs are drawn on the CPU and then copied, so every device times the same values.
 
-Work is split into units, one round of one layer each; each finished round is saved atomically to `OUT.partial`,
-so rerunning after an interruption re-times nothing already done.
+Work is split into units, one round of one layer each and a layer's calls timed again; each finished unit is saved
+atomically to `OUT.partial`, so rerunning after an interruption re-times nothing already done.
 
 bench.json: its keys are documented in moespec.formats.benchfile, which reads, validates and reports it.
 """

@@ -29,8 +29,8 @@ Timings = list[dict[str, list[float]]]  # per pass: kernel -> seconds of each ro
 # the rounds, is refused by this key rather than resumed).
 LAYOUT = "rounds over n"
 # A timed call over OUTLIER_RATIO x its pass's expected time met a disturbance the bandwidth level and the contention
-# record let through: a core taken for part of the call, from inside a virtual machine or between the reads (2-3x
-# on a 2-core host, where one window's median of 3 rounds read 3x the others' and turned the sign of the saving at
+# record let through: a core taken for part of the call, from inside a virtual machine or between the reads (up to
+# 6x on a 2-core host, where one window's median of 3 rounds read 3x the others' and turned the sign of the saving at
 # n = 3). The expected time is the line, robust to such passes, of the passes' medians against the bytes they
 # request at that pass size and kernel (expected_times): a pass's fixed and per-token costs are on it, not outliers.
 # The call is timed again, RETIME_TRIES times at most until it is under that; the last time is kept, so a pass that
