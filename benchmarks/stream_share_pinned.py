@@ -37,7 +37,7 @@ def run_rows(run: Path, dtype: str, shares: dict) -> list[dict]:
     profile = load_profile(run / "device.json")
     level = pinned_of(profile.get("level"))
     rates = {kind: r.with_share(shares[kind], profile["ceiling_gbps"])
-             for kind, r in kind_rates(profile["dtypes"][dtype]).items()}
+             for kind, r in kind_rates(profile["dtypes"][dtype], profile["ceiling_gbps"]).items()}
     rows = []
     for name in structure_model.MODELS:
         registered = structure_model.model_dir(run, name, dtype) / "errors.json"
@@ -81,7 +81,7 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
             parser.error(f"--runs: {run}/device.json is not a profile pinned to a level that timed {args.dtype}")
         if (profile["device"], profile["threads"]) != (source["device"], source["threads"]):
             parser.error(f"--share-from {args.share_from}: another device or thread count than {run}/device.json")
-    shares = kind_rates(source["dtypes"][args.dtype])
+    shares = kind_rates(source["dtypes"][args.dtype], source["ceiling_gbps"])
     out = Path(args.out)
     for name in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
         check_output(out / name)

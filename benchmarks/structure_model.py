@@ -190,7 +190,7 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
     profile = load_profile(profile_path)
     if dtype not in profile.dtypes:
         raise ArgumentError(f"{profile_path} timed {', '.join(profile.dtypes)}, not {dtype}")
-    rates = kind_rates(profile["dtypes"][dtype])
+    rates = kind_rates(profile["dtypes"][dtype], profile.ceiling_gbps)
     result: dict[str, Any] = {"model": name, "dtype": dtype, "profile": str(profile_path), "batches": {}}
     for batch, config in configs(name, out, dtype, batches, profile["device_kind"], profile.get("level")).items():
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)

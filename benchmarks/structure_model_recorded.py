@@ -44,8 +44,8 @@ def current_profile(doc: dict) -> dict:
                 row, key = recorded[(kind, n, u)], ("check", kind, n, u)
                 by_key[key] = Item(key, lambda: None, seconds=[row["measured_s"]], ceilings=[row["ceiling_gbps"]])
                 info[key] = (b, rows, ids)
-        doc["self_check_by_dtype"][dtype] = self_check(kind_rates(doc["dtypes"][dtype]), by_key, info,
-                                                       doc["cache_bytes"])
+        rates = kind_rates(doc["dtypes"][dtype], doc["ceiling_gbps"])
+        doc["self_check_by_dtype"][dtype] = self_check(rates, by_key, info, doc["cache_bytes"])
     doc["self_check"] = {kind: {key: max(c[kind][key] for c in doc["self_check_by_dtype"].values())
                                 for key in ("median", "max", "passes")} for kind in ("slot", "dedup")}
     return doc

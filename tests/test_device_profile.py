@@ -349,9 +349,10 @@ def test_cuda_sizes_and_a_profile_with_the_slot_kernel_apart(tmp_path: Path, tin
     entry = loaded["dtypes"]["bf16"]
     assert entry["G"] == [1, 2] and entry["slot"]["G"] == [1] and loaded["sizes"]["slot_apart"]
     assert loaded["cache_probe"] is None and loaded["cache_bytes"] == loaded["cache_nominal_bytes"]  # no probe
-    rates = kind_rates(entry)
-    assert rates["slot"].hot_s_per_byte == tuple(entry["slot"]["hot_s_per_byte"])
-    assert rates["dedup"].hot_s_per_byte == tuple(entry["hot_s_per_byte"])
+    rates = kind_rates(entry, loaded["ceiling_gbps"])  # each kind's own entry, its hot rates capped at the ceiling
+    for kind, own in (("slot", entry["slot"]), ("dedup", entry)):
+        assert rates[kind].cold_excess_s_per_byte == tuple(own["cold_excess_s_per_byte"])
+        assert all(k <= h for k, h in zip(rates[kind].hot_s_per_byte, own["hot_s_per_byte"]))
     bad = json.loads((tmp_path / "device.json").read_text())
     bad["dtypes"]["bf16"]["slot"]["G"] = [2]
     (tmp_path / "bad.json").write_text(json.dumps(bad))

@@ -135,6 +135,22 @@ def test_with_share_keeps_the_cost_at_its_ceiling_and_follows_the_new_share() ->
         RATES.with_share(shares, 0.0)
 
 
+def test_capped_hot_rate_no_slower_than_the_profiles_cold_rate_exact() -> None:
+    """kappa(G) = min(kappa(G), max(s(G) / C_p + x(G), 1 / C_p)): a hot pass slower per byte than a cold one at the
+    profile's ceiling C_p is held to the cold rate; faster ones stay; the excess and the share do not move."""
+    at_50, at_100 = RATES.capped(50.0), RATES.capped(100.0)
+    assert at_50.hot_s_per_byte == RATES.hot_s_per_byte  # cold 2.5e-11, 3e-11, 4e-11 at 50 GB/s: none faster
+    assert at_100.hot_s_per_byte == pytest.approx((1e-11, 2e-11, 3e-11))  # G = 4: cold 1e-11 + 2e-11 under 4e-11
+    assert at_100.cold_excess_s_per_byte == RATES.cold_excess_s_per_byte
+    assert at_100.per_byte(4, 100.0) == pytest.approx(3e-11) == at_100.per_byte(4, 100.0, cold=False)
+    assert RATES.per_byte(4, 100.0) == pytest.approx(4e-11)  # uncapped: the slow hot pass set the cold rate
+    assert at_100.per_byte(4, 400.0) == pytest.approx(3e-11)  # past C_p the capped loop still bounds the stream
+    shared = Rates((1,), (6e-11,), (3e-11,), 0.0, 0.0, stream_share=(0.5,)).capped(25.0)
+    assert shared.hot_s_per_byte == pytest.approx((0.5 / 25e9 + 3e-11,))  # half the stream's 4e-11, plus x
+    floor = Rates((1,), (5e-11,), (0.0,), 0.0, 0.0, stream_share=(0.2,)).capped(50.0)
+    assert floor.hot_s_per_byte == pytest.approx((2e-11,))  # the cold rate is never under the stream itself
+
+
 def test_per_row_interpolated_and_past_the_grid() -> None:
     """r(G) on the profile's G as kappa is: linear between, on the line of the last two past the grid; none: 0."""
     rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (0.0,) * 3, 0.0, 0.0, row_s=(1e-8, 2e-8, 3e-8))
@@ -155,7 +171,7 @@ def test_per_row_interpolated_and_past_the_grid() -> None:
     lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
     lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6),
     lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(-1e-6,), ramp_bytes=1.0),
-    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(1e-6,)), lambda: RATES.ramp(0)])
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(1e-6,)), lambda: RATES.ramp(0), lambda: RATES.capped(0.0)])
 def test_domain(call) -> None:
     with pytest.raises(ArgumentError):
         call()

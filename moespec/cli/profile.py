@@ -12,7 +12,7 @@ from rich.text import Text
 from moespec.cli.args import add_level_flags, bounded
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
-from moespec.kernels.structure import Rates, kind_rates
+from moespec.kernels.structure import kind_rates
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
 from moespec.measure.level import describe
 from moespec.predict.checks import profile_checks
@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
-        by_kind = kind_rates(entry) if "slot" in entry else {"both kinds": Rates.from_profile(entry)}
+        c = profile.ceiling_gbps
+        by_kind = kind_rates(entry, c) if "slot" in entry else {"both kinds": kind_rates(entry, c)["dedup"]}
         for kind, rates in by_kind.items():
-            c = profile.ceiling_gbps
             out.print(f"{dtype}, {kind}: fixed {rates.pass_s * 1e6:.0f} us a call, {rates.group_s * 1e6:.1f} us a "
                       f"group, {rates.node_s * 1e6:.1f} us a node past the first; per G (tokens per expert) cold GB/s "
                       f"at the ceiling, hot GB/s, the stream's share s, a cold pass's start in us: " +

@@ -34,7 +34,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            q8_0, q4_0 from ggml's pair (ggml-per-slot, ggml-mul_mat_id: the kernels that run GGUF blocks,
            moespec.kernels.peers.ggml_quantized):
            G [1, 2, ..]             tokens per group (one expert applied to G tokens), ascending from 1
-           hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache
+           hot_s_per_byte [..]      kappa_G: seconds per weight byte of a group whose weights sit in the cache, as
+                                    the hot passes measured it (the model holds it to the cold rate at ceiling_gbps)
            cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less s_G / the ceiling sampled
                                     right after it (median) (moespec.kernels.structure)
            row_s [..]               r_G >= 0: the fixed seconds per weight row of a group (ggml's vec_dot call per

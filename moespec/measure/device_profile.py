@@ -416,7 +416,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
-    doc_dtypes, checks, scaling, all_ceilings, calls = {}, {}, None, list(before), 0
+    doc_dtypes, checked, probed, scaling, all_ceilings, calls = {}, {}, None, None, list(before), 0
     for i, dtype in enumerate(config.dtypes):
         items, info = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
@@ -434,11 +434,9 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         if sizes.apart:
             doc_dtypes[dtype]["slot"] = _entry(rates["slot"])
         if i == 0:  # the cache probe's and the thread scaling's calls ran with the first dtype
-            cache, probe = nominal, None
-            if keys := sorted(k for k in info if k[0] == "cache"):
-                expert_bytes, rows = info[keys[0]][:2]
-                cache, probe = measured_capacity(rates["slot"], pair_of(dtype)["slot"], PROBE_SHAPE, [
-                    (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys], expert_bytes, rows, nominal)
+            if keys := sorted(k for k in info if k[0] == "cache"):  # fitted once the profile's ceiling is known
+                probed = (rates["slot"], pair_of(dtype)["slot"], *info[keys[0]][:2], [
+                    (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys])
             if timer.kind == "cpu":
                 first = rate_shapes(dtype)[0]
                 experts = min(k[5] for k in by_key if k[:4] == ("cold", "dedup", *first))
@@ -446,10 +444,19 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                     float(np.median(by_key["threads_1", *first, g].seconds)
                           / np.median(by_key["cold", "dedup", *first, g, experts].seconds)) for g in THREAD_SCALING_G],
                     "ceiling_gbps": median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]}
-        checks[dtype] = self_check(rates, by_key, info, cache)
+        # the check passes' samples (not their weights) for the self-check, which needs the profile's ceiling
+        checked[dtype] = (rates, {k: Item(k, lambda: None, seconds=by_key[k].seconds, ceilings=by_key[k].ceilings)
+                                  for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"})
     stream = _stream_chunks(timer, config.reps) if timer.kind == "cpu" else None
     after = timer.ceiling()
     ceiling, ceiling_iqr = median_iqr(all_ceilings + after)
+    cache, probe = nominal, None  # the probe and the self-check take the model's rates (kind_rates): capped
+    if probed:
+        slot_rates, kernel, expert_bytes, rows, timed = probed
+        cache, probe = measured_capacity(slot_rates.capped(ceiling), kernel, PROBE_SHAPE, timed, expert_bytes, rows,
+                                         nominal)
+    checks = {dtype: self_check({k: r.capped(ceiling) for k, r in rates.items()}, items, check_info, cache)
+              for dtype, (rates, items, check_info) in checked.items()}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
            "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
            "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],

@@ -103,7 +103,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     say(f"moespec bench --predict: {spec.name} {config.dtype} from {profile_path} ({profile['device']}), at "
         f"{ceiling:.1f} GB/s ({'the profile' if ceiling_gbps is None else 'given'}); MoE layers "
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
-    rates = kind_rates(profile["dtypes"][config.dtype])
+    rates = kind_rates(profile["dtypes"][config.dtype], profile.ceiling_gbps)
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
     units = predicted_units(rates, kinds, plan, b, spec.expert_rows, dict.fromkeys(ns, ceiling),
                             profile["cache_bytes"])
