@@ -47,10 +47,10 @@ from memory.
 kappa(G) is the hot passes' rate held to the cold one at the profile's own ceiling C_p (Rates.capped): a byte the
 cache serves costs no more than one read from memory. A hot pass slower than a cold pass of the same G did not run
 from the cache, or paid for its shapes (the hot experts' rows are shorter than the rate shapes'); either way the cold
-rate bounds the loop better. On a 2-core EPYC of the first Zen generation (AVX2, ~8 MiB of last-level cache per
-core complex) the hot passes read 10-35% slower per byte than the cold ones at G = 1..16, and the uncapped kappa, in
-the max above, set every cold group's rate there: the profile's own check passes missed by up to 34-41%, 8-11% capped.
-Past C_p the capped kappa still bounds the cold rate from below, as a compute-bound loop does.
+rate bounds the loop better. On a 2-core guest of a first-generation Zen EPYC (AVX2 only) the hot passes read 1.0-1.4x
+slower per byte than the cold ones at G = 1..16 in five profiles, and the uncapped kappa, in the max above, set every
+cold group's rate there: the dedup kernel's check passes of three of those profiles missed by up to 34-41%, by 8-11%
+with the cap. Past C_p the capped kappa still bounds the cold rate from below, as a compute-bound loop does.
 """
 
 from __future__ import annotations
