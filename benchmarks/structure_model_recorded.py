@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         (WORK / name).mkdir()
         shutil.copy(recorded / name / "bench-B1.json", WORK / name)
         structure_model.step_model(name, WORK, WORK / "device.json", "bf16", (1,))
-    structure_model.step_table(WORK)
+    structure_model.step_table(WORK, WORK / "device.json")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("device.json", "table.json", "table.md", *(f"{m}/{f}" for m in models
                                                             for f in ("predicted-B1.json", "errors.json"))):
