@@ -121,6 +121,10 @@ AD = "adaptive-draft/"
 STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "pair",
                     "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
 STRUCTURE_GPU = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b")  # measured on the H200 (gpu-h200/)
+# per run of epyc-avx2/: its profile's self-check with the capped rates (median / max) and the model-kernels within
+EPYC_CAPPED = {1: ("slot 9.8% / 12.6%, dedup 9.6% / 12.7%", 12), 2: ("slot 1.8% / 12.9%, dedup 4.3% / 10.2%", 13),
+               3: ("slot 1.4% / 5.9%, dedup 2.0% / 8.3%", 15), 4: ("slot 1.5% / 11.0%, dedup 5.3% / 10.6%", 6),
+               5: ("slot 6.2% / 17.5%, dedup 2.5% / 8.6%", 15)}
 STRUCTURE_GGUF = {"q8_0": STRUCTURE_MODELS, "q4_0": ("olmoe-1b-7b", "heldout-1536x512")}  # validated GGUF formats
 STRUCTURE_GGUF_B8 = ("olmoe-1b-7b", "qwen3-30b-a3b", "heldout-1536x512")  # q8_0 also at passes of 8..72 tokens
 # structure-model/same-session/: (model, format folder, B) of each measured and predicted bench
@@ -466,13 +470,42 @@ ENTRIES: dict[str, Entry] = {
         "GB/s against 15.7): 1 of 16 model-kernels within 10% / 20%, every model predicted 1.2-1.4x slow; crossover "
         "within one on 7 of 8, k_hat*(a) at all four acceptances on 6 of 7 plannable",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/epyc-avx2/run-5", "bf16 profile on the AVX2 EPYC, the code of run-1, pinned at 25.0 GB/s "
+        "(take 3 of 3, all flagged: self-check 21.5% / 32.7% per-slot, 26.2% / 34.1% dedup)",
+        "the AVX2 EPYC's fifth run, every bench at its profile's level: 1 of 16 model-kernels within 10% / 20% (the "
+        "pair's dedup), every model predicted 1.2-1.4x slow (the profile's hot rate, slower than its cold one, set "
+        "every cold group's rate: capped/); crossover within one on 7 of 8, k_hat*(a) at all four acceptances on 6 of "
+        "7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/epyc-avx2/run-6", "bf16 profile on the AVX2 EPYC with the hot rate capped, pinned at 24.6 "
+        "GB/s (take 1, unflagged: self-check 7.9% / 17.5% per-slot, 10.6% / 16.8% dedup)",
+        "the capped model's own run on the AVX2 EPYC, every bench at its profile's level: 8 of 16 model-kernels "
+        "within 10% / 20% (the rest 11-14% in median, predicted slow, the pair's dedup 13.9% / 20.0%); crossover "
+        "within one on 7 of 8, k_hat*(a) at all four acceptances on 7 of 7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/epyc-avx2/summary.json": Entry(
-        "the AVX2 EPYC's four runs (run-1 to run-4): in median over runs 12 of 16 model-kernels within 10% / 20% (not "
-        "OLMoE's dedup 10.03%, gpt-oss's dedup 13.8% / 21.2%, DeepSeek-V2-Lite's dedup 14.4%, the pair's per-slot "
-        "12.1% / 23.1%); crossover within one in 28 of 32 model-runs (the misses the pair's, too small to time), "
-        "k_hat*(a) in 23 of 28 plannable"),
+        "the AVX2 EPYC's five runs (run-1 to run-5) as registered: in median over runs 7 of 16 model-kernels within "
+        "10% / 20% (not OLMoE's dedup, gpt-oss's, DeepSeek-V2-Lite's and Mixtral's two, 3072 x 1536's dedup, the "
+        "pair's per-slot); crossover within one in 35 of 40 model-runs (the misses the pair's, too small to time), "
+        "k_hat*(a) in 29 of 35 plannable"),
     "structure-model/epyc-avx2/summary.md": Entry("summary.json as markdown",
                                                   source="structure-model/epyc-avx2/summary.json"),
+    # the five runs predicted again from their recorded profiles and benches with the hot rate capped (nothing timed)
+    **{f"structure-model/epyc-avx2/capped/run-{r}/{name}": entry
+       for r, (check, within) in EPYC_CAPPED.items() for name, entry in {
+           "device.json": Entry(f"run-{r}'s recorded profile, its self-check recomputed on the capped rates: {check}"),
+           "table.json": Entry(f"run-{r}'s recorded benches predicted again with the hot rate held to the cold one "
+                               f"(structure_model_recorded.py): {within} of 16 model-kernels within 10% / 20%"),
+           "table.md": Entry("table.json as markdown", source=f"structure-model/epyc-avx2/capped/run-{r}/table.json"),
+           **{f"{m}/{f}": Entry(f"{m}: {what}, the hot rate capped") for m in STRUCTURE_MODELS
+              for f, what in (("predicted-B1.json", "predicted bench"),
+                              ("errors.json", "every recorded pass and its prediction"))}}.items()},
+    "structure-model/epyc-avx2/capped/summary.json": Entry(
+        "the AVX2 EPYC's five runs predicted again with the hot rate capped: in median over runs CAPPED_CLAIM"),
+    "structure-model/epyc-avx2/capped/summary.md": Entry("summary.json as markdown",
+                                                         source="structure-model/epyc-avx2/capped/summary.json"),
     "structure-model/xeon/summary.json": Entry(
         "the Xeon's five runs of the two-size fit (run-2 to run-6): in median over runs 13 of 16 model-kernels within "
         "10% / 20% (not Qwen3's per-slot 11.1%, 3072 x 1536 12.6-14.1%, the pair's per-slot 26.6%); predictions slow "
