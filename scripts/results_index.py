@@ -502,8 +502,17 @@ ENTRIES: dict[str, Entry] = {
            **{f"{m}/{f}": Entry(f"{m}: {what}, the hot rate capped") for m in STRUCTURE_MODELS
               for f, what in (("predicted-B1.json", "predicted bench"),
                               ("errors.json", "every recorded pass and its prediction"))}}.items()},
+    **validation_run(
+        "structure-model/epyc-avx2/run-7", "bf16 profile on the AVX2 EPYC with the hot rate capped, pinned at 20.1 "
+        "GB/s (take 1, unflagged: self-check 2.7% / 10.0% per-slot, 3.5% / 6.4% dedup)",
+        "the capped model's second run on the AVX2 EPYC, 5 of 8 benches at its profile's level: 14 of 16 "
+        "model-kernels within 10% / 20% (not OLMoE's per-slot 10.4%, the pair's dedup 18.0% / 27.7%); crossover within "
+        "one on 7 of 8, k_hat*(a) at all four acceptances on 7 of 7 plannable",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
     "structure-model/epyc-avx2/capped/summary.json": Entry(
-        "the AVX2 EPYC's five runs predicted again with the hot rate capped: in median over runs CAPPED_CLAIM"),
+        "the capped model on the AVX2 EPYC, seven runs (run-1 to run-5 predicted again, run-6 and run-7 its own): in "
+        "median over runs 15 of 16 model-kernels within 10% / 20%, all but the trained pair's dedup (10.7% / 16.4%); "
+        "84 of 112 model-kernel-runs; crossover within one in 49 of 56 model-runs, k_hat*(a) in 48 of 49 plannable"),
     "structure-model/epyc-avx2/capped/summary.md": Entry("summary.json as markdown",
                                                          source="structure-model/epyc-avx2/capped/summary.json"),
     "structure-model/xeon/summary.json": Entry(
