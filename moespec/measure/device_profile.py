@@ -82,7 +82,7 @@ from moespec.measure.level import Level, check_level, host_level
 from moespec.measure.passes import chosen_ids
 from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, timer_for
 from moespec.model.weights import expert_rows, matrix_bytes
-from moespec.kernels.structure import Rates
+from moespec.kernels.structure import Rates, kind_rates
 from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
 from moespec.measure.profile_fit import STATE_SPREAD, Item, fit_rates, self_check
 
@@ -435,7 +435,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
             doc_dtypes[dtype]["slot"] = _entry(rates["slot"])
         if i == 0:  # the cache probe's and the thread scaling's calls ran with the first dtype
             if keys := sorted(k for k in info if k[0] == "cache"):  # fitted once the profile's ceiling is known
-                probed = (rates["slot"], pair_of(dtype)["slot"], *info[keys[0]][:2], [
+                probed = (dtype, pair_of(dtype)["slot"], *info[keys[0]][:2], [
                     (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys])
             if timer.kind == "cpu":
                 first = rate_shapes(dtype)[0]
@@ -445,18 +445,18 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                           / np.median(by_key["cold", "dedup", *first, g, experts].seconds)) for g in THREAD_SCALING_G],
                     "ceiling_gbps": median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]}
         # the check passes' samples (not their weights) for the self-check, which needs the profile's ceiling
-        checked[dtype] = (rates, {k: Item(k, lambda: None, seconds=by_key[k].seconds, ceilings=by_key[k].ceilings)
-                                  for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"})
+        checked[dtype] = ({k: Item(k, lambda: None, seconds=by_key[k].seconds, ceilings=by_key[k].ceilings)
+                           for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"})
     stream = _stream_chunks(timer, config.reps) if timer.kind == "cpu" else None
     after = timer.ceiling()
     ceiling, ceiling_iqr = median_iqr(all_ceilings + after)
-    cache, probe = nominal, None  # the probe and the self-check take the model's rates (kind_rates): capped
+    model = {dtype: kind_rates(entry, ceiling) for dtype, entry in doc_dtypes.items()}  # as a prediction loads them
+    cache, probe = nominal, None
     if probed:
-        slot_rates, kernel, expert_bytes, rows, timed = probed
-        cache, probe = measured_capacity(slot_rates.capped(ceiling), kernel, PROBE_SHAPE, timed, expert_bytes, rows,
-                                         nominal)
-    checks = {dtype: self_check({k: r.capped(ceiling) for k, r in rates.items()}, items, check_info, cache)
-              for dtype, (rates, items, check_info) in checked.items()}
+        dtype, kernel, expert_bytes, rows, timed = probed
+        cache, probe = measured_capacity(model[dtype]["slot"], kernel, PROBE_SHAPE, timed, expert_bytes, rows, nominal)
+    checks = {dtype: self_check(model[dtype], items, check_info, cache)
+              for dtype, (items, check_info) in checked.items()}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
            "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
            "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],
