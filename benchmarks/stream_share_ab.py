@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import structure_model
-from moespec.defaults import BENCH_DTYPES, QUANTIZED
+from moespec.defaults import BENCH_DTYPES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.measure import device_profile
@@ -36,9 +36,9 @@ def fits(dtype: str) -> tuple[dict, list[float]]:
     items, info = device_profile._items(dtype, None, None)
     device_profile._time_rounds(items, REPS, CpuTimer(), Level(wait_s=0), lambda text: None)
     by_key = {item.key: item for item in items}
-    per_row, g_values = dtype in QUANTIZED, device_profile.G_VALUES
-    out = {"stream_share": fit_rates(by_key, info, g_values, per_row),  # no spread suffices below: s = 1
-           "all_of_the_stream": fit_rates(by_key, info, g_values, per_row, state_spread=float("inf"))}
+    rows, g_values = device_profile.rows_fit(dtype, "cpu"), device_profile.G_VALUES
+    out = {"stream_share": fit_rates(by_key, info, g_values, rows),  # no spread suffices below: s = 1
+           "all_of_the_stream": fit_rates(by_key, info, g_values, rows, state_spread=float("inf"))}
     return out, [c for item in items for c in (item.ceilings or [])]
 
 

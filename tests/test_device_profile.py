@@ -29,12 +29,12 @@ def test_no_profiled_shape_is_a_models() -> None:
                                                                          pair["intermediate_size"])}
     models |= {(1536, 512), (3072, 1536)}  # the validation's held-out shapes (benchmarks/structure_model.py)
     profiled = {*device_profile.RATE_SHAPES, *device_profile.GGUF_RATE_SHAPES, *device_profile.HOT_SHAPES,
-                device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE, device_profile.PROBE_SHAPE}
+                *device_profile.ROW_SHAPES, device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE, device_profile.PROBE_SHAPE}
     assert not profiled & models
 
 
 TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128), (128, 192), (96, 96)),
-        "HOT_SHAPES": ((128, 64),), "G_VALUES": (1, 2, 3),
+        "HOT_SHAPES": ((128, 64),), "ROW_SHAPES": ((32, 96), (96, 32)), "G_VALUES": (1, 2, 3),
         "COLD_BYTES": (1 << 20, 4 << 20), "HOT_BYTES": 96 << 10, "HOT_CACHE_SHARE": 1 / 64, "CHECK_N": (2,),
         "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
         "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,), "PROBE_SHAPE": (128, 64)}  # multiples of 32 (GGUF)
@@ -57,7 +57,8 @@ def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:
     rates = Rates.from_profile(loaded["dtypes"]["bf16"])
     assert rates.per_byte(2, loaded.ceiling_gbps) > 0 and set(loaded.self_check()) == {"slot", "dedup"}
     assert loaded["provenance"]["command"] and loaded["threads"] >= 1
-    assert loaded["dtypes"]["bf16"]["node_s"] == 0 and "row_s" not in loaded["dtypes"]["bf16"]  # one call, no rows
+    assert loaded["dtypes"]["bf16"]["node_s"] == 0  # one call
+    assert len(loaded["dtypes"]["bf16"]["row_s"]) == 3 and loaded["shapes"]["rows"] == [[32, 96], [96, 32]]
     assert loaded["shapes"]["rates"] == {"bf16": [[256, 128], [128, 192]]}
     probe = loaded["cache_probe"]
     assert 0 < loaded["cache_bytes"] <= loaded["cache_nominal_bytes"] and probe["kernel"] == "slot"
@@ -145,9 +146,22 @@ def test_stream_fit_exact() -> None:
 def test_hot_rate_is_the_slope_where_the_passes_differ_in_size() -> None:
     """kappa: the slope of time against bytes (a hot pass's start, its intercept, dropped) where the passes' bytes
     span RAMP_SPREAD; the median of one size's passes."""
-    points = [(1 / n, 1e-11 + 5e-5 / n) for n in (8e6, 8e6, 32e6)]
-    assert profile_fit.hot_rate(points) == pytest.approx(1e-11, rel=1e-9)
-    assert profile_fit.hot_rate([(1 / 8e6, 3e-11), (1 / 9e6, 2e-11), (1 / 8.5e6, 4e-11)]) == pytest.approx(3e-11)
+    points = [(1 / 2000, 1 / n, 1e-11 + 5e-5 / n) for n in (8e6, 8e6, 32e6)]
+    assert profile_fit.hot_rate(points, per_row=False) == pytest.approx((1e-11, 0.0), rel=1e-9)
+    one_size = [(1 / 2000, 1 / n, y) for n, y in ((8e6, 3e-11), (9e6, 2e-11), (8.5e6, 4e-11))]
+    assert profile_fit.hot_rate(one_size, per_row=False) == pytest.approx((3e-11, 0.0))
+
+
+def test_hot_rate_tells_the_per_row_time_by_row_length() -> None:
+    """Hot passes of long and short rows at two sizes, timed as kappa + r (rows per byte) + start / bytes: the fit
+    gives back kappa and r exactly; one row length cannot tell r and is refused."""
+    kappa, r, start = 2e-11, 4e-8, 3e-5
+    points = [(u, 1 / n, kappa + r * u + start / n) for u in (1 / 1600, 1 / 384, 1 / 164) for n in (4e6, 8e6)]
+    assert profile_fit.hot_rate(points, per_row=True) == pytest.approx((kappa, r), rel=1e-9)
+    one_size = [(u, 1 / 8e6, kappa + r * u) for u in (1 / 1600, 1 / 164)]
+    assert profile_fit.hot_rate(one_size, per_row=True) == pytest.approx((kappa, r), rel=1e-9)
+    with pytest.raises(ArgumentError, match="two or more row lengths"):
+        profile_fit.hot_rate([(1 / 1600, 1 / n, kappa) for n in (4e6, 8e6)], per_row=True)
 
 
 def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,7 +197,7 @@ def test_fit_rates_recovers_stream_share(monkeypatch: pytest.MonkeyPatch) -> Non
                                               seconds=[pass_s + groups * (group_s + b * per)],
                                               ceilings=[c] if c else None)
             info[key] = (b, 192, (groups, 1))
-    rates = profile_fit.fit_rates(by_key, info, (1, 2), per_row=False)
+    rates = profile_fit.fit_rates(by_key, info, (1, 2), rows=None)
     assert rates.stream_share == pytest.approx((share[1], share[2]), rel=1e-3)
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
     assert rates.ramp_s == pytest.approx((ramp[1], ramp[2]), rel=1e-3)
@@ -232,13 +246,53 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
             [pass_s + node_s * (nodes - 1) + groups * (group_s + rows * r[1] + b * (1 / 60e9 + x[1]))], [60.0])
         add(("overhead", kind, tokens, m, "hot"), b, rows, (groups, nodes),
             [hot_pass + node_s * (nodes - 1) + groups * (hot_group + rows * r[1] + b * kappa[1])])
-    rates = profile_fit.fit_rates(by_key, info, (1, 2), per_row=True)
+    rates = profile_fit.fit_rates(by_key, info, (1, 2), rows="cold")
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
     assert rates.row_s == pytest.approx((r[1], r[2]), rel=1e-3)
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
     assert (rates.pass_s, rates.group_s, rates.node_s) == pytest.approx((pass_s, group_s, node_s), rel=1e-3)
-    ours = profile_fit.fit_rates(by_key, info, (1, 2), per_row=False)  # our kernels' fit: one rate per G, no rows
+    ours = profile_fit.fit_rates(by_key, info, (1, 2), rows=None)  # one rate per G, no rows
     assert ours.row_s == () and ours.cold_excess_s_per_byte[0] > x[1]
+
+
+def test_fit_rates_recovers_our_per_row_time_from_the_hot_passes() -> None:
+    """Our kernels on the CPU (rows "hot"): cold rate passes, hot passes of long (HOT_SHAPES) and short rows
+    (ROW_SHAPES) at two sizes and the overhead passes, timed as the model says with a per-row time: the fit gives back
+    r_G from the hot passes, and x_G, kappa_G and the fixed costs; the per-row time is taken off the cold passes, so
+    x_G is the rate the stream alone sets."""
+    x, r, kappa = {1: 1e-11, 2: 3e-11}, {1: 1e-9, 2: 9e-9}, {1: 2e-11, 2: 3e-11}
+    pass_s, group_s, token_s, hot_pass, hot_group = 1.2e-4, 6e-7, 1.5e-6, 5e-5, 3e-7
+    by_key, info = {}, {}
+
+    def add(key, b, rows, groups, seconds, ceilings=None):
+        by_key[key] = profile_fit.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
+                                          ceilings=ceilings)
+        info[key] = (b, rows, groups)
+
+    for (d, f), g in itertools.product(device_profile.RATE_SHAPES, (1, 2)):
+        b, rows, e = device_profile.Weights.bytes_of(d, f, "bf16"), 2 * f + d, 5
+        ceilings = [30.0, 60.0]
+        add(("cold", "dedup", d, f, g, e), b, rows, e, [pass_s + g * token_s + e * (
+            group_s + rows * r[g] + b * max(1 / (c * 1e9) + x[g], kappa[g])) for c in ceilings], ceilings)
+    for (d, f), g in itertools.product(device_profile.hot_shapes("bf16", "cpu"), (1, 2)):
+        b, rows = device_profile.Weights.bytes_of(d, f, "bf16"), 2 * f + d
+        for e in device_profile.expert_counts((8 << 20, 4 << 20), b, 2):
+            add(("hot", "dedup", d, f, g, e), b, rows, e,
+                [hot_pass + g * token_s + e * (hot_group + rows * r[g] + b * kappa[g])] * 3)
+    b, rows = device_profile.Weights.bytes_of(64, 64, "bf16"), 192
+    for kind, tokens, m in device_profile._overhead_passes("bf16"):
+        groups = tokens * m
+        add(("overhead", kind, tokens, m, "cold"), b, rows, (groups, 1), [pass_s + tokens * token_s + groups * (
+            group_s + rows * r[1] + b * max(1 / 50e9 + x[1], kappa[1]))], [50.0])
+        add(("overhead", kind, tokens, m, "hot"), b, rows, (groups, 1),
+            [hot_pass + tokens * token_s + groups * (hot_group + rows * r[1] + b * kappa[1])])
+    rates = profile_fit.fit_rates(by_key, info, (1, 2), rows="hot")
+    assert rates.row_s == pytest.approx((r[1], r[2]), rel=1e-3)
+    assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
+    assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
+    assert (rates.pass_s, rates.group_s, rates.token_s) == pytest.approx((pass_s, group_s, token_s), rel=1e-3)
+    with pytest.raises(ArgumentError, match="rows must be"):
+        profile_fit.fit_rates(by_key, info, (1, 2), rows="warm")
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -323,11 +377,11 @@ def test_fit_rates_apart_gives_each_kind_its_own() -> None:
                 add(("overhead", kind, 8, m, state), b, (8 * m, 1),
                     [t["pass_s"] * cold + 8 * m * (t["group_s"] * cold + b * per(c))], [c] if c else None)
     for kind, t in truth.items():
-        rates = profile_fit.fit_rates(by_key, info, (1,), per_row=False, kind=kind, apart=True)
+        rates = profile_fit.fit_rates(by_key, info, (1,), rows=None, kind=kind, apart=True)
         assert (rates.pass_s, rates.group_s) == pytest.approx((t["pass_s"], t["group_s"]), rel=1e-6)
         assert rates.cold_excess_s_per_byte[0] == pytest.approx(t["x"], rel=1e-6)
         assert rates.hot_s_per_byte[0] == pytest.approx(t["kappa"], rel=1e-6)
-    mixed = profile_fit.fit_rates(by_key, info, (1,), per_row=False, kind="slot")  # both kinds' fixed costs at once
+    mixed = profile_fit.fit_rates(by_key, info, (1,), rows=None, kind="slot")  # both kinds' fixed costs at once
     assert mixed.pass_s != pytest.approx(truth["slot"]["pass_s"], rel=1e-3)
 
 

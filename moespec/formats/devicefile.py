@@ -38,9 +38,10 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     the hot passes measured it (the model holds it to the cold rate at ceiling_gbps)
            cold_excess_s_per_byte [..]  x_G >= 0: a cold group's seconds per byte less s_G / the ceiling sampled
                                     right after it (median) (moespec.kernels.structure)
-           row_s [..]               r_G >= 0: the fixed seconds per weight row of a group (ggml's vec_dot call per
-                                    row and token), fitted with x_G over rate shapes of many row lengths; required of
-                                    a GGUF format, absent for our kernels (no per-row cost)
+           row_s [..]               r_G >= 0: the fixed seconds per weight row of a group: ggml's vec_dot call per
+                                    row and token, fitted with x_G over rate shapes of many row lengths (required of
+                                    a GGUF format); our kernels' horizontal sums and stores per row and token, fitted
+                                    with kappa_G over hot shapes of short and long rows (CPU); absent: 0
            stream_share [..]        s_G in [0, 1]: the share of the stream's time 1 / C a cold group's time follows
                                     (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
                                     calls met more than one state of the host, else 1; optional (absent: 1)
@@ -60,8 +61,9 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     optional: the per-slot kernel's own rates (its groups all G = 1) and fixed costs,
                                     where it is a program of its own (the Triton kernels on a GPU); absent, the rates
                                     above serve both kinds (moespec.kernels.structure.Rates.from_profile)
-  shapes   {rates: {dtype: [[d, f], ..]}, hot: [[d, f], ..], overhead: [d, f], check: [d, f]}: the synthetic shapes
-           timed (a GGUF format's rate shapes span more row lengths than ours)
+  shapes   {rates: {dtype: [[d, f], ..]}, hot: [[d, f], ..], rows: [[d, f], ..], overhead: [d, f], check: [d, f]}:
+           the synthetic shapes timed (a GGUF format's rate shapes span more row lengths than ours; rows: the short-row
+           hot shapes of our kernels on the CPU, absent in older files)
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
            shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
            each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench

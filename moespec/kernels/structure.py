@@ -20,8 +20,13 @@ r(G) seconds per row of a group, not overlapped with the row's stream. So ggml's
 is 1 / C + x(G) + r(G) / (its bytes per row): faster for longer rows, which larger experts have (measured through
 ggml's entry point at G = 1 on q8_0 experts of 0.2-160 MB with rows of 256-12288 weights: ~9 ns per row explains
 each expert's time to within ~6%, where one rate per G misses by up to ~47% and a fixed time per group by ~20%).
-Our native kernels make no call per row (a row task is a tile of rows) and one rate per G fits their experts of
-0.4-126 MB to ~2% in median at G = 1 the same way: r = 0 there.
+Our native kernels make no call per row (a row task is a tile of rows), and one rate per G fits their experts of
+0.4-126 MB to ~2% in median at G = 1; but a group of G tokens ends each row with G horizontal sums and G stores,
+fixed time per row and token that a row of thousands of weights hides in its bytes and one of tens does not: on a
+2-core Zen 1 EPYC, hot experts of the same 24.6 KB ran 1.9x longer at G = 9 with 528 rows than with 192 (~5 ns per row
+and token, G = 2..16), and the trained pair's experts (rows of 32 and 128 weights) ran 1.3-1.5x longer at nine tokens
+on eight experts than one rate per G predicts. So the profile fits r(G) for our kernels too, from hot experts of
+short and long rows (moespec.measure.device_profile ROW_SHAPES).
 
 Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
 
@@ -32,7 +37,7 @@ Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per gr
 
 (b bytes and R weight rows per expert, D_cold = sum over groups of (1 - h_g) b the bytes a pass reads from memory;
 kappa_hot(G) the profile's hot passes' rate, C_p the profile's ceiling;
-node_s and r are 0 for our native kernels, which run any pass as one call; token_s is a call's fixed time per token, its
+node_s is 0 for our native kernels, which run any pass as one call, and r is 0 where a profile has none; token_s is a call's fixed time per token, its
 rows gathered and its output scattered, 0 for ggml's pair, whose per-token work node_s holds.)
 
 F(G) >= 0 is what a cold pass pays past the fixed time of a pass of tiny experts when it reads ramp_bytes (W) or
@@ -46,8 +51,8 @@ from memory.
 
 kappa(G) is the hot passes' rate held to the cold one at the profile's own ceiling C_p (Rates.capped): a byte the
 cache serves costs no more than one read from memory. A hot pass slower than a cold pass of the same G did not run
-from the cache, or paid for its shapes (the hot experts' rows are shorter than the rate shapes'); either way the cold
-rate bounds the loop better. On a 2-core guest of a first-generation Zen EPYC (AVX2 only) the hot passes read 1.0-1.4x
+from the cache, or paid for its shapes (the hot experts' rows are shorter than the rate shapes', which r(G) accounts
+for where the profile fits it); either way the cold rate bounds the loop better. On a 2-core guest of a first-generation Zen EPYC (AVX2 only) the hot passes read 1.0-1.4x
 slower per byte than the cold ones at G = 1..16 in five profiles, and the uncapped kappa, in the max above, set every
 cold group's rate there: the dedup kernel's check passes of three of those profiles missed by up to 34-41%, by 8-11%
 with the cap. Past C_p the capped kappa still bounds the cold rate from below, as a compute-bound loop does.
@@ -69,7 +74,7 @@ from moespec.arguments import show
 class Rates:
     """One weight format's rates from a device profile (moespec.formats.devicefile `dtypes.<dtype>`): per G (ascending
     from 1) kappa = hot_s_per_byte, the cold loop's excess x = cold_excess_s_per_byte and the fixed seconds per weight
-    row r = row_s (ggml's; empty: none, our kernels) and the stream's share s = stream_share (empty: 1 at every G);
+    row r = row_s (empty: none) and the stream's share s = stream_share (empty: 1 at every G);
     group_s and pass_s the fixed seconds of a group and of a call, ramp_s = cold_ramp_s what a cold pass's first
     ramp_bytes = cold_ramp_bytes cost past its rate, F per G (empty: 0); node_s those of each node past the first of a
     kernel that runs one node per token (ggml-per-slot; 0 where a call is one node); token_s those of each token of

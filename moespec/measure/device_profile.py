@@ -11,7 +11,10 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
   expert applied to G tokens, for G = 1..16 and a few larger (G_VALUES). Cold (after the cache flush) on every rate
   shape, at two sizes (COLD_BYTES: E experts of ~48 MiB in all, past the last-level cache, and of ~8x that), and hot
   (the same pass run just before) on HOT_SHAPES, experts of ~4 MB, HOT_EXPERTS of them and, where the cache the
-  process keeps is large, more (HOT_CACHE_SHARE of it). The line of time against a pass's bytes separates what a pass
+  process keeps is large, more (HOT_CACHE_SHARE of it); our kernels on the CPU also on ROW_SHAPES, experts of short
+  rows at the same bytes, so their fit tells a group's fixed seconds per weight row r_G (row_s) from kappa_G (hot
+  seconds per byte = kappa_G + r_G x its rows per byte, least squares per G, none below 0), and r_G is taken off
+  the cold passes before x_G. The line of time against a pass's bytes separates what a pass
   pays once from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
   starts once); the cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the
   ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call by call,
@@ -95,6 +98,10 @@ GGUF_RATE_SHAPES = ((384, 384), (832, 832), (1600, 1600), (3840, 640), (640, 384
 # Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
 # MB measured partly from memory here)
 HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
+# Our kernels' hot passes on the CPU add experts of short rows (64-256 weights; 74 and 197 KB in bf16): per row and
+# token a group spends fixed time (a horizontal sum, a store, the tile's loop) that a row of thousands of weights
+# hides in its bytes and one of tens does not, so the hot fit tells it (r_G) from the rate per byte by row length
+ROW_SHAPES = ((64, 192), (256, 128))
 HOT_EXPERTS = 2  # at least: the threads' row tasks overlap across groups, as in a real pass
 HOT_BYTES = 8 << 20  # the smaller hot passes: two of HOT_SHAPES' experts, which a 32 MiB last-level cache keeps whole
 # The larger hot passes fill this share of the cache the process keeps (kept_cache): where that is ~4x HOT_BYTES or
@@ -259,6 +266,18 @@ def _overhead_passes(dtype: str, apart: bool = False) -> list[tuple[str, int, in
     return passes
 
 
+def rows_fit(dtype: str, device: str) -> str | None:
+    """Where a dtype's per-row time is fitted on a device kind (moespec.measure.profile_fit.ROWS): ggml's pair over its
+    cold rate shapes, our native kernels over the hot passes with ROW_SHAPES, the Triton kernels not at all."""
+    return "cold" if dtype in QUANTIZED else "hot" if device == "cpu" else None
+
+
+def hot_shapes(dtype: str, device: str) -> tuple[tuple[int, int], ...]:
+    """The hot passes' shapes of a dtype on a device kind: HOT_SHAPES, and ROW_SHAPES where the per-row time is fitted
+    over the hot passes (rows_fit)."""
+    return HOT_SHAPES + (ROW_SHAPES if rows_fit(dtype, device) == "hot" else ())
+
+
 def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
     """The cold rate passes' shapes of a dtype: GGUF_RATE_SHAPES for a GGUF format (ggml's per-row time needs
     rows of many lengths), RATE_SHAPES for our kernels."""
@@ -267,12 +286,12 @@ def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
 
 def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
                 scaling: bool = False) -> tuple[list[Item], dict[str, Any]]:
-    """The cold (every rate shape) or hot (HOT_SHAPES) rate passes of one dtype, each shape at the expert counts of
+    """The cold (every rate shape) or hot (hot_shapes) rate passes of one dtype, each shape at the expert counts of
     its sizes: the dedup kernel at each G, and where `apart` the per-slot kernel at G = 1 (one token naming the E
     experts); keys (state, kind, d, f, G, E). With `scaling`, the first shape's dedup passes at THREAD_SCALING_G on
     one thread too, at its fewest experts (keys ("threads_1", d, f, G))."""
     pair, items, info = pair_of(dtype), [], {}
-    for i, (d, f) in enumerate(rate_shapes(dtype) if state == "cold" else HOT_SHAPES):
+    for i, (d, f) in enumerate(rate_shapes(dtype) if state == "cold" else hot_shapes(dtype, sizes.device)):
         b = Weights.bytes_of(d, f, dtype)
         counts = expert_counts(sizes.cold_bytes, b, 1) if state == "cold" else \
             expert_counts(sizes.hot_bytes, b, HOT_EXPERTS)
@@ -425,9 +444,9 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         all_ceilings += [c for item in items for c in item.ceilings]
         calls += sum(len(item.seconds) for item in items)
         spread = math.inf if level.active else STATE_SPREAD  # pinned: one state by construction, s = 1
-        rates = {"dedup": fit_rates(by_key, info, sizes.g_values, per_row=dtype in QUANTIZED, state_spread=spread,
+        rates = {"dedup": fit_rates(by_key, info, sizes.g_values, rows_fit(dtype, sizes.device), state_spread=spread,
                                     apart=sizes.apart)}
-        rates["slot"] = fit_rates(by_key, info, (1,), False, spread, kind="slot", apart=True) if sizes.apart \
+        rates["slot"] = fit_rates(by_key, info, (1,), None, spread, kind="slot", apart=True) if sizes.apart \
             else rates["dedup"]
         peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
         doc_dtypes[dtype] = _entry(rates["dedup"]) | {"matmul_peak_gflops": peak}
@@ -464,6 +483,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
            "stream_read": stream, "threads_1": scaling, "dtypes": doc_dtypes,
            "shapes": {"rates": {dtype: [list(s) for s in rate_shapes(dtype)] for dtype in config.dtypes},
                       "hot": [list(s) for s in HOT_SHAPES],
+                      "rows": [list(s) for s in ROW_SHAPES] if any(rows_fit(d, timer.kind) == "hot"
+                                                                   for d in config.dtypes) else [],
                       "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
            "sizes": {"G": list(sizes.g_values), "cold_bytes": list(sizes.cold_bytes),
                      "hot_bytes": list(sizes.hot_bytes),

@@ -11,7 +11,10 @@ Keys of the timed calls (Item.key) and what info[key] holds beside them:
 Rates are fitted per kernel kind: the deduplicating kind's rate passes give every G; where the per-slot kernel is a
 program of its own (the Triton kernels on a GPU: a CUDA-core GEMV beside a tensor-core tile), its own rate passes give
 its G = 1 rates and each kind's fixed costs come from its own overhead passes (`apart`); otherwise (the native CPU
-kernels share one group loop; ggml's pair its vec_dot) one fit serves both kinds.
+kernels share one group loop; ggml's pair its vec_dot) one fit serves both kinds. A group's fixed seconds per weight
+row r_G are told from its seconds per byte by shapes of different row lengths: ggml's over its cold rate shapes (a
+vec_dot call per row and token), ours on the CPU over hot passes of long and short rows (ROW_SHAPES: per row and
+token a horizontal sum and a store, which a short row does not hide behind its bytes).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ RAMP_SPREAD = 2.0
 # Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
 # per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
 FIT_PASSES = 10
+# Where a profile's per-row time r_G is fitted (fit_rates `rows`): over the cold rate passes (ggml's pair: rate shapes
+# of many row lengths, each row a vec_dot call) or over the hot passes (our kernels on the CPU: long and short rows)
+ROWS = ("cold", "hot")
 
 Key = tuple[Any, ...]
 
@@ -81,6 +87,11 @@ def spans_sizes(inverse_bytes: np.ndarray) -> bool:
     return bool(inverse_bytes.max() >= RAMP_SPREAD * inverse_bytes.min())
 
 
+def _check_row_lengths(rows_per_byte: np.ndarray) -> None:
+    if np.ptp(rows_per_byte) == 0:
+        raise ArgumentError(f"a per-row time needs shapes of two or more row lengths, got {len(set(rows_per_byte))}")
+
+
 def nonneg_fit(design: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares of y on the columns of design with every coefficient >= 0: the best fit among those on each
     subset of the columns whose coefficients all come out >= 0, the columns left out at 0 (all 0 where none does).
@@ -109,8 +120,8 @@ def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per
     bytes cost past the rate x (an intercept in time against bytes); r needs shapes of two or more row lengths."""
     calls = [(u, v, y, w) for u, v, rows in passes for y, w in rows]
     u, v, y, w = (np.array(c, dtype=float) for c in zip(*calls))
-    if per_row and np.ptp(u) == 0:
-        raise ArgumentError(f"a per-row time needs shapes of two or more row lengths, got {len(set(u))}")
+    if per_row:
+        _check_row_lengths(u)
     ramp = spans_sizes(v)
     extra = [c for c, on in ((u, per_row), (v, ramp)) if on]
     share = 1.0
@@ -126,30 +137,39 @@ def stream_fit(passes: list[tuple[float, float, list[tuple[float, float]]]], per
     return x, share, r, float(next(coef)) if ramp else 0.0
 
 
-def hot_rate(points: list[tuple[float, float]]) -> float:
-    """kappa from hot passes' (v: 1 / the pass's bytes, seconds per byte past the hot fixed costs): the slope of
-    time against bytes where the passes' bytes span RAMP_SPREAD (what is left of a hot pass's start is its
-    intercept, not a rate), else the median."""
-    v, y = (np.array(c, dtype=float) for c in zip(*points))
-    if spans_sizes(v):
-        return float(nonneg_fit(np.column_stack([np.ones_like(v), v]), y)[0])
-    return float(np.median(y))
+def hot_rate(points: list[tuple[float, float, float]], per_row: bool) -> tuple[float, float]:
+    """(kappa, r) from hot passes' (u: their expert's rows per byte, v: 1 / the pass's bytes, seconds per byte past
+    the hot fixed costs): y = kappa + r u + I v by least squares, none below 0 (nonneg_fit), r only where per_row (0
+    otherwise; it needs shapes of two or more row lengths) and the intercept in time I (what is left of a hot pass's
+    start) only where the passes' bytes span RAMP_SPREAD; without either, kappa is the median."""
+    u, v, y = (np.array(c, dtype=float) for c in zip(*points))
+    if per_row:
+        _check_row_lengths(u)
+    columns = [c for c, on in ((u, per_row), (v, spans_sizes(v))) if on]
+    if not columns:
+        return float(np.median(y)), 0.0
+    coef = nonneg_fit(np.column_stack([np.ones_like(y), *columns]), y)
+    return float(coef[0]), float(coef[1]) if per_row else 0.0
 
 
-def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[int], per_row: bool,
+def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[int], rows: str | None,
               state_spread: float = STATE_SPREAD, kind: str = "dedup", apart: bool = False) -> Rates:
-    """kappa_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread), r_G where per_row (a GGUF format: ggml's
-    pair) and the cold pass_s and group_s, for G in g_values, from the rate passes of `kind`'s kernel (module docstring)
-    and the overhead passes of every kind (of `kind` alone where `apart`). A hot call has fixed costs of its own (its
-    threads are awake and its code cached), taken from the hot overhead passes and subtracted before kappa; the fixed
-    costs and the rates depend on each other only through small corrections, so alternating passes settle them
-    (FIT_PASSES)."""
+    """kappa_G and r_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread) and the cold pass_s and group_s, for
+    G in g_values, from the rate passes of `kind`'s kernel (module docstring) and the overhead passes of every kind (of
+    `kind` alone where `apart`). The fixed seconds per weight row r_G come from the rate passes of one state (ROWS):
+    the cold ones ("cold": ggml's pair, over its rate shapes of many row lengths, subtracted before kappa), the hot
+    ones ("hot": our kernels on the CPU, over hot shapes of long and short rows, subtracted before x) or none (None).
+    A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the hot overhead
+    passes and subtracted before kappa; the fixed costs and the rates depend on each other only through small
+    corrections, so alternating passes settle them (FIT_PASSES)."""
+    if rows not in (*ROWS, None):
+        raise ArgumentError(f"rows must be one of {ROWS} or None, got {rows!r}")
     g_values = tuple(g_values)
     zeros = (0.0,) * len(g_values)
-    rates = Rates(g_values, (1e-12,) * len(g_values), zeros, 0.0, 0.0, row_s=zeros if per_row else ())
+    rates = Rates(g_values, (1e-12,) * len(g_values), zeros, 0.0, 0.0, row_s=zeros if rows else ())
     own = kind if apart else None
     # per G: the cold rate passes (key, b, rows, E), and the first bytes of a pass, which stream slower (ramp_bytes)
-    cold = {g: [(k, b, rows, e) for k, (b, rows, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g]
+    cold = {g: [(k, b, r, e) for k, (b, r, e) in info.items() if k[:2] == ("cold", kind) and k[4] == g]
             for g in g_values}
     knee = {g: min(b * e for _, b, _, e in passes) for g, passes in cold.items()}
     for _ in range(FIT_PASSES):
@@ -157,21 +177,24 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
         pass_s, group_s, node_s, token_s = fixed_costs(by_key, info, "cold", rates, own)
         kappa, excess, shares, row, ramp = [], [], [], [], []
         for g in g_values:  # a rate pass of kind dedup runs G tokens, of kind slot one (key[4] = 1 = its tokens)
-            x, share, r, start = stream_fit(
-                [(rows / b, 1 / max(b * e, knee[g]), [((t - pass_s - g * token_s - e * group_s) / (b * e),
-                                                       1 / (c * 1e9)) for t, c in zip(by_key[k].seconds,
-                                                                                      by_key[k].ceilings)])
-                 for k, b, rows, e in cold[g]], per_row, state_spread)
-            hot = [(1 / (b * e), (np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group
-                                  - e * rows * r) / (b * e))
-                   for k, (b, rows, e) in info.items() if k[:2] == ("hot", kind) and k[4] == g]
-            kappa.append(max(hot_rate(hot), 1e-15))
+            hot = [(n / b, 1 / (b * e), (np.median(by_key[k].seconds) - hot_pass - g * hot_token - e * hot_group)
+                    / (b * e)) for k, (b, n, e) in info.items() if k[:2] == ("hot", kind) and k[4] == g]
+            k_g, r = hot_rate(hot, per_row=True) if rows == "hot" else (0.0, 0.0)
+            x, share, r_cold, start = stream_fit(
+                [(n / b, 1 / max(b * e, knee[g]), [((t - pass_s - g * token_s - e * group_s) / (b * e) - r * n / b,
+                                                    1 / (c * 1e9)) for t, c in zip(by_key[k].seconds,
+                                                                                   by_key[k].ceilings)])
+                 for k, b, n, e in cold[g]], rows == "cold", state_spread)
+            if rows != "hot":
+                r = r_cold
+                k_g = hot_rate([(u, v, y - r * u) for u, v, y in hot], per_row=False)[0]
+            kappa.append(max(k_g, 1e-15))
             excess.append(x)
             shares.append(share)
             row.append(r)
             ramp.append(start)
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if per_row else (), tuple(shares), token_s, tuple(ramp), float(min(knee.values())))
+                      tuple(row) if rows else (), tuple(shares), token_s, tuple(ramp), float(min(knee.values())))
     return rates
 
 
