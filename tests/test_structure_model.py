@@ -28,11 +28,11 @@ RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), cold_excess_s_p
 def test_per_byte_roofline_interpolated_and_past_the_grid() -> None:
     assert RATES.per_byte(1, 50.0) == pytest.approx(2e-11 + 5e-12)  # memory 1 / 50 GB/s plus the loop's excess
     assert RATES.per_byte(1, 25.0) == pytest.approx(4e-11 + 5e-12)  # half the ceiling: the stream's part doubles
-    assert RATES.per_byte(1, 400.0) == pytest.approx(1e-11)  # 2.5e-12 + 5e-12 under the loop's 100 GB/s
+    assert RATES.per_byte(1, 400.0) == pytest.approx(2.5e-12 + 5e-12)  # the hot rate 1e-11 is no floor
     assert RATES.per_byte(1, 50.0, cold=False) == pytest.approx(1e-11)
-    assert RATES.per_byte(3, 50.0) == pytest.approx(2e-11 + 1.5e-11)  # halfway between G = 2 and 4, over kappa 3e-11
-    assert RATES.per_byte(6, 50.0) == pytest.approx(4e-11 + 2 * 1e-11)  # the loop on the line through G = 2, 4
-    assert RATES.per_byte(8, 50.0) == pytest.approx(8e-11)  # past the grid: the loop's line, the excess stays 2e-11
+    assert RATES.per_byte(3, 50.0) == pytest.approx(2e-11 + 1.5e-11)  # halfway between G = 2 and 4
+    assert RATES.per_byte(6, 50.0) == pytest.approx(2e-11 + 3e-11)  # past the grid: x on its line through G = 2, 4
+    assert RATES.per_byte(8, 50.0, cold=False) == pytest.approx(8e-11)  # and kappa on its own
 
 
 def test_groups_in_kernel_order() -> None:
@@ -106,11 +106,11 @@ def test_pass_time_of_ggml_pair_exact() -> None:
 
 
 def test_stream_share_in_the_cold_rate_exact() -> None:
-    """cold = max(s / C + x, 1 / C, kappa), s interpolated on G (its last value past the grid), 1 where absent."""
+    """cold = max(s / C + x, 1 / C), s interpolated on G (its last value past the grid), 1 where absent."""
     rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (3e-11, 4e-11, 5e-11), 0.0, 0.0, stream_share=(0.5, 0.7, 0.9))
     assert rates.per_byte(1, 25.0) == pytest.approx(0.5 / 25e9 + 3e-11)
     assert rates.per_byte(3, 25.0) == pytest.approx(0.8 / 25e9 + 4.5e-11)
-    assert rates.per_byte(8, 400.0) == pytest.approx(8e-11)  # kappa on its last line past the grid, over the stream
+    assert rates.per_byte(8, 400.0) == pytest.approx(0.9 / 400e9 + 7e-11)  # x on its last line past the grid
     fast = Rates((1,), (1e-12,), (0.0,), 0.0, 0.0, stream_share=(0.2,))
     assert fast.per_byte(1, 50.0) == pytest.approx(1 / 50e9)  # never faster than the stream itself
     assert RATES.per_byte(1, 50.0) == pytest.approx(1 / 50e9 + 5e-12)  # no stream_share: all of the stream
@@ -143,8 +143,8 @@ def test_capped_hot_rate_no_slower_than_the_profiles_cold_rate_exact() -> None:
     assert at_100.hot_s_per_byte == pytest.approx((1e-11, 2e-11, 3e-11))  # G = 4: cold 1e-11 + 2e-11 under 4e-11
     assert at_100.cold_excess_s_per_byte == RATES.cold_excess_s_per_byte
     assert at_100.per_byte(4, 100.0) == pytest.approx(3e-11) == at_100.per_byte(4, 100.0, cold=False)
-    assert RATES.per_byte(4, 100.0) == pytest.approx(4e-11)  # uncapped: the slow hot pass set the cold rate
-    assert at_100.per_byte(4, 400.0) == pytest.approx(3e-11)  # past C_p the capped loop still bounds the stream
+    assert RATES.per_byte(4, 100.0, cold=False) == pytest.approx(4e-11)  # uncapped: a hit slower than a cold read
+    assert at_100.per_byte(4, 400.0) == pytest.approx(2.5e-12 + 2e-11)  # kappa is no floor under the cold rate
     shared = Rates((1,), (6e-11,), (3e-11,), 0.0, 0.0, stream_share=(0.5,)).capped(25.0)
     assert shared.hot_s_per_byte == pytest.approx((0.5 / 25e9 + 3e-11,))  # half the stream's 4e-11, plus x
     floor = Rates((1,), (5e-11,), (0.0,), 0.0, 0.0, stream_share=(0.2,)).capped(50.0)

@@ -33,7 +33,7 @@ Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per gr
     t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0)
         + min(1, D_cold / W) mean over groups of (1 - h_g) F(G_g)
         + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
-    cold(G) = max(s(G) / C + x(G), 1 / C, kappa(G)),   kappa(G) = min(kappa_hot(G), max(s(G) / C_p + x(G), 1 / C_p))
+    cold(G) = max(s(G) / C + x(G), 1 / C),   kappa(G) = min(kappa_hot(G), max(s(G) / C_p + x(G), 1 / C_p))
 
 (b bytes and R weight rows per expert, D_cold = sum over groups of (1 - h_g) b the bytes a pass reads from memory;
 kappa_hot(G) the profile's hot passes' rate, C_p the profile's ceiling;
@@ -55,7 +55,11 @@ from the cache, or paid for its shapes (the hot experts' rows are shorter than t
 for where the profile fits it); either way the cold rate bounds the loop better. On a 2-core guest of a first-generation Zen EPYC (AVX2 only) the hot passes read 1.0-1.4x
 slower per byte than the cold ones at G = 1..16 in five profiles, and the uncapped kappa, in the max above, set every
 cold group's rate there: the dedup kernel's check passes of three of those profiles missed by up to 34-41%, by 8-11%
-with the cap. Past C_p the capped kappa still bounds the cold rate from below, as a compute-bound loop does.
+with the cap. kappa is the rate of the bytes the cache serves only, not a floor under the cold rate: the cold loop's
+own cost is x(G), timed on cold passes, and a floor of the capped kappa held every pass of a state faster than the
+profile's at the profile's rate (the same EPYC's benches at 21.6-22.2 GB/s against a profile at 19.8 ran 10-17%
+faster than that floor predicted; over eight runs there, 108 of 128 model-kernel-runs within 10% / 20% without it,
+93 with it, and none of three other CPUs' stored runs or the H200's worse).
 """
 
 from __future__ import annotations
@@ -168,17 +172,17 @@ class Rates:
         return _on_grid(self.G, self.row_s, g) if self.row_s else 0.0
 
     def per_byte(self, g: int, ceiling_gbps: float, cold: bool = True) -> float:
-        """Seconds per weight byte of a group of g tokens: max(s(g) / C + x(g), 1 / C, kappa(g)) when it reads from
-        memory at a ceiling of C = ceiling_gbps GB/s, kappa(g) when the cache serves it."""
+        """Seconds per weight byte of a group of g tokens: max(s(g) / C + x(g), 1 / C) when it reads from memory at a
+        ceiling of C = ceiling_gbps GB/s, kappa(g) when the cache serves it; x and kappa past the profile's G on the
+        line through their last two values (the loop's work grows with its tokens)."""
         _check_tokens(g)
         if not ceiling_gbps > 0:
             raise ArgumentError(f"ceiling_gbps must be positive, got {show(ceiling_gbps)}")
-        kappa = _on_grid(self.G, self.hot_s_per_byte, g)
         if not cold:
-            return kappa
-        excess = float(np.interp(g, self.G, self.cold_excess_s_per_byte))  # past the grid: its last value
+            return _on_grid(self.G, self.hot_s_per_byte, g)
+        excess = _on_grid(self.G, self.cold_excess_s_per_byte, g)
         stream = 1.0 / (ceiling_gbps * 1e9)
-        return max(self.share(g) * stream + excess, stream, kappa)
+        return max(self.share(g) * stream + excess, stream)
 
 
 def kind_rates(entry: Mapping[str, Any], ceiling_gbps: float) -> dict[str, Rates]:
