@@ -255,6 +255,23 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
     assert ours.row_s == () and ours.cold_excess_s_per_byte[0] > x[1]
 
 
+def test_fixed_costs_refit_without_a_term_that_comes_out_negative() -> None:
+    """Overhead passes whose time falls with their tokens (pass + groups x group - 3 us x tokens): the token term is
+    left out and the others refit without it (a clipped term would have left pass_s fitted beside -3 us a token)."""
+    rates = Rates((1,), (1e-12,), (0.0,), 0.0, 0.0)
+    by_key, info, design, times = {}, {}, [], []
+    for kind, tokens, m in device_profile._overhead_passes("bf16"):
+        key, groups = ("overhead", kind, tokens, m, "cold"), tokens * m
+        times.append(2e-4 + groups * 1e-6 - 3e-6 * tokens)
+        design.append([1.0, groups])
+        by_key[key] = profile_fit.Item(key, lambda: None, seconds=[times[-1]], ceilings=[1e9])
+        info[key] = (1.0, 1, (groups, 1))
+    pass_s, group_s, node_s, token_s = profile_fit.fixed_costs(by_key, info, "cold", rates)
+    expected = np.linalg.lstsq(np.array(design), np.array(times), rcond=None)[0]
+    assert (token_s, node_s) == (0.0, 0.0) and (pass_s, group_s) == pytest.approx(tuple(expected), rel=1e-6)
+    assert pass_s < 2e-4 + 8 * 3e-6  # not the intercept beside the negative token term
+
+
 def test_fit_rates_recovers_our_per_row_time_from_the_hot_passes() -> None:
     """Our kernels on the CPU (rows "hot"): cold rate passes, hot passes of long (HOT_SHAPES) and short rows
     (ROW_SHAPES) at two sizes and the overhead passes, timed as the model says with a per-row time: the fit gives back

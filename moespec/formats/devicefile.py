@@ -43,7 +43,7 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
                                     a GGUF format); our kernels' horizontal sums and stores per row and token, fitted
                                     with kappa_G over hot shapes of short and long rows (CPU); absent: 0
            stream_share [..]        s_G in [0, 1]: the share of the stream's time 1 / C a cold group's time follows
-                                    (cold per byte max(s_G / C + x_G, 1 / C, kappa_G)), fitted where the profile's
+                                    (cold per byte max(s_G / C + x_G, 1 / C)), fitted where the profile's
                                     calls met more than one state of the host, else 1; optional (absent: 1)
            cold_ramp_s [..]         F_G >= 0: what a cold pass's first cold_ramp_bytes cost past its rate and pass_s
                                     (moespec.kernels.structure), from the cold rate passes' time against their bytes;

@@ -65,7 +65,8 @@ def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates
     the same call), of `kind`'s kernel (None: every kind's): least squares of the time left after the groups' bytes
     and rows (rates at G = 1, cold at each call's ceiling or hot) on the group count, the nodes past the first (node_s
     0 where every pass is one node: our kernels) and, where every pass is one node and their token counts differ, the
-    tokens (else token_s 0: ggml's per-token work is its nodes')."""
+    tokens (else token_s 0: ggml's per-token work is its nodes'); none below 0 (nonneg_fit: a term clipped after an
+    unconstrained fit would leave the others fitted beside its negative value)."""
     rows, left = [], []
     cold = state == "cold"
     for k, (b, r, groups) in info.items():
@@ -77,8 +78,8 @@ def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates
                                    for t, c in zip(item.seconds, ceilings)]))
     design = np.array(rows, dtype=float)
     keep = [0, 1, 2] if design[:, 2].any() else [0, 1, 3] if np.ptp(design[:, 3]) > 0 else [0, 1]
-    coef = dict(zip(keep, np.linalg.lstsq(design[:, keep], np.array(left), rcond=None)[0]))
-    pass_s, group_s, node_s, token_s = (max(float(coef.get(i, 0.0)), 0.0) for i in range(4))
+    coef = dict(zip(keep, nonneg_fit(design[:, keep], np.array(left))))  # a term that would come out < 0 is left out
+    pass_s, group_s, node_s, token_s = (float(coef.get(i, 0.0)) for i in range(4))
     return pass_s, group_s, node_s, token_s
 
 
