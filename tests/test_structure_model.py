@@ -359,14 +359,19 @@ def test_profile_checks_flag_a_moving_host(tmp_path: Path) -> None:
     [line] = profile_checks(bad, "bad.json", "q8_0")
     assert "misses by up to 60% at q8_0 (over 25%)" in line and "quieter machine" in line
     assert profile_checks(bad, "bad.json", "bf16") == [] and len(profile_checks(bad, "bad.json")) == 1
-    pinned = {"pinned_gbps": 33.0, "band": 0.15, "wait_s": 60.0, "waited_s": 60.0, "dropped": 4, "repins": 0,
+    pinned = {"pinned_gbps": 48.0, "band": 0.15, "wait_s": 60.0, "waited_s": 60.0, "dropped": 4, "repins": 0,
               "exhausted": True, "calls": 1000}
     held = load_profile(write(tmp_path / "held.json", profile_doc(ceiling_before_after_gbps=[30.0, 52.0],
                                                                   level=pinned | {"kept_off": 100})))
     assert profile_checks(held, "held.json") == []  # pinned: the samples around the calls do not count
     left = load_profile(write(tmp_path / "left.json", profile_doc(level=pinned | {"kept_off": 663})))
     [line] = profile_checks(left, "left.json")
-    assert "66% of its calls were kept off the pinned level of 33.0 GB/s" in line and "moespec profile" in line
+    assert "66% of its calls were kept off the pinned level of 48.0 GB/s" in line and "moespec profile" in line
+    apart = load_profile(write(tmp_path / "apart.json", profile_doc(level=pinned | {"pinned_gbps": 33.0,
+                                                                                    "kept_off": 100})))
+    [line] = profile_checks(apart, "apart.json")  # its calls read 50 GB/s, 52% over the level it pinned
+    assert "its calls' streaming read (50.0 GB/s in median) is off its pinned level of 33.0 GB/s" in line \
+        and "(15%)" in line and "moespec profile" in line
 
 
 def test_predict_prints_the_profile_warning(tmp_path: Path, capsys, olmoe_trace: Path) -> None:

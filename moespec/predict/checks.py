@@ -9,7 +9,8 @@ line naming the file, what is wrong and the setting to change.
             the count, and past CONTENDED_SHARE of the calls that the times are not the quiet machine's);
   profile   a device profile (device.json) taken while the host changed state: its ceiling sampled before or after
             the timing more than NOISY_IQR off the median of the calls' samples (pinned to a level, more than
-            OFF_LEVEL_SHARE of its calls kept off the level instead: the samples around it are not pinned), or its
+            OFF_LEVEL_SHARE of its calls kept off the level, or the calls' median ceiling off the pinned level by
+            more than the level's band, instead: the samples around it are not pinned), or its
             self-check (the model on passes no rate came from) missing by more than PROFILE_ERROR_LIMIT: re-take it
             on a quieter machine;
   runs      the verify time flat in n (no growth from n = 1 to the largest n beyond their 95% intervals, or
@@ -103,6 +104,11 @@ def profile_checks(profile: DeviceProfile, where: str, dtype: str | None = None)
         if off > OFF_LEVEL_SHARE:
             out.append(f"{where}: {off:.0%} of its calls were kept off the pinned level of {pinned:.1f} GB/s (the "
                        f"wait ran out): its rates mix two states of this host")
+        band = level.get("band")
+        if is_number(band) and abs(ceiling / pinned - 1) > band:
+            out.append(f"{where}: its calls' streaming read ({ceiling:.1f} GB/s in median) is off its pinned level of "
+                       f"{pinned:.1f} GB/s by more than the level's band ({band:.0%}): the level's reference read "
+                       f"met another state of this host than its calls")
     else:
         around = profile.get("ceiling_before_after_gbps")  # optional: a list of two positive GB/s
         around = around if isinstance(around, list) and all(is_number(v) and v > 0 for v in around) else []
