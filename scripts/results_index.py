@@ -539,9 +539,9 @@ ENTRIES: dict[str, Entry] = {
         "DeepSeek-V2-Lite's per-slot and the pair's per-slot missing by 10-15% in median",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile"),
     **validation_run(
-        "structure-model/epyc-avx2/run-11", "bf16 profile on the AVX2 EPYC, per-row time, hits-only hot rate and fixed costs "
-        "fitted with no term below 0, pinned at 19.9 GB/s (take 2 of 3, the first flagged: 93% of its calls off a level "
-        "of 16.8 GB/s; self-check 1.8% / 5.1% per-slot, 1.4% / 5.5% dedup)",
+        "structure-model/epyc-avx2/run-11", "bf16 profile on the AVX2 EPYC, per-row time, hits-only hot rate and "
+        "fixed costs fitted with no term below 0, pinned at 19.9 GB/s (take 2 of 3, the first flagged: 93% of its "
+        "calls off a level of 16.8 GB/s; self-check 1.8% / 5.1% per-slot, 1.4% / 5.5% dedup)",
         "the final model's run on the AVX2 EPYC: 14 of 16 model-kernels within 10% / 20%, all but the pair's "
         "per-slot (18.7% / 22.6%, predicted 1.14-1.21x slow at every n) and the pair's dedup (3.9% / 20.5%); crossover "
         "within one on 7 of 8, k_hat*(a) at all four acceptances on 7 of 7 plannable",

@@ -8,6 +8,7 @@ import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -29,7 +30,8 @@ def test_no_profiled_shape_is_a_models() -> None:
                                                                          pair["intermediate_size"])}
     models |= {(1536, 512), (3072, 1536)}  # the validation's held-out shapes (benchmarks/structure_model.py)
     profiled = {*device_profile.RATE_SHAPES, *device_profile.GGUF_RATE_SHAPES, *device_profile.HOT_SHAPES,
-                *device_profile.ROW_SHAPES, device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE, device_profile.PROBE_SHAPE}
+                *device_profile.ROW_SHAPES, device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE,
+                device_profile.PROBE_SHAPE}
     assert not profiled & models
 
 
@@ -217,17 +219,23 @@ def test_expert_counts_per_size() -> None:
     assert device_profile.expert_counts((48 << 20, 192 << 20), 200 << 20, 1) == [1]  # an expert past both sizes
 
 
+def recorder(by_key: dict, info: dict) -> Callable[..., None]:
+    """add(key, b, rows, groups, seconds, ceilings=None): one timed call into by_key (cold where it has ceilings) and
+    its bytes, rows and groups into info."""
+    def add(key, b, rows, groups, seconds, ceilings=None):
+        by_key[key] = profile_fit.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
+                                          ceilings=ceilings)
+        info[key] = (b, rows, groups)
+    return add
+
+
 def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rate, hot and overhead passes timed as the model says (ggml's: with a per-row time) give back its x_G, r_G,
     kappa_G and fixed costs (to the fixed point of the alternating fit)."""
     x, r, kappa = {1: 1e-11, 2: 3e-11}, {1: 9e-9, 2: 2.4e-8}, {1: 2e-11, 2: 4e-11}
     pass_s, group_s, node_s, hot_pass, hot_group = 1.2e-4, 1e-7, 3e-5, 5e-5, 5e-8
     by_key, info = {}, {}
-
-    def add(key, b, rows, groups, seconds, ceilings=None):
-        by_key[key] = profile_fit.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
-                                          ceilings=ceilings)
-        info[key] = (b, rows, groups)
+    add = recorder(by_key, info)
 
     for d, f in ((384, 384), (1600, 1600), (3840, 640), (4224, 12800)):
         b, rows, e = device_profile.Weights.bytes_of(d, f, "q8_0"), 2 * f + d, 3
@@ -280,11 +288,7 @@ def test_fit_rates_recovers_our_per_row_time_from_the_hot_passes() -> None:
     x, r, kappa = {1: 1e-11, 2: 3e-11}, {1: 1e-9, 2: 9e-9}, {1: 2e-11, 2: 3e-11}
     pass_s, group_s, token_s, hot_pass, hot_group = 1.2e-4, 6e-7, 1.5e-6, 5e-5, 3e-7
     by_key, info = {}, {}
-
-    def add(key, b, rows, groups, seconds, ceilings=None):
-        by_key[key] = profile_fit.Item(key, lambda: None, cold=ceilings is not None, seconds=seconds,
-                                          ceilings=ceilings)
-        info[key] = (b, rows, groups)
+    add = recorder(by_key, info)
 
     for (d, f), g in itertools.product(device_profile.RATE_SHAPES, (1, 2)):
         b, rows, e = device_profile.Weights.bytes_of(d, f, "bf16"), 2 * f + d, 5

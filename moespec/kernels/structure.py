@@ -36,9 +36,9 @@ Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per gr
     cold(G) = max(s(G) / C + x(G), 1 / C),   kappa(G) = min(kappa_hot(G), max(s(G) / C_p + x(G), 1 / C_p))
 
 (b bytes and R weight rows per expert, D_cold = sum over groups of (1 - h_g) b the bytes a pass reads from memory;
-kappa_hot(G) the profile's hot passes' rate, C_p the profile's ceiling;
-node_s is 0 for our native kernels, which run any pass as one call, and r is 0 where a profile has none; token_s is a call's fixed time per token, its
-rows gathered and its output scattered, 0 for ggml's pair, whose per-token work node_s holds.)
+kappa_hot(G) the profile's hot passes' rate, C_p the profile's ceiling; node_s is 0 for our native kernels, which
+run any pass as one call, and r is 0 where a profile has none; token_s is a call's fixed time per token, its rows
+gathered and its output scattered, 0 for ggml's pair, whose per-token work node_s holds.)
 
 F(G) >= 0 is what a cold pass pays past the fixed time of a pass of tiny experts when it reads ramp_bytes (W) or
 more from memory, and a shorter one F times its cold bytes over W: a cold pass streams its first W bytes slower than
@@ -52,14 +52,15 @@ from memory.
 kappa(G) is the hot passes' rate held to the cold one at the profile's own ceiling C_p (Rates.capped): a byte the
 cache serves costs no more than one read from memory. A hot pass slower than a cold pass of the same G did not run
 from the cache, or paid for its shapes (the hot experts' rows are shorter than the rate shapes', which r(G) accounts
-for where the profile fits it); either way the cold rate bounds the loop better. On a 2-core guest of a first-generation Zen EPYC (AVX2 only) the hot passes read 1.0-1.4x
-slower per byte than the cold ones at G = 1..16 in five profiles, and the uncapped kappa, in the max above, set every
-cold group's rate there: the dedup kernel's check passes of three of those profiles missed by up to 34-41%, by 8-11%
-with the cap. kappa is the rate of the bytes the cache serves only, not a floor under the cold rate: the cold loop's
-own cost is x(G), timed on cold passes, and a floor of the capped kappa held every pass of a state faster than the
-profile's at the profile's rate (the same EPYC's benches at 21.6-22.2 GB/s against a profile at 19.8 ran 10-17%
-faster than that floor predicted; over eight runs there, 108 of 128 model-kernel-runs within 10% / 20% without it,
-93 with it, and none of three other CPUs' stored runs or the H200's worse).
+for where the profile fits it); either way the cold rate bounds the loop better. On a 2-core guest of a
+first-generation Zen EPYC (AVX2 only) the hot passes read 1.0-1.4x slower per byte than the cold ones at G = 1..16 in
+five profiles, and the uncapped kappa, then a floor under the cold rate, set every cold group's rate there: the dedup
+kernel's check passes of three of those profiles missed by up to 34-41%, by 8-11% with the cap. kappa is the rate of
+the bytes the cache serves only, not a floor under the cold rate: the cold loop's own cost is x(G), timed on cold
+passes, and a floor of the capped kappa held every pass of a state faster than the profile's at the profile's rate
+(the same EPYC's benches at 21.6-22.2 GB/s against a profile at 19.8 ran 10-17% faster than that floor predicted; over
+eight runs there, 108 of 128 model-kernel-runs within 10% / 20% without it, 93 with it, and none of three other CPUs'
+stored runs or the H200's worse).
 """
 
 from __future__ import annotations
