@@ -14,8 +14,8 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
   process keeps is large, more (HOT_CACHE_SHARE of it); our kernels on the CPU also on ROW_SHAPES, experts of short
   rows at the same bytes, so their fit tells a group's fixed seconds per weight row r_G (row_s) from kappa_G (hot
   seconds per byte = kappa_G + r_G x its rows per byte, least squares per G, none below 0), and r_G is taken off
-  the cold passes before x_G. The line of time against a pass's bytes separates what a pass
-  pays once from its rate: kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
+  the cold passes before x_G. The line of time against a pass's bytes separates what a pass pays once from its rate:
+  kappa_G is the hot passes' slope in seconds per byte (their intercept dropped: a pass
   starts once); the cold loop's excess x_G the slope over cold calls of their seconds per byte less s_G / C, C the
   ceiling sampled right after each, so the drift of a shared host's bandwidth between calls is taken out call by call,
   and F_G (cold_ramp_s) what the first W bytes of a cold pass (cold_ramp_bytes: the smaller size's) cost past that
