@@ -3,7 +3,9 @@ of the model is fitted on any model it predicts. The device profile (`moespec pr
 shapes only; then, for one MoE layer of each preset, of the trained pair's target and of two shapes no model has,
 the expert operation of both our kernels is measured (`moespec bench`: n = 1..9, and passes of B = 8 windows x n
 tokens, up to 72) and predicted from the profile, pass by pass, at the streaming ceiling the bench measured between
-the rounds of that n (a device measurement of the same run, never a fitted parameter). It writes the error table
+the rounds of that n, each expert's bytes at that ceiling times its placement (moespec.measure.placement: the read
+rate of the memory behind the bench's draw of the weights over the ceiling buffer's; device measurements of the same
+run, never a fitted parameter). It writes the error table
 (median and largest relative error per model, kernel and batch, over n, of each n's mean time over the recorded
 windows; and over every timed pass; and, paired by round, each call predicted at the ceiling sampled right after it
 (the benches sample one after every call), against that round's times, the median over rounds) and, from the
@@ -128,7 +130,9 @@ def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: 
 
 def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rates], cache: float) -> dict[str, Any]:
     """Per kernel and n: each pass's measured median and predicted time (rates[kind], at the ceiling the bench sampled
-    at that n), and the relative error of the mean over the recorded windows; where the bench kept each round's
+    at that n: the median of the samples after its calls where the bench kept one per call, the buffer the bench's
+    placement is against, else between its groups; each expert at its placement where the bench has one), and the
+    relative error of the mean over the recorded windows; where the bench kept each round's
     times and a ceiling sample per call (round_ceiling_gbps, `bench --call-ceilings`) or per group
     (ceiling_rounds_gbps), also each round's prediction at the sample taken right after that call or group and the
     paired error: the median over rounds of the windows' mean predicted over their mean measured, less 1 (a pass
@@ -141,9 +145,13 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
     out: dict[str, Any] = {k: {} for k in kinds}
     for (layer, n), passes in plan.items():
         b = spec.expert_bytes(layer, config.dtype)
-        ceiling = bench["ceiling_by_n_gbps"][str(n)]
+        placed = (bench.get("placement") or {}).get(str(layer))  # the memory behind the bench's weights
         by_round = (bench.get("ceiling_rounds_gbps") or {}).get(str(layer), {}).get(str(n))
         rows = {"chosen": bench["chosen"][str(layer)][str(n)], "window": bench["windows"][str(layer)][str(n)]}
+        # the median sample after this n's calls where the bench kept them: the buffer its placement is against
+        samples = [c for source in rows.values() for row in source
+                   for calls in row.get("round_ceiling_gbps", {}).values() for c in calls]
+        ceiling = float(np.median(samples)) if samples else bench["ceiling_by_n_gbps"][str(n)]
         seen = {"chosen": 0, "window": 0}
         for kernel in kinds:
             out[kernel][str(n)] = {"ceiling_gbps": ceiling, "passes": []}
@@ -154,11 +162,12 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
             for kernel, kind in kinds.items():
                 record = {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
                           "iqr_s": row["iqr_s"][kernel],
-                          "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache)}
+                          "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache,
+                                                   placed)}
                 calls = row.get("round_ceiling_gbps", {}).get(kernel) or by_round  # each call's own sample if kept
                 if calls and len(row.get("round_s", {}).get(kernel, [])) == len(calls):
                     record |= {"round_s": row["round_s"][kernel], "round_ceiling_gbps": calls, "round_predicted_s": [
-                        pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, c, cache) for c in calls]}
+                        pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, c, cache, placed) for c in calls]}
                 out[kernel][str(n)]["passes"].append(record)
         for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]

@@ -16,39 +16,22 @@ import sys
 from pathlib import Path
 
 import structure_model
+from moespec import MoespecError
 from moespec.formats.devicefile import load_profile
-from moespec.kernels.structure import kind_rates
-from moespec.measure import device_profile
-from moespec.measure.profile_fit import Item, self_check
-from moespec.model.weights import expert_rows
+from moespec.measure import device_profile, profile_check
 from moespec.predict import structure_bench
 
 WORK = Path("out/structure-model/recorded")  # the recorded benches are copied here, not into OUT_DIR
 
 
 def current_profile(doc: dict) -> dict:
-    """The recorded profile with the cache its device kind's profile now takes and the self-check recomputed on its
-    recorded check passes (device_profile.check_passes, the ones the profile timed: each at its recorded median time
-    and ceiling)."""
+    """The recorded profile with the cache its device kind's profile now takes and the self-check taken again on its
+    recorded check passes (moespec.measure.profile_check.recheck)."""
     doc = dict(doc)
     if not device_profile.sizes_for(doc["device_kind"], doc["cache_nominal_bytes"]).probe:
         doc["cache_probe_recorded"], doc["cache_probe"] = doc["cache_probe"], None
         doc["cache_bytes"] = doc["cache_nominal_bytes"]
-    for dtype, check in doc["self_check_by_dtype"].items():
-        shape = device_profile.CHECK_SHAPE
-        b, rows = device_profile.Weights.bytes_of(*shape, dtype), expert_rows(*shape)
-        recorded = {(r["kernel"], r["n"], r["U"]): r for r in check["passes"]}
-        by_key, info = {}, {}
-        for n, u, ids in device_profile.check_passes():
-            for kind in ("slot", "dedup"):
-                row, key = recorded[(kind, n, u)], ("check", kind, n, u)
-                by_key[key] = Item(key, lambda: None, seconds=[row["measured_s"]], ceilings=[row["ceiling_gbps"]])
-                info[key] = (b, rows, ids)
-        rates = kind_rates(doc["dtypes"][dtype], doc["ceiling_gbps"])
-        doc["self_check_by_dtype"][dtype] = self_check(rates, by_key, info, doc["cache_bytes"])
-    doc["self_check"] = {kind: {key: max(c[kind][key] for c in doc["self_check_by_dtype"].values())
-                                for key in ("median", "max", "passes")} for kind in ("slot", "dedup")}
-    return doc
+    return profile_check.recheck(doc)
 
 
 def main(argv: list[str]) -> int:
@@ -58,13 +41,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", help="where the predicted benches, errors, table and the profile used go")
     args = parser.parse_args(argv)
     recorded, out = Path(args.recorded), Path(args.out)
-    profile = current_profile(dict(load_profile(recorded / "device.json")))
+    models = [m for m in structure_model.MODELS if (recorded / m / "bench-B1.json").exists()]
+    if not models:
+        parser.error(f"{recorded}: no model's bench-B1.json there (a folder benchmarks/structure_model.py wrote)")
+    try:
+        profile = current_profile(dict(load_profile(recorded / "device.json")))
+    except MoespecError as e:  # a profile that does not load: one line naming it
+        parser.error(str(e))
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     (WORK / "device.json").write_text(json.dumps(profile, indent=1))
     load_profile(WORK / "device.json")
     structure_bench.check_profile = lambda profile, config: None  # the recorded device is not this machine's
-    models = [m for m in structure_model.MODELS if (recorded / m / "bench-B1.json").exists()]
     for name in models:
         (WORK / name).mkdir()
         shutil.copy(recorded / name / "bench-B1.json", WORK / name)

@@ -365,6 +365,12 @@ def test_call_ceilings_sample_the_state_of_every_call(tiny: dict[str, Path], ben
         for row in rows:
             assert set(row["round_ceiling_gbps"]) == set(row["round_s"]) == {"slot", "dedup"}
             assert all(len(c) == 2 and min(c) > 0 for c in row["round_ceiling_gbps"].values())
+    placed = doc["placement"]["0"]  # each expert's read rate over the ceiling buffer's (moespec.measure.placement)
+    assert len(placed) == doc["spec"]["num_experts"] and min(placed) > 0
+    doc["placement"]["0"] = placed[:-1]
+    out.write_text(json.dumps(doc))
+    with pytest.raises(MoespecError, match="placement must map timed layers"):
+        load_bench(out)
 
 
 def test_load_bench_rejects_non_json(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from moespec import ArgumentError, MoespecError, cli
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
-from moespec.measure import cache_probe, device_profile, level, profile_fit
+from moespec.measure import cache_probe, device_profile, level, placement, profile_check, profile_fit
 from moespec.model.spec import PRESETS
 from moespec.kernels.structure import Rates, kind_rates
 
@@ -30,7 +30,7 @@ def test_no_profiled_shape_is_a_models() -> None:
                                                                          pair["intermediate_size"])}
     models |= {(1536, 512), (3072, 1536)}  # the validation's held-out shapes (benchmarks/structure_model.py)
     profiled = {*device_profile.RATE_SHAPES, *device_profile.GGUF_RATE_SHAPES, *device_profile.HOT_SHAPES,
-                *device_profile.ROW_SHAPES, device_profile.OVERHEAD_SHAPE, device_profile.CHECK_SHAPE,
+                *device_profile.ROW_SHAPES, device_profile.OVERHEAD_SHAPE, profile_check.CHECK_SHAPE,
                 device_profile.PROBE_SHAPE}
     assert not profiled & models
 
@@ -46,8 +46,9 @@ TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128)
 def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """TINY's shapes, and cache probe distances of a few of its experts."""
     for name, value in TINY.items():
-        monkeypatch.setattr(device_profile, name, value)
+        monkeypatch.setattr(profile_check if name.startswith("CHECK") else device_profile, name, value)
     monkeypatch.setattr(cache_probe, "PROBE_SHARES", (1 / 256, 1 / 64))  # re-reads at a few tiny experts
+    monkeypatch.setattr(placement, "BLOCK_BYTES", 64 << 10)  # the tiny weights' placement in blocks of 64 KiB
 
 
 def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:
@@ -60,6 +61,8 @@ def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:
     assert rates.per_byte(2, loaded.ceiling_gbps) > 0 and set(loaded.self_check()) == {"slot", "dedup"}
     assert loaded["provenance"]["command"] and loaded["threads"] >= 1
     assert loaded["dtypes"]["bf16"]["node_s"] == 0  # one call
+    placed = loaded["self_check_by_dtype"]["bf16"]["placement"]  # the check weights' memory (the CPU's)
+    assert len(placed) == profile_check.CHECK_EXPERTS and min(placed) > 0
     assert len(loaded["dtypes"]["bf16"]["row_s"]) == 3 and loaded["shapes"]["rows"] == [[32, 96], [96, 32]]
     assert loaded["shapes"]["rates"] == {"bf16": [[256, 128], [128, 192]]}
     probe = loaded["cache_probe"]
@@ -361,12 +364,14 @@ def test_pinned_rounds_take_every_call_at_the_level() -> None:
     reads = iter([30.0, 50.0, *[30.0] * level.SETTLE_READS, 30.0, 30.0, 30.0])
     pinned = level.Level(30.0, wait_s=10, read=lambda: next(reads))
     items = two_items()
-    device_profile._time_rounds(items, 1, fake_timer([1.0, 2.0, 3.0], [40.0, 41.0]), pinned, lambda text: None)
+    timer = fake_timer([1.0, 2.0, 3.0], [40.0, 41.0])
+    device_profile._time_rounds(items, 1, timer, pinned, lambda text: None, timer.sampler())
     assert (items[0].seconds, items[0].ceilings, items[1].seconds, items[1].ceilings) == ([2.0], [41.0], [3.0], [])
     assert pinned.dropped == 1 and next(reads, None) is None
     items = two_items()
     unpinned = level.Level(wait_s=0, read=lambda: pytest.fail("no reference read where nothing is pinned"))
-    device_profile._time_rounds(items, 2, fake_timer([1.0, 2.0, 3.0, 4.0], [40.0, 41.0]), unpinned, lambda t: None)
+    timer = fake_timer([1.0, 2.0, 3.0, 4.0], [40.0, 41.0])
+    device_profile._time_rounds(items, 2, timer, unpinned, lambda text: None, timer.sampler())
     assert [i.seconds for i in items] == [[1.0, 4.0], [2.0, 3.0]] and items[0].ceilings == [40.0, 41.0]
 
 

@@ -66,6 +66,24 @@ def test_pass_time_exact() -> None:
             pass_time(RATES, kind, ids, b, 700, c, 1e6) + 2 * 5e-6)
 
 
+def test_pass_time_reads_each_expert_at_its_placement() -> None:
+    """With a placement, expert e's cold bytes read at C p_e (its memory's rate), its cached bytes at kappa as
+    before; all p_e = 1 is the pass without one; a placement short of an id or not positive is refused."""
+    ids, b, c = np.array([[0, 1], [0, 2]]), 1e6, 40.0
+    placed = [0.5, 2.0, 1.0]
+    cold = {e: RATES.per_byte(g, c * placed[e]) for e, g in ((0, 2), (1, 1), (2, 1))}
+    assert pass_time(RATES, "dedup", ids, b, 700, c, 1e9, placed) == pytest.approx(
+        1e-4 + 3e-6 + b * (cold[0] + cold[1] + cold[2]))
+    slot_cold = {e: RATES.per_byte(1, c * placed[e]) for e in range(3)}
+    assert pass_time(RATES, "slot", ids, b, 700, c, 2e6, placed) == pytest.approx(  # expert 0's second slot cached
+        1e-4 + 4e-6 + b * (slot_cold[0] + slot_cold[1] + slot_cold[2] + RATES.per_byte(1, c, cold=False)))
+    for kind in ("slot", "dedup"):
+        assert pass_time(RATES, kind, ids, b, 700, c, 1e6, [1.0] * 3) == pass_time(RATES, kind, ids, b, 700, c, 1e6)
+    for bad in ([1.0, 1.0], [1.0, 0.0, 1.0]):
+        with pytest.raises(ArgumentError, match="placement"):
+            pass_time(RATES, "dedup", ids, b, 700, c, 1e6, bad)
+
+
 def test_pass_time_pays_the_mean_cold_start_of_its_groups() -> None:
     """F(G), what a cold pass's first W bytes cost past its rate: the mean over its groups of F at each group's G,
     each by the share of its expert read from memory (a cached re-read pays nothing), all of it from W cold bytes

@@ -117,3 +117,52 @@ def test_the_table_names_a_profile_that_does_not_load(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 2 and "device.json: not a moespec device profile" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+RECORDED = SCRIPT.with_name("structure_model_recorded.py")
+RUN = SCRIPT.parents[1] / "results" / "structure-model" / "epyc-avx2" / "run-11"  # a recorded CPU run
+
+
+def test_a_recorded_run_is_predicted_again_from_its_own_calls(tmp_path):
+    """benchmarks/structure_model_recorded.py on a recorded run's profile and one model's measured bench: the
+    predicted bench, errors and table of that model, the self-check taken again on the recorded check passes (the
+    same calls), nothing timed."""
+    import shutil
+    import subprocess
+    import sys
+
+    recorded = tmp_path / "recorded"
+    (recorded / "pair").mkdir(parents=True)
+    shutil.copy(RUN / "device.json", recorded)
+    shutil.copy(RUN / "pair" / "bench-B1.json", recorded / "pair")
+    done = subprocess.run([sys.executable, str(RECORDED), str(recorded), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out"
+    table = json.loads((out / "table.json").read_text())
+    assert {(r["model"], r["kernel"]) for r in table["rows"]} == {("pair", "slot"), ("pair", "dedup")}
+    assert all(0 <= r["median_error"] <= r["max_error"] for r in table["rows"])
+    errors = json.loads((out / "pair" / "errors.json").read_text())
+    assert set(errors["batches"]["1"]["passes"]) == {"slot", "dedup"}
+    again, before = (json.loads((folder / "device.json").read_text())["self_check_by_dtype"]["bf16"]["passes"]
+                     for folder in (out, RUN))
+    assert [p["measured_s"] for p in again] == [p["measured_s"] for p in before]
+
+
+def test_a_recorded_run_refuses_a_folder_without_benches_or_profile(tmp_path):
+    """No model's bench, or a profile that does not load: one line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    def run(folder):
+        return subprocess.run([sys.executable, str(RECORDED), str(folder), str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    done = run(tmp_path)
+    assert done.returncode == 2 and "no model's bench-B1.json" in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "pair").mkdir()
+    (tmp_path / "pair" / "bench-B1.json").write_text("{}")
+    (tmp_path / "device.json").write_text("[1]")
+    done = run(tmp_path)
+    assert done.returncode == 2 and "device.json" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -67,6 +67,9 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
            (moespec.measure.bench_rounds.retime_outliers): `seconds` is in round_s and the medians, `first_s` the time
            it replaced (`pass`: the index in chosen + windows at n; ceiling_gbps null without call ceilings); absent
            in files from before it
+  placement {layer: [p_e per expert] or null}: each expert's read rate over the ceiling buffer's, in the memory the
+           bench's draw of that layer lay in (moespec.measure.placement; `bench --call-ceilings` on the CPU); absent
+           otherwise
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
   predicted true where the operation times are predicted, not timed (`bench --predict`,
            moespec.predict.structure_bench); absent in a measured bench. prediction {profile, profile_sha256,
@@ -351,8 +354,19 @@ def load_bench(path: str | Path) -> Bench:
             and f.get("kernel") in doc["kernels"]
             and all(is_number(f.get(k)) and f[k] > 0 for k in ("first_s", "seconds")) for f in retimed):
         raise _fail(where, "retimed must list calls of a timed layer, pass size and kernel with positive times")
+    placement, experts = doc.get("placement", {}), (doc.get("spec") or {}).get("num_experts")
+    if not isinstance(placement, dict) or not all(
+            key in {str(layer) for layer in doc["layers"]} and placement_ok(value, experts)
+            for key, value in placement.items()):
+        raise _fail(where, f"placement must map timed layers to null or one positive ratio per expert ({experts})")
     _check_prediction(where, doc)
     return Bench(doc, path)
+
+
+def placement_ok(unit: Any, experts: int) -> bool:
+    """Whether `unit` is a layer's placement: null, or one positive finite ratio per expert."""
+    return unit is None or (isinstance(unit, list) and isinstance(experts, int) and len(unit) == experts
+                            and all(is_number(v) and v > 0 for v in unit))
 
 
 def _check_prediction(where: str, doc: Mapping[str, Any]) -> None:

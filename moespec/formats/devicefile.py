@@ -67,7 +67,10 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
            shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
            each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
-           --predict` states (the dtype's where the file has it, else self_check)
+           --predict` states (the dtype's where the file has it, else self_check); its `placement` [p_e]: the
+           check weights' read rate per expert over the ceiling buffer's, their passes predicted with it
+           (moespec.measure.placement; null or absent: none taken); the rate and cache-probe calls' ceilings were
+           taken times their experts' placement before the fit
   level    optional: the host's bandwidth level every call was taken at (moespec.measure.level.Level.record; a
            pinned_gbps of null or a wait_s of 0: none pinned) and `calls`, the timed calls of the rounds
   protocol {reps, flush_bytes, timer}, elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp,
@@ -195,6 +198,12 @@ def load_profile(path: str | Path) -> DeviceProfile:
                 value = field(doc, where, f"{check}.{kernel}.{key}")
                 if value < 0:
                     raise _fail(where, f"{check}.{kernel}.{key} = {value!r} must be >= 0")
+    for dtype, check in by_dtype.items():
+        placed = check.get("placement") if isinstance(check, dict) else None
+        if placed is not None and not (isinstance(placed, list) and placed
+                                       and all(is_number(v) and v > 0 for v in placed)):
+            raise _fail(where, f"self_check_by_dtype.{dtype}.placement must be null or positive ratios, one per "
+                               f"expert")
     check_level_record(doc, where)
     reps = field(doc, where, "protocol.reps", int)
     if not 1 <= reps <= REPS_LIMIT:

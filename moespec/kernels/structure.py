@@ -35,6 +35,9 @@ Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per gr
         + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(s(G) / C + x(G), 1 / C),   kappa(G) = min(kappa_hot(G), max(s(G) / C_p + x(G), 1 / C_p))
 
+(C in cold(G) is C p_e for group g's expert e where the placement p of the memory behind each expert is known:
+moespec.measure.placement.)
+
 (b bytes and R weight rows per expert, D_cold = sum over groups of (1 - h_g) b the bytes a pass reads from memory;
 kappa_hot(G) the profile's hot passes' rate, C_p the profile's ceiling; node_s is 0 for our native kernels, which
 run any pass as one call, and r is 0 where a profile has none; token_s is a call's fixed time per token, its rows
@@ -237,13 +240,17 @@ def hit_share(order: Sequence[tuple[int, int]], expert_bytes: float, cache_bytes
 
 
 def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, expert_rows: int, ceiling_gbps: float,
-              cache_bytes: float) -> float:
+              cache_bytes: float, placement: Sequence[float] | None = None) -> float:
     """Predicted seconds of one pass of the expert operation (the module docstring): kernel kind 'slot' or 'dedup',
     ids [n, m], b = expert_bytes and R = expert_rows weight rows per expert, at a streaming ceiling of ceiling_gbps
-    GB/s."""
+    GB/s; with `placement` (one value per expert id, moespec.measure.placement) expert e's cold bytes read at
+    C placement[e], the rate of the memory its pages lie in."""
     if isinstance(expert_rows, bool) or not isinstance(expert_rows, (int, np.integer)) or expert_rows < 1:
         raise ArgumentError(f"expert_rows must be a whole number >= 1, got {show(expert_rows)}")
     order = groups(kind, ids)
+    if placement is not None and (len(placement) <= max(e for e, _ in order) or not all(v > 0 for v in placement)):
+        raise ArgumentError(f"placement must hold a positive value for every expert id, got {len(placement)} values "
+                            f"for ids up to {max(e for e, _ in order)}")
     hot = hit_share(order, expert_bytes, cache_bytes)
     nodes = len(ids) - 1 if kind == "slot" else 0
     start = sum((1.0 - h) * rates.ramp(g) for (_, g), h in zip(order, hot)) / len(order)
@@ -251,5 +258,6 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, exp
         start *= min(1.0, sum(1.0 - h for h in hot) * expert_bytes / rates.ramp_bytes)
     return rates.pass_s + start + rates.token_s * len(ids) + rates.node_s * nodes + sum(
         rates.group_s + expert_rows * rates.per_row(g)
-        + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps) + h * rates.per_byte(g, ceiling_gbps, cold=False))
-        for (_, g), h in zip(order, hot))
+        + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps * (1.0 if placement is None else placement[e]))
+                          + h * rates.per_byte(g, ceiling_gbps, cold=False))
+        for (e, g), h in zip(order, hot))

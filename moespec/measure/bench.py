@@ -48,6 +48,7 @@ import hashlib
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 
@@ -67,8 +68,8 @@ from moespec.defaults import (
     TRACE_DOCS,
     TRACE_TOKENS,
 )
-from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench, too_small
-from moespec.formats.checkpoint import Checkpoint
+from moespec.formats.benchfile import FORMAT_NAME, FORMAT_VERSION, Bench, placement_ok, too_small
+from moespec.formats.checkpoint import Checkpoint, require
 from moespec.formats.files import check_output, holds_outputs, provenance, write_json
 from moespec.formats.trace import Trace, load_trace
 from moespec.kernels import implementation
@@ -91,6 +92,7 @@ from moespec.measure.layer import (
     torch_dtype,
 )
 from moespec.measure.passes import Pass, plan_unit
+from moespec.measure.placement import expert_placement
 from moespec.measure.timing import MATMUL_SHAPE, Timer, matmul_dtype, matmul_peak, median_iqr, timer_for
 from moespec.model.gguf import read_gguf, resolve_model
 from moespec.model.load import resolve_device
@@ -196,6 +198,8 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
             inputs = [pass_inputs(plan[layer, n], weights.shape[1], weights.x_dtype, weights.gate_up.device)
                       for n in ns]
             warm_up(inputs, kernels, weights)
+            if sample and any(key[0] == layer for key in pending):  # the memory behind this draw of the layer
+                checkpoint.save(placement_key(layer), expert_placement(weights.tensors, timer, sample))
             for _, rep in [key for key in pending if key[0] == layer]:
                 checkpoint.save(round_key(layer, rep, kernels),
                                 bench_rounds.time_round(inputs, kernels, weights, rep, config.reps, timer,
@@ -216,6 +220,16 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
                                checkpoint.units[retime_key(layer, kernels)], kernels)
         units |= unit_records(layer, ns, kernels, plan, rounds)
     return units
+
+
+def placement_key(layer: int) -> str:
+    """The checkpoint's key of a layer's placement (moespec.measure.placement): that of the last process that timed
+    its rounds, against that process's ceiling buffer."""
+    return f"layer {layer} placement"
+
+
+def _check_placement(unit: Any, where: str, experts: int) -> None:
+    require(placement_ok(unit, experts), where, f"a placement must be null or {experts} positive ratios")
 
 
 def _rounds(checkpoint: Checkpoint, layer: int, reps: int, kernels: list[str]) -> list[list[dict[str, Any]]]:
@@ -250,7 +264,9 @@ class BenchConfig:
     level_wait_s: float | None = None
     batch: int = 1  # B sequences per pass: passes of B n tokens (moespec.measure.passes.plan_unit)
     threads: int | None = None  # None: one per core of the machine the bench runs on (contention.on_own_cores)
-    call_ceilings: bool = False  # a ceiling sample after every timed call: the state each call met (one more read)
+    # a ceiling sample after every timed call (the state each call met: one more read), and each layer's placement
+    # against that ceiling's buffer (moespec.measure.placement)
+    call_ceilings: bool = False
 
     def kernel_list(self) -> str:
         """The kernels to time: as given, except that a quantized dtype's default is ggml's pair (nothing else
@@ -347,7 +363,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
            "batch": batch, **({"call_ceilings": True} if config.call_ceilings else {})}
     sizes = {layer: [len(plan[layer, n]) for n in ns] for layer in layers}
     checks = {f"layer {layer} round ": round_check(sizes[layer], list(kinds)) for layer in layers} | {
-        retime_key(layer, list(kinds)): retime_check(sizes[layer], config.reps, list(kinds)) for layer in layers}
+        retime_key(layer, list(kinds)): retime_check(sizes[layer], config.reps, list(kinds)) for layer in layers} | {
+        placement_key(layer): partial(_check_placement, experts=spec.N) for layer in layers}
     checkpoint = Checkpoint(config.out, key, "bench", config.fresh, checks | {LEVEL_UNIT: check_level_unit})
     resumed = sum(round_key(layer, rep, list(kinds)) in checkpoint.units for layer in layers
                   for rep in range(config.reps))  # bench.json says so: --fresh times them again
@@ -390,6 +407,9 @@ def run_bench(config: BenchConfig, say: Callable[[str], None] = lambda text: Non
     if doc["retimed"]:
         say(f"timed again: {len(doc['retimed'])} call(s) over {OUTLIER_RATIO}x their pass's expected time (a core "
             f"taken mid-call), their new times kept (bench.json `retimed`)")
+    placed = {str(layer): checkpoint.units.get(placement_key(layer)) for layer in layers}
+    if any(placed.values()):
+        doc["placement"] = placed
     doc |= {"skipped_kernels": skipped, "level": level.record(),
             "contention": merge([u["contention"] for u in units.values() if u.get("contention")]),
             "elapsed_s": time.perf_counter() - started, "resumed_rounds": resumed}

@@ -33,7 +33,7 @@ against every preset and the trained pair); the rates are fitted by moespec.meas
   passes tell the fixed time of each node past the first (node_s) instead.
   A cold call pays more (its threads wake, its code and data come from memory); the model takes the cold ones, as
   every call the bench times follows a flush, and the hot ones are subtracted from the hot rate passes only.
-- self-check: both kernels on chosen ids (moespec.measure.passes.chosen_ids) of the check shape, n = 2..9: the model
+- self-check (moespec.measure.profile_check): both kernels on chosen ids of the check shape, n = 2..9: the model
   predicts them from the rates above at each call's ceiling; the median and largest relative error are the profile's
   own stated error.
 - streaming read at the chunk sizes the kernels read (a row task is ~1 MiB), cold; thread scaling: the rate passes
@@ -82,12 +82,13 @@ from moespec.kernels import PAIRS, expert_op, implementation, pages
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.level import Level, check_level, host_level
-from moespec.measure.passes import chosen_ids
 from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, timer_for
-from moespec.model.weights import expert_rows, matrix_bytes
+from moespec.model.weights import expert_matrix_bytes, expert_rows
 from moespec.kernels.structure import Rates, kind_rates
 from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
-from moespec.measure.profile_fit import STATE_SPREAD, Item, fit_rates, self_check
+from moespec.measure import profile_check
+from moespec.measure.placement import expert_placement
+from moespec.measure.profile_fit import STATE_SPREAD, Item, fit_rates
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
@@ -112,8 +113,6 @@ OVERHEAD_SHAPE = (64, 64)  # 24 KiB in bf16: its time is the fixed costs
 OVERHEAD_SLOTS = (1, 2, 4, 8)  # slots per token of the overhead passes (8 tokens: 8..64 groups)
 OVERHEAD_TOKENS = 8
 NODE_TOKENS = (1, 2, 4)  # overhead passes at fewer tokens (of 8 slots): a token's fixed time (ggml-per-slot: a node's)
-CHECK_SHAPE = (2304, 896)  # the self-check's shape: no rate is taken from it
-CHECK_EXPERTS, CHECK_SLOTS, CHECK_N = 32, 4, (2, 5, 9)
 G_VALUES = (*range(1, 17), 24, 32, 48, 64)  # tokens per group: 1..16 where the loop turns compute-bound, then beyond
 # A cold rate pass reads about this much: past a 32 MiB last-level cache, and 8x that, so that time against bytes
 # gives what a pass's first bytes cost (moespec.kernels.structure: F) apart from the rate it settles at, over the
@@ -192,7 +191,7 @@ class Weights:
     @staticmethod
     def bytes_of(d: int, f: int, dtype: str) -> int:
         """Bytes of one expert of shape (d, f) in `dtype`: 2f rows of d weights and d rows of f."""
-        return 2 * matrix_bytes(f, d, dtype) + matrix_bytes(d, f, dtype)
+        return expert_matrix_bytes(d, f, dtype)
 
     @property
     def expert_bytes(self) -> int:
@@ -285,12 +284,13 @@ def rate_shapes(dtype: str) -> tuple[tuple[int, int], ...]:
 
 
 def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
-                scaling: bool = False) -> tuple[list[Item], dict[str, Any]]:
+                scaling: bool = False) -> tuple[list[Item], dict[Any, Any], dict[Any, tuple[Weights, np.ndarray]]]:
     """The cold (every rate shape) or hot (hot_shapes) rate passes of one dtype, each shape at the expert counts of
     its sizes: the dedup kernel at each G, and where `apart` the per-slot kernel at G = 1 (one token naming the E
     experts); keys (state, kind, d, f, G, E). With `scaling`, the first shape's dedup passes at THREAD_SCALING_G on
-    one thread too, at its fewest experts (keys ("threads_1", d, f, G))."""
-    pair, items, info = pair_of(dtype), [], {}
+    one thread too, at its fewest experts (keys ("threads_1", d, f, G)); and the weights and experts each cold pass
+    reads (its placement: _place)."""
+    pair, items, info, reads = pair_of(dtype), [], {}, {}
     for i, (d, f) in enumerate(rate_shapes(dtype) if state == "cold" else hot_shapes(dtype, sizes.device)):
         b = Weights.bytes_of(d, f, dtype)
         counts = expert_counts(sizes.cold_bytes, b, 1) if state == "cold" else \
@@ -304,20 +304,23 @@ def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
                 key = (state, kind, d, f, g, experts)
                 items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold"))
                 info[key] = (w.expert_bytes, w.rows, experts)
+                if state == "cold":
+                    reads[key] = (w, np.arange(experts))
         if scaling and i == 0:
             items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, counts[0]), 1))
                       for g in THREAD_SCALING_G]
-    return items, info
+    return items, info, reads
 
 
 def _items(dtype: str, threads: int | None, nominal: int | None,
-           sizes: Sizes | None = None) -> tuple[list[Item], dict[str, Any]]:
-    """Every timed call of one dtype (through the kernels of its pair, pair_of) at `sizes` (None: the CPU's), and the
-    bytes and rows of the experts behind each key; with `nominal` (the last-level cache's bytes: the first dtype) the
-    cache probe too, and on the CPU the thread scaling."""
+           sizes: Sizes | None = None) -> tuple[list[Item], dict[Any, Any], dict[Any, tuple[Weights, np.ndarray]]]:
+    """Every timed call of one dtype (through the kernels of its pair, pair_of) at `sizes` (None: the CPU's), the
+    bytes and rows of the experts behind each key, and the weights and experts read by the passes whose placement
+    counts (the cold rate passes, the cache probe's, the self-check's: _place); with `nominal` (the last-level
+    cache's bytes: the first dtype) the cache probe too, and on the CPU the thread scaling."""
     sizes = sizes or sizes_for("cpu")
     pair = pair_of(dtype)
-    items, info = _rate_items(dtype, threads, sizes, "cold", scaling=bool(nominal) and sizes.device == "cpu")
+    items, info, reads = _rate_items(dtype, threads, sizes, "cold", scaling=bool(nominal) and sizes.device == "cpu")
     if nominal and sizes.probe:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), first dtype's pair
         cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), nominal)
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype, sizes.device)
@@ -325,7 +328,8 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
             ids = probe_ids(k)
             items.append(Item(("cache", k), w.call(pair["slot"], ids, threads)))
             info[("cache", k)] = (w.expert_bytes, w.rows, ids)
-    hot_items, hot_info = _rate_items(dtype, threads, sizes, "hot")
+            reads[("cache", k)] = (w, np.unique(ids))
+    hot_items, hot_info, _ = _rate_items(dtype, threads, sizes, "hot")
     items += hot_items
     info |= hot_info
     w = Weights.draw(*OVERHEAD_SHAPE, OVERHEAD_TOKENS * max(OVERHEAD_SLOTS), dtype, sizes.device)
@@ -336,30 +340,40 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
             items.append(Item(key, w.call(pair[kind], ids, threads), cold=cold))
             nodes = tokens if kind == "slot" and dtype in QUANTIZED else 1  # ggml-per-slot: a node per token
             info[key] = (w.expert_bytes, w.rows, (tokens * m, nodes))
-    w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype, sizes.device)
-    for n, u, ids in check_passes():
+    w = Weights.draw(*profile_check.CHECK_SHAPE, profile_check.CHECK_EXPERTS, dtype, sizes.device)
+    for n, u, ids in profile_check.check_passes():
         for kind in KERNELS:
             items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads)))
             info[("check", kind, n, u)] = (w.expert_bytes, w.rows, ids)
-    return items, info
+            reads[("check", kind, n, u)] = (w, np.unique(ids))
+    return items, info, reads
 
 
-def check_passes() -> list[tuple[int, int, np.ndarray]]:
-    """The self-check's passes, (n, U, ids [n, CHECK_SLOTS]) on CHECK_EXPERTS experts: at each of CHECK_N, chosen
-    ids at the smallest, a middle and the largest U, seeded (the same passes in every profile)."""
-    rng, out = np.random.default_rng(SEED), []
-    for n in CHECK_N:
-        top = min(n * CHECK_SLOTS, CHECK_EXPERTS)
-        out += [(n, u, chosen_ids(n, CHECK_SLOTS, CHECK_EXPERTS, u, rng))
-                for u in sorted({CHECK_SLOTS, (CHECK_SLOTS + top) // 2, top})]
-    return out
+def _place(by_key: dict[Any, Item], reads: dict[Any, tuple[Weights, np.ndarray]], timer: Timer,
+           sample: Callable[[], float]) -> list[float] | None:
+    """The placement of every weights drawn (moespec.measure.placement) against the calls' ceiling buffer `sample`:
+    each cold rate and cache-probe call's ceiling samples times the harmonic mean of its experts' p_e (the read rate
+    of the memory its bytes lie in at that moment), in place; returns the self-check weights' p_e (its passes are
+    predicted with them), None where there is no placement (a GPU)."""
+    placed: dict[int, list[float] | None] = {}
+    check = None
+    for key, (w, experts) in reads.items():
+        if id(w) not in placed:
+            placed[id(w)] = expert_placement([w.gate_up, w.down], timer, sample)
+        p = placed[id(w)]
+        if p is None or key[0] == "check":
+            check = p if key[0] == "check" else check
+            continue
+        ratio = len(experts) / sum(1.0 / p[e] for e in experts)
+        by_key[key].ceilings = [c * ratio for c in by_key[key].ceilings]
+    return check
 
 
-def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: Callable[[str], None]) -> None:
+def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: Callable[[str], None],
+                 ceiling: Callable[[], float]) -> None:
     """`reps` rounds over the items, round r started r/reps of the way through (drift balanced, as the bench's
-    rounds); a cold item after a flush with one ceiling sample after it (the timer's ceiling, its buffer drawn
+    rounds); a cold item after a flush with one `ceiling` sample after it (the timer's ceiling, its buffer drawn
     once), a hot one right after an untimed call; each call at the level where one is pinned (Level.measured)."""
-    ceiling = timer.sampler()
     for item in items:
         item.fn()  # warm-up: code and buffers ready
         item.seconds, item.ceilings = [], []
@@ -432,16 +446,19 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     nominal = timer.cache_bytes
     sizes = sizes_for(timer.kind, nominal)
     level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
+    sample = timer.sampler()  # every cold call's ceiling sample reads this buffer, and placement is against it
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
     doc_dtypes, checked, probed, scaling, all_ceilings, calls = {}, {}, None, None, list(before), 0
     for i, dtype in enumerate(config.dtypes):
-        items, info = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
+        items, info, reads = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
-        _time_rounds(items, config.reps, timer, level, say)
+        _time_rounds(items, config.reps, timer, level, say, sample)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
+        check_placement = _place(by_key, reads, timer, sample)
+        say(f"{dtype}: placement of the weights' memory taken")
         calls += sum(len(item.seconds) for item in items)
         spread = math.inf if level.active else STATE_SPREAD  # pinned: one state by construction, s = 1
         rates = {"dedup": fit_rates(by_key, info, sizes.g_values, rows_fit(dtype, sizes.device), state_spread=spread,
@@ -465,7 +482,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                     "ceiling_gbps": median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]}
         # the check passes' samples (not their weights) for the self-check, which needs the profile's ceiling
         checked[dtype] = ({k: Item(k, lambda: None, seconds=by_key[k].seconds, ceilings=by_key[k].ceilings)
-                           for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"})
+                           for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"},
+                          check_placement)
     stream = _stream_chunks(timer, config.reps) if timer.kind == "cpu" else None
     after = timer.ceiling()
     ceiling, ceiling_iqr = median_iqr(all_ceilings + after)
@@ -474,8 +492,8 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     if probed:
         dtype, kernel, expert_bytes, rows, timed = probed
         cache, probe = measured_capacity(model[dtype]["slot"], kernel, PROBE_SHAPE, timed, expert_bytes, rows, nominal)
-    checks = {dtype: self_check(model[dtype], items, check_info, cache)
-              for dtype, (items, check_info) in checked.items()}
+    checks = {dtype: profile_check.self_check(model[dtype], items, check_info, cache, placed)
+              for dtype, (items, check_info, placed) in checked.items()}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
            "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
            "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],
@@ -485,13 +503,11 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                       "hot": [list(s) for s in HOT_SHAPES],
                       "rows": [list(s) for s in ROW_SHAPES] if any(rows_fit(d, timer.kind) == "hot"
                                                                    for d in config.dtypes) else [],
-                      "overhead": list(OVERHEAD_SHAPE), "check": list(CHECK_SHAPE)},
+                      "overhead": list(OVERHEAD_SHAPE), "check": list(profile_check.CHECK_SHAPE)},
            "sizes": {"G": list(sizes.g_values), "cold_bytes": list(sizes.cold_bytes),
                      "hot_bytes": list(sizes.hot_bytes),
                      "slot_apart": sizes.apart, "cache_probe": sizes.probe},
-           "self_check": {kernel: {key: max(checks[d][kernel][key] for d in checks) for key in ("median", "max",
-                                                                                             "passes")}
-                          for kernel in KERNELS},  # the worst dtype's; each dtype's passes below
+           "self_check": profile_check.worst(checks),  # the worst dtype's; each dtype's passes below
            "self_check_by_dtype": checks,
            "level": level.record() | {"calls": calls},
            "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,

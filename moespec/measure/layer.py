@@ -77,6 +77,11 @@ class LayerWeights:
     shape: tuple[int, int, int] = (0, 0, 0)  # (N, d, f)
 
     @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors a pass reads experts from, each [N, ...]: gate_up, down and the biases there are."""
+        return [t for t in (self.gate_up, self.down, self.gate_up_bias, self.down_bias) if t is not None]
+
+    @property
     def x_dtype(self) -> torch.dtype:
         """The dtype of the pass's inputs: the weights' own, fp32 for quantized weights (ggml's activations)."""
         return torch.float32 if self.fmt in QUANTIZED else self.gate_up.dtype

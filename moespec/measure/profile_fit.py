@@ -27,8 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from moespec import ArgumentError
-from moespec.defaults import KERNELS
-from moespec.kernels.structure import Rates, pass_time
+from moespec.kernels.structure import Rates
 
 # The stream's share s_G is fitted only where the profile's calls met more than one state of the host: 1 / C spread
 # over at least this share of its median (10th to 90th percentile). A quiet run's calls spread 0.1-0.2; runs on this
@@ -197,22 +196,3 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
                       tuple(row) if rows else (), tuple(shares), token_s, tuple(ramp), float(min(knee.values())))
     return rates
-
-
-def self_check(rates: dict[str, Rates], by_key: dict[Key, Item], info: dict[Key, Any],
-               cache_bytes: int) -> dict[str, Any]:
-    """Per kernel kind: median and largest relative error of the model (rates[kind]) on the check passes, each
-    predicted at the median ceiling of its own calls; and every pass's numbers."""
-    rows = []
-    for k, (b, expert_rows, ids) in info.items():
-        if k[0] == "check":
-            item = by_key[k]
-            ceiling = float(np.median(item.ceilings))
-            rows.append({"kernel": k[1], "n": k[2], "U": k[3], "ceiling_gbps": ceiling,
-                         "measured_s": float(np.median(item.seconds)),
-                         "predicted_s": pass_time(rates[k[1]], k[1], ids, b, expert_rows, ceiling, cache_bytes)})
-    out: dict[str, Any] = {"passes": rows}
-    for kernel in KERNELS:
-        errors = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows if r["kernel"] == kernel]
-        out[kernel] = {"median": float(np.median(errors)), "max": float(max(errors)), "passes": len(errors)}
-    return out

@@ -74,6 +74,12 @@ def matrix_bytes(rows: int, cols: int, fmt: str) -> int:
     block_bytes, block = FORMATS[fmt]
     return rows * math.ceil(cols / block) * block_bytes
 
+def expert_matrix_bytes(hidden: int, width: int, fmt: str) -> int:
+    """Bytes of one gated expert's matrices in a single format, no biases: its 2f gate and up rows of d weights and
+    its d down rows of f."""
+    return 2 * matrix_bytes(width, hidden, fmt) + matrix_bytes(hidden, width, fmt)
+
+
 def expert_rows(hidden: int, width: int, gated: bool = True) -> int:
     """Weight rows of one routed expert of hidden size d and width f: its gate and up rows (f each, or up alone) and
     its d down rows."""
