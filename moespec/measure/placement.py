@@ -10,9 +10,10 @@ profile and its validation) takes the ratio of each expert's read to the ceiling
 (moespec.kernels.structure.pass_time's `placement`).
 
 Experts are read in blocks of consecutive ids of at least BLOCK_BYTES (a read that long reaches the streaming rate
-past its threads' start; an expert of more is a block of its own; a layer of less has no placement), each block after a cache flush, with one ceiling
-sample after it, over REPS rounds rotated as the bench's; p_e is its block's median ratio. Tensors on a GPU, or with
-no native reader, have no placement (None): their reads are not the host's memory.
+past its threads' start; an expert of more is a block of its own; a layer of less has no placement), each block
+after a cache flush, with one ceiling sample after it, over REPS rounds rotated as the bench's; p_e is its block's
+median ratio. Tensors on a GPU, or with no native reader, have no placement (None): their reads are not the host's
+memory.
 """
 
 from __future__ import annotations
