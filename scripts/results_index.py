@@ -546,6 +546,26 @@ ENTRIES: dict[str, Entry] = {
         "per-slot (18.7% / 22.6%, predicted 1.14-1.21x slow at every n) and the pair's dedup (3.9% / 20.5%); crossover "
         "within one on 7 of 8, k_hat*(a) at all four acceptances on 7 of 7 plannable",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **validation_run(
+        "structure-model/epyc-avx2/run-12", "bf16 profile on the AVX2 EPYC, the per-row model of run-11 (5937832), "
+        "pinned at 24.8 GB/s (take 2 of 3, the first flagged: its calls' 18.7 GB/s off a level of 23.3, self-check "
+        "up to 42%)",
+        "the per-row model's fifth run: 13 of 16 model-kernels within 10% / 20%, not Mixtral's two (predicted at "
+        "0.57-0.69x their time: its weights read far under the ceiling's buffer) and the pair's per-slot (15.8% / "
+        "21.0%)",
+        [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
+    **{path: entry for run, profile, table in (
+        ("run-13", "pinned at 24.8 GB/s, take 1 kept (self-check 4.2% / 12.3% per-slot, 3.9% / 8.9% dedup; the "
+                   "check weights' placement 0.59-0.90)",
+         "15 of 16 model-kernels within 10% / 20% (every one but the pair's per-slot at 0.3-6.3% in median, 1.1-8.0% "
+         "at most), the pair's per-slot 20.0% / 27.0%"),
+        ("run-14", "pinned at 25.2 GB/s, take 1 kept (self-check 1.8% / 4.1% per-slot, 1.5% / 3.2% dedup)",
+         "15 of 16 model-kernels within 10% / 20% (every one but the pair's per-slot at 0.3-6.8% in median, 1.1-9.6% "
+         "at most), the pair's per-slot 13.9% / 19.2%"))
+       for path, entry in validation_run(
+           f"structure-model/epyc-avx2/placement/{run}", f"bf16 profile on the AVX2 EPYC with placement (db55109), "
+           f"{profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
+           "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "
@@ -557,10 +577,16 @@ ENTRIES: dict[str, Entry] = {
            for f, what in (("predicted-B1.json", "predicted bench"),
                            ("errors.json", "every recorded pass and its prediction"))}}.items()},
     "structure-model/epyc-avx2/rows/summary.json": Entry(
-        "the per-row model on the AVX2 EPYC, four runs (run-8 predicted again with the final rules, run-9 to run-11): "
-        "in median over runs 14 of 16 model-kernels within 10% / 20%, not DeepSeek-V2-Lite's per-slot (10.7% / 15.6%) "
-        "and the pair's per-slot (15.6% / 24.1%); 45 of 64 model-kernel-runs; crossover within one in 28 of 32 "
-        "model-runs (the misses the pair's), k_hat*(a) in 27 of 28 plannable"),
+        "the per-row model on the AVX2 EPYC, five runs (run-8 predicted again with its final rules, run-9 to run-12): "
+        "in median over runs 15 of 16 model-kernels within 10% / 20%, not the pair's per-slot (15.8% / 22.6%); 58 of "
+        "80 model-kernel-runs; crossover within one in 35 of 40 model-runs (the misses the pair's), k_hat*(a) in 33 "
+        "of 35 plannable"),
+    "structure-model/epyc-avx2/placement/summary.json": Entry(
+        "the model with placement on the AVX2 EPYC, two runs (run-13, run-14): in median over runs 15 of 16 "
+        "model-kernels within 10% / 20% (0.3-6.8% in median, at most 9.6%), not the pair's per-slot (17.0% / "
+        "23.1%); 30 of 32 model-kernel-runs"),
+    "structure-model/epyc-avx2/placement/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/epyc-avx2/placement/summary.json"),
     "structure-model/epyc-avx2/rows/summary.md": Entry("summary.json as markdown",
                                                        source="structure-model/epyc-avx2/rows/summary.json"),
     "structure-model/xeon/summary.json": Entry(

@@ -85,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --predict: the streaming-read ceiling to predict at, GB/s (default: the profile's)")
     p.add_argument("--call-ceilings", action="store_true",
                    help="sample the ceiling after every timed call too (bench.json round_ceiling_gbps: the state each "
-                        "call met; one more streaming read a call)")
+                        "call met; one more streaming read a call), and each expert's placement against that "
+                        "sample's buffer (bench.json placement: the read rate of the memory behind its weights)")
     add_level_flags(p)
     add_checkpoint_flags(p)
 
