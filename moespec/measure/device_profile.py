@@ -361,11 +361,11 @@ def _place(by_key: dict[Any, Item], reads: dict[Any, tuple[Weights, np.ndarray]]
         if id(w) not in placed:
             placed[id(w)] = expert_placement([w.gate_up, w.down], timer, sample)
         p = placed[id(w)]
-        if p is None or key[0] == "check":
-            check = p if key[0] == "check" else check
-            continue
-        ratio = len(experts) / sum(1.0 / p[e] for e in experts)
-        by_key[key].ceilings = [c * ratio for c in by_key[key].ceilings]
+        if key[0] == "check":
+            check = p
+        elif p is not None:
+            ratio = len(experts) / sum(1.0 / p[e] for e in experts)
+            by_key[key].ceilings = [c * ratio for c in by_key[key].ceilings]
     return check
 
 
