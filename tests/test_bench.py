@@ -24,7 +24,7 @@ from moespec.formats.benchfile import load_bench, too_small
 from moespec.formats.checkpoint import Checkpoint
 from moespec.formats.files import write_json
 from moespec.formats.trace import Trace
-from moespec.measure import bench, bench_rounds, passes
+from moespec.measure import bench, bench_rounds, passes, placement
 from moespec.measure.contention import Cores
 from moespec.measure.fits import analyze, engine_of, fit_time
 from moespec.measure.level import Level
@@ -353,9 +353,12 @@ def test_load_bench_reads_a_file_from_before_devices(smoke: dict[str, object], t
     assert (loaded["device_kind"], loaded["ceiling_kind"]) == ("cpu", "streaming read")
 
 
-def test_call_ceilings_sample_the_state_of_every_call(tiny: dict[str, Path], bench_argv, tmp_path: Path) -> None:
+def test_call_ceilings_sample_the_state_of_every_call(tiny: dict[str, Path], bench_argv, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """--call-ceilings: every timed call is followed by a ceiling sample, kept per pass, kernel and round beside its
-    time, through the checkpoint; the protocol says so."""
+    time, through the checkpoint, and each expert's placement against that sample's buffer (the tiny layer's in
+    blocks of 64 KiB); the protocol says so."""
+    monkeypatch.setattr(placement, "BLOCK_BYTES", 64 << 10)
     out = tmp_path / "bench.json"
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(bench_argv(out, "--reps", "2", "--layers", "0", "--n", "2,3", "--call-ceilings")) == 0
