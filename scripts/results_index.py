@@ -561,9 +561,16 @@ ENTRIES: dict[str, Entry] = {
          "at most), the pair's per-slot 20.0% / 27.0%"),
         ("run-14", "pinned at 25.2 GB/s, take 1 kept (self-check 1.8% / 4.1% per-slot, 1.5% / 3.2% dedup)",
          "15 of 16 model-kernels within 10% / 20% (every one but the pair's per-slot at 0.3-6.8% in median, 1.1-9.6% "
-         "at most), the pair's per-slot 13.9% / 19.2%"))
+         "at most), the pair's per-slot 13.9% / 19.2%"),
+        ("run-15", "pinned at 25.8 GB/s, take 2 of 3 (the first kept 11% of its calls off its level, self-check up to "
+                   "63%; the second 0.9% / 3.1% per-slot, 0.8% / 1.8% dedup)",
+         "15 of 16 model-kernels within 10% / 20% (every one but the pair's per-slot at 0.8-4.6% in median, at most "
+         "11.7%), the pair's per-slot 19.9% / 30.0%"),
+        ("run-16", "pinned at 24.2 GB/s, take 1 kept (self-check 1.5% / 3.9% per-slot, 1.8% / 2.5% dedup)",
+         "16 of 16 model-kernels within 10% / 20% (0.6-7.7% in median, at most 12.5%; the pair's per-slot 5.2% / "
+         "6.7%)"))
        for path, entry in validation_run(
-           f"structure-model/epyc-avx2/placement/{run}", f"bf16 profile on the AVX2 EPYC with placement (db55109), "
+           f"structure-model/epyc-avx2/placement/{run}", f"bf16 profile on the AVX2 EPYC with placement, "
            f"{profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
            "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
@@ -582,9 +589,10 @@ ENTRIES: dict[str, Entry] = {
         "80 model-kernel-runs; crossover within one in 35 of 40 model-runs (the misses the pair's), k_hat*(a) in 33 "
         "of 35 plannable"),
     "structure-model/epyc-avx2/placement/summary.json": Entry(
-        "the model with placement on the AVX2 EPYC, two runs (run-13, run-14): in median over runs 15 of 16 "
-        "model-kernels within 10% / 20% (0.3-6.8% in median, at most 9.6%), not the pair's per-slot (17.0% / "
-        "23.1%); 30 of 32 model-kernel-runs"),
+        "the model with placement on the AVX2 EPYC, four runs (run-13 to run-16): in median over runs 15 of 16 "
+        "model-kernels within 10% / 20% (0.7-4.8% in median, at most 9.8%), not the pair's per-slot (16.9% / "
+        "23.1%, within in 1 of 4 runs); 61 of 64 model-kernel-runs; crossover within one in 28 of 32 model-runs (the "
+        "pair's missing), k_hat*(a) in 28 of 28 plannable"),
     "structure-model/epyc-avx2/placement/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-avx2/placement/summary.json"),
     "structure-model/epyc-avx2/rows/summary.md": Entry("summary.json as markdown",
