@@ -18,7 +18,6 @@ memory.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Callable
 
@@ -28,7 +27,7 @@ import torch
 from moespec import ArgumentError
 from moespec.arguments import show
 from moespec.kernels import native
-from moespec.measure.timing import Timer
+from moespec.measure.timing import Timer, read_gbps
 
 BLOCK_BYTES = 16 << 20  # the CPU's streaming read at 4-16 MiB chunks is within ~3% of its rate at 256 MiB
 REPS = 5  # rounds of reads per block: a median that one disturbed read does not move
@@ -44,17 +43,6 @@ def blocks(expert_bytes: int, experts: int) -> list[range]:
     if len(starts) > 1 and experts - starts[-1] < size:
         starts.pop()  # a short tail joins the block before it
     return [range(a, b) for a, b in zip(starts, [*starts[1:], experts])]
-
-
-def read_gbps(parts: Sequence[torch.Tensor]) -> float:
-    """GB/s of one streaming read over the bytes of `parts` (each contiguous, in turn) by the native reader on
-    torch's threads."""
-    lib, threads = native.load(), torch.get_num_threads()
-    nbytes = sum(t.numel() * t.element_size() for t in parts)
-    begin = time.perf_counter()
-    for t in parts:
-        lib.moespec_stream_read(t.data_ptr(), t.numel() * t.element_size(), threads)
-    return nbytes / (time.perf_counter() - begin) / 1e9
 
 
 def expert_placement(tensors: Sequence[torch.Tensor], timer: Timer, sample: Callable[[], float],

@@ -45,8 +45,8 @@ from moespec.kernels import native, pages
 from moespec.model.load import resolve_device
 
 __all__ = [
-    "StreamRead", "measure_stream_read", "CacheFlusher", "median_iqr", "last_level_cache", "kept_of", "kept_cache",
-    "flush_bytes", "device_name", "matmul_peak", "matmul_dtype",
+    "StreamRead", "read_gbps", "measure_stream_read", "CacheFlusher", "median_iqr", "last_level_cache", "kept_of",
+    "kept_cache", "flush_bytes", "device_name", "matmul_peak", "matmul_dtype",
     "cuda_device_name", "Timer", "CpuTimer", "CudaTimer", "timer_for",
 ]
 
@@ -104,13 +104,20 @@ class StreamRead:
         self._threads = threads
 
     def __call__(self) -> float:
-        lib, nbytes = native.load(), self._buf.numel() * 8
-        start = perf_counter()
+        return read_gbps([self._buf], self._threads)
+
+
+def read_gbps(parts: list[torch.Tensor], threads: int | None = None) -> float:
+    """GB/s of one streaming read over the bytes of `parts` (each contiguous, in the CPU's memory, in turn): the
+    native reader on `threads` (None: torch's), else a torch sum of each."""
+    lib, nbytes = native.load(), sum(t.numel() * t.element_size() for t in parts)
+    start = perf_counter()
+    for t in parts:
         if lib is not None:
-            lib.moespec_stream_read(self._buf.data_ptr(), nbytes, self._threads or torch.get_num_threads())
+            lib.moespec_stream_read(t.data_ptr(), t.numel() * t.element_size(), threads or torch.get_num_threads())
         else:
-            self._buf.sum()
-        return nbytes / (perf_counter() - start) / 1e9
+            t.sum()
+    return nbytes / (perf_counter() - start) / 1e9
 
 
 def measure_stream_read(nbytes: int = STREAM_READ_BYTES, repeats: int = CEILING_REPEATS,

@@ -79,7 +79,6 @@ def expert_matrix_bytes(hidden: int, width: int, fmt: str) -> int:
     its d down rows of f."""
     return 2 * matrix_bytes(width, hidden, fmt) + matrix_bytes(hidden, width, fmt)
 
-
 def expert_rows(hidden: int, width: int, gated: bool = True) -> int:
     """Weight rows of one routed expert of hidden size d and width f: its gate and up rows (f each, or up alone) and
     its d down rows."""
