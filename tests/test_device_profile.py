@@ -262,6 +262,7 @@ def test_fit_rates_recovers_per_row_time(monkeypatch: pytest.MonkeyPatch) -> Non
     assert rates.row_s == pytest.approx((r[1], r[2]), rel=1e-3)
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
     assert (rates.pass_s, rates.group_s, rates.node_s) == pytest.approx((pass_s, group_s, node_s), rel=1e-3)
+    assert rates.hot_group_s == pytest.approx(hot_group, rel=1e-3)
     ours = profile_fit.fit_rates(by_key, info, (1, 2), rows=None)  # one rate per G, no rows
     assert ours.row_s == () and ours.cold_excess_s_per_byte[0] > x[1]
 
@@ -314,7 +315,8 @@ def test_fit_rates_recovers_our_per_row_time_from_the_hot_passes() -> None:
     assert rates.row_s == pytest.approx((r[1], r[2]), rel=1e-3)
     assert rates.hot_s_per_byte == pytest.approx((kappa[1], kappa[2]), rel=1e-3)
     assert rates.cold_excess_s_per_byte == pytest.approx((x[1], x[2]), rel=1e-3)
-    assert (rates.pass_s, rates.group_s, rates.token_s) == pytest.approx((pass_s, group_s, token_s), rel=1e-3)
+    assert (rates.pass_s, rates.group_s, rates.token_s, rates.hot_group_s) == pytest.approx(
+        (pass_s, group_s, token_s, hot_group), rel=1e-3)
     with pytest.raises(ArgumentError, match="rows must be"):
         profile_fit.fit_rates(by_key, info, (1, 2), rows="warm")
 

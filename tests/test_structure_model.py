@@ -66,6 +66,23 @@ def test_pass_time_exact() -> None:
             pass_time(RATES, kind, ids, b, 700, c, 1e6) + 2 * 5e-6)
 
 
+def test_pass_time_pays_a_hits_own_group_time() -> None:
+    """A group whose expert the cache holds pays hot_group_s, a cold one group_s, a partial hit each by its share;
+    without hot_group_s a hit pays group_s; from_profile reads it where the entry has it."""
+    ids, b, c = np.array([[0, 1], [0, 2]]), 1e6, 40.0
+    hot = dataclasses.replace(RATES, hot_group_s=2.5e-7)
+    assert hot.group_hot == 2.5e-7 and RATES.group_hot == RATES.group_s
+    # slot: three cold groups and expert 0's second read, all of it cached (2 MB) or half of it (1 MB)
+    assert pass_time(hot, "slot", ids, b, 700, c, 2e6) == pytest.approx(
+        pass_time(RATES, "slot", ids, b, 700, c, 2e6) - (1e-6 - 2.5e-7))
+    assert pass_time(hot, "slot", ids, b, 700, c, 1e6) == pytest.approx(
+        pass_time(RATES, "slot", ids, b, 700, c, 1e6) - (1e-6 - 2.5e-7) / 2)
+    assert pass_time(hot, "dedup", ids, b, 700, c, 1e9) == pass_time(RATES, "dedup", ids, b, 700, c, 1e9)  # no hit
+    entry = {"G": [1], "hot_s_per_byte": [1e-11], "cold_excess_s_per_byte": [0.0], "group_s": 1e-6, "pass_s": 1e-4}
+    assert Rates.from_profile(entry).hot_group_s is None
+    assert Rates.from_profile(entry | {"hot_group_s": 3e-7}, "slot").group_hot == 3e-7
+
+
 def test_pass_time_reads_each_expert_at_its_placement() -> None:
     """With a placement, expert e's cold bytes read at C p_e (its memory's rate), its cached bytes at kappa as
     before; all p_e = 1 is the pass without one; a placement short of an id or not positive is refused."""
@@ -189,7 +206,8 @@ def test_per_row_interpolated_and_past_the_grid() -> None:
     lambda: Rates((1,), (0.0,), (0.0,), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (-1e-12,), 0.0, 0.0),
     lambda: Rates((1, 2), (1e-11,), (0.0, 0.0), 0.0, 0.0), lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, -1e-6),
     lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(-1e-6,), ramp_bytes=1.0),
-    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(1e-6,)), lambda: RATES.ramp(0), lambda: RATES.capped(0.0)])
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, ramp_s=(1e-6,)), lambda: RATES.ramp(0), lambda: RATES.capped(0.0),
+    lambda: Rates((1,), (1e-11,), (0.0,), 0.0, 0.0, hot_group_s=-1e-7)])
 def test_domain(call) -> None:
     with pytest.raises(ArgumentError):
         call()
@@ -419,6 +437,10 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="ascending whole numbers of tokens per group from 1"):
         load_profile(write(tmp_path / "d.json", bad))
     assert load_profile(write(tmp_path / "ok.json", profile_doc())).self_check() == {"slot": 0.05, "dedup": 0.06}
+    negative = profile_doc()
+    negative["dtypes"]["bf16"]["hot_group_s"] = -1e-7
+    with pytest.raises(Exception, match="hot_group_s"):
+        load_profile(write(tmp_path / "neg.json", negative))
     loaded = load_profile(write(tmp_path / "ggml.json", ggml_doc()))
     assert loaded.self_check("q8_0") == {"slot": 0.09, "dedup": 0.11}
     assert loaded.self_check("bf16") == {"slot": 0.05, "dedup": 0.06}

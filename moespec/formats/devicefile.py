@@ -52,6 +52,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            group_s, pass_s          the fixed seconds of one group and of one call
            token_s                  optional (0 where absent): the fixed seconds of each token of a call, told apart
                                     by overhead passes of 1..8 tokens (ours; ggml's per-token time is node_s)
+           hot_group_s              optional (group_s where absent): the fixed seconds of a group whose expert the
+                                    cache holds, from the overhead passes run hot (a per-slot re-read's)
            node_s                   the fixed seconds of each node past the first of a call that runs one node per
                                     token (ggml-per-slot); required of a GGUF format, 0 where absent (our kernels)
            matmul_peak_gflops       torch.matmul in that dtype (fp32 for a GGUF format, as a bench of it records,
@@ -126,7 +128,7 @@ def _check_rates(where: str, dtype: str, entry: Any, quantized: bool) -> None:
     if "stream_share" in entry:
         _per_g(where, dtype, entry, "stream_share", lambda v: 0 <= v <= 1, "in [0, 1]")
     for key in ("group_s", "pass_s", *(("node_s",) if quantized or "node_s" in entry else ()),
-                *(("token_s",) if "token_s" in entry else ())):
+                *(key for key in ("token_s", "hot_group_s") if key in entry)):
         if not (is_number(entry.get(key)) and entry[key] >= 0):
             raise _fail(where, f"dtypes.{dtype}.{key} = {entry.get(key)!r} must be a number >= 0")
 

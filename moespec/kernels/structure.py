@@ -32,7 +32,8 @@ Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per gr
 
     t = pass_s + token_s n + node_s (n - 1 for the per-slot kind, else 0)
         + min(1, D_cold / W) mean over groups of (1 - h_g) F(G_g)
-        + sum over groups g of [ group_s + R r(G_g) + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
+        + sum over groups g of [ (1 - h_g) group_s + h_g group_hot + R r(G_g)
+                                 + b ((1 - h_g) cold(G_g) + h_g kappa(G_g)) ]
     cold(G) = max(s(G) / C + x(G), 1 / C),   kappa(G) = min(kappa_hot(G), max(s(G) / C_p + x(G), 1 / C_p))
 
 (C in cold(G) is C p_e for group g's expert e where the placement p of the memory behind each expert is known:
@@ -41,7 +42,10 @@ moespec.measure.placement.)
 (b bytes and R weight rows per expert, D_cold = sum over groups of (1 - h_g) b the bytes a pass reads from memory;
 kappa_hot(G) the profile's hot passes' rate, C_p the profile's ceiling; node_s is 0 for our native kernels, which
 run any pass as one call, and r is 0 where a profile has none; token_s is a call's fixed time per token, its rows
-gathered and its output scattered, 0 for ggml's pair, whose per-token work node_s holds.)
+gathered and its output scattered, 0 for ggml's pair, whose per-token work node_s holds. group_s is a cold group's
+fixed time, from the overhead passes run after a flush; group_hot that of a group whose expert the cache holds, from
+the same passes run hot, as kappa_hot is from the hot rate passes: a hit starts without waiting on memory, so a group
+of tiny experts re-read by the per-slot kernel costs its hot group's time, not its cold one's.)
 
 F(G) >= 0 is what a cold pass pays past the fixed time of a pass of tiny experts when it reads ramp_bytes (W) or
 more from memory, and a shorter one F times its cold bytes over W: a cold pass streams its first W bytes slower than
@@ -86,7 +90,8 @@ class Rates:
     group_s and pass_s the fixed seconds of a group and of a call, ramp_s = cold_ramp_s what a cold pass's first
     ramp_bytes = cold_ramp_bytes cost past its rate, F per G (empty: 0); node_s those of each node past the first of a
     kernel that runs one node per token (ggml-per-slot; 0 where a call is one node); token_s those of each token of
-    a call (0 where the profile did not tell them apart)."""
+    a call (0 where the profile did not tell them apart); hot_group_s those of a group whose expert the cache holds,
+    from the hot overhead passes, as kappa is from the hot rate passes (None: group_s)."""
 
     G: tuple[int, ...]  # noqa: N815
     hot_s_per_byte: tuple[float, ...]
@@ -99,6 +104,7 @@ class Rates:
     token_s: float = 0.0
     ramp_s: tuple[float, ...] = ()
     ramp_bytes: float = 0.0
+    hot_group_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.G or self.G[0] != 1 or any(a >= b for a, b in zip(self.G, self.G[1:])):
@@ -116,15 +122,22 @@ class Rates:
             raise ArgumentError(f"stream_share must be empty or hold one value in [0, 1] per G, got "
                                 f"{show(self.stream_share)}")
         if min(self.hot_s_per_byte) <= 0 or min(self.cold_excess_s_per_byte) < 0 or self.group_s < 0 \
-                or self.pass_s < 0 or self.node_s < 0 or self.token_s < 0:
-            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s, node_s and "
-                                "token_s >= 0")
+                or self.pass_s < 0 or self.node_s < 0 or self.token_s < 0 or self.group_hot < 0:
+            raise ArgumentError("hot_s_per_byte must be positive; cold_excess_s_per_byte, group_s, pass_s, node_s, "
+                                "token_s and hot_group_s >= 0")
+
+    @property
+    def group_hot(self) -> float:
+        """The fixed seconds of a group whose expert the cache holds: hot_group_s, group_s where the profile has
+        none."""
+        return self.group_s if self.hot_group_s is None else self.hot_group_s
 
     @classmethod
     def from_profile(cls, entry: Mapping[str, Any], kind: str = "dedup") -> Rates:
         """The rates kernel kind `kind` (slot or dedup) runs at, from one `dtypes` entry of a validated device.json:
         the entry's own, or for the per-slot kind its `slot` entry where it has one (the kernel is a program of its
-        own there); node_s and token_s 0, no row_s, stream_share or cold_ramp_s where the entry has none."""
+        own there); node_s and token_s 0, no row_s, stream_share or cold_ramp_s where the entry has none, a hit's
+        group_s where it has no hot_group_s."""
         if kind not in ("slot", "dedup"):
             raise ArgumentError(f"kind must be 'slot' or 'dedup', got {show(kind)}")
         if kind == "slot" and "slot" in entry:
@@ -133,7 +146,8 @@ class Rates:
                    float(entry["group_s"]), float(entry["pass_s"]), float(entry.get("node_s", 0.0)),
                    tuple(entry.get("row_s", ())), tuple(entry.get("stream_share", ())),
                    float(entry.get("token_s", 0.0)), tuple(entry.get("cold_ramp_s", ())),
-                   float(entry.get("cold_ramp_bytes", 0.0)))
+                   float(entry.get("cold_ramp_bytes", 0.0)),
+                   None if entry.get("hot_group_s") is None else float(entry["hot_group_s"]))
 
     def with_share(self, shares: Rates, ceiling_gbps: float) -> Rates:
         """These rates, taken at one ceiling C = ceiling_gbps GB/s (a pinned profile's: its calls cannot tell the
@@ -257,7 +271,7 @@ def pass_time(rates: Rates, kind: str, ids: np.ndarray, expert_bytes: float, exp
     if start:
         start *= min(1.0, sum(1.0 - h for h in hot) * expert_bytes / rates.ramp_bytes)
     return rates.pass_s + start + rates.token_s * len(ids) + rates.node_s * nodes + sum(
-        rates.group_s + expert_rows * rates.per_row(g)
+        (1.0 - h) * rates.group_s + h * rates.group_hot + expert_rows * rates.per_row(g)
         + expert_bytes * ((1.0 - h) * rates.per_byte(g, ceiling_gbps * (1.0 if placement is None else placement[e]))
                           + h * rates.per_byte(g, ceiling_gbps, cold=False))
         for (e, g), h in zip(order, hot))

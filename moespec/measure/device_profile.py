@@ -418,7 +418,7 @@ def _entry(rates: Rates) -> dict[str, Any]:
              "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
              "pass_s": rates.pass_s, "node_s": rates.node_s, "token_s": rates.token_s,
              "stream_share": list(rates.stream_share), "cold_ramp_s": list(rates.ramp_s),
-             "cold_ramp_bytes": rates.ramp_bytes}
+             "cold_ramp_bytes": rates.ramp_bytes, "hot_group_s": rates.group_hot}
     return entry | ({"row_s": list(rates.row_s)} if rates.row_s else {})
 
 

@@ -154,9 +154,9 @@ def hot_rate(points: list[tuple[float, float, float]], per_row: bool) -> tuple[f
 
 def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[int], rows: str | None,
               state_spread: float = STATE_SPREAD, kind: str = "dedup", apart: bool = False) -> Rates:
-    """kappa_G and r_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread) and the cold pass_s and group_s, for
-    G in g_values, from the rate passes of `kind`'s kernel (module docstring) and the overhead passes of every kind (of
-    `kind` alone where `apart`). The fixed seconds per weight row r_G come from the rate passes of one state (ROWS):
+    """kappa_G and r_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread), the cold pass_s and group_s and a
+    hit's group_s (hot_group_s: the hot overhead passes'), for G in g_values, from the rate passes of `kind`'s
+    kernel (module docstring) and the overhead passes of every kind (of `kind` alone where `apart`). The fixed seconds per weight row r_G come from the rate passes of one state (ROWS):
     the cold ones ("cold": ggml's pair, over its rate shapes of many row lengths, subtracted before kappa), the hot
     ones ("hot": our kernels on the CPU, over hot shapes of long and short rows, subtracted before x) or none (None).
     A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the hot overhead
@@ -194,5 +194,6 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
             row.append(r)
             ramp.append(start)
         rates = Rates(g_values, tuple(kappa), tuple(excess), group_s, pass_s, node_s,
-                      tuple(row) if rows else (), tuple(shares), token_s, tuple(ramp), float(min(knee.values())))
+                      tuple(row) if rows else (), tuple(shares), token_s, tuple(ramp), float(min(knee.values())),
+                      hot_group)
     return rates
