@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -115,6 +116,18 @@ def test_another_thread_at_one_end_flags_a_call_only_where_ours_waited(monkeypat
         cores.before()
         flags.append(cores.after())
     assert flags == [False, True, False] and cores.take()["wait_share_max"] == pytest.approx(0.2)
+
+
+def test_a_cold_call_flushes_then_reads_the_machine_around_the_timed_call(monkeypatch, two_cores):
+    """Cores.cold_call, the bench's and the profile's timed call: the flush, a read (threads fitted), the call timed
+    alone, a read after it judging the call; the call's seconds come back."""
+    fake_snapshots(monkeypatch, [1, 1, 1, 1])  # another thread at both ends: contended
+    steps = []
+    timer = SimpleNamespace(flush=lambda: steps.append("flush"),
+                            time=lambda fn: (steps.append(f"reads {cores.calls}"), fn(), 0.25)[-1])
+    cores = Cores(2, fit=False)
+    assert cores.cold_call(timer, lambda: steps.append("call")) == 0.25
+    assert steps == ["flush", "reads 0", "call"] and cores.take()["contended"] == 1
 
 
 def test_take_starts_the_counts_again_and_merge_adds_them(monkeypatch, two_cores):

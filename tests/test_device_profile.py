@@ -20,6 +20,7 @@ from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
 from moespec.measure import cache_probe, device_profile, level, placement, profile_check, profile_fit
+from moespec.measure.contention import Cores
 from moespec.model.spec import PRESETS
 from moespec.kernels.structure import Rates, kind_rates
 
@@ -61,6 +62,8 @@ def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:
     assert rates.per_byte(2, loaded.ceiling_gbps) > 0 and set(loaded.self_check()) == {"slot", "dedup"}
     assert loaded["provenance"]["command"] and loaded["threads"] >= 1
     assert loaded["dtypes"]["bf16"]["node_s"] == 0  # one call
+    watched = loaded["protocol"]["contention"]  # the cold calls, each timed as the bench times one; not the hot ones
+    assert 0 < watched["calls"] < loaded["level"]["calls"] and watched["fitted"] is False
     placed = loaded["self_check_by_dtype"]["bf16"]["placement"]  # the check weights' memory (the CPU's)
     assert len(placed) == profile_check.CHECK_EXPERTS and min(placed) > 0
     assert len(loaded["dtypes"]["bf16"]["row_s"]) == 3 and loaded["shapes"]["rows"] == [[32, 96], [96, 32]]
@@ -367,13 +370,13 @@ def test_pinned_rounds_take_every_call_at_the_level() -> None:
     pinned = level.Level(30.0, wait_s=10, read=lambda: next(reads))
     items = two_items()
     timer = fake_timer([1.0, 2.0, 3.0], [40.0, 41.0])
-    device_profile._time_rounds(items, 1, timer, pinned, lambda text: None, timer.sampler())
+    device_profile._time_rounds(items, 1, timer, pinned, lambda text: None, timer.sampler(), Cores(fit=False))
     assert (items[0].seconds, items[0].ceilings, items[1].seconds, items[1].ceilings) == ([2.0], [41.0], [3.0], [])
     assert pinned.dropped == 1 and next(reads, None) is None
     items = two_items()
     unpinned = level.Level(wait_s=0, read=lambda: pytest.fail("no reference read where nothing is pinned"))
     timer = fake_timer([1.0, 2.0, 3.0, 4.0], [40.0, 41.0])
-    device_profile._time_rounds(items, 2, timer, unpinned, lambda text: None, timer.sampler())
+    device_profile._time_rounds(items, 2, timer, unpinned, lambda text: None, timer.sampler(), Cores(fit=False))
     assert [i.seconds for i in items] == [[1.0, 4.0], [2.0, 3.0]] and items[0].ceilings == [40.0, 41.0]
 
 

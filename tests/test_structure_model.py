@@ -441,6 +441,11 @@ def test_loader_names_the_problem(tmp_path: Path) -> None:
     negative["dtypes"]["bf16"]["hot_group_s"] = -1e-7
     with pytest.raises(Exception, match="hot_group_s"):
         load_profile(write(tmp_path / "neg.json", negative))
+    watched = profile_doc()
+    watched["protocol"]["contention"] = {"cores": 2, "threads": 2, "fitted": False, "calls": 3, "contended": 5,
+                                         "fewer_threads": 0, "others_max": 1, "wait_share_max": 0.1}
+    with pytest.raises(Exception, match="protocol.contention"):
+        load_profile(write(tmp_path / "watched.json", watched))
     loaded = load_profile(write(tmp_path / "ggml.json", ggml_doc()))
     assert loaded.self_check("q8_0") == {"slot": 0.09, "dedup": 0.11}
     assert loaded.self_check("bf16") == {"slot": 0.05, "dedup": 0.06}

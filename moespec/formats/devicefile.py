@@ -75,8 +75,9 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            taken times their experts' placement before the fit
   level    optional: the host's bandwidth level every call was taken at (moespec.measure.level.Level.record; a
            pinned_gbps of null or a wait_s of 0: none pinned) and `calls`, the timed calls of the rounds
-  protocol {reps, flush_bytes, timer}, elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp,
-           command)
+  protocol {reps, flush_bytes, timer, contention}  contention (optional): the record of the cold calls, each timed as
+           the bench times one (moespec.measure.contention.Cores.cold_call, .take)
+  elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp, command)
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ from typing import Any, Callable
 
 from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT, THREADS_LIMIT
-from moespec.formats.files import Record, check_level_record, field, format_problem, is_number, positive, read_json
+from moespec.formats.files import (Record, check_contention_record, check_level_record, field, format_problem,
+                                   is_number, positive, read_json)
 
 FORMAT_NAME = "moespec-device-profile"
 FORMAT_VERSION = 4
@@ -210,5 +212,6 @@ def load_profile(path: str | Path) -> DeviceProfile:
     reps = field(doc, where, "protocol.reps", int)
     if not 1 <= reps <= REPS_LIMIT:
         raise _fail(where, f"protocol.reps = {reps!r} must lie in 1..{REPS_LIMIT}")
+    check_contention_record(doc["protocol"].get("contention"), where, "protocol.contention")
     field(doc, where, "provenance", dict)
     return DeviceProfile(doc, path)

@@ -77,10 +77,7 @@ def timed_call(layer: LayerWeights, kernel: str, inp: Inputs, timer: Timer, core
                sample: Callable[[], float] | None) -> tuple[float, float | None]:
     """One timed call after a cache flush, on the threads `cores` fits: (seconds, the ceiling sampled right after
     it, or None without `sample`)."""
-    timer.flush()
-    cores.before()
-    t = timer.time(partial(layer.run, kernel, *inp))
-    cores.after()
+    t = cores.cold_call(timer, partial(layer.run, kernel, *inp))
     return t, sample() if sample else None
 
 

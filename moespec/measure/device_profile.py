@@ -80,6 +80,7 @@ from moespec.formats.files import check_output, holds_outputs, provenance, write
 from moespec.kernels import KERNELS as REGISTRY
 from moespec.kernels import PAIRS, expert_op, implementation, pages
 from moespec.kernels.peers import GGML_PEERS, ggml_quantized
+from moespec.measure.contention import Cores
 from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.level import Level, check_level, host_level
 from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, timer_for
@@ -370,21 +371,20 @@ def _place(by_key: dict[Any, Item], reads: dict[Any, tuple[Weights, np.ndarray]]
 
 
 def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: Callable[[str], None],
-                 ceiling: Callable[[], float]) -> None:
+                 ceiling: Callable[[], float], cores: Cores) -> None:
     """`reps` rounds over the items, round r started r/reps of the way through (drift balanced, as the bench's
-    rounds); a cold item after a flush with one `ceiling` sample after it (the timer's ceiling, its buffer drawn
-    once), a hot one right after an untimed call; each call at the level where one is pinned (Level.measured)."""
+    rounds); a cold item as the bench times a call (Cores.cold_call: after a flush, the machine read around it) with
+    one `ceiling` sample after it (the timer's ceiling, its buffer drawn once), a hot one right after an untimed call;
+    each call at the level where one is pinned (Level.measured)."""
     for item in items:
         item.fn()  # warm-up: code and buffers ready
         item.seconds, item.ceilings = [], []
 
     def call(item: Item) -> tuple[float, float | None]:
         if item.cold:
-            timer.flush()
-        else:
-            timer.warm(item.fn)
-        seconds = timer.time(item.fn)
-        return seconds, ceiling() if item.cold else None
+            return cores.cold_call(timer, item.fn), ceiling()
+        timer.warm(item.fn)
+        return timer.time(item.fn), None
 
     for rep in range(reps):
         start = rep * len(items) // reps
@@ -447,6 +447,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     sizes = sizes_for(timer.kind, nominal)
     level = host_level(config.level_gbps, config.level_wait_s, timer.kind, say)  # opt-in; the CPU's only
     sample = timer.sampler()  # every cold call's ceiling sample reads this buffer, and placement is against it
+    cores = Cores(config.threads, fit=False)  # the profile's rates are of its threads: watched, never lowered
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
@@ -454,7 +455,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     for i, dtype in enumerate(config.dtypes):
         items, info, reads = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
-        _time_rounds(items, config.reps, timer, level, say, sample)
+        _time_rounds(items, config.reps, timer, level, say, sample, cores)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
         check_placement = _place(by_key, reads, timer, sample)
@@ -511,7 +512,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
            "self_check_by_dtype": checks,
            "level": level.record() | {"calls": calls},
            "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
-                        "late_starts": timer.late_starts},
+                        "late_starts": timer.late_starts, "contention": cores.take()},
            "elapsed_s": time.perf_counter() - started,
            "provenance": provenance(timer.name, ",".join(config.dtypes))}
     write_json(config.out, doc)
