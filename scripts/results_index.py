@@ -568,7 +568,10 @@ ENTRIES: dict[str, Entry] = {
          "11.7%), the pair's per-slot 19.9% / 30.0%"),
         ("run-16", "pinned at 24.2 GB/s, take 1 kept (self-check 1.5% / 3.9% per-slot, 1.8% / 2.5% dedup)",
          "16 of 16 model-kernels within 10% / 20% (0.6-7.7% in median, at most 12.5%; the pair's per-slot 5.2% / "
-         "6.7%)"))
+         "6.7%)"),
+        ("run-17", "pinned at 26.3 GB/s, take 1 kept (self-check 0.7% / 2.6% per-slot, 1.1% / 3.2% dedup)",
+         "14 of 16 model-kernels within 10% / 20%: not the pair's per-slot (9.5% / 15.1%) nor Mixtral's per-slot "
+         "(10.1% / 12.1%, one pass measured 27% slow)"))
        for path, entry in validation_run(
            f"structure-model/epyc-avx2/placement/{run}", f"bf16 profile on the AVX2 EPYC with placement, "
            f"{profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
@@ -589,10 +592,10 @@ ENTRIES: dict[str, Entry] = {
         "80 model-kernel-runs; crossover within one in 35 of 40 model-runs (the misses the pair's), k_hat*(a) in 33 "
         "of 35 plannable"),
     "structure-model/epyc-avx2/placement/summary.json": Entry(
-        "the model with placement on the AVX2 EPYC, four runs (run-13 to run-16): in median over runs 15 of 16 "
-        "model-kernels within 10% / 20% (0.7-4.8% in median, at most 9.8%), not the pair's per-slot (16.9% / "
-        "23.1%, within in 1 of 4 runs); 61 of 64 model-kernel-runs; crossover within one in 28 of 32 model-runs (the "
-        "pair's missing), k_hat*(a) in 28 of 28 plannable"),
+        "the model with placement on the AVX2 EPYC, five runs (run-13 to run-17): in median over runs 15 of 16 "
+        "model-kernels within 10% / 20% (0.7-5.3% in median, at most 10.0%), not the pair's per-slot (13.9% / "
+        "19.2%, within in 2 of 5 runs); 76 of 80 model-kernel-runs; crossover within one in 35 of 40 model-runs (the "
+        "pair's missing), k_hat*(a) in 35 of 35 plannable"),
     "structure-model/epyc-avx2/placement/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-avx2/placement/summary.json"),
     "structure-model/epyc-avx2/rows/summary.md": Entry("summary.json as markdown",

@@ -52,9 +52,11 @@ profile of results/structure-model/gpu-h200 they fitted 1 MiB of a 60 MiB L2, dr
 that ran below the cold rate for reasons of their own, and per-slot re-reads of the check passes ran 20-30% under a
 cold read, as a hit at the slot kernel's hot rate predicts. The ceiling is the timer's: a streaming read on the
 CPU, a device copy on the GPU.
-Every timed call follows a cache flush (moespec.measure.timing, the bench's Timer), in rounds whose order is rotated
-so drift hits every item alike; medians and IQRs over rounds. Pinned (`level_gbps`, `level_wait_s`; the CPU only, off
-unless asked for: moespec.measure.level), every call is taken at one bandwidth level of the host: a call whose
+Every cold call is timed as the bench times one (moespec.measure.contention.Cores.cold_call: a cache flush, the
+machine read, the call, the machine read again; the threads watched, never lowered: device.json protocol.contention),
+so the fixed costs fitted are those a bench's call pays; in rounds whose order is rotated so drift hits every item
+alike; medians and IQRs over rounds. Pinned (`level_gbps`, `level_wait_s`; the CPU only, off unless asked for:
+moespec.measure.level), every call is taken at one bandwidth level of the host: a call whose
 reference read after it is off the level runs again (Level.measured), so the rates are of one state, the one a bench
 pinned to the same level (`bench --pin-gbps`) meets; device.json `level` records it. The stream's share s_G is then
 1, not fitted: the calls are of one state by construction, and the spread of their samples within the level's band is

@@ -156,9 +156,10 @@ def fit_rates(by_key: dict[Key, Item], info: dict[Key, Any], g_values: Sequence[
               state_spread: float = STATE_SPREAD, kind: str = "dedup", apart: bool = False) -> Rates:
     """kappa_G and r_G (hot_rate), x_G, s_G and F_G (stream_fit, at state_spread), the cold pass_s and group_s and a
     hit's group_s (hot_group_s: the hot overhead passes'), for G in g_values, from the rate passes of `kind`'s
-    kernel (module docstring) and the overhead passes of every kind (of `kind` alone where `apart`). The fixed seconds per weight row r_G come from the rate passes of one state (ROWS):
-    the cold ones ("cold": ggml's pair, over its rate shapes of many row lengths, subtracted before kappa), the hot
-    ones ("hot": our kernels on the CPU, over hot shapes of long and short rows, subtracted before x) or none (None).
+    kernel (module docstring) and the overhead passes of every kind (of `kind` alone where `apart`). The fixed
+    seconds per weight row r_G come from the rate passes of one state (ROWS): the cold ones ("cold": ggml's pair,
+    over its rate shapes of many row lengths, subtracted before kappa), the hot ones ("hot": our kernels on the CPU,
+    over hot shapes of long and short rows, subtracted before x) or none (None).
     A hot call has fixed costs of its own (its threads are awake and its code cached), taken from the hot overhead
     passes and subtracted before kappa; the fixed costs and the rates depend on each other only through small
     corrections, so alternating passes settle them (FIT_PASSES)."""
