@@ -576,6 +576,30 @@ ENTRIES: dict[str, Entry] = {
            f"structure-model/epyc-avx2/placement/{run}", f"bf16 profile on the AVX2 EPYC with placement, "
            f"{profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
            "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
+    **{path: entry for run, profile, table in (
+        ("run-18", "pinned at 26.4 GB/s (self-check 2.1% / 3.5% per-slot, 1.2% / 3.8% dedup)",
+         "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (15.4% / 21.2%)"),
+        ("run-19", "pinned at 25.3 GB/s (self-check 1.3% / 5.5% per-slot, 1.2% / 5.5% dedup; 1414 of 1420 cold calls "
+                   "flagged contended)",
+         "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (15.9% / 21.6%)"),
+        ("run-20", "pinned at 26.4 GB/s (self-check 2.1% / 3.5% per-slot, 0.8% / 2.6% dedup)",
+         "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (19.0% / 23.4%)"),
+        ("run-21", "pinned at 26.1 GB/s (self-check 5.2% / 6.7% per-slot, 2.7% / 6.1% dedup)",
+         "15 of 16 model-kernels within 10% / 20%, not Mixtral's per-slot (10.3% / 11.2%)"),
+        ("run-22", "pinned at 24.5 GB/s (self-check 1.0% / 2.4% per-slot, 0.9% / 2.0% dedup)",
+         "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (15.6% / 20.5%)"))
+       for path, entry in validation_run(
+           f"structure-model/epyc-avx2/timed-call/{run}", f"bf16 profile on the AVX2 EPYC, every cold call timed as "
+           f"the bench times one and a hit's own group time, take 1 kept, {profile}", table,
+           [(m, "", 1) for m in STRUCTURE_MODELS],
+           "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
+    "structure-model/epyc-avx2/timed-call/summary.json": Entry(
+        "the model with the bench's timed call on the AVX2 EPYC, five runs (run-18 to run-22): "
+        "in median over runs 15 of 16 model-kernels within 10% / 20% (0.7-7.6% in median, at most 11.9%), not the "
+        "pair's dedup (15.6% / 21.2%, within in 1 of 5 runs); 75 of 80 model-kernel-runs; crossover within one in 36 "
+        "of 40 model-runs, k_hat*(a) in 34 of 35 plannable"),
+    "structure-model/epyc-avx2/timed-call/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/epyc-avx2/timed-call/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "
