@@ -46,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
         by_kind = kind_rates(entry, c) if "slot" in entry else {"both kinds": kind_rates(entry, c)["dedup"]}
         for kind, rates in by_kind.items():
             out.print(f"{dtype}, {kind}: fixed {rates.pass_s * 1e6:.0f} us a call, {rates.group_s * 1e6:.1f} us a "
-                      f"group ({rates.group_hot * 1e6:.1f} us a cache hit's), {rates.node_s * 1e6:.1f} us a node past the first; per G (tokens per expert) cold GB/s "
-                      f"at the ceiling, hot GB/s, the stream's share s, a cold pass's start in us: " +
+                      f"group ({rates.group_hot * 1e6:.1f} us a cache hit's), {rates.node_s * 1e6:.1f} us a node past "
+                      f"the first; per G (tokens per expert) cold GB/s at the ceiling, hot GB/s, the stream's share "
+                      f"s, a cold pass's start in us: " +
                       ", ".join(f"{g}: {1e-9 / rates.per_byte(g, c):.0f}, {1e-9 / rates.per_byte(g, c, cold=False):.0f}"
                                 f", {rates.share(g):.2f}, {rates.ramp(g) * 1e6:.0f}" for g in rates.G))
     stream, scaling = profile["stream_read"], profile["threads_1"]
