@@ -102,10 +102,11 @@ GGUF_RATE_SHAPES = ((384, 384), (832, 832), (1600, 1600), (3840, 640), (640, 384
 # Hot passes: one expert of ~4 MB, which a shared last-level cache keeps whole between two calls (an expert of ~12
 # MB measured partly from memory here)
 HOT_SHAPES = ((1280, 512), (768, 896), (1664, 384))
-# Our kernels' hot passes on the CPU add experts of short rows (64-256 weights; 74 and 197 KB in bf16): per row and
-# token a group spends fixed time (a horizontal sum, a store, the tile's loop) that a row of thousands of weights
-# hides in its bytes and one of tens does not, so the hot fit tells it (r_G) from the rate per byte by row length
-ROW_SHAPES = ((64, 192), (256, 128))
+# Our kernels' hot passes on the CPU add experts of short rows (32-256 weights; 31, 74 and 197 KB in bf16): per row
+# and token a group spends fixed time (a horizontal sum, a store, the tile's loop) that a row of thousands of weights
+# hides in its bytes and one of tens does not, so the hot fit tells it (r_G) from the rate per byte by row length;
+# down to 32 weights, the trained pair's down rows: a fit over rows of 64 weights and longer gave those too little
+ROW_SHAPES = ((32, 160), (64, 192), (256, 128))
 HOT_EXPERTS = 2  # at least: the threads' row tasks overlap across groups, as in a real pass
 HOT_BYTES = 8 << 20  # the smaller hot passes: two of HOT_SHAPES' experts, which a 32 MiB last-level cache keeps whole
 # The larger hot passes fill this share of the cache the process keeps (kept_cache): where that is ~4x HOT_BYTES or

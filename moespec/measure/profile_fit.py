@@ -36,9 +36,10 @@ STATE_SPREAD = 0.25
 # F, what a cold pass's first bytes cost past its rate, is fitted where the rate passes' bytes span at least this
 # factor (the profile's two sizes: 8x); passes of one size leave it 0 (x and F could not be told apart)
 RAMP_SPREAD = 2.0
-# Alternating passes of the fixed costs and the rates: each corrects the other by a small share of it, so the
-# per-row time (which a group's fixed time shifts) reaches its fixed point to ~1e-4 within ten
-FIT_PASSES = 10
+# Alternating passes of the fixed costs and the rates: each corrects the other by a share of it, about half where
+# rows as short as 32 weights make a group's fixed time and its per-row time nearly alike, so the per-row time
+# reaches its fixed point to ~1e-9 within forty (~5e-3 within ten)
+FIT_PASSES = 40
 # Where a profile's per-row time r_G is fitted (fit_rates `rows`): over the cold rate passes (ggml's pair: rate shapes
 # of many row lengths, each row a vec_dot call) or over the hot passes (our kernels on the CPU: long and short rows)
 ROWS = ("cold", "hot")
