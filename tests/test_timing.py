@@ -63,6 +63,22 @@ def test_last_level_cache_reads_sysfs() -> None:
     assert size >= 0 and (size == 0 or size >= 1 << 10)  # a cache size in bytes, or 0 without sysfs
 
 
+def cpuinfo(family: int, stepping: int) -> str:
+    """/proc/cpuinfo's text of a 2-core guest whose hypervisor names its CPU "AMD EPYC"."""
+    block = (f"processor\t: {{}}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 1\n"
+             f"model name\t: AMD EPYC\nstepping\t: {stepping}\nflags\t\t: fpu avx2 fma\n")
+    return block.format(0) + "\n" + block.format(1).replace("AMD EPYC", "another name")
+
+
+def test_cpu_identity_tells_apart_cpus_named_alike() -> None:
+    zen1, zen3 = timing.cpu_identity(cpuinfo(23, 2)), timing.cpu_identity(cpuinfo(25, 1))
+    assert zen1 == "AMD EPYC (family 23 model 1 stepping 2)"  # the first processor's block only
+    assert zen3 == "AMD EPYC (family 25 model 1 stepping 1)"
+    assert timing.cpu_identity("processor\t: 0\nBogoMIPS\t: 50.00\nmodel name\t: Neoverse-N1\n") == "Neoverse-N1"
+    assert timing.cpu_identity("processor\t: 0\nmodel\t\t: 1\n") is None  # no model name
+    assert timing.device_name().startswith("cpu: ") and timing.device_name().endswith(" threads")
+
+
 def test_cpu_timer_flushes_times_and_measures_a_ceiling() -> None:
     timer = timing.timer_for("cpu")
     assert isinstance(timer, timing.CpuTimer) and (timer.kind, timer.device) == ("cpu", "cpu")

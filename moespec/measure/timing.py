@@ -213,15 +213,30 @@ def flush_bytes() -> int:
     return max(FLUSH_LLC_MULTIPLE * kept_cache(), FLUSH_MIN_BYTES)
 
 
+# /proc/cpuinfo's fields that tell apart CPUs a hypervisor names alike ("AMD EPYC" is a Zen 1 and a Zen 3 guest,
+# whose fp32 matmul rates differ ~3x), as the device string names them
+CPU_IDENTITY = (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"))
+
+
+def cpu_identity(cpuinfo: str) -> str | None:
+    """'<model name> (family F model M stepping S)' of the first processor in /proc/cpuinfo's text, the fields it
+    has (none on some architectures: the model name alone); None where it names no model."""
+    block = cpuinfo.split("\n\n", 1)[0]
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
+    if not fields.get("model name"):
+        return None
+    ident = " ".join(f"{label} {fields[key]}" for key, label in CPU_IDENTITY if fields.get(key))
+    return f"{fields['model name']} ({ident})" if ident else fields["model name"]
+
+
 def device_name() -> str:
-    """'cpu: <model name>, <threads> threads' (torch's intra-op threads, which our kernels use)."""
-    name = platform.processor() or platform.machine()
+    """'cpu: <model name> (family F model M stepping S), <threads> threads' (cpu_identity; torch's intra-op threads,
+    which our kernels use): what a device profile must match (moespec.predict.structure_bench.check_profile)."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu: {name}, {torch.get_num_threads()} threads"
+        name = cpu_identity(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        name = None
+    return f"cpu: {name or platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
 def cuda_device_name(device: str) -> str:
