@@ -600,6 +600,34 @@ ENTRIES: dict[str, Entry] = {
         "of 40 model-runs, k_hat*(a) in 34 of 35 plannable"),
     "structure-model/epyc-avx2/timed-call/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-avx2/timed-call/summary.json"),
+    **{path: entry for run, profile, table in (
+        ("run-23", "pinned at 26.2 GB/s, take 3 of 3 kept and flagged (94% of its calls off that level, at 40.6 GB/s "
+                   "in median; self-check 4.1% / 11.6% per-slot, 3.7% / 12.8% dedup)",
+         "13 of 16 model-kernels within 10% / 20%, not the pair's two (24.1% / 31.9% per-slot, 35.1% / 37.5% dedup) "
+         "nor Mixtral's per-slot (10.8% / 17.7%)"),
+        ("run-24", "pinned at 44.0 GB/s, take 2 of 3 (self-check 4.3% / 9.5% per-slot, 2.8% / 7.4% dedup)",
+         "14 of 16 model-kernels within 10% / 20%, not the pair's two (15.0% / 22.6% per-slot, 24.8% / 31.1% dedup)"),
+        ("run-25", "pinned at 37.7 GB/s, take 2 of 3 (self-check 7.6% / 20.1% per-slot, 4.1% / 10.8% dedup)",
+         "14 of 16 model-kernels within 10% / 20%, not the pair's per-slot (10.2% / 14.3%) nor Mixtral's per-slot "
+         "(9.4% / 25.5%)"),
+        ("run-26", "pinned at 38.9 GB/s, take 2 of 3 (self-check 0.5% / 11.2% per-slot, 1.0% / 8.7% dedup)",
+         "13 of 16 model-kernels within 10% / 20%, not the pair's two (8.8% / 20.5% per-slot, 10.9% / 15.4% dedup) "
+         "nor Mixtral's per-slot (5.6% / 21.1%)"),
+        ("run-27", "pinned at 41.0 GB/s, take 3 of 3 kept and flagged (14% of its calls off that level; self-check "
+                   "4.1% / 10.6% per-slot, 1.9% / 6.2% dedup)",
+         "13 of 16 model-kernels within 10% / 20%, not the pair's dedup (14.0% / 17.2%), gpt-oss's dedup (11.5% / "
+         "16.1%) nor 1536 x 512's per-slot (12.2% / 14.2%)"))
+       for path, entry in validation_run(
+           f"structure-model/epyc-zen3/{run}", f"bf16 profile on the Zen 3 EPYC (AVX2), rows of 32 weights among "
+           f"ROW_SHAPES, {profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
+           "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
+    "structure-model/epyc-zen3/summary.json": Entry(
+        "the model with rows of 32 weights on the Zen 3 EPYC, five runs (run-23 to run-27): in median over runs 14 "
+        "of 16 model-kernels within 10% / 20% (2.2-5.8% in median, at most 17.7%), not the pair's dedup (14.0% / "
+        "17.2%) nor its per-slot (10.2% / 20.5%); 67 of 80 model-kernel-runs; crossover within one in 35 of 40 "
+        "model-runs (the pair's 0 of 5), k_hat*(a) in 33 of 35 plannable"),
+    "structure-model/epyc-zen3/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/epyc-zen3/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "
