@@ -231,6 +231,14 @@ def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, 
             **validation_folder(folder, runs, predicted_by, consoles)}
 
 
+def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...]) -> dict[str, Entry]:
+    """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1, its profile `what`
+    and the run's own, each expert at its placement."""
+    return {path: entry for run, profile, table in runs for path, entry in validation_run(
+        f"{folder}/{run}", f"{what}, {profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
+        "the run's own profile, each expert at its placement, its benches pinned to its level").items()}
+
+
 ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
@@ -554,7 +562,7 @@ ENTRIES: dict[str, Entry] = {
         "0.57-0.69x their time: its weights read far under the ceiling's buffer) and the pair's per-slot (15.8% / "
         "21.0%)",
         [(m, "", 1) for m in STRUCTURE_MODELS], "the run's own profile, its benches pinned to its level"),
-    **{path: entry for run, profile, table in (
+    **placed_runs("structure-model/epyc-avx2/placement", "bf16 profile on the AVX2 EPYC with placement", (
         ("run-13", "pinned at 24.8 GB/s, take 1 kept (self-check 4.2% / 12.3% per-slot, 3.9% / 8.9% dedup; the "
                    "check weights' placement 0.59-0.90)",
          "15 of 16 model-kernels within 10% / 20% (every one but the pair's per-slot at 0.3-6.3% in median, 1.1-8.0% "
@@ -571,12 +579,9 @@ ENTRIES: dict[str, Entry] = {
          "6.7%)"),
         ("run-17", "pinned at 26.3 GB/s, take 1 kept (self-check 0.7% / 2.6% per-slot, 1.1% / 3.2% dedup)",
          "14 of 16 model-kernels within 10% / 20%: not the pair's per-slot (9.5% / 15.1%) nor Mixtral's per-slot "
-         "(10.1% / 12.1%, one pass measured 27% slow)"))
-       for path, entry in validation_run(
-           f"structure-model/epyc-avx2/placement/{run}", f"bf16 profile on the AVX2 EPYC with placement, "
-           f"{profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
-           "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
-    **{path: entry for run, profile, table in (
+         "(10.1% / 12.1%, one pass measured 27% slow)"))),
+    **placed_runs("structure-model/epyc-avx2/timed-call", "bf16 profile on the AVX2 EPYC, every cold call timed as "
+                  "the bench times one and a hit's own group time, take 1 kept", (
         ("run-18", "pinned at 26.4 GB/s (self-check 2.1% / 3.5% per-slot, 1.2% / 3.8% dedup)",
          "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (15.4% / 21.2%)"),
         ("run-19", "pinned at 25.3 GB/s (self-check 1.3% / 5.5% per-slot, 1.2% / 5.5% dedup; 1414 of 1420 cold calls "
@@ -587,12 +592,7 @@ ENTRIES: dict[str, Entry] = {
         ("run-21", "pinned at 26.1 GB/s (self-check 5.2% / 6.7% per-slot, 2.7% / 6.1% dedup)",
          "15 of 16 model-kernels within 10% / 20%, not Mixtral's per-slot (10.3% / 11.2%)"),
         ("run-22", "pinned at 24.5 GB/s (self-check 1.0% / 2.4% per-slot, 0.9% / 2.0% dedup)",
-         "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (15.6% / 20.5%)"))
-       for path, entry in validation_run(
-           f"structure-model/epyc-avx2/timed-call/{run}", f"bf16 profile on the AVX2 EPYC, every cold call timed as "
-           f"the bench times one and a hit's own group time, take 1 kept, {profile}", table,
-           [(m, "", 1) for m in STRUCTURE_MODELS],
-           "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
+         "15 of 16 model-kernels within 10% / 20%, not the pair's dedup (15.6% / 20.5%)"))),
     "structure-model/epyc-avx2/timed-call/summary.json": Entry(
         "the model with the bench's timed call on the AVX2 EPYC, five runs (run-18 to run-22): "
         "in median over runs 15 of 16 model-kernels within 10% / 20% (0.7-7.6% in median, at most 11.9%), not the "
@@ -600,7 +600,8 @@ ENTRIES: dict[str, Entry] = {
         "of 40 model-runs, k_hat*(a) in 34 of 35 plannable"),
     "structure-model/epyc-avx2/timed-call/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-avx2/timed-call/summary.json"),
-    **{path: entry for run, profile, table in (
+    **placed_runs("structure-model/epyc-zen3", "bf16 profile on the Zen 3 EPYC (AVX2), rows of 32 weights among "
+                  "ROW_SHAPES", (
         ("run-23", "pinned at 26.2 GB/s, take 3 of 3 kept and flagged (94% of its calls off that level, at 40.6 GB/s "
                    "in median; self-check 4.1% / 11.6% per-slot, 3.7% / 12.8% dedup)",
          "13 of 16 model-kernels within 10% / 20%, not the pair's two (24.1% / 31.9% per-slot, 35.1% / 37.5% dedup) "
@@ -616,11 +617,7 @@ ENTRIES: dict[str, Entry] = {
         ("run-27", "pinned at 41.0 GB/s, take 3 of 3 kept and flagged (14% of its calls off that level; self-check "
                    "4.1% / 10.6% per-slot, 1.9% / 6.2% dedup)",
          "13 of 16 model-kernels within 10% / 20%, not the pair's dedup (14.0% / 17.2%), gpt-oss's dedup (11.5% / "
-         "16.1%) nor 1536 x 512's per-slot (12.2% / 14.2%)"))
-       for path, entry in validation_run(
-           f"structure-model/epyc-zen3/{run}", f"bf16 profile on the Zen 3 EPYC (AVX2), rows of 32 weights among "
-           f"ROW_SHAPES, {profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
-           "the run's own profile, each expert at its placement, its benches pinned to its level").items()},
+         "16.1%) nor 1536 x 512's per-slot (12.2% / 14.2%)"))),
     "structure-model/epyc-zen3/summary.json": Entry(
         "the model with rows of 32 weights on the Zen 3 EPYC, five runs (run-23 to run-27): in median over runs 14 "
         "of 16 model-kernels within 10% / 20% (2.2-5.8% in median, at most 17.7%), not the pair's dedup (14.0% / "
