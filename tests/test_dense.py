@@ -27,7 +27,9 @@ BF16, F32 = torch.bfloat16, torch.float32
 # (K, M): K below, at and past a 16-column step, odd, not a multiple of 8 or 16; M below and past the
 # 4-row tile, and 1001 rows of K = 130 (several row tasks with a remainder row).
 SHAPES = [(7, 1), (13, 3), (16, 5), (33, 33), (130, 1001), (2049, 33)]
-NS = [1, 2, 5, 9, 16]  # one token; each path's 2-row tiles (fma n = 2, dot n = 4..6); two and three token blocks
+# one token; each path's 2-row tiles (fma n = 2, dot n = 4..6); a single block of 3; blocks of 2 and 3 (bf16 weights
+# on the fma path: blocks of 2, one of 3 where n is odd; fp32: blocks of 3)
+NS = [1, 2, 3, 5, 9, 16]
 PATHS = ["auto", "fma"]  # auto: the dot path for bf16 x bf16 where the CPU has AVX512-BF16
 # The AMX path's (K, M): K one and many tiles of 32 columns; M below one 16-row tile, one tile and a tail, a 32-row
 # block and a tail, several row tasks (100 rows of K = 2048: 128-row tasks, so one task and a 4-row tail)

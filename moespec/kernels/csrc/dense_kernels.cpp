@@ -131,9 +131,9 @@ inline __m256 hsum8(const float* p) {
 
 // fma path: the weights widened to fp32 (Widen, simd_common.h), the inputs packed to match.
 
-// Up to R * G = 12 accumulators, G inputs and one widened weight vector fill the 16 ymm registers; each
-// input load feeds R FMAs, each weight vector G. Small tiles (R * G * kVecs <= 8) keep one accumulator per
-// half so that 8 FMA chains hide the FMA latency.
+// Up to R * G = 12 accumulators, G inputs and one widened weight vector fill the 16 ymm registers (the token blocks
+// per format: Widen::blocks); each input load feeds R FMAs, each weight vector G. Small tiles (R * G * kVecs <= 8)
+// keep one accumulator per half so that 8 FMA chains hide the FMA latency.
 template <class W, int R, int G>
 void fma_tile(const W* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* part, int64_t ldp,
               bool first, Prefetch pf) {
@@ -236,6 +236,7 @@ struct FmaPath {
     using X = float;
     static constexpr int kStep = Widen<W>::kStep, kMaxG = 3, kL1PrefetchMaxTokens = 4, kNarrowMin = 2,
                          kNarrowMax = 2;
+    static constexpr int64_t blocks(int64_t n) { return Widen<W>::blocks(n); }
     template <int R, int G>
     static void tile(const W* w, int64_t ldw, const X* x, int64_t ldx, int64_t cols, float* part, int64_t ldp,
                      bool first, Prefetch pf) {
@@ -263,6 +264,7 @@ struct DotPath {
     using W = bf16;
     using X = bf16;
     static constexpr int kStep = 16, kMaxG = 6, kL1PrefetchMaxTokens = kMaxTokens, kNarrowMin = 4, kNarrowMax = 6;
+    static constexpr int64_t blocks(int64_t n) { return (n + kMaxG - 1) / kMaxG; }
     template <int R, int G>
     static void tile(const W* w, int64_t ldw, const X* x, int64_t ldx, int64_t cols, float* part, int64_t ldp,
                      bool first, Prefetch pf) {
@@ -303,8 +305,8 @@ struct Problem {
 };
 
 // Rows [r0, r0 + R) of y for all n tokens. The columns go in blocks whose inputs fit in L1; within a
-// block every token block of at most kMaxG tokens (sizes as even as possible) is applied to the R rows,
-// the first reading them from memory, the others from L1. The K % kStep last columns run as one more
+// block every token block (P::blocks of them, at most kMaxG tokens each, sizes as even as possible) is applied to the
+// R rows, the first reading them from memory, the others from L1. The K % kStep last columns run as one more
 // step on a zero-padded copy of the rows' tails (the inputs are zero-padded too), so tails are exact.
 template <class P, int R>
 void row_tile(const Problem& pb, const typename P::X* xp, int64_t ldxp, int64_t r0) {
@@ -313,7 +315,7 @@ void row_tile(const Problem& pb, const typename P::X* xp, int64_t ldxp, int64_t 
     const int64_t n = pb.n, K = pb.K, kfull = K / S * S;
     const W* w = static_cast<const W*>(pb.w) + r0 * K;
     const auto& tile = tiles<P, R>();
-    const int64_t blocks = (n + P::kMaxG - 1) / P::kMaxG;
+    const int64_t blocks = P::blocks(n);
     int64_t t0s[kMaxTokens + 1];
     for (int64_t b = 0, t = 0; b <= blocks; ++b) {
         t0s[b] = t;

@@ -157,12 +157,18 @@ struct Ahead {
 };
 
 // The loop both tile sizes share: rows [lo, hi) in chunks of kRowChunk; within a chunk, the columns in blocks of kb
-// and the rows in tiles of kTileRows (the last ones one at a time), each tile applied to the G tokens in blocks of
-// per_block by tile(R, row, first token, k0, k1, sums), R a std::integral_constant; then the chunk's sums to
-// y[t * ldy + row - lo] (res: scratch of kRowChunk * G floats).
+// and the rows in tiles of kTileRows (the last ones one at a time), each tile applied to the G tokens in `blocks`
+// blocks of sizes as even as possible by tile(R, row, block, first token, tokens, k0, k1, sums), R a
+// std::integral_constant; then the chunk's sums to y[t * ldy + row - lo] (res: scratch of kRowChunk * G floats).
 template <class Tile>
-void in_tiles(int64_t K, int64_t lo, int64_t hi, int64_t G, int64_t per_block, int64_t kb, float* y, int64_t ldy,
+void in_tiles(int64_t K, int64_t lo, int64_t hi, int64_t G, int64_t blocks, int64_t kb, float* y, int64_t ldy,
               float* res, Tile tile) {
+    auto each_block = [&](auto R, int64_t row, int64_t k0, int64_t k1, float* sums) __attribute__((always_inline)) {
+        for (int64_t i = 0; i < blocks; ++i) {
+            const int64_t b = G * i / blocks;
+            tile(R, row, i, b, G * (i + 1) / blocks - b, k0, k1, sums + b);
+        }
+    };
     for (int64_t r0 = lo; r0 < hi; r0 += kRowChunk) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowChunk, hi - r0));
         std::fill(res, res + kRowChunk * G, 0.0f);
@@ -170,11 +176,8 @@ void in_tiles(int64_t K, int64_t lo, int64_t hi, int64_t G, int64_t per_block, i
             const int64_t k1 = std::min(K, k0 + kb);
             int r = 0;
             for (; r + kTileRows <= rows; r += kTileRows)
-                for (int64_t b = 0; b < G; b += per_block)
-                    tile(std::integral_constant<int, kTileRows>{}, r0 + r, b, k0, k1, res + r * G + b);
-            for (; r < rows; ++r)
-                for (int64_t b = 0; b < G; b += per_block)
-                    tile(std::integral_constant<int, 1>{}, r0 + r, b, k0, k1, res + r * G + b);
+                each_block(std::integral_constant<int, kTileRows>{}, r0 + r, k0, k1, res + r * G);
+            for (; r < rows; ++r) each_block(std::integral_constant<int, 1>{}, r0 + r, k0, k1, res + r * G);
         }
         for (int r = 0; r < rows; ++r)
             for (int64_t t = 0; t < G; ++t) y[t * ldy + r0 - lo + r] = res[r * G + t];
@@ -188,16 +191,14 @@ void in_tiles(int64_t K, int64_t lo, int64_t hi, int64_t G, int64_t per_block, i
 void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* const* xs, int64_t G, float* y,
                int64_t ldy, float* res, const bf16* next) {
     const int64_t blocks = (G + kWideTokens - 1) / kWideTokens;
-    const int64_t per_block = (G + blocks - 1) / blocks;
     const int64_t kb = std::max<int64_t>(32, kWideColBlockBytes / (2 * G) / 32 * 32);
     const bool pf = G <= kWidePrefetchMaxTokens;
     const Ahead<bf16> target{w, next, K, lo, hi,
                              std::max<int64_t>(kTileRows, kPrefetchBytes / (K * 2) / kTileRows * kTileRows)};
-    in_tiles(K, lo, hi, G, per_block, kb, y, ldy, res, [&](auto R, int64_t r, int64_t b, int64_t k0, int64_t k1,
-                                                           float* sums) {
-        const bf16* pw = pf && R == kTileRows ? target(r + b / per_block * kTileRows, kTileRows) : nullptr;
-        wide_tile_tokens<decltype(R)::value>(w + r * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)), k0, k1,
-                                             pw, sums, G);
+    in_tiles(K, lo, hi, G, blocks, kb, y, ldy, res, [&](auto R, int64_t r, int64_t i, int64_t b, int64_t g,
+                                                        int64_t k0, int64_t k1, float* sums) {
+        const bf16* pw = pf && R == kTileRows ? target(r + i * kTileRows, kTileRows) : nullptr;
+        wide_tile_tokens<decltype(R)::value>(w + r * K, K, xs + b, static_cast<int>(g), k0, k1, pw, sums, G);
     });
 }
 
@@ -206,8 +207,9 @@ void wide_rows(const bf16* w, int64_t K, int64_t lo, int64_t hi, const bf16* con
 // y[t * ldy + r - lo] = <row r of w, xs[t]> over K columns, for rows [lo, hi) and any number G of packed
 // token vectors (res: scratch of kRowChunk * G floats). Rows are streamed once, chunk by chunk. Within a
 // chunk the columns go in blocks small enough that the inputs of all G tokens stay in L1 with a tile's
-// rows; each tile of kTileRows rows is applied to the tokens in blocks of at most kTileTokens, as even as
-// possible, the blocks after the first reading the tile's weights from L1.
+// rows; each tile of kTileRows rows is applied to the tokens in blocks of at most kTileTokens, as even as possible
+// (on the fma path as many as the format's Widen::blocks), the blocks after the first reading the tile's weights from
+// L1.
 // Prefetch (groups of at most kPrefetchMaxTokens tokens): the first token block of each tile requests the
 // rows kPrefetchBytes further down this task's stream: rows [lo, hi) of w, then, when `next` is not null,
 // rows [lo, hi) of the matrix `next` (same K) that the caller reads right after. Unless `warm` (the first
@@ -227,8 +229,7 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
         if (G >= kWideMinTokens) return wide_rows(w, K, lo, hi, xs, G, y, ldy, res, next);
     }
     constexpr int64_t kLineCols = 64 / sizeof(W);
-    const int64_t blocks = (G + kTileTokens - 1) / kTileTokens;
-    const int64_t per_block = (G + blocks - 1) / blocks;
+    const int64_t blocks = std::is_same_v<X, float> ? Widen<W>::blocks(G) : (G + kTileTokens - 1) / kTileTokens;
     const int64_t kb = std::max(kLineCols, kColBlockBytes / (4 * G) / kLineCols * kLineCols);
     const bool pf = G <= kPrefetchMaxTokens;
     const Ahead<W> target{w, next, K, lo, hi,
@@ -246,11 +247,10 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
         }
         return;
     }
-    in_tiles(K, lo, hi, G, per_block, kb, y, ldy, res, [&](auto R, int64_t r, int64_t b, int64_t k0, int64_t k1,
-                                                           float* sums) {
-        const W* pw = pf && b == 0 ? target(r, R) : nullptr;
-        tile_tokens<decltype(R)::value>(w + r * K, K, xs + b, static_cast<int>(std::min(per_block, G - b)), k0, k1, pw,
-                                        sums, G);
+    in_tiles(K, lo, hi, G, blocks, kb, y, ldy, res, [&](auto R, int64_t r, int64_t i, int64_t b, int64_t g,
+                                                        int64_t k0, int64_t k1, float* sums) {
+        const W* pw = pf && i == 0 ? target(r, R) : nullptr;
+        tile_tokens<decltype(R)::value>(w + r * K, K, xs + b, static_cast<int>(g), k0, k1, pw, sums, G);
     });
 }
 
