@@ -816,6 +816,18 @@ ENTRIES: dict[str, Entry] = {
     **{f"batch-engine/epyc-avx2/batch-pass-{i}.txt": Entry(
         f"console output of run {i} on the AVX2 EPYC", source=f"batch-engine/epyc-avx2/batch-pass-{i}.json")
        for i in range(1, 6)},
+    **{f"batch-engine/epyc-zen3/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on a Zen 3 EPYC with AVX2 only (compute ceiling in fp32): moespec "
+        f"dedup / llama.cpp 0.60-0.95 in median over the five, dedup roofline share 45-73%")
+       for i in range(1, 6)},
+    **{f"batch-engine/epyc-zen3/batch-pass-{i}.txt": Entry(
+        f"console output of run {i} on the Zen 3 EPYC", source=f"batch-engine/epyc-zen3/batch-pass-{i}.json")
+       for i in range(1, 6)},
+    **with_console("batch-engine/epyc-zen3/fidelity-rounds",
+                   "the batch chain five times at the paper's 11 acceptances on the Zen 3 EPYC: k_hat within one at "
+                   "11, 10, 10, 10 of 11 in median (measured map) and 11, 10, 10, 9 (prediction) at B = 1, 2, 4, 8; "
+                   "crossover 3 of 5 at B = 2, 5 of 5 elsewhere (measured map); B_stop 3 of 5 (measured map), 2 of 5 "
+                   "(prediction)"),
     **with_console("batch-engine/xeon-amx-dense/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances with weights in 2 MiB pages and dense "
                    "layers on the AMX tiles: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 11 at every "
