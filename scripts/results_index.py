@@ -297,6 +297,9 @@ ENTRIES: dict[str, Entry] = {
     "dense-paths/README.md": Entry("write-up of the dense-paths runs", source="dense-paths/xeon-2core-amx-every-row.json"),
     **with_console("one-token-paths/xeon-2core", "a 2-core Intel Xeon VM: one-token rows in prefetched tiles over rows "
                    "read in sequence, LM head 1.57x, expert op 1.18-1.19x; streaming read 28.7 prefetched, 25.1 not"),
+    "one-token-paths/epyc-zen3.json": Entry(
+        "a 2-core Zen 3 EPYC (AVX2): one-token tiles over rows, LM head 1.11x (0.96-1.32), expert op 0.95-0.96x; the "
+        "kernels 25.6-28.2 GB/s against a streaming read of 38.3 plain, 30.1 prefetched (five rounds)"),
     **with_console("structure-model/stream-share", "how much of a cold one-token pass follows the streaming read: "
                    "t/b = x + s/C over calls spanning host states; ours s 0.81, ggml's q8_0 0.46"),
     **with_console("structure-model/stream-share-ab", "one profile's timings fitted with the stream's share s_G and "
