@@ -234,7 +234,7 @@ template <class W_>
 struct FmaPath {
     using W = W_;
     using X = float;
-    static constexpr int kStep = Widen<W>::kStep, kMaxG = 3, kL1PrefetchMaxTokens = 4, kNarrowMin = 2,
+    static constexpr int kStep = Widen<W>::kStep, kMaxG = kTileTokens, kL1PrefetchMaxTokens = 4, kNarrowMin = 2,
                          kNarrowMax = 2;
     static constexpr int64_t blocks(int64_t n) { return Widen<W>::blocks(n); }
     template <int R, int G>

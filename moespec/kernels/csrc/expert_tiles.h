@@ -21,13 +21,12 @@ using namespace moespec_simd;  // bf16, to_f32, to_bf16, hsum
 
 // fp32 lanes in one AVX2 register.
 constexpr int kLanes = 8;
-// Register tile: kTileRows weight rows x up to kTileTokens tokens (on the fma path in Widen::blocks blocks),
-// 12 accumulators plus the tokens' inputs and one widened weight vector in the 16 ymm registers. Each input load
-// then feeds 4 FMAs and each weight load 3, which keeps the two FMA pipes busy (a 1 x 8 tile, one load per FMA, runs
-// at ~half the rate); and 4 rows of a 4 KiB-strided matrix still leave L1 ways free (8 rows would conflict in one
-// set).
+// Register tile: kTileRows weight rows x up to kTileTokens tokens (simd_common.h; on the fma path in Widen::blocks
+// blocks), 12 accumulators plus the tokens' inputs and one widened weight vector in the 16 ymm registers. Each input
+// load then feeds 4 FMAs and each weight load 3, which keeps the two FMA pipes busy (a 1 x 8 tile, one load per FMA,
+// runs at ~half the rate); and 4 rows of a 4 KiB-strided matrix still leave L1 ways free (8 rows would conflict in
+// one set).
 constexpr int kTileRows = 4;
-constexpr int kTileTokens = 3;
 
 // The wide tiles, which the dot path takes for experts serving several tokens (kWideMinTokens in
 // expert_kernels.cpp): 512-bit vdpbf16ps, 32 columns per instruction, kTileRows rows x up to kWideTokens tokens.

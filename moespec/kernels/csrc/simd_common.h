@@ -45,8 +45,11 @@ inline __m256 load8(const bf16* p) {
 template <class W>
 struct Widen;
 
-// blocks(G): how many token blocks a tile of 4 rows applies G tokens in (sizes as even as possible, at most 3 tokens a
-// block). At 4 x 3, fp32's accumulators, the tokens' inputs and one widened weight take the 16 ymm registers; bf16's
+// Tokens of the largest 256-bit register tile (4 rows x 3 tokens) of the dense and expert kernels.
+constexpr int kTileTokens = 3;
+
+// blocks(G): how many token blocks a tile of 4 rows applies G tokens in (sizes as even as possible, at most kTileTokens
+// a block). At 4 x 3, fp32's accumulators, the tokens' inputs and one widened weight take the 16 ymm registers; bf16's
 // widening mask takes one more, so the compiler spills accumulators to the stack every step and blocks of 2 multiply
 // faster, with one block of 3 where G is odd rather than a block of 1, whose weights feed one FMA a load (on an
 // AVX2-only Zen 3, interleaved: a 2048 x 2048 dense layer +12-23% from 6 rows, +1-9% in a faster state of its host;
@@ -54,7 +57,7 @@ struct Widen;
 template <>
 struct Widen<float> {
     static constexpr int kStep = 8, kVecs = 1;
-    static constexpr int64_t blocks(int64_t G) { return (G + 2) / 3; }
+    static constexpr int64_t blocks(int64_t G) { return (G + kTileTokens - 1) / kTileTokens; }
     static inline __m256 half(const float* p, int) { return _mm256_loadu_ps(p); }
 };
 
