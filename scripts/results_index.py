@@ -12,6 +12,7 @@ named as its `source` below, or from what is written here. The claims are curate
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -971,6 +972,7 @@ ENTRIES: dict[str, Entry] = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # a file is read once per run: the index and the table both ask
 def provenance(path: Path) -> dict | None:
     if path.suffix != ".json":
         return None

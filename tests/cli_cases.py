@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import runpy
+import sys
 from pathlib import Path
 
 from moespec import cli
@@ -39,6 +41,23 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
         except SystemExit as e:
             code = e.code
     return code, err.getvalue()
+
+
+def run_script(script: Path, argv: list, capsys) -> tuple[int, str]:
+    """`python script argv` (a benchmarks/ script) run in this process, its folder first on sys.path as Python puts
+    it there: the exit code and stderr (stdout dropped). An exception other than SystemExit propagates: the test
+    fails on what would have been a traceback."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *map(str, argv)]
+    sys.path.insert(0, str(script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return code, capsys.readouterr().err
 
 
 def refused(argv: list[str], capsys, folder: Path | None = None) -> str:

@@ -11,7 +11,8 @@ from cli_cases import refused
 from plan_cases import make_bench, uniform_trace
 from score_cases import make_plan, make_runs, ran
 
-from moespec import cli
+from moespec import MoespecError, cli
+from moespec.formats.benchfile import load_bench
 from moespec.formats.files import write_json
 
 
@@ -71,6 +72,18 @@ def test_bench_op_times_are_refused_before_plan(key, value, tmp_path: Path, caps
     err = refused(["plan", "--bench", tmp_path / "bench.json", "--trace", tmp_path / "trace.npz", "--tau1", "0.1",
                    "--out", tmp_path / "plan.json"], capsys, tmp_path)
     assert f"bench.json: per_layer.7.kernels.dedup.3.{key}" in err
+
+
+@pytest.mark.parametrize("value", [float("nan"), "x", [], {"x": 1e-4}])
+def test_a_one_token_prediction_without_a_fit_is_still_a_number(value, tmp_path: Path):
+    """one_token_s.predicted_s is read by plan whether or not its kernel has a fit: a non-number there is refused by
+    the loader, naming the file and the key, not met later as a crash."""
+    bench = make_bench()
+    assert bench["fits"] == {}
+    bench["per_layer"]["7"]["one_token_s"]["predicted_s"] = value
+    write_json(tmp_path / "bench.json", bench)
+    with pytest.raises(MoespecError, match="bench.json: per_layer.7.one_token_s.predicted_s has the wrong type"):
+        load_bench(tmp_path / "bench.json")
 
 
 @pytest.mark.parametrize("coverage", [None, 3, "all", {"num_moe_layers": "16"}, {"num_moe_layers": 0}])

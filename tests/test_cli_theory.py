@@ -99,10 +99,12 @@ def test_demo_tables(capsys, tmp_path):
     assert "3. measurement" not in out and not (tmp_path / "bench.json").exists()
 
 
-def test_demo_short_bench(capsys, tmp_path):
-    """Step 3 runs the real bench on one OLMoE layer (one repetition here) and reports r(n) and the crossover."""
+def test_demo_short_bench_and_drafting(capsys, tmp_path):
+    """Step 3 runs the real bench on one OLMoE layer (one repetition here) and reports r(n) and the crossover; step 2b
+    runs every constant k, the heuristic and the online policy on prompts sampled from the trained target, tokens
+    equal to plain decoding's in every cell, and drafting.json feeds the report's drafting section."""
     assert main(["demo", "--tokens", "3000", "--docs", "10", "--bench-reps", "1", "--engine-layers", "0",
-                 "--drafting-prompts", "0", "--out", str(tmp_path)]) == 0
+                 "--drafting-prompts", "1", "--kmax", "3", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "3. measurement" in out and "measured r(n)" in out and "crossover" in out
     saved = json.loads((tmp_path / "demo.json").read_text())
@@ -110,6 +112,21 @@ def test_demo_short_bench(capsys, tmp_path):
     assert set(bench["r"]) == {str(n) for n in range(1, 10)} and all(v > 0 for v in bench["r"].values())
     assert bench["crossover"] is None or 2 <= bench["crossover"] <= 9
     assert (tmp_path / "bench.json").exists() and (tmp_path / "fig2.png").exists()
+
+    found = json.loads((tmp_path / "drafting.json").read_text())
+    assert set(found["cells"]) == {"k=0", "k=1", "k=2", "k=3", "heuristic", "online"}
+    assert all(row["greedy_exact"] for row in found["cells"].values())
+    assert len(found["profile_calibration"]) == 3 and 0 <= found["k_hat_plan"] <= 3
+    assert found["ceiling_gbps"]["before"] > 0 and found["ceiling_gbps"]["after"] > 0
+    best = found["cells"][f"k={found['best_constant_k']}"]["vs_best_constant_paired"]
+    assert best == [1.0, 1.0, 1.0]  # the best constant against itself, prompt by prompt
+    for row in found["cells"].values():
+        med, lo, hi = row["vs_best_constant_paired"]
+        assert lo <= med <= hi
+    assert set(found["replay"]) == set(found["cells"]) and max(found["replay"][f"k={k}"] for k in range(4)) == 1.0
+    assert "drafting on the trained pair" in out
+    assert main(["report", str(tmp_path)]) == 0
+    assert "Drafting on the trained pair" in (tmp_path / "report.html").read_text()
 
 
 @pytest.mark.parametrize("argv", [["--kmax", "0"], ["--tokens", "10", "--docs", "5"], ["--bench-reps", "-1"],

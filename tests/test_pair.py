@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_cases import run_script
 
 from moespec.formats.trace import Trace
 from moespec.model.load import find_routers, load_draft, load_model
@@ -86,30 +87,6 @@ def test_demo_replays_the_trained_routing(tmp_path, capsys):
     assert out["trace"]["routing"] == "trained" and "trained pair" in out["trace"]["source"]
     assert out["trace"]["synthetic_rho_mean"][2] == pytest.approx(0.363, abs=0.01)
     assert out["trace"]["rho_mean"][2] > 8 / 64  # learned locality, above uniform
-
-
-@pytest.mark.slow
-def test_the_demos_drafting_step_on_the_pair(tmp_path, capsys):
-    """Step 2b: every constant k, the heuristic and the online policy on prompts sampled from the trained target;
-    tokens equal plain decoding's in every cell; drafting.json feeds the report's drafting section."""
-    from moespec.cli import main
-
-    assert main(["demo", "--bench-reps", "1", "--engine-layers", "0", "--tokens", "3000", "--docs", "10",
-                 "--drafting-prompts", "1", "--kmax", "3", "--out", str(tmp_path)]) == 0
-    found = json.loads((tmp_path / "drafting.json").read_text())
-    assert set(found["cells"]) == {"k=0", "k=1", "k=2", "k=3", "heuristic", "online"}
-    assert all(row["greedy_exact"] for row in found["cells"].values())
-    assert len(found["profile_calibration"]) == 3 and 0 <= found["k_hat_plan"] <= 3
-    assert found["ceiling_gbps"]["before"] > 0 and found["ceiling_gbps"]["after"] > 0
-    best = found["cells"][f"k={found['best_constant_k']}"]["vs_best_constant_paired"]
-    assert best == [1.0, 1.0, 1.0]  # the best constant against itself, prompt by prompt
-    for row in found["cells"].values():
-        med, lo, hi = row["vs_best_constant_paired"]
-        assert lo <= med <= hi
-    assert set(found["replay"]) == set(found["cells"]) and max(found["replay"][f"k={k}"] for k in range(4)) == 1.0
-    assert "drafting on the trained pair" in capsys.readouterr().out
-    assert main(["report", str(tmp_path)]) == 0
-    assert "Drafting on the trained pair" in (tmp_path / "report.html").read_text()
 
 
 def test_replay_accepts_what_greedy_speculative_decoding_accepts(pair):
@@ -207,13 +184,10 @@ def test_the_calibration_profile_pools_every_draft_length():
 @pytest.mark.parametrize("args, needle", [(["--repeats", "0"], "--repeats must be >= 1"),
                                           (["--calibration", "0"], "--calibration must be >= 1"),
                                           (["--pin-wait", "-1"], "--pin-wait must be >= 0")])
-def test_the_drafting_benchmark_refuses_bad_arguments_in_one_line(args, needle):
-    import subprocess
-    import sys
-
+def test_the_drafting_benchmark_refuses_bad_arguments_in_one_line(args, needle, capsys):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "adaptive_draft.py"
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
+    code, err = run_script(script, args, capsys)
+    assert code == 2 and needle in err
 
 
 def test_the_draft_proposes_token_by_token_with_its_confidences(pair):

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_cases import run_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_model.py"
 
@@ -79,65 +80,51 @@ def test_the_table_says_which_benches_met_their_profiles_level(structure_model, 
 @pytest.mark.parametrize("args, needle", [
     (["--runs", "nowhere", "--share-from", "x.json", "--out", "o"], "--runs: give runs' folders"),
     (["--share-from", "x.json", "--out", "o"], "the following arguments are required: --runs")])
-def test_the_share_rerun_refuses_bad_arguments_in_one_line(args, needle, tmp_path):
+def test_the_share_rerun_refuses_bad_arguments_in_one_line(args, needle, tmp_path, capsys, monkeypatch):
     """benchmarks/stream_share_pinned.py: runs without their profile and table, or no runs, end in one line."""
-    import subprocess
-    import sys
-
-    script = SCRIPT.with_name("stream_share_pinned.py")
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
-    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr
+    monkeypatch.chdir(tmp_path)
+    code, err = run_script(SCRIPT.with_name("stream_share_pinned.py"), args, capsys)
+    assert code == 2 and needle in err
 
 
-def test_the_share_rerun_names_a_profile_that_does_not_load(structure_model, tmp_path):
+def test_the_share_rerun_names_a_profile_that_does_not_load(structure_model, tmp_path, capsys):
     """A --share-from that is not a device profile ends in one line naming the file, before any table is written."""
-    import subprocess
-    import sys
-
     run = tmp_path / "run-1"
     run.mkdir()
     (run / "device.json").write_text("{}")
     (run / "table.json").write_text("{}")
     (tmp_path / "bad.json").write_text("[1, 2]")
-    done = subprocess.run([sys.executable, str(SCRIPT.with_name("stream_share_pinned.py")), "--runs", str(run),
-                           "--share-from", str(tmp_path / "bad.json"), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "bad.json" in done.stderr and "Traceback" not in done.stderr
+    code, err = run_script(SCRIPT.with_name("stream_share_pinned.py"), ["--runs", run, "--share-from",
+                                                                       tmp_path / "bad.json", "--out",
+                                                                       tmp_path / "out"], capsys)
+    assert code == 2 and "bad.json" in err
     assert not (tmp_path / "out").exists()
 
 
-def test_the_table_names_a_profile_that_does_not_load(tmp_path):
+def test_the_table_names_a_profile_that_does_not_load(tmp_path, capsys):
     """`table` reads the run's profile for its level: one that does not load ends in one line naming it."""
-    import subprocess
-    import sys
-
     (tmp_path / "device.json").write_text("[1]")
-    done = subprocess.run([sys.executable, str(SCRIPT), "table", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 2 and "device.json: not a moespec device profile" in done.stderr
-    assert "Traceback" not in done.stderr
+    code, err = run_script(SCRIPT, ["table", "--out", tmp_path], capsys)
+    assert code == 2 and "device.json: not a moespec device profile" in err
 
 
 RECORDED = SCRIPT.with_name("structure_model_recorded.py")
 RUN = SCRIPT.parents[1] / "results" / "structure-model" / "epyc-avx2" / "run-11"  # a recorded CPU run
 
 
-def test_a_recorded_run_is_predicted_again_from_its_own_calls(tmp_path):
+def test_a_recorded_run_is_predicted_again_from_its_own_calls(tmp_path, capsys, monkeypatch):
     """benchmarks/structure_model_recorded.py on a recorded run's profile and one model's measured bench: the
     predicted bench, errors and table of that model, the self-check taken again on the recorded check passes (the
     same calls), nothing timed."""
     import shutil
-    import subprocess
-    import sys
 
     recorded = tmp_path / "recorded"
     (recorded / "pair").mkdir(parents=True)
     shutil.copy(RUN / "device.json", recorded)
     shutil.copy(RUN / "pair" / "bench-B1.json", recorded / "pair")
-    done = subprocess.run([sys.executable, str(RECORDED), str(recorded), str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(tmp_path)
+    code, err = run_script(RECORDED, [recorded, tmp_path / "out"], capsys)
+    assert code == 0, err
     out = tmp_path / "out"
     table = json.loads((out / "table.json").read_text())
     assert {(r["model"], r["kernel"]) for r in table["rows"]} == {("pair", "slot"), ("pair", "dedup")}
@@ -149,20 +136,14 @@ def test_a_recorded_run_is_predicted_again_from_its_own_calls(tmp_path):
     assert [p["measured_s"] for p in again] == [p["measured_s"] for p in before]
 
 
-def test_a_recorded_run_refuses_a_folder_without_benches_or_profile(tmp_path):
+def test_a_recorded_run_refuses_a_folder_without_benches_or_profile(tmp_path, capsys, monkeypatch):
     """No model's bench, or a profile that does not load: one line, exit 2, nothing written."""
-    import subprocess
-    import sys
-
-    def run(folder):
-        return subprocess.run([sys.executable, str(RECORDED), str(folder), str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
-
-    done = run(tmp_path)
-    assert done.returncode == 2 and "no model's bench-B1.json" in done.stderr and "Traceback" not in done.stderr
+    monkeypatch.chdir(tmp_path)
+    code, err = run_script(RECORDED, [tmp_path, tmp_path / "out"], capsys)
+    assert code == 2 and "no model's bench-B1.json" in err
     (tmp_path / "pair").mkdir()
     (tmp_path / "pair" / "bench-B1.json").write_text("{}")
     (tmp_path / "device.json").write_text("[1]")
-    done = run(tmp_path)
-    assert done.returncode == 2 and "device.json" in done.stderr and "Traceback" not in done.stderr
+    code, err = run_script(RECORDED, [tmp_path, tmp_path / "out"], capsys)
+    assert code == 2 and "device.json" in err
     assert not (tmp_path / "out").exists()

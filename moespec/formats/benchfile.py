@@ -216,7 +216,8 @@ def _check_n_map(path: str, name: str, values: Any, ns: list[int]) -> None:
 def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
     """per_layer (what plan's sums (22) and the report read) keyed by the timed layers and kernels, fits by timed
     layers; every operation time a finite number, positive where measured; a prediction null only where its
-    kernel has no fit (too few pass sizes identify it); one_token_s null only where n = 1 was not timed."""
+    kernel has no fit (too few pass sizes identify it); one_token_s null only where n = 1 was not timed, its
+    prediction a finite number wherever it is not null."""
     layers = {str(layer) for layer in doc["layers"]}
     if set(doc["per_layer"]) != layers or not set(doc["fits"]) <= layers:
         raise _fail(path, f"per_layer and fits must be keyed by the timed layers {sorted(layers)}, got "
@@ -239,7 +240,8 @@ def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
         one = doc["per_layer"][layer].get("one_token_s")
         if one is not None or 1 in ns:
             positive(doc, path, f"per_layer.{layer}.one_token_s.measured_s")
-            if fits.get(field(doc, path, f"per_layer.{layer}.one_token_s.kernel", str)) is not None:
+            if fits.get(field(doc, path, f"per_layer.{layer}.one_token_s.kernel", str)) is not None or \
+                    one.get("predicted_s") is not None:
                 field(doc, path, f"per_layer.{layer}.one_token_s.predicted_s")
 
 

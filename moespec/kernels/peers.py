@@ -12,9 +12,6 @@ from typing import Callable
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from transformers import GptOssConfig, OlmoeConfig
-from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
-from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
 
 from moespec import MoespecError
 from moespec.defaults import QUANTIZED
@@ -35,6 +32,11 @@ def _peer_state(kind: str, gate_up, down, gate_up_bias, down_bias, act, build: C
 
 def _hf_module(impl, gate_up, down, gate_up_bias, down_bias, act):
     """A real transformers experts module (OlmoeExperts, or GptOssExperts for the gpt-oss activation)."""
+    # imported here: transformers' model modules take seconds to import and only the HF peers need them
+    from transformers import GptOssConfig, OlmoeConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
+
     N, two_f, d = gate_up.shape
     f = two_f // 2
     param = lambda t: torch.nn.Parameter(t.detach(), requires_grad=False)  # noqa: E731

@@ -85,7 +85,7 @@ from moespec.kernels.peers import GGML_PEERS, ggml_quantized
 from moespec.measure.contention import Cores
 from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.level import Level, check_level, host_level
-from moespec.measure.timing import StreamRead, Timer, matmul_peak, median_iqr, timer_for
+from moespec.measure.timing import StreamRead, Timer, matmul_peak, measure_stream_read, median_iqr, timer_for
 from moespec.model.weights import expert_matrix_bytes, expert_rows
 from moespec.kernels.structure import Rates, kind_rates
 from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
@@ -483,7 +483,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
                 scaling = {"G": list(THREAD_SCALING_G), "speedup": [
                     float(np.median(by_key["threads_1", *first, g].seconds)
                           / np.median(by_key["cold", "dedup", *first, g, experts].seconds)) for g in THREAD_SCALING_G],
-                    "ceiling_gbps": median_iqr([StreamRead(threads=1)() for _ in range(3)])[0]}
+                    "ceiling_gbps": median_iqr(measure_stream_read(repeats=3, threads=1))[0]}
         # the check passes' samples (not their weights) for the self-check, which needs the profile's ceiling
         checked[dtype] = ({k: Item(k, lambda: None, seconds=by_key[k].seconds, ceilings=by_key[k].ceilings)
                            for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"},

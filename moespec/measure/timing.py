@@ -278,7 +278,7 @@ class Timer(ABC):
     @abstractmethod
     def sampler(self, nbytes: int | None = None) -> Callable[[], float]:
         """A ceiling measurement to call again and again: each call returns GB/s on one nbytes buffer (default: the
-        kind's size), allocated once."""
+        kind's size), allocated once (on the CPU once per timer and size)."""
 
     def ceiling(self, nbytes: int | None = None, repeats: int = CEILING_REPEATS) -> list[float]:
         """GB/s of `repeats` ceiling measurements on an nbytes buffer (default: the kind's size), after one untimed."""
@@ -294,6 +294,10 @@ class CpuTimer(Timer):
         self.device, self.name, self.flush_bytes = "cpu", device_name(), flush_bytes()
         self.cache_bytes = self.flush_bytes // FLUSH_LLC_MULTIPLE  # the last-level cache (at least the floor's half)
         self._flusher = CacheFlusher(self.flush_bytes)
+        # one buffer per size for the timer's life: every ceiling sample reads the same memory (a VM backs two
+        # buffers at steadily different rates, moespec.measure.placement), and 256 MiB of random words take ~0.3 s
+        # to draw
+        self._reads: dict[int, StreamRead] = {}
 
     def flush(self) -> None:
         self._flusher()
@@ -304,7 +308,10 @@ class CpuTimer(Timer):
         return perf_counter() - start
 
     def sampler(self, nbytes: int | None = None) -> Callable[[], float]:
-        return StreamRead(nbytes or STREAM_READ_BYTES)
+        nbytes = nbytes or STREAM_READ_BYTES
+        if nbytes not in self._reads:
+            self._reads[nbytes] = StreamRead(nbytes)
+        return self._reads[nbytes]
 
 
 class CudaTimer(Timer):
