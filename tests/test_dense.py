@@ -33,6 +33,7 @@ NS = [1, 2, 3, 5, 9, 16]
 PATHS = ["auto", "fma"]  # auto: the dot path for bf16 x bf16 where the CPU has AVX512-BF16
 # The AMX path's (K, M): K one and many tiles of 32 columns; M below one 16-row tile, one tile and a tail, a 32-row
 # block and a tail, several row tasks (100 rows of K = 2048: 128-row tasks, so one task and a 4-row tail)
+LANE_NS = [1, 7, 8, 9, 16, 17, 24, 33, 72, 256]  # one panel of 8 or 16, a padded last panel, to the most rows
 AMX_SHAPES = [(32, 1), (64, 15), (96, 17), (160, 33), (2048, 100), (64, 300)]
 AMX_NS = [1, 2, 5, 16, 17, 33, 72, 256]  # to the most rows it takes; token blocks of 16 and 32, and their tails
 needs_amx = pytest.mark.skipif(not dense.amx_path(), reason="no AMX tiles granted to this process")
@@ -191,12 +192,13 @@ def test_native_entry_point_rejects_bad_arguments():
 
     assert call() == 0 and torch.allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
     y.zero_()
-    assert [call(wd=2), call(yd=-1), call(isa=4), call(isa=-1)] == [1, 1, 1, 1]
+    assert [call(wd=2), call(yd=-1), call(isa=5), call(isa=-1)] == [1, 1, 1, 1]
     assert [call(n=0), call(n=17), call(K=0), call(M=0), call(ldx=15), call(ldy=7)] == [2] * 6
     assert [call(x=None), call(w=None), call(y=None)] == [3, 3, 3]
     assert call(isa=2) == 4 and call(isa=3) == 4  # fp32 weights take neither the dot path nor the tiles
-    assert call(isa=3, n=257) == 2  # past the AMX path's rows
+    assert call(isa=3, n=257) == 2 and call(isa=4, n=257) == 2  # past the AMX and lanes paths' rows
     assert not y.any()
+    assert call(isa=4, n=2) == 0 and torch.allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
 def test_status_names_the_library():
@@ -243,10 +245,39 @@ def test_pack_takes_contiguous_cpu_bf16_matrices_only():
     assert not dense.packed_takes(rows, torch.zeros(8))  # an fp32 bias: F.linear
 
 
-@pytest.mark.parametrize("shape", [(dense.MAX_TOKENS + 1, 96), (40, 96), (2, 23, 100)])
-def test_past_the_native_rows_bf16_runs_in_row_blocks_where_torch_has_no_bf16_gemm(monkeypatch, shape):
-    """An AVX2 CPU: nothing packs, so a bf16 call past the native rows runs as blocks of the native rows (fp32 sums,
-    one rounding: the definition's value up to the order of the fp32 sums); where oneDNN packs, it is not taken."""
+@pytest.mark.parametrize("K,M", SHAPES)
+@pytest.mark.parametrize("wdtype,xdtype", list(itertools.product([BF16, F32], repeat=2)))
+def test_lanes_path_exact_on_integers(K, M, wdtype, xdtype):
+    """The lanes path on request, every dtype: small integers give the reference bit for bit at every row count
+    (panels of 16, a last panel of 8 or a padded 16), K across chunks of 256 with tails, M across tiles of 6."""
+    gen = torch.Generator().manual_seed(K * 1000 + M)
+    w = _ints((M, K), wdtype, gen)
+    for n, with_bias in itertools.product(LANE_NS, [False, True]):
+        x = _ints((n, K), xdtype, gen)
+        b = _ints((M,), wdtype, gen, -50, 51) if with_bias else None
+        y = dense.linear(x, w, b, isa="lanes")
+        assert y.shape == (n, M) and y.dtype == xdtype
+        assert torch.equal(y, dense.linear_reference(x, w, b)), (n, with_bias)
+
+
+def test_lanes_path_random_within_tolerance_on_any_thread_count():
+    gen = torch.Generator().manual_seed(13)
+    w, b = torch.randn(515, 2049, generator=gen).to(BF16), torch.randn(515, generator=gen).to(BF16)
+    for n in (9, 40, 72):
+        x = torch.randn(n, 2049, generator=gen).to(BF16)
+        ys = [dense.linear(x, w, b, threads=t, isa="lanes") for t in (1, 2, 3)]
+        assert all(torch.equal(ys[0], y) for y in ys[1:])  # each row is summed by one thread, in one order
+        _check_close(ys[0], x, w, b)
+    with pytest.raises(ValueError, match="at most 256"):
+        dense.linear(torch.zeros(257, 64), torch.zeros(8, 64), isa="lanes")
+
+
+@pytest.mark.parametrize("shape", [(dense.MAX_TOKENS + 1, 96), (dense.LANE_MIN_TOKENS, 96), (300, 96),
+                                   (2, 23, 100)])
+def test_past_the_native_rows_bf16_runs_on_lanes_or_in_row_blocks_where_torch_has_no_bf16_gemm(monkeypatch, shape):
+    """An AVX2 CPU: nothing packs, so a bf16 call past the native rows runs on the lanes path (blocks of
+    LANE_MAX_TOKENS) from LANE_MIN_TOKENS rows, below as blocks of the native rows (fp32 sums, one rounding: the
+    definition's value up to the order of the fp32 sums); where oneDNN packs, it is not taken."""
     monkeypatch.setattr(dense, "amx_path", lambda: False)
     gen = torch.Generator().manual_seed(len(shape))
     x = torch.randn(*shape, generator=gen).bfloat16()
@@ -257,6 +288,13 @@ def test_past_the_native_rows_bf16_runs_in_row_blocks_where_torch_has_no_bf16_ge
         y = dense.linear_if_taken(x, w, bias)
         assert y is not None and y.shape == (*shape[:-1], 24) and y.dtype == torch.bfloat16
         torch.testing.assert_close(y, dense.linear_reference(x, w, bias), atol=2e-2, rtol=1e-2)
+        x2 = x.reshape(-1, shape[-1])
+        if x2.shape[0] >= dense.LANE_MIN_TOKENS:
+            lanes = [dense.linear(x2[i:i + 256], w, bias, isa="lanes") for i in range(0, x2.shape[0], 256)]
+            assert torch.equal(y.reshape(x2.shape[0], 24), torch.cat(lanes))
+        else:
+            assert torch.equal(y.reshape(x2.shape[0], 24), torch.cat([dense.linear(x2[:16], w, bias),
+                                                                      dense.linear(x2[16:], w, bias)]))
     assert dense.linear_if_taken(x.float(), w.float()) is None  # fp32: torch's GEMM
     monkeypatch.setattr(dense, "packs_bf16", lambda: True)
     assert dense.linear_if_taken(x, w) is None  # oneDNN's packed copy serves it

@@ -14,10 +14,14 @@ multiply-adds and the time grows with n. Its AMX path (the tile registers, bf16 
 stays a stream of W from one row to dozens: it takes those calls, up to AMX_MAX_TOKENS rows (a batched pass of B
 sequences), and gives each row the same bits whatever the call's other rows, so one-token decoding and a pass of
 many tokens agree exactly in the dense layers. Past the rows the native kernel takes (`native_rows`) a call is a
-GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it.
+GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it. Where
+torch's oneDNN has no bf16 GEMM (an AVX2 CPU), such a bf16 call of dozens of rows takes the lanes path
+(`linear_if_taken`, isa "lanes", up to LANE_MAX_TOKENS rows, any dtypes): the tokens lie in the 8 lanes of the
+registers and each chunk of W is widened to fp32 once and applied to them all, where the fma path widens it again
+for every block of 2-3 tokens.
 
 Shape legend
-    n  tokens: the product of x's leading dimensions, 1..16 (1..AMX_MAX_TOKENS on the AMX path)
+    n  tokens: the product of x's leading dimensions, 1..16 (1..AMX_MAX_TOKENS on the AMX and lanes paths)
     K  input features        M  output features
 
     x       [..., K]  fp32 or bf16
@@ -43,8 +47,12 @@ from moespec.kernels import native
 
 MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
 AMX_MAX_TOKENS = 256  # the AMX path's rows (dense_kernels.cpp kAmxMaxTokens): 16 sequences of 16 tokens
+LANE_MAX_TOKENS = 256  # the lanes path's rows (dense_kernels.cpp kLaneMaxTokens): the same passes on AVX2
+# From this many rows the lanes path beats blocks of MAX_TOKENS (a Zen 3's two cores, bf16, interleaved: +13-27% at
+# 24-72 rows on an LM head and a 2048 x 2048 layer; level at 17-18, where its last panel is mostly padding)
+LANE_MIN_TOKENS = 24
 AMX_COLUMNS = 32  # K a multiple of this: one tile's columns (amx_tiles.h kAmxCols)
-ISA = {"auto": 0, "fma": 1, "dot": 2, "amx": 3}
+ISA = {"auto": 0, "fma": 1, "dot": 2, "amx": 3, "lanes": 4}
 PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for; 1, 17 or 64 run alike at 17-72 rows here
 
 
@@ -60,7 +68,7 @@ def status() -> str:
         return native.status()
     amx = f"AMX path for bf16 x bf16 of 1..{AMX_MAX_TOKENS} rows, " if amx_path() else ""
     dot = "dot path (AVX512-BF16) for bf16 x bf16, " if has_dot_path() else ""
-    return f"{native.status()}; dense: {amx}{dot}fma path"
+    return f"{native.status()}; dense: {amx}{dot}fma path, lanes path for 1..{LANE_MAX_TOKENS} rows"
 
 
 def has_dot_path() -> bool:
@@ -117,9 +125,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Every argument is checked before a pointer reaches native code: CPU tensors of float32 or bfloat16,
     weight 2-D and contiguous (a transposed weight is refused rather than copied on every call), x [..., K]
-    with at most native_rows rows once its leading dimensions are flattened, bias [M]. `threads` defaults to
-    torch.get_num_threads(); `isa` is "auto", "fma", "dot" or "amx" (see the module docstring). The result carries
-    no autograd graph. Zero-size shapes (n, K or M = 0) are computed by `linear_reference`.
+    with at most native_rows rows once its leading dimensions are flattened (AMX_MAX_TOKENS or LANE_MAX_TOKENS on
+    those paths), bias [M]. `threads` defaults to torch.get_num_threads(); `isa` is "auto", "fma", "dot", "amx" or
+    "lanes" (see the module docstring). The result carries no autograd graph. Zero-size shapes (n, K or M = 0) are
+    computed by `linear_reference`.
 
     Lean on purpose: right after a cache flush each torch call costs microseconds of misses, and a 2048 x
     2048 bf16 layer streams in ~0.25 ms, so every attribute is read once and a 2-D x is not reshaped."""
@@ -140,7 +149,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"bias {tuple(bias.shape)} must be [M={M}] for weight {tuple(ws)}")
     lead = xs[:-1]
     n = lead[0] if len(lead) == 1 else math.prod(lead)
-    most = AMX_MAX_TOKENS if isa == "amx" else native_rows(x, weight) if isa == "auto" else MAX_TOKENS
+    most = {"amx": AMX_MAX_TOKENS, "lanes": LANE_MAX_TOKENS, "auto": native_rows(x, weight)}.get(isa, MAX_TOKENS)
     if n > most:
         raise ValueError(f"x has n={n} rows (leading dims {tuple(lead)}); linear takes at most {most} here "
                          f"({AMX_MAX_TOKENS} on the AMX path: bf16 x and weight, K a multiple of {AMX_COLUMNS})")
@@ -157,18 +166,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_if_taken(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """`linear` where the kernel takes the call (`takes`), else None: the engine's path, checked once. Past the
     native rows, bf16 x and W on a CPU where torch has no bf16 GEMM (`packs_bf16` false, an AVX2 CPU: F.linear there
-    multiplies at ~7-11 GFLOP/s) run as blocks of native_rows rows, each block reading W again: ~3.5-4.7x F.linear's
-    rate there, where the kernel is bound by its multiply-adds anyway."""
+    multiplies at ~7-11 GFLOP/s) run on the lanes path in blocks of LANE_MAX_TOKENS rows from LANE_MIN_TOKENS rows,
+    else as blocks of native_rows rows, each block reading W again: either ~3.5-4.7x F.linear's rate there, where
+    the kernel is bound by its multiply-adds anyway."""
     if takes(x, weight, bias):
         return _run(x, weight, bias, None, "auto")
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() >= 1
             and x.dtype == weight.dtype == torch.bfloat16 and not packs_bf16()):
         return None
-    rows, K = native_rows(x, weight), x.shape[-1]
+    K = x.shape[-1]
     x2 = x.reshape(-1, K)
-    if not takes(x2[:rows], weight, bias):
+    rows, isa = (LANE_MAX_TOKENS, "lanes") if x2.shape[0] >= LANE_MIN_TOKENS else (native_rows(x, weight), "auto")
+    if not takes(x2[:native_rows(x, weight)], weight, bias):
         return None
-    y = torch.cat([_run(x2[i:i + rows], weight, bias, None, "auto") for i in range(0, x2.shape[0], rows)])
+    y = torch.cat([_run(x2[i:i + rows], weight, bias, None, isa) for i in range(0, x2.shape[0], rows)])
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -39,7 +39,7 @@ SOURCES = tuple(Path(__file__).parent / "csrc" / name
                 for name in ("expert_kernels.cpp", "dense_kernels.cpp", "attention_kernels.cpp",
                           "token_kernels.cpp", "layer_kernels.cpp"))
 HEADERS = tuple(Path(__file__).parent / "csrc" / name  # included by them: part of the build's key
-                for name in ("simd_common.h", "expert_tiles.h", "amx_tiles.h"))
+                for name in ("simd_common.h", "expert_tiles.h", "amx_tiles.h", "lane_tiles.h"))
 # -O3 for unrolled register tiles, AVX2 + FMA for the 8-lane fp32 FMAs and the bf16 widening,
 # -fopenmp for the row-splitting threads; no -march=native, so a cached build is valid on any AVX2 host.
 CXXFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC")

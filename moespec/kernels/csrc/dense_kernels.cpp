@@ -1,7 +1,7 @@
 // Native dense linear layer of moespec's verification pass: y = x W^T + b for a few tokens at once.
 //
 // Shape legend
-//   n     tokens, rows of x and y (1..16)
+//   n     tokens, rows of x and y (1..16; to 256 on the AMX and lanes paths)
 //   K     input features: columns of x and of W
 //   M     output features: rows of W, columns of y
 //   x     [n, K], row stride ldx elements, fp32 or bf16
@@ -26,6 +26,9 @@
 //         stays a stream of W to dozens of rows (a batched pass's B n), where the dot path is bound by its
 //         multiply-adds from ~4-8. The only path past kMaxTokens rows (to kAmxMaxTokens). A row's sums do not
 //         depend on the other rows of the call, so a token gets the same bits in a pass of any size.
+//   lanes: AVX2 + FMA, any dtypes, on request (isa 4) up to kLaneMaxTokens rows: the tokens in the lanes of the
+//         registers, W widened once per chunk and applied to panels of 16 tokens (lane_tiles.h); the many-token
+//         pass of a CPU without the tiles, where the fma path is bound by its multiply-adds.
 // Rows of M are cut into tasks of ~kTaskBytes of weights that the OpenMP threads take in turn, so a
 // descheduled thread on a shared machine holds back one task, not half the matrix.
 #include <immintrin.h>
@@ -40,6 +43,7 @@
 #include <type_traits>
 
 #include "amx_tiles.h"
+#include "lane_tiles.h"
 #include "simd_common.h"
 #include <utility>
 #include <vector>
@@ -48,10 +52,12 @@ namespace {
 
 using namespace moespec_simd;  // bf16, to_f32, to_bf16, hsum, cpu_has_dot
 using namespace moespec_amx;   // the AMX tiles (amx_tiles.h)
+using namespace moespec_lanes; // the lanes path (lane_tiles.h)
 
 
 constexpr int64_t kMaxTokens = 16;  // rows of the fma and dot paths
 constexpr int64_t kAmxMaxTokens = 256;  // rows of the AMX path: a batched pass of up to 16 sequences x 16 tokens
+constexpr int64_t kLaneMaxTokens = 256;  // rows of the lanes path, the same passes on AVX2
 constexpr int kLanes = 8;  // fp32 lanes of one AVX2 register
 // Rows of W per register tile. Each input vector loaded feeds kTileRows multiply-adds.
 constexpr int kTileRows = 4;
@@ -441,23 +447,27 @@ int moespec_dense_amx() { return amx_ready() ? 1 : 0; }
 
 // nthreads <= 0: omp_get_max_threads(). isa: 0 auto (the AMX path for bf16 W and x, K % 32 == 0, where the tiles
 // run; else the dot path for bf16 W and bf16 x when the CPU has it; else fma),
-// 1 fma path only, 2 dot path only, 3 AMX path only. Returns 0; 1 on a bad dtype or isa code; 2 on a bad size
-// (n outside 1..16, or to 256 on the AMX path; K or M < 1, ldx < K, ldy < M); 3 on a null x, w or y; 4 when the
-// isa asked for cannot run (a CPU without AVX512-BF16 or the tiles, W or x not bf16, K not a multiple of 32).
+// 1 fma path only, 2 dot path only, 3 AMX path only, 4 lanes path only (any dtypes). Returns 0; 1 on a bad dtype or
+// isa code; 2 on a bad size (n outside 1..16, or to 256 on the AMX and lanes paths; K or M < 1, ldx < K, ldy < M);
+// 3 on a null x, w or y; 4 when the isa asked for cannot run (a CPU without AVX512-BF16 or the tiles, W or x not
+// bf16, K not a multiple of 32).
 int moespec_linear(int wdtype, int xdtype, int bdtype, int ydtype, int64_t n, int64_t K, int64_t M, const void* x,
                    int64_t ldx, const void* w, const void* bias, void* y, int64_t ldy, int nthreads, int isa) {
     auto code_ok = [](int c) { return c == 0 || c == 1; };
-    if (!code_ok(wdtype) || !code_ok(xdtype) || !code_ok(ydtype) || (bias && !code_ok(bdtype)) || isa < 0 || isa > 3)
+    if (!code_ok(wdtype) || !code_ok(xdtype) || !code_ok(ydtype) || (bias && !code_ok(bdtype)) || isa < 0 || isa > 4)
         return 1;
     const bool dot_dtypes = wdtype == 1 && xdtype == 1;
     const bool tiles = dot_dtypes && K % kAmxCols == 0 && amx_ready();
     const bool amx = isa == 3 || (isa == 0 && tiles);
-    if (n < 1 || n > (amx ? kAmxMaxTokens : kMaxTokens) || K < 1 || M < 1 || ldx < K || ldy < M) return 2;
+    const int64_t most = amx ? kAmxMaxTokens : isa == 4 ? kLaneMaxTokens : kMaxTokens;
+    if (n < 1 || n > most || K < 1 || M < 1 || ldx < K || ldy < M) return 2;
     if (!x || !w || !y) return 3;
     if ((isa == 2 && !(dot_dtypes && cpu_has_dot())) || (isa == 3 && !tiles)) return 4;
     const Problem pb{n, K, M, Arr{x, xdtype}, ldx, w, Arr{bias, bdtype}, Arr{y, ydtype}, ldy,
                      nthreads > 0 ? nthreads : omp_get_max_threads()};
     if (amx) run_amx(pb);
+    else if (isa == 4 && wdtype == 1) run_lanes<bf16>(pb, kTaskBytes);
+    else if (isa == 4) run_lanes<float>(pb, kTaskBytes);
     else if (isa != 1 && dot_dtypes && cpu_has_dot()) run<DotPath>(pb);
     else if (wdtype == 1) run<FmaPath<bf16>>(pb);
     else run<FmaPath<float>>(pb);
