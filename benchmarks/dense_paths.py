@@ -1,15 +1,17 @@
 """The paths of a bf16 dense layer side by side at 1..72 rows (a verification pass's tokens, and a batched pass's B n):
 the native kernel as the engine calls it (moespec.kernels.dense.linear, isa "auto": its AMX path where the CPU's tiles
 run, else its dot path where the CPU has AVX512-BF16, else fma), the native vector paths alone (isa "dot"
-or "fma", to 16 rows) and oneDNN's packed copy of the weight (dense.pack, dense.packed_linear), which the engine takes
-past the rows the native kernel takes (dense.native_rows).
+or "fma", to 16 rows), the native lanes path (isa "lanes", every row count), past 16 rows the row blocks of 16 rows
+(each through "auto", each reading W again), and, where torch's oneDNN multiplies bf16, its packed copy of the weight
+(dense.pack, dense.packed_linear). Past the rows the native kernel takes (dense.native_rows) the engine takes the
+packed copy where there is one, else the lanes path from dense.LANE_MIN_TOKENS rows and the row blocks below.
 
 One process, interleaved rounds: each round times every (weight, rows, path) cold (after the flush), the order rotated
 from round to round, with a streaming read after each call; the matmul peak (timing.matmul_dtype) before and after.
 Weights: the LM head of the demo's model (OLMoE's 50304 x 2048) and one attention projection (2048 x 2048). Printed and
 written: per cell the median time over rounds with its 95% interval, GB/s and GFLOP/s at that time, and the ratios
-packed / native and vector / native per round (median and interval); the rows from which packed is the faster in median,
-per weight.
+packed, vector and lanes over native (where native runs, else over the row blocks) per round (median and interval); the
+rows from which packed, and lanes, is the faster in median, per weight.
 
     .venv/bin/python benchmarks/dense_paths.py --rounds 9 --out results/dense-paths/DEVICE.json
 """
@@ -30,8 +32,8 @@ from moespec.measure.rounds import bootstrap_median
 from moespec.measure.timing import CpuTimer, matmul_dtype, matmul_peak
 
 WEIGHTS = {"lm_head": (50304, 2048), "attention_projection": (2048, 2048)}  # rows x columns, bf16
-ROWS = (1, 2, 4, 5, 8, 16, 32, 72)
-PATHS = ("native", "vector", "packed")
+ROWS = (1, 2, 4, 5, 8, 16, 18, 24, 32, 36, 72)  # a batched pass's B n: 2 x 9, 4 x 9, 8 x 9
+PATHS = ("native", "vector", "lanes", "blocks", "packed")
 
 
 def vector_isa() -> str:
@@ -41,7 +43,8 @@ def vector_isa() -> str:
 
 def calls(gen: torch.Generator) -> dict[tuple[str, int, str], object]:
     """(weight, rows, path) -> its call, inputs drawn once; the vector paths to MAX_TOKENS rows, the native kernel to
-    the rows it takes; the weights in the pages the engine's are in."""
+    the rows it takes, the row blocks past them, packed where oneDNN packs; the weights in the pages the engine's
+    are in."""
     out, isa = {}, vector_isa()  # looked up once, outside the timed calls
     for name, (m, k) in WEIGHTS.items():
         w = pages.huge((0.02 * torch.randn(m, k, generator=gen)).bfloat16())
@@ -50,16 +53,21 @@ def calls(gen: torch.Generator) -> dict[tuple[str, int, str], object]:
             x = torch.randn(n, k, generator=gen).bfloat16()
             if n <= dense.native_rows(x, w):
                 out[name, n, "native"] = lambda x=x, w=w: dense.linear(x, w)
+            else:
+                out[name, n, "blocks"] = lambda x=x, w=w: torch.cat([dense.linear(x[i:i + dense.MAX_TOKENS], w)
+                                                                     for i in range(0, len(x), dense.MAX_TOKENS)])
             if n <= dense.MAX_TOKENS:
                 out[name, n, "vector"] = lambda x=x, w=w: dense.linear(x, w, isa=isa)
-            out[name, n, "packed"] = lambda x=x, p=packed: dense.packed_linear(x, p)
+            out[name, n, "lanes"] = lambda x=x, w=w: dense.linear(x, w, isa="lanes")
+            if packed is not None:
+                out[name, n, "packed"] = lambda x=x, p=packed: dense.packed_linear(x, p)
     return out
 
 
 def measure(rounds: int) -> dict:
     """Every cell's times and ceiling samples over interleaved rounds (module docstring)."""
-    if native.load() is None or dense.pack(torch.zeros(2, 2, dtype=torch.bfloat16)) is None:
-        raise MoespecError(f"both paths are needed: native ({native.status()}) and torch's oneDNN")
+    if native.load() is None:
+        raise MoespecError(f"the native kernel is needed: {native.status()}")
     timer = CpuTimer()
     ceiling = timer.sampler()
     work = calls(torch.Generator().manual_seed(0))
@@ -81,11 +89,11 @@ def measure(rounds: int) -> dict:
 
 
 def summarize(data: dict) -> dict:
-    """Medians, intervals, rates and ratios per cell (the paths timed there); the first row count where packed wins
-    (or the native kernel does not run), per weight."""
+    """Medians, intervals, rates and ratios per cell (the paths timed there); the first row count where packed, and
+    lanes, wins (over native, or over the row blocks where native does not run), per weight."""
     rng = np.random.default_rng(0)
     seconds = data["seconds"]
-    cells, faster_from = [], {}
+    cells, faster_from = [], {"packed": {}, "lanes": {}}
     for name, (m, k) in WEIGHTS.items():
         for n in ROWS:
             row = {"weight": name, "rows": n}
@@ -95,16 +103,19 @@ def summarize(data: dict) -> dict:
                 med, lo, hi = bootstrap_median(seconds[name, n, path], rng)
                 row[path] = {"median_s": med, "interval_s": [lo, hi], "gbps": m * k * 2 / med / 1e9,
                              "gflops": 2 * m * k * n / med / 1e9}
-            for path in ("packed", "vector"):
-                if path in row and "native" in row:
-                    ratio = [p / q for p, q in zip(seconds[name, n, path], seconds[name, n, "native"])]
+            base = "native" if "native" in row else "blocks"
+            for path in ("packed", "vector", "lanes"):
+                if path in row:
+                    ratio = [p / q for p, q in zip(seconds[name, n, path], seconds[name, n, base])]
                     med, lo, hi = bootstrap_median(ratio, rng)
-                    row[f"{path}_over_native"] = {"median": med, "interval": [lo, hi]}
+                    row[f"{path}_over_{base}"] = {"median": med, "interval": [lo, hi]}
             cells.append(row)
-        wins = [c["rows"] for c in cells if c["weight"] == name
-                and ("native" not in c or c["packed_over_native"]["median"] < 1)]
-        faster_from[name] = min(wins) if wins else None
-    return {"cells": cells, "packed_faster_from_rows": faster_from,
+        for path in faster_from:
+            wins = [c["rows"] for c in cells if c["weight"] == name and any(
+                c.get(f"{path}_over_{base}", {}).get("median", 2) < 1 for base in ("native", "blocks"))]
+            faster_from[path][name] = min(wins) if wins else None
+    return {"cells": cells, "packed_faster_from_rows": faster_from["packed"],
+            "lanes_faster_from_rows": faster_from["lanes"],
             "streaming_read_gbps": float(np.median(data["reads"])),
             "matmul_peak_gflops": float(np.median(data["peak_gflops"]))}
 
@@ -123,18 +134,22 @@ def main(argv: list[str]) -> int:
     except MoespecError as e:
         parser.error(str(e))
     amx, most = dense.amx_path(), dense.native_rows(torch.zeros(1, 2048, dtype=torch.bfloat16))
+    past = "packed" if dense.packs_bf16() else f"lanes from {dense.LANE_MIN_TOKENS} rows, row blocks below"
     mm = str(matmul_dtype(torch.bfloat16, "cpu")).removeprefix("torch.")  # fp32 where torch has no bf16 GEMM
     print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, {mm} matmul {summary['matmul_peak_gflops']:.0f} "
           f"GFLOP/s; native AMX path: {'yes' if amx else 'no'}; vector path {vector_isa()}; the engine takes the "
-          f"native kernel to {most} rows, packed past; weights in {pages.placement()}")
+          f"native kernel to {most} rows, {past} past; weights in {pages.placement()}")
     for c in summary["cells"]:
         parts = [f"{path} {c[path]['median_s'] * 1e3:6.2f} ms ({c[path]['gbps']:5.1f} GB/s, "
                  f"{c[path]['gflops']:4.0f} GFLOP/s)" for path in PATHS if path in c]
-        parts += [f"{path} / native {c[f'{path}_over_native']['median']:.2f} "
-                  f"(95% {c[f'{path}_over_native']['interval'][0]:.2f}-{c[f'{path}_over_native']['interval'][1]:.2f})"
-                  for path in ("vector", "packed") if f"{path}_over_native" in c]
+        parts += [f"{path} / {base} {c[key]['median']:.2f} "
+                  f"(95% {c[key]['interval'][0]:.2f}-{c[key]['interval'][1]:.2f})"
+                  for path in ("vector", "lanes", "packed") for base in ("native", "blocks")
+                  if (key := f"{path}_over_{base}") in c]
         print(f"{c['weight']} {c['rows']:2d} rows: " + "; ".join(parts))
-    print("packed faster from rows: " + ", ".join(f"{k} {v}" for k, v in summary["packed_faster_from_rows"].items()))
+    for path in ("packed", "lanes"):
+        print(f"{path} faster from rows: "
+              + ", ".join(f"{k} {v}" for k, v in summary[f"{path}_faster_from_rows"].items()))
     if args.out:
         write_json(args.out, {"summary": summary, "seconds": {f"{w}/{n}/{p}": v for (w, n, p), v in
                                                                data["seconds"].items()},
