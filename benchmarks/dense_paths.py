@@ -1,10 +1,10 @@
 """The paths of a bf16 dense layer side by side at 1..72 rows (a verification pass's tokens, and a batched pass's B n):
 the native kernel as the engine calls it (moespec.kernels.dense.linear, isa "auto": its AMX path where the CPU's tiles
-run, else its dot path where the CPU has AVX512-BF16, else fma), the native vector paths alone (isa "dot"
-or "fma", to 16 rows), the native lanes path (isa "lanes", every row count), past 16 rows the row blocks of 16 rows
-(each through "auto", each reading W again), and, where torch's oneDNN multiplies bf16, its packed copy of the weight
-(dense.pack, dense.packed_linear). Past the rows the native kernel takes (dense.native_rows) the engine takes the
-packed copy where there is one, else the lanes path from dense.LANE_MIN_TOKENS rows and the row blocks below.
+run, else its dot path where the CPU has AVX512-BF16, else lanes from 16 rows, else fma), the native vector paths alone
+(isa "dot" or "fma", to 16 rows), the native lanes path (isa "lanes", every row count), past 16 rows the row blocks of
+16 rows (each through "auto", each reading W again), and, where torch's oneDNN multiplies bf16, its packed copy of the
+weight (dense.pack, dense.packed_linear). Past the rows the native kernel takes (dense.native_rows) the engine takes the
+packed copy where there is one, else the lanes path.
 
 One process, interleaved rounds: each round times every (weight, rows, path) cold (after the flush), the order rotated
 from round to round, with a streaming read after each call; the matmul peak (timing.matmul_dtype) before and after.
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     except MoespecError as e:
         parser.error(str(e))
     amx, most = dense.amx_path(), dense.native_rows(torch.zeros(1, 2048, dtype=torch.bfloat16))
-    past = "packed" if dense.packs_bf16() else f"lanes from {dense.LANE_MIN_TOKENS} rows, row blocks below"
+    past = "packed" if dense.packs_bf16() else "lanes"
     mm = str(matmul_dtype(torch.bfloat16, "cpu")).removeprefix("torch.")  # fp32 where torch has no bf16 GEMM
     print(f"streaming read {summary['streaming_read_gbps']:.1f} GB/s, {mm} matmul {summary['matmul_peak_gflops']:.0f} "
           f"GFLOP/s; native AMX path: {'yes' if amx else 'no'}; vector path {vector_isa()}; the engine takes the "

@@ -272,32 +272,38 @@ def test_lanes_path_random_within_tolerance_on_any_thread_count():
         dense.linear(torch.zeros(257, 64), torch.zeros(8, 64), isa="lanes")
 
 
-@pytest.mark.parametrize("shape", [(dense.MAX_TOKENS + 1, 96), (dense.LANE_MIN_TOKENS, 96), (300, 96),
-                                   (2, 23, 100)])
-def test_past_the_native_rows_bf16_runs_on_lanes_or_in_row_blocks_where_torch_has_no_bf16_gemm(monkeypatch, shape):
-    """An AVX2 CPU: nothing packs, so a bf16 call past the native rows runs on the lanes path (blocks of
-    LANE_MAX_TOKENS) from LANE_MIN_TOKENS rows, below as blocks of the native rows (fp32 sums, one rounding: the
-    definition's value up to the order of the fp32 sums); where oneDNN packs, it is not taken."""
+@pytest.mark.parametrize("shape", [(dense.MAX_TOKENS + 1, 96), (40, 96), (300, 96), (2, 23, 100)])
+def test_past_the_native_rows_bf16_runs_on_lanes_where_torch_has_no_bf16_gemm(monkeypatch, shape):
+    """An AVX2 CPU: nothing packs, so a bf16 call past the native rows runs on the lanes path in blocks of
+    LANE_MAX_TOKENS rows (fp32 sums, one rounding: the definition's value up to the order of the fp32 sums); where
+    oneDNN packs, it is not taken."""
     monkeypatch.setattr(dense, "amx_path", lambda: False)
     gen = torch.Generator().manual_seed(len(shape))
     x = torch.randn(*shape, generator=gen).bfloat16()
     w = torch.randn(24, shape[-1], generator=gen).bfloat16()
     b = torch.randn(24, generator=gen).bfloat16()
     monkeypatch.setattr(dense, "packs_bf16", lambda: False)
+    x2 = x.reshape(-1, shape[-1])
     for bias in (None, b):
         y = dense.linear_if_taken(x, w, bias)
         assert y is not None and y.shape == (*shape[:-1], 24) and y.dtype == torch.bfloat16
         torch.testing.assert_close(y, dense.linear_reference(x, w, bias), atol=2e-2, rtol=1e-2)
-        x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= dense.LANE_MIN_TOKENS:
-            lanes = [dense.linear(x2[i:i + 256], w, bias, isa="lanes") for i in range(0, x2.shape[0], 256)]
-            assert torch.equal(y.reshape(x2.shape[0], 24), torch.cat(lanes))
-        else:
-            assert torch.equal(y.reshape(x2.shape[0], 24), torch.cat([dense.linear(x2[:16], w, bias),
-                                                                      dense.linear(x2[16:], w, bias)]))
+        lanes = [dense.linear(x2[i:i + 256], w, bias, isa="lanes") for i in range(0, x2.shape[0], 256)]
+        assert torch.equal(y.reshape(x2.shape[0], 24), torch.cat(lanes))
     assert dense.linear_if_taken(x.float(), w.float()) is None  # fp32: torch's GEMM
     monkeypatch.setattr(dense, "packs_bf16", lambda: True)
     assert dense.linear_if_taken(x, w) is None  # oneDNN's packed copy serves it
+
+
+@pytest.mark.skipif(dense.has_dot_path() or dense.amx_path(), reason="the CPU runs the dot path or the tiles")
+def test_auto_takes_the_lanes_path_from_16_rows_of_a_bf16_weight():
+    """Without the tiles or the dot path, `auto` runs a bf16 weight on the lanes path from 16 rows, the fma path
+    below, and an fp32 weight on the fma path at any rows."""
+    gen = torch.Generator().manual_seed(14)
+    w, x = torch.randn(40, 300, generator=gen).bfloat16(), torch.randn(16, 300, generator=gen).bfloat16()
+    assert torch.equal(dense.linear(x, w), dense.linear(x, w, isa="lanes"))
+    assert torch.equal(dense.linear(x[:15], w), dense.linear(x[:15], w, isa="fma"))
+    assert torch.equal(dense.linear(x, w.float()), dense.linear(x, w.float(), isa="fma"))
 
 
 @pytest.mark.parametrize("amx", [False, True])

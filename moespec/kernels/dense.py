@@ -15,10 +15,10 @@ stays a stream of W from one row to dozens: it takes those calls, up to AMX_MAX_
 sequences), and gives each row the same bits whatever the call's other rows, so one-token decoding and a pass of
 many tokens agree exactly in the dense layers. Past the rows the native kernel takes (`native_rows`) a call is a
 GEMM: `pack` and `packed_linear` run it on oneDNN's own layout of a bf16 weight, faster than F.linear on it. Where
-torch's oneDNN has no bf16 GEMM (an AVX2 CPU), such a bf16 call of dozens of rows takes the lanes path
-(`linear_if_taken`, isa "lanes", up to LANE_MAX_TOKENS rows, any dtypes): the tokens lie in the 8 lanes of the
-registers and each chunk of W is widened to fp32 once and applied to them all, where the fma path widens it again
-for every block of 2-3 tokens.
+torch's oneDNN has no bf16 GEMM (an AVX2 CPU), such a bf16 call takes the lanes path (`linear_if_taken`, isa
+"lanes", up to LANE_MAX_TOKENS rows, any dtypes), as `auto` does from 16 rows of a bf16 weight on a CPU without the
+tiles or the dot path: the tokens lie in the 8 lanes of the registers and each chunk of W is widened to fp32 once and
+applied to them all, where the fma path widens it again for every block of 2-3 tokens.
 
 Shape legend
     n  tokens: the product of x's leading dimensions, 1..16 (1..AMX_MAX_TOKENS on the AMX and lanes paths)
@@ -48,9 +48,6 @@ from moespec.kernels import native
 MAX_TOKENS = 16  # the rows a verification pass brings (k <= 15 drafts); a prefill goes to torch's GEMM
 AMX_MAX_TOKENS = 256  # the AMX path's rows (dense_kernels.cpp kAmxMaxTokens): 16 sequences of 16 tokens
 LANE_MAX_TOKENS = 256  # the lanes path's rows (dense_kernels.cpp kLaneMaxTokens): the same passes on AVX2
-# From this many rows the lanes path beats blocks of MAX_TOKENS (a Zen 3's two cores, bf16, interleaved: +13-27% at
-# 24-72 rows on an LM head and a 2048 x 2048 layer; level at 17-18, where its last panel is mostly padding)
-LANE_MIN_TOKENS = 24
 AMX_COLUMNS = 32  # K a multiple of this: one tile's columns (amx_tiles.h kAmxCols)
 ISA = {"auto": 0, "fma": 1, "dot": 2, "amx": 3, "lanes": 4}
 PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for; 1, 17 or 64 run alike at 17-72 rows here
@@ -68,7 +65,7 @@ def status() -> str:
         return native.status()
     amx = f"AMX path for bf16 x bf16 of 1..{AMX_MAX_TOKENS} rows, " if amx_path() else ""
     dot = "dot path (AVX512-BF16) for bf16 x bf16, " if has_dot_path() else ""
-    return f"{native.status()}; dense: {amx}{dot}fma path, lanes path for 1..{LANE_MAX_TOKENS} rows"
+    return f"{native.status()}; dense: {amx}{dot}fma path, lanes path (bf16 from 16 rows, to {LANE_MAX_TOKENS})"
 
 
 def has_dot_path() -> bool:
@@ -166,9 +163,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_if_taken(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """`linear` where the kernel takes the call (`takes`), else None: the engine's path, checked once. Past the
     native rows, bf16 x and W on a CPU where torch has no bf16 GEMM (`packs_bf16` false, an AVX2 CPU: F.linear there
-    multiplies at ~7-11 GFLOP/s) run on the lanes path in blocks of LANE_MAX_TOKENS rows from LANE_MIN_TOKENS rows,
-    else as blocks of native_rows rows, each block reading W again: either ~3.5-4.7x F.linear's rate there, where
-    the kernel is bound by its multiply-adds anyway."""
+    multiplies at ~7-11 GFLOP/s) run on the lanes path in blocks of LANE_MAX_TOKENS rows (benchmarks/dense_paths.py:
+    at 24-72 rows 1.2-1.4x the rate of blocks of MAX_TOKENS rows through `auto` on a Zen 3, level at 17-18)."""
     if takes(x, weight, bias):
         return _run(x, weight, bias, None, "auto")
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() >= 1
@@ -176,10 +172,10 @@ def linear_if_taken(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return None
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
-    rows, isa = (LANE_MAX_TOKENS, "lanes") if x2.shape[0] >= LANE_MIN_TOKENS else (native_rows(x, weight), "auto")
     if not takes(x2[:native_rows(x, weight)], weight, bias):
         return None
-    y = torch.cat([_run(x2[i:i + rows], weight, bias, None, isa) for i in range(0, x2.shape[0], rows)])
+    rows = LANE_MAX_TOKENS
+    y = torch.cat([_run(x2[i:i + rows], weight, bias, None, "lanes") for i in range(0, x2.shape[0], rows)])
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 

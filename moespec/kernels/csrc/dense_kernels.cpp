@@ -26,9 +26,10 @@
 //         stays a stream of W to dozens of rows (a batched pass's B n), where the dot path is bound by its
 //         multiply-adds from ~4-8. The only path past kMaxTokens rows (to kAmxMaxTokens). A row's sums do not
 //         depend on the other rows of the call, so a token gets the same bits in a pass of any size.
-//   lanes: AVX2 + FMA, any dtypes, on request (isa 4) up to kLaneMaxTokens rows: the tokens in the lanes of the
-//         registers, W widened once per chunk and applied to panels of 16 tokens (lane_tiles.h); the many-token
-//         pass of a CPU without the tiles, where the fma path is bound by its multiply-adds.
+//   lanes: AVX2 + FMA, any dtypes, up to kLaneMaxTokens rows: the tokens in the lanes of the registers, W widened
+//         once per chunk and applied to panels of 16 tokens (lane_tiles.h); the many-token pass of a CPU without
+//         the tiles or the dot path, where the fma path is bound by its multiply-adds (bf16 W from kLaneMinTokens
+//         rows; any call on request, isa 4).
 // Rows of M are cut into tasks of ~kTaskBytes of weights that the OpenMP threads take in turn, so a
 // descheduled thread on a shared machine holds back one task, not half the matrix.
 #include <immintrin.h>
@@ -58,6 +59,10 @@ using namespace moespec_lanes; // the lanes path (lane_tiles.h)
 constexpr int64_t kMaxTokens = 16;  // rows of the fma and dot paths
 constexpr int64_t kAmxMaxTokens = 256;  // rows of the AMX path: a batched pass of up to 16 sequences x 16 tokens
 constexpr int64_t kLaneMaxTokens = 256;  // rows of the lanes path, the same passes on AVX2
+// From this many rows `auto` runs a bf16 W on the lanes path where neither the tiles nor the dot path run (a Zen 3's
+// two cores, interleaved, 5 runs: 16 rows 0.90-0.91x the fma path's time in median, 24-72 rows 0.73-0.86x its row
+// blocks of 16; level at 17-18, where the last panel is mostly padding)
+constexpr int64_t kLaneMinTokens = 16;
 constexpr int kLanes = 8;  // fp32 lanes of one AVX2 register
 // Rows of W per register tile. Each input vector loaded feeds kTileRows multiply-adds.
 constexpr int kTileRows = 4;
@@ -446,7 +451,8 @@ int moespec_dense_cpu_has_dot() { return cpu_has_dot() ? 1 : 0; }
 int moespec_dense_amx() { return amx_ready() ? 1 : 0; }
 
 // nthreads <= 0: omp_get_max_threads(). isa: 0 auto (the AMX path for bf16 W and x, K % 32 == 0, where the tiles
-// run; else the dot path for bf16 W and bf16 x when the CPU has it; else fma),
+// run; else the dot path for bf16 W and bf16 x when the CPU has it; else lanes for bf16 W from kLaneMinTokens rows;
+// else fma),
 // 1 fma path only, 2 dot path only, 3 AMX path only, 4 lanes path only (any dtypes). Returns 0; 1 on a bad dtype or
 // isa code; 2 on a bad size (n outside 1..16, or to 256 on the AMX and lanes paths; K or M < 1, ldx < K, ldy < M);
 // 3 on a null x, w or y; 4 when the isa asked for cannot run (a CPU without AVX512-BF16 or the tiles, W or x not
@@ -465,10 +471,12 @@ int moespec_linear(int wdtype, int xdtype, int bdtype, int ydtype, int64_t n, in
     if ((isa == 2 && !(dot_dtypes && cpu_has_dot())) || (isa == 3 && !tiles)) return 4;
     const Problem pb{n, K, M, Arr{x, xdtype}, ldx, w, Arr{bias, bdtype}, Arr{y, ydtype}, ldy,
                      nthreads > 0 ? nthreads : omp_get_max_threads()};
+    const bool dot = (isa == 0 || isa == 2) && dot_dtypes && cpu_has_dot();
+    const bool lanes = isa == 4 || (isa == 0 && !amx && !dot && wdtype == 1 && n >= kLaneMinTokens);
     if (amx) run_amx(pb);
-    else if (isa == 4 && wdtype == 1) run_lanes<bf16>(pb, kTaskBytes);
-    else if (isa == 4) run_lanes<float>(pb, kTaskBytes);
-    else if (isa != 1 && dot_dtypes && cpu_has_dot()) run<DotPath>(pb);
+    else if (lanes && wdtype == 1) run_lanes<bf16>(pb, kTaskBytes);
+    else if (lanes) run_lanes<float>(pb, kTaskBytes);
+    else if (dot) run<DotPath>(pb);
     else if (wdtype == 1) run<FmaPath<bf16>>(pb);
     else run<FmaPath<float>>(pb);
     return 0;
