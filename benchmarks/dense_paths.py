@@ -1,8 +1,8 @@
 """The paths of a bf16 dense layer side by side at 1..72 rows (a verification pass's tokens, and a batched pass's B n):
 the native kernel as the engine calls it (moespec.kernels.dense.linear, isa "auto": its AMX path where the CPU's tiles
 run, else its dot path where the CPU has AVX512-BF16, else lanes from 16 rows, else fma), the native vector paths alone
-(isa "dot" or "fma", to 16 rows), the native lanes path (isa "lanes", every row count), past 16 rows the row blocks of
-16 rows (each through "auto", each reading W again), and, where torch's oneDNN multiplies bf16, its packed copy of the
+(isa "dot" or "fma", to 16 rows), the native lanes path (isa "lanes", every row count), past 16 rows the vector path
+in row blocks of 16 rows (each reading W again), and, where torch's oneDNN multiplies bf16, its packed copy of the
 weight (dense.pack, dense.packed_linear). Past the rows the native kernel takes (dense.native_rows) the engine takes the
 packed copy where there is one, else the lanes path.
 
@@ -54,7 +54,7 @@ def calls(gen: torch.Generator) -> dict[tuple[str, int, str], object]:
             if n <= dense.native_rows(x, w):
                 out[name, n, "native"] = lambda x=x, w=w: dense.linear(x, w)
             else:
-                out[name, n, "blocks"] = lambda x=x, w=w: torch.cat([dense.linear(x[i:i + dense.MAX_TOKENS], w)
+                out[name, n, "blocks"] = lambda x=x, w=w: torch.cat([dense.linear(x[i:i + dense.MAX_TOKENS], w, isa=isa)
                                                                      for i in range(0, len(x), dense.MAX_TOKENS)])
             if n <= dense.MAX_TOKENS:
                 out[name, n, "vector"] = lambda x=x, w=w: dense.linear(x, w, isa=isa)

@@ -63,6 +63,9 @@ constexpr int64_t kLaneMaxTokens = 256;  // rows of the lanes path, the same pas
 // two cores, interleaved, 5 runs: 16 rows 0.90-0.91x the fma path's time in median, 24-72 rows 0.73-0.86x its row
 // blocks of 16; level at 17-18, where the last panel is mostly padding)
 constexpr int64_t kLaneMinTokens = 16;
+// Tokens past whole panels of 16 that go to the fma path instead of a last panel (an LM head: 2 rows ~8.7 ms on the
+// fma path, an 8-lane panel ~15 ms within the lanes pass; 8 rows ~16.5 ms on the fma path)
+constexpr int64_t kLaneRestMax = 5;
 constexpr int kLanes = 8;  // fp32 lanes of one AVX2 register
 // Rows of W per register tile. Each input vector loaded feeds kTileRows multiply-adds.
 constexpr int kTileRows = 4;
@@ -105,6 +108,9 @@ struct Arr {
     void set(int64_t i, float v) const {
         if (dtype == 0) static_cast<float*>(const_cast<void*>(p))[i] = v;
         else static_cast<bf16*>(const_cast<void*>(p))[i] = to_bf16(v);
+    }
+    Arr from(int64_t i) const {  // the array from element i on
+        return {static_cast<const char*>(p) + i * (dtype == 0 ? 4 : 2), dtype};
     }
 };
 
@@ -436,6 +442,23 @@ void run_amx(const Problem& pb) {
     }
 }
 
+// The lanes path; past whole panels, a rest of at most kLaneRestMax tokens takes the fma path in a second call (which
+// reads W again) rather than a panel of 8 lanes that it would mostly pad.
+template <class W>
+void run_lanes_and_rest(const Problem& pb) {
+    const int64_t rest = pb.n > kPanelTokens && pb.n % kPanelTokens <= kLaneRestMax ? pb.n % kPanelTokens : 0;
+    Problem head = pb;
+    head.n -= rest;
+    run_lanes<W>(head, kTaskBytes);
+    if (rest) {
+        Problem tail = pb;
+        tail.n = rest;
+        tail.x = pb.x.from(head.n * pb.ldx);
+        tail.y = pb.y.from(head.n * pb.ldy);
+        run<FmaPath<W>>(tail);
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -474,8 +497,8 @@ int moespec_linear(int wdtype, int xdtype, int bdtype, int ydtype, int64_t n, in
     const bool dot = (isa == 0 || isa == 2) && dot_dtypes && cpu_has_dot();
     const bool lanes = isa == 4 || (isa == 0 && !amx && !dot && wdtype == 1 && n >= kLaneMinTokens);
     if (amx) run_amx(pb);
-    else if (lanes && wdtype == 1) run_lanes<bf16>(pb, kTaskBytes);
-    else if (lanes) run_lanes<float>(pb, kTaskBytes);
+    else if (lanes && wdtype == 1) run_lanes_and_rest<bf16>(pb);
+    else if (lanes) run_lanes_and_rest<float>(pb);
     else if (dot) run<DotPath>(pb);
     else if (wdtype == 1) run<FmaPath<bf16>>(pb);
     else run<FmaPath<float>>(pb);
