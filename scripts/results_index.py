@@ -295,6 +295,10 @@ ENTRIES: dict[str, Entry] = {
     **with_console("dense-paths/xeon-2core-amx-every-row", "a 2-core Intel Xeon VM with AMX: the native dense "
                    "kernel on the tiles at every row count against its dot path and oneDNN's packed copy at 1-72 rows; "
                    "packed / native 1.24-1.64 on the LM head, dot / native 1.02 at 1 row and 1.11-3.59 at 2-16"),
+    **{path: entry for i in range(1, 6) for path, entry in with_console(
+        f"dense-paths/epyc-zen3-lanes-{i}", f"run {i} of 5 on a 2-core Zen 3 EPYC VM (AVX2 only): the lanes path against "
+        "the fma path's row blocks of 16 at 18-72 rows (0.72-0.89x their time in median over the runs) and the "
+        "engine's 16-row call against the fma path").items()},
     "dense-paths/README.md": Entry("write-up of the dense-paths runs", source="dense-paths/xeon-2core-amx-every-row.json"),
     **with_console("one-token-paths/xeon-2core", "a 2-core Intel Xeon VM: one-token rows in prefetched tiles over rows "
                    "read in sequence, LM head 1.57x, expert op 1.18-1.19x; streaming read 28.7 prefetched, 25.1 not"),
@@ -827,6 +831,13 @@ ENTRIES: dict[str, Entry] = {
     **{f"batch-engine/epyc-zen3/batch-pass-{i}.txt": Entry(
         f"console output of run {i} on the Zen 3 EPYC", source=f"batch-engine/epyc-zen3/batch-pass-{i}.json")
        for i in range(1, 6)},
+    **{f"batch-engine/epyc-zen3-lanes/batch-pass-{i}.json": Entry(
+        f"run {i} of 5 of benchmarks/batch_pass.py on the Zen 3 EPYC with the dense lanes path: moespec dedup / "
+        f"llama.cpp 0.54-0.94 in median over the five, dedup roofline share 45-70%")
+       for i in range(1, 6)},
+    **{f"batch-engine/epyc-zen3-lanes/batch-pass-{i}.txt": Entry(
+        f"console output of run {i} on the Zen 3 EPYC, lanes path",
+        source=f"batch-engine/epyc-zen3-lanes/batch-pass-{i}.json") for i in range(1, 6)},
     **with_console("batch-engine/epyc-zen3/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances on the Zen 3 EPYC: k_hat within one at "
                    "11, 10, 10, 10 of 11 in median (measured map) and 11, 10, 10, 9 (prediction) at B = 1, 2, 4, 8; "
