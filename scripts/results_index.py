@@ -843,6 +843,10 @@ ENTRIES: dict[str, Entry] = {
                    "11, 10, 10, 10 of 11 in median (measured map) and 11, 10, 10, 9 (prediction) at B = 1, 2, 4, 8; "
                    "crossover 3 of 5 at B = 2, 5 of 5 elsewhere (measured map); B_stop 3 of 5 (measured map), 2 of 5 "
                    "(prediction)"),
+    **with_console("batch-engine/epyc-zen3-lanes/fidelity-rounds",
+                   "the batch chain five times at the paper's 11 acceptances on the Zen 3 EPYC with the dense lanes "
+                   "path: on the plan's measured map k_hat within one at 9, 10, 11, 10 of 11 in median at B = 1, 2, 4, "
+                   "8, the crossover 5 of 5 at every B, B_stop 5 of 5; the prediction's B_stop 3 of 5"),
     **with_console("batch-engine/xeon-amx-dense/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances with weights in 2 MiB pages and dense "
                    "layers on the AMX tiles: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 11 at every "

@@ -90,6 +90,8 @@ def test_cpu_timer_flushes_times_and_measures_a_ceiling() -> None:
     assert timer.time(lambda: None) > 0
     samples = timer.ceiling(nbytes=SMALL_CEILING_BYTES, repeats=4)
     assert len(samples) == 4 and all(s > 0 for s in samples)
+    read = timer.sampler(SMALL_CEILING_BYTES)  # one buffer per size for the timer's life: the samples read one memory
+    assert timer.sampler(SMALL_CEILING_BYTES) is read and timer.sampler(2 * SMALL_CEILING_BYTES) is not read
 
 
 @pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0"])

@@ -163,8 +163,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_if_taken(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """`linear` where the kernel takes the call (`takes`), else None: the engine's path, checked once. Past the
     native rows, bf16 x and W on a CPU where torch has no bf16 GEMM (`packs_bf16` false, an AVX2 CPU: F.linear there
-    multiplies at ~7-11 GFLOP/s) run on the lanes path in blocks of LANE_MAX_TOKENS rows (benchmarks/dense_paths.py:
-    at 24-72 rows 1.2-1.4x the rate of blocks of MAX_TOKENS rows through `auto` on a Zen 3, level at 17-18)."""
+    multiplies at ~7-11 GFLOP/s) run on the lanes path in blocks of LANE_MAX_TOKENS rows (benchmarks/dense_paths.py
+    on a Zen 3: at 18-72 rows 0.72-0.89x the time of the fma path's row blocks of MAX_TOKENS, each reading W again)."""
     if takes(x, weight, bias):
         return _run(x, weight, bias, None, "auto")
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() >= 1
