@@ -118,6 +118,14 @@ def with_console(stem: str, claim: str) -> dict[str, Entry]:
                                                              source=f"{stem}.json")}
 
 
+def batch_runs(folder: str, claim: str, where: str) -> dict[str, Entry]:
+    """Runs 1..5 of benchmarks/batch_pass.py in `folder`: each JSON with `claim`, its console output beside it."""
+    return {**{f"{folder}/batch-pass-{i}.json": Entry(f"run {i} of 5 of benchmarks/batch_pass.py {claim}")
+               for i in range(1, 6)},
+            **{f"{folder}/batch-pass-{i}.txt": Entry(f"console output of run {i} {where}",
+                                                     source=f"{folder}/batch-pass-{i}.json") for i in range(1, 6)}}
+
+
 AD = "adaptive-draft/"
 STRUCTURE_MODELS = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "pair",
                     "heldout-1536x512", "heldout-3072x1536")  # benchmarks/structure_model.py MODELS
@@ -772,72 +780,48 @@ ENTRIES: dict[str, Entry] = {
                                                   f"in batch-engine/README.md)") for i in range(2, 6)},
     **{f"batch-engine/batch-pass-{i}.txt": Entry(f"console output of run {i} of benchmarks/batch_pass.py",
                                                  source=f"batch-engine/batch-pass-{i}.json") for i in range(2, 6)},
-    **{f"batch-engine/xeon/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on the 2-core Intel Xeon VM (dense layers on oneDNN's packed copies "
-        f"from 5 rows): moespec dedup / llama.cpp 0.44-0.77 in median over the five, dedup roofline share 35-72%")
-       for i in range(1, 6)},
-    **{f"batch-engine/xeon/batch-pass-{i}.txt": Entry(f"console output of run {i} on the Xeon",
-                                                      source=f"batch-engine/xeon/batch-pass-{i}.json")
-       for i in range(1, 6)},
-    **{f"batch-engine/xeon-amx/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on the Xeon with the AMX expert tiles and the blocked attention "
-        f"kernel: moespec dedup / llama.cpp 0.32-0.87 in median over the five, dedup roofline share 53-72%")
-       for i in range(1, 6)},
-    **{f"batch-engine/xeon-amx/batch-pass-{i}.txt": Entry(f"console output of run {i} on the Xeon with the AMX tiles",
-                                                          source=f"batch-engine/xeon-amx/batch-pass-{i}.json")
-       for i in range(1, 6)},
+    **batch_runs("batch-engine/xeon",
+                 "on the 2-core Intel Xeon VM (dense layers on oneDNN's packed copies from 5 rows): moespec dedup / "
+                 "llama.cpp 0.44-0.77 in median over the five, dedup roofline share 35-72%",
+                 "on the Xeon"),
+    **batch_runs("batch-engine/xeon-amx",
+                 "on the Xeon with the AMX expert tiles and the blocked attention kernel: moespec dedup / llama.cpp "
+                 "0.32-0.87 in median over the five, dedup roofline share 53-72%",
+                 "on the Xeon with the AMX tiles"),
     **with_console("batch-engine/xeon-amx/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances on the Xeon with the AMX expert tiles: "
                    "k_hat within one at 10, 11, 11, 11 of 11 (B = 1, 2, 4, 8, median of the measured map; >= 9 in "
                    "every chain, both versions), crossover 5 of 5, B_stop 2 of 5 (misses at a = 0.4 only)"),
-    **{f"batch-engine/xeon-amx-attention/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on the Xeon with attention on the AMX tiles: moespec dedup / "
-        f"llama.cpp 0.30-0.91 in median over the five, dedup roofline share 59-72% (8 x 9: 87 ms, 59%)")
-       for i in range(1, 6)},
-    **{f"batch-engine/xeon-amx-attention/batch-pass-{i}.txt": Entry(
-        f"console output of run {i} on the Xeon with attention on the AMX tiles",
-        source=f"batch-engine/xeon-amx-attention/batch-pass-{i}.json") for i in range(1, 6)},
+    **batch_runs("batch-engine/xeon-amx-attention",
+                 "on the Xeon with attention on the AMX tiles: moespec dedup / llama.cpp 0.30-0.91 in median over the "
+                 "five, dedup roofline share 59-72% (8 x 9: 87 ms, 59%)",
+                 "on the Xeon with attention on the AMX tiles"),
     **with_console("batch-engine/xeon-amx-attention/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances, B_stop the batch from which no draft "
                    "pays: k_hat within one at 11, 11, 11, 10 of 11 (measured map) and 10, 11, 10, 9 (prediction), "
                    "crossover 5 of 5, B_stop 5 of 5 in both versions"),
-    **{f"batch-engine/xeon-amx-dense/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on the Xeon with weights in 2 MiB pages and dense layers on the "
-        f"AMX tiles: moespec dedup / llama.cpp 0.27-0.77 in median over the five, dedup roofline share 78-80% at "
-        f"B = 1 and 63-76% at B > 1 (8 x 9: 86.5 ms, 63%)")
-       for i in range(1, 6)},
-    **{f"batch-engine/xeon-amx-dense/batch-pass-{i}.txt": Entry(
-        f"console output of run {i} on the Xeon with weights in 2 MiB pages and dense layers on the AMX tiles",
-        source=f"batch-engine/xeon-amx-dense/batch-pass-{i}.json") for i in range(1, 6)},
-    **{f"batch-engine/xeon-amx-every-row/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on the final engine (2 MiB pages, dense layers on the AMX tiles at "
-        f"every row count): moespec dedup / llama.cpp 0.27-0.78 in median over the five, dedup roofline share 79-81% "
-        f"at B = 1 and 63-77% at B > 1 (8 x 9: 85.9 ms, 63%)")
-       for i in range(1, 6)},
-    **{f"batch-engine/xeon-amx-every-row/batch-pass-{i}.txt": Entry(
-        f"console output of run {i} on the final engine", source=f"batch-engine/xeon-amx-every-row/batch-pass-{i}.json")
-       for i in range(1, 6)},
-    **{f"batch-engine/epyc-avx2/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on a Zen 1 EPYC with AVX2 only (compute ceiling in fp32): moespec "
-        f"dedup / llama.cpp 0.45-0.80 in median over the five, dedup roofline share 58-76%")
-       for i in range(1, 6)},
-    **{f"batch-engine/epyc-avx2/batch-pass-{i}.txt": Entry(
-        f"console output of run {i} on the AVX2 EPYC", source=f"batch-engine/epyc-avx2/batch-pass-{i}.json")
-       for i in range(1, 6)},
-    **{f"batch-engine/epyc-zen3/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on a Zen 3 EPYC with AVX2 only (compute ceiling in fp32): moespec "
-        f"dedup / llama.cpp 0.60-0.95 in median over the five, dedup roofline share 45-73%")
-       for i in range(1, 6)},
-    **{f"batch-engine/epyc-zen3/batch-pass-{i}.txt": Entry(
-        f"console output of run {i} on the Zen 3 EPYC", source=f"batch-engine/epyc-zen3/batch-pass-{i}.json")
-       for i in range(1, 6)},
-    **{f"batch-engine/epyc-zen3-lanes/batch-pass-{i}.json": Entry(
-        f"run {i} of 5 of benchmarks/batch_pass.py on the Zen 3 EPYC with the dense lanes path: moespec dedup / "
-        f"llama.cpp 0.54-0.94 in median over the five, dedup roofline share 45-70%")
-       for i in range(1, 6)},
-    **{f"batch-engine/epyc-zen3-lanes/batch-pass-{i}.txt": Entry(
-        f"console output of run {i} on the Zen 3 EPYC, lanes path",
-        source=f"batch-engine/epyc-zen3-lanes/batch-pass-{i}.json") for i in range(1, 6)},
+    **batch_runs("batch-engine/xeon-amx-dense",
+                 "on the Xeon with weights in 2 MiB pages and dense layers on the AMX tiles: moespec dedup / llama.cpp"
+                 " 0.27-0.77 in median over the five, dedup roofline share 78-80% at B = 1 and 63-76% at B > 1 (8 x 9:"
+                 " 86.5 ms, 63%)",
+                 "on the Xeon with weights in 2 MiB pages and dense layers on the AMX tiles"),
+    **batch_runs("batch-engine/xeon-amx-every-row",
+                 "on the final engine (2 MiB pages, dense layers on the AMX tiles at every row count): moespec dedup /"
+                 " llama.cpp 0.27-0.78 in median over the five, dedup roofline share 79-81% at B = 1 and 63-77% at B >"
+                 " 1 (8 x 9: 85.9 ms, 63%)",
+                 "on the final engine"),
+    **batch_runs("batch-engine/epyc-avx2",
+                 "on a Zen 1 EPYC with AVX2 only (compute ceiling in fp32): moespec dedup / llama.cpp 0.45-0.80 in "
+                 "median over the five, dedup roofline share 58-76%",
+                 "on the AVX2 EPYC"),
+    **batch_runs("batch-engine/epyc-zen3",
+                 "on a Zen 3 EPYC with AVX2 only (compute ceiling in fp32): moespec dedup / llama.cpp 0.60-0.95 in "
+                 "median over the five, dedup roofline share 45-73%",
+                 "on the Zen 3 EPYC"),
+    **batch_runs("batch-engine/epyc-zen3-lanes",
+                 "on the Zen 3 EPYC with the dense lanes path: moespec dedup / llama.cpp 0.54-0.94 in median over the "
+                 "five, dedup roofline share 45-70%",
+                 "on the Zen 3 EPYC, lanes path"),
     **with_console("batch-engine/epyc-zen3/fidelity-rounds",
                    "the batch chain five times at the paper's 11 acceptances on the Zen 3 EPYC: k_hat within one at "
                    "11, 10, 10, 10 of 11 in median (measured map) and 11, 10, 10, 9 (prediction) at B = 1, 2, 4, 8; "
