@@ -149,7 +149,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     most = {"amx": AMX_MAX_TOKENS, "lanes": LANE_MAX_TOKENS, "auto": native_rows(x, weight)}.get(isa, MAX_TOKENS)
     if n > most:
         raise ValueError(f"x has n={n} rows (leading dims {tuple(lead)}); linear takes at most {most} here "
-                         f"({AMX_MAX_TOKENS} on the AMX path: bf16 x and weight, K a multiple of {AMX_COLUMNS})")
+                         f"({AMX_MAX_TOKENS} on the AMX path: bf16 x and weight, K a multiple of {AMX_COLUMNS}; "
+                         f"{LANE_MAX_TOKENS} with isa='lanes')")
     if not weight.is_contiguous():
         raise ValueError(f"weight {tuple(ws)} with strides {weight.stride()} is not contiguous; pass "
                          "weight.contiguous() once instead of a copy on every call")

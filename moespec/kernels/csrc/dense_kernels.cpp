@@ -60,8 +60,8 @@ constexpr int64_t kMaxTokens = 16;  // rows of the fma and dot paths
 constexpr int64_t kAmxMaxTokens = 256;  // rows of the AMX path: a batched pass of up to 16 sequences x 16 tokens
 constexpr int64_t kLaneMaxTokens = 256;  // rows of the lanes path, the same passes on AVX2
 // From this many rows `auto` runs a bf16 W on the lanes path where neither the tiles nor the dot path run (a Zen 3's
-// two cores, interleaved, 5 runs: 16 rows 0.90-0.91x the fma path's time in median, 24-72 rows 0.73-0.86x its row
-// blocks of 16; level at 17-18, where the last panel is mostly padding)
+// two cores, 5 runs of benchmarks/dense_paths.py: at 16 rows an LM head 1.12x the fma path's rate, a 2048 x 2048
+// layer level with it; at 18-72 rows 0.72-0.89x the time of the fma path's row blocks of 16)
 constexpr int64_t kLaneMinTokens = 16;
 // Tokens past whole panels of 16 that go to the fma path instead of a last panel (an LM head: 2 rows ~8.7 ms on the
 // fma path, an 8-lane panel ~15 ms within the lanes pass; 8 rows ~16.5 ms on the fma path)
