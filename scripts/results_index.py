@@ -641,6 +641,28 @@ ENTRIES: dict[str, Entry] = {
         "model-runs (the pair's 0 of 5), k_hat*(a) in 33 of 35 plannable"),
     "structure-model/epyc-zen3/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3/summary.json"),
+    **placed_runs("structure-model/epyc-zen3-scratch", "bf16 profile on the Zen 3 EPYC (AVX2) with the expert kernels' "
+                  "scratch capped at the matrix's rows", (
+        ("run-1", "pinned at 44.8 GB/s, take 3 of 3 kept and flagged (49% of its calls off that level; self-check "
+                  "3.2% / 8.9% per-slot, 7.0% / 24.8% dedup)", "16 of 16 model-kernels within 10% / 20%"),
+        ("run-2", "pinned at 41.2 GB/s, take 1 of 3 (self-check 2.5% / 9.2% per-slot, 2.9% / 5.3% dedup)",
+         "16 of 16 model-kernels within 10% / 20%"),
+        ("run-3", "pinned at 35.9 GB/s, take 2 of 3 (self-check 2.1% / 12.5% per-slot, 2.1% / 5.7% dedup)",
+         "13 of 16 model-kernels within 10% / 20%, not Mixtral's per-slot (10.7% / 17.4%) nor the pair's two (12.9% / "
+         "22.1% per-slot, 22.7% / 29.7% dedup)"),
+        ("run-4", "pinned at 39.0 GB/s, take 3 of 3 kept and flagged (40% of its calls off that level; self-check "
+                  "2.9% / 7.4% per-slot, 3.0% / 8.5% dedup)", "16 of 16 model-kernels within 10% / 20%"),
+        ("run-5", "pinned at 31.9 GB/s, take 3 of 3 kept and flagged (45% of its calls off that level; self-check "
+                  "2.7% / 10.0% per-slot, 3.2% / 10.3% dedup)",
+         "14 of 16 model-kernels within 10% / 20%, not the pair's two (16.6% / 24.7% per-slot, 20.3% / 28.1% "
+         "dedup)"))),
+    "structure-model/epyc-zen3-scratch/summary.json": Entry(
+        "the model on the Zen 3 EPYC with the kernels' scratch capped, five runs: in median over runs 16 of 16 "
+        "model-kernels within 10% / 20% (1.7-9.6% in median, at most 16.2%; the pair 7.3% / 15.9% dedup, 9.6% / 16.2% "
+        "per-slot); 75 of 80 model-kernel-runs; crossover within one in 40 of 40 model-runs (the pair's 5 of 5), "
+        "k_hat*(a) in 33 of 35 plannable"),
+    "structure-model/epyc-zen3-scratch/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/epyc-zen3-scratch/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "
