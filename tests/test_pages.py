@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import mmap
 from dataclasses import replace
 
 import pytest
@@ -53,7 +54,13 @@ def test_huge_places_the_tensor_in_huge_pages_aligned() -> None:
     t = pages.huge(torch.randn(4 * pages.HUGE_PAGE // 4))  # 16 MiB of fp32
     assert t.data_ptr() % pages.HUGE_PAGE == 0
     assert pages.huge_page_bytes(t) >= pages.HUGE_PAGE  # the advice taken: at least one huge page backs it
-    assert pages.huge_page_bytes(torch.randn(4 * pages.HUGE_PAGE // 4)) == 0  # torch's own 4 KiB pages
+    # the same bytes in a mapping advised against huge pages hold none (torch's own allocation is no control: it can
+    # land in memory that holds some)
+    plain = mmap.mmap(-1, 4 * pages.HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    plain.madvise(mmap.MADV_NOHUGEPAGE)
+    control = torch.frombuffer(plain, dtype=torch.uint8)
+    control.fill_(1)
+    assert pages.huge_page_bytes(control) == 0
 
 
 @needs_thp
