@@ -254,11 +254,14 @@ void matvec_rows(const W* w, int64_t K, int64_t lo, int64_t hi, const X* const* 
     });
 }
 
-// Rows per task of a matrix with rows of K weights: about kTaskBytes of weights, a multiple of kSplitAlign.
+// Rows per task of a matrix of M rows of K weights: about kTaskBytes of weights, a multiple of kSplitAlign, at most M
+// (one task for a smaller matrix). The per-thread scratch of run holds a task's sums for the largest group and is
+// zeroed every call; uncapped, a small expert's scratch cost more than its reads (the trained pair's experts: ~82 KB
+// a thread per token of the largest group, against 12 KB read).
 template <class W>
-int64_t task_rows(int64_t K) {
+int64_t task_rows(int64_t M, int64_t K) {
     const int64_t rows = kTaskBytes / std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
-    return std::max<int64_t>(kSplitAlign, rows / kSplitAlign * kSplitAlign);
+    return std::min(M, std::max<int64_t>(kSplitAlign, rows / kSplitAlign * kSplitAlign));
 }
 
 
@@ -336,10 +339,7 @@ int run(const Problem& P, const W* gate_up, const W* down, const W* gu_bias, con
     std::vector<bf16> xbf(dot ? n * ldx : 0);
     for (int64_t t = 0; dot && t < n; ++t)
         std::memcpy(xbf.data() + t * ldx, static_cast<const bf16*>(P.x.p) + t * d, d * sizeof(bf16));
-    // Rows per task (phase 1 reads gate and up rows), at most the matrix's: the per-thread scratch below holds a
-    // task's sums for gmax tokens and is zeroed every call, which for an expert smaller than a task cost more than
-    // its reads (the trained pair's experts: ~82 KB a thread per token of the largest group, against 12 KB read).
-    const int64_t rows1 = std::min(task_rows<W>(2 * d), f), rows2 = std::min(task_rows<W>(f), d);
+    const int64_t rows1 = task_rows<W>(f, 2 * d), rows2 = task_rows<W>(d, f);  // phase 1 reads gate and up rows
     const int64_t T1 = (f + rows1 - 1) / rows1, T2 = (d + rows2 - 1) / rows2;
     std::vector<float> hbuf(dot ? 0 : kLookahead * gmax * ldh);
     std::vector<bf16> hbf(dot ? kLookahead * gmax * ldh : 0);
