@@ -43,6 +43,7 @@ def make_bench(errors: Errors = lambda kernel, n: 0.0, eps: float = EPS, r: floa
     return {"format": "moespec-bench", "format_version": 1, "model": MODEL, "device": "test device",
             "device_kind": "cpu", "dtype": "bf16", "ceiling_kind": "streaming read", "ceiling_gbps": 20.0,
             "layers": TIMED, "n": NS,
+            "expert_bytes": {str(layer): ModelSpec.from_name(MODEL).expert_bytes(layer, "bf16") for layer in TIMED},
             "kernels": {"slot": beta, "dedup": {**beta, "kind": "dedup"}},
             "r": {str(n): r for n in NS}, "u": {str(n): 1.0 for n in NS}, "eps": {"slot": eps / 2, "dedup": eps},
             "crossover": None, "fits": {}, "per_layer": per_layer, "chosen": {}, "provenance": {}}

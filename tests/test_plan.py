@@ -338,6 +338,23 @@ def test_whole_pass_version_adds_the_measured_outside_time(trace: Trace) -> None
     assert "tau_whole_pass" not in without and "table_whole_pass" not in without  # older runs: no outside time
 
 
+def test_a_whole_pass_version_not_positive_is_left_out_and_said(trace: Trace) -> None:
+    """An outside time at n = 1 longer than the one-token pass leaves (one stalled sample) drives the whole-pass
+    times below zero: the plan is made on its other versions and its verdict names the version, n and times."""
+    runs = make_runs()
+    tau1 = runs["verify_time_s"]["slot"]["1"]
+    outside = {**OUTSIDE, 1: OUTSIDE[2] + 2 * tau1}
+    runs["verify_time_s"]["outside"] = {str(n): t for n, t in outside.items()}
+    plan = build_plan(make_bench(), trace, runs=runs, draft_time=list(RUNS_DRAFT.values()))
+    assert "tau_whole_pass" not in plan and "table_whole_pass" not in plan and "tau_calibrated" in plan
+    [line] = [w for w in plan["verdict"]["warnings"] if "whole-pass" in w]
+    assert line.startswith("runs: the whole-pass version is left out: its ") and "at n = 2 is -" in line
+    assert f"{1e3 * outside[1]:.3g} ms at n = 1" in line
+    kept = make_runs()
+    kept["verify_time_s"]["outside"] = {str(n): t for n, t in OUTSIDE.items()}
+    assert not any("whole-pass" in w for w in build_plan(make_bench(), trace, runs=kept)["verdict"]["warnings"])
+
+
 @pytest.mark.parametrize("change, kwargs, problem", [
     (lambda b: b["eps"].update(dedup=0.5), {}, "needs eps < 1/2"),
     (lambda b: None, {"kmax": 9}, "needs n up to 10"),

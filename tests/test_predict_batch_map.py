@@ -243,3 +243,38 @@ def test_the_plan_loader_checks_union_share_and_r(tmp_path):
     path.write_text(json.dumps(plan | {"batch": alone}))
     with pytest.raises(MoespecError, match="union_share and r come together"):
         load_plan(path)
+
+
+def test_a_prediction_not_positive_is_left_out_and_said(tmp_path, capsys):
+    """An outside time at n = 1 far above the rest (one stalled sample) tilts the outside line below zero at B n
+    tokens: the plan keeps its measured map, holds no prediction, and its verdict names the batch, n and times."""
+    runs = runs_doc()
+    runs["verify_time_s"]["outside"] = {str(n): 5.0 if n == 1 else 0.01 for n in NS}
+    paths = {name: tmp_path / f"{name}.json" for name in ("bench", "runs")}
+    fits = {"slot": {"t_op_s": 1e-4, "c_u_s_per_byte": 2e-11, "c_re_s_per_byte": 1e-11},
+            "dedup": {"t_op_s": 2e-4, "c_g_s_per_byte": 1.5e-11, "c_t_s_per_token": 3e-4}}
+    bench = make_bench()
+    bench["fits"] = {str(layer): fits for layer in bench["layers"]}
+    paths["bench"].write_text(json.dumps({k: v for k, v in bench.items() if k != "expert_bytes"}))
+    paths["runs"].write_text(json.dumps(runs))
+    uniform_trace().save(tmp_path / "trace.npz")
+    args = ["plan", "--bench", paths["bench"], "--trace", tmp_path / "trace.npz", "--kmax", KMAX,
+            "--runs", paths["runs"], "--batch", "1,2,4,8", "--out", tmp_path / "plan.json"]
+    assert "bench.json: missing key 'expert_bytes'" in refused(args, capsys, tmp_path)  # what the fits read
+    paths["bench"].write_text(json.dumps(bench))
+    code, err = run_cli(args)
+    assert code == 0, err
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan["batch"]["predicted"] is None and plan["batch"]["b_stop"] == runs_doc_b_stop()
+    [line] = [w for w in plan["verdict"]["warnings"] if "prediction is left out" in w]
+    assert "a predicted batch verify time is not positive" in line and "at B = 8, n = 5" in line and "5000.0" in line
+    runs["verify_time_s"]["outside"] = {str(n): 0.01 * n for n in NS}  # a line that grows: the prediction is made
+    paths["runs"].write_text(json.dumps(runs))
+    code, err = run_cli(["plan", "--bench", paths["bench"], "--trace", tmp_path / "trace.npz", "--kmax", KMAX,
+                         "--runs", paths["runs"], "--batch", "1,2", "--out", tmp_path / "kept.json"])
+    assert code == 0, err
+    assert load_plan(tmp_path / "kept.json")["batch"]["predicted"]["per_batch"].keys() == {"1", "2"}
+
+
+def runs_doc_b_stop() -> list:
+    return batch_block(runs_doc(), "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))["b_stop"]

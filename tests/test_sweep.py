@@ -295,7 +295,6 @@ def test_bad_sweep_files_are_one_line(bench_model, tmp_path: Path, capsys, body:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
     assert not (tmp_path / "out").exists()  # refused before any work
-    assert not (tmp_path / "out").exists()  # refused before any work
 
 
 @pytest.mark.parametrize("grid, needle", [

@@ -14,7 +14,7 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   layers, n                               MoE layers (trace layer index) and pass sizes timed: tokens per pass
   batch                                   B sequences per pass (`bench --batch`; 1 in version-1 files): each n is
                                           then B times a sequence's tokens, and recorded passes hold B windows
-  expert_bytes                            {layer: b}
+  expert_bytes                            {layer: b}: each expert's bytes, which the fits' regressors read
   kernels  {name: {kind, implementation, beta_gbps: {n: v}, beta_iqr_gbps: {n: v}}}  on requested bytes;
            implementation: native or torch for ours (moespec.kernels.implementation), else the peer's engine
            (kind 'slot': n m b, kind 'dedup': U b), median and IQR over recorded windows of all layers
@@ -116,6 +116,9 @@ LEGACY_KEYS = {"device_kind": "cpu", "ceiling_kind": "streaming read", "batch": 
 # per_layer's times of one kernel at one n: measured ones are positive; a fit's prediction is finite (a fit may
 # extrapolate below zero at a pass size it did not see)
 OP_TIMES = {"measured_mean_s": True, "measured_median_s": True, "predicted_mean_s": False}
+# the names of each fit's coefficients by its kernel's kind, in moespec.measure.fits.design's column order
+COEF_KEYS = {"slot": ("t_op_s", "c_u_s_per_byte", "c_re_s_per_byte"),
+             "dedup": ("t_op_s", "c_g_s_per_byte", "c_t_s_per_token")}
 
 
 def as_pair_roles(doc: Any) -> dict[str, Any]:
@@ -213,6 +216,20 @@ def _check_n_map(path: str, name: str, values: Any, ns: list[int]) -> None:
             raise _fail(path, f"{name}.{key} = {value!r} must be a positive finite number")
 
 
+def _check_fits(path: str, doc: dict[str, Any], layer: str, fits: dict[str, Any]) -> None:
+    """A layer's fits (null where not identifiable) name kernels of the bench, hold their kind's coefficients as
+    finite numbers, and the layer's expert bytes b, which the fits' regressors read, are positive."""
+    for kernel, fit in fits.items():
+        if fit is None:
+            continue
+        kind = field(doc, path, f"kernels.{kernel}.kind", str)
+        if kind not in COEF_KEYS or not isinstance(fit, dict):
+            raise _fail(path, f"fits.{layer}.{kernel} must be an object of a slot or dedup kernel's fit")
+        for key in COEF_KEYS[kind]:
+            field(doc, path, f"fits.{layer}.{kernel}.{key}")
+        positive(doc, path, f"expert_bytes.{layer}")
+
+
 def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
     """per_layer (what plan's sums (22) and the report read) keyed by the timed layers and kernels, fits by timed
     layers; every operation time a finite number, positive where measured; a prediction null only where its
@@ -226,6 +243,7 @@ def _check_per_layer(path: str, doc: dict[str, Any], ns: list[int]) -> None:
         fits = doc["fits"].get(layer) or {}
         if not isinstance(fits, dict):
             raise _fail(path, f"fits.{layer} must be an object keyed by kernel")
+        _check_fits(path, doc, layer, fits)
         for kernel in field(doc, path, f"per_layer.{layer}.kernels", dict):
             if kernel not in doc["kernels"]:
                 raise _fail(path, f"per_layer.{layer}.kernels.{kernel}: no kernel of its kernels")

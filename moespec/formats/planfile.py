@@ -55,7 +55,8 @@ plan.json (FORMAT_NAME, FORMAT_VERSION; n and k keys are strings):
   table_whole_pass (version "whole-pass")   the whole-pass version, when the runs of --runs measured the verify
                time with the expert operation taken out (verify_time_s.outside): the prediction (22) plus the
                growth with n of the time outside the expert operation measured at each n
-               (moespec.predict.verify.whole_pass)
+               (moespec.predict.verify.whole_pass); left out, with a line in verdict.warnings, where one of its
+               times is not positive
   llama_cpp    {version, policy: "dedup", intervals: [{k, lo, hi, flags}], table: [row of `table` + flags]}: the
                dedup staircase of the calibrated version (the prediction without --runs) as llama.cpp's flags
                (moespec.predict.plan.llama_cpp_flags; absent in version-1 plans)

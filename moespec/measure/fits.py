@@ -29,12 +29,10 @@ from typing import Any
 import numpy as np
 
 from moespec import MoespecError, theory
+from moespec.formats.benchfile import COEF_KEYS
 from moespec.kernels import PAIRS
 
 EQUATIONS = {"slot": "(4)", "dedup": "(E.1)"}
-# bench.json's names of each fit's coefficients, in `design`'s column order
-COEF_KEYS = {"slot": ("t_op_s", "c_u_s_per_byte", "c_re_s_per_byte"),
-             "dedup": ("t_op_s", "c_g_s_per_byte", "c_t_s_per_token")}
 _COEFFICIENTS = 3  # t_op and two slopes in both fits
 
 

@@ -24,6 +24,8 @@ Two versions of V_B:
       tau_p(B, n) = tau_meas(1) + beta_out (B n - 1) + M_p(B n, U^B(n)) - M_slot(1, m).
   Past the bench's largest pass the fits extrapolate (a CPU turns compute-bound at some tens of tokens: E.1's
   per-token term carries that); the measured version at the B it was run shows how far.
+The prediction is extra: where one of its times is not positive (a noisy outside time tilts the line; runs of a
+smaller model than the fits cover) the plan keeps the measured map, and its verdict names the batch, n and times.
 Each version's AUTO runs dedup where its saving is positive: at n >= 2 at batch one (one token reads the same
 experts with either kernel), at every n at B > 1 (a pass carries B tokens even at n = 1).
 
@@ -107,7 +109,8 @@ def batch_block(runs: Mapping[str, Any], runs_path: str, batches: Sequence[int],
                 h: Sequence[float], predicted: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """plan.json's `batch` block from a runs.json measured at these batch sizes (B = 1: its own verify times;
     B > 1: its `batch` block), h(k) the draft and host time per step, and the prediction version beside it
-    (`predicted_block`, or None where the runs lack what it needs) (module docstring)."""
+    (`predicted_block`, or None where the runs lack what it needs or a predicted time is not positive; the plan's
+    verdict then says why) (module docstring)."""
     if not batches or any(type(b) is not int or not 1 <= b <= BATCH_LIMIT for b in batches) \
             or list(batches) != sorted(set(batches)):
         raise ValueError(f"batches must be batch sizes in 1..{BATCH_LIMIT}, ascending and distinct, got {batches!r}")
@@ -212,9 +215,14 @@ def predicted_block(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, A
     acceptances = [float(a) for a in theory.PAPER_ACCEPTANCES]
     union = batch_union(trace, batches, kmax + 1)
     times = predicted_times(bench, union, runs, runs_path, kmax, scale)
-    if min(float(t.min()) for tau in times.values() for t in tau.values()) <= 0:
-        raise MoespecError(f"{runs_path}: a predicted batch verify time is not positive: the runs timed a smaller "
-                           f"model than the bench's fits cover (check --moe-layers)")
+    b, kernel = min(((b, kernel) for b in times for kernel in KERNELS), key=lambda bk: times[bk[0]][bk[1]].min())
+    if times[b][kernel].min() <= 0:
+        n = int(np.argmin(times[b][kernel])) + 1
+        outside = {k: round(1e3 * float(t), 3) for k, t in runs["verify_time_s"]["outside"].items()}
+        raise MoespecError(f"{runs_path}: a predicted batch verify time is not positive ({kernel} at B = {b}, n = {n}: "
+                           f"{1e3 * times[b][kernel][n - 1]:.3g} ms; outside times {outside} ms): a noisy outside "
+                           f"time (rerun with more --reps), or runs of a smaller model than the bench's fits cover "
+                           f"(check --moe-layers)")
     per_batch = {str(b): batch_entry(times[b], h, b, acceptances) | byte_ratios(bench, union, b, kmax)
                  for b in batches}
     return {"per_batch": per_batch,

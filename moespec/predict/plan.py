@@ -233,13 +233,14 @@ def llama_cpp_flags(step: Mapping[str, Any], version: str) -> dict[str, Any]:
 
 def _bench_versions(bench: Mapping[str, Any], bench_path: str, ns: range, scale: float, tau1: float, tau1_from: str,
                     delta: float, runs: Runs | None, runs_path: str, tau_runs: np.ndarray | None,
-                    tau_outside: np.ndarray | None, measured: str) -> tuple[dict, np.ndarray, np.ndarray, dict, dict]:
+                    tau_outside: np.ndarray | None, measured: str
+                    ) -> tuple[dict, np.ndarray, np.ndarray, dict, dict, list[str]]:
     """The versions on the bench's expert-op times (22): the prediction, the measured-time version (the bench's
     measured per-window op times in place of the fits, the paper's primary version; its bound is the prediction's,
     delta (M_p(n) + M_slot(1))), and with runs the calibrated one (the measured-time version with the measured
     growth of the pass outside the expert operation, as the paper's Section 4.2) and the whole-pass one (on the
-    fits, as the prediction); returns (measured-time
-    version's tau, predicted saving, its band (18), AUTO policy, versions)."""
+    fits, as the prediction; left out, with a line saying why, where its times are not positive); returns
+    (measured-time version's tau, predicted saving, its band (18), AUTO policy, versions, those lines)."""
     times = layer_times(bench, bench_path, ns)
     M, M_meas = expert_times(times, "predicted", scale), expert_times(times, "measured", scale)
     pred = anchored(tau1, M, delta, per_n=False)
@@ -264,9 +265,19 @@ def _bench_versions(bench: Mapping[str, Any], bench_path: str, ns: range, scale:
                                f"than the plan covers (check --moe-layers), or {rerun_bench(bench)}")
         cal.bound[measured] = half_widths(runs, measured, tau_runs, ns)  # measured: known to their interval
         versions["calibrated"] = with_auto(cal, policy)
+    left_out = []
     if tau_outside is not None:
-        versions["whole-pass"] = with_auto(whole_pass(tau1, tau_outside, M, delta), policy)
-    return meas, s_pred, band, policy, versions
+        whole = whole_pass(tau1, tau_outside, M, delta)
+        if min(t.min() for t in whole.tau.values()) > 0:
+            versions["whole-pass"] = with_auto(whole, policy)
+        else:  # an extra version: the plan stands on the others, and says why this one is missing
+            kernel = min(KERNELS, key=lambda p: whole.tau[p].min())
+            n = int(np.argmin(whole.tau[kernel]))  # index n - 1
+            left_out.append(f"{runs_path}: the whole-pass version is left out: its {kernel} verify time at n = {n + 1} "
+                            f"is {1e3 * whole.tau[kernel][n]:.3g} ms (the outside time "
+                            f"{1e3 * tau_outside[0]:.3g} ms at n = 1, {1e3 * tau_outside[n]:.3g} ms at n = {n + 1}; "
+                            f"a noisy outside time or fit: rerun with more --reps)")
+    return meas, s_pred, band, policy, versions, left_out
 
 
 def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None, kmax: int = KMAX,
@@ -322,8 +333,9 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         # the measured times are the calibration's result: one version under both names, so a run scored by its
         # calibrated version (the recipe's) reads them
         versions = {"prediction": with_auto(base, policy), "calibrated": with_auto(base, policy)}
+        left_out = []
     else:
-        meas, s_pred, band, policy, versions = _bench_versions(bench, bench_path, ns, scale, tau1, tau1_from,
+        meas, s_pred, band, policy, versions, left_out = _bench_versions(bench, bench_path, ns, scale, tau1, tau1_from,
                                                                delta, runs, runs_path, tau_runs, tau_outside,
                                                                measured)
     s_meas = meas["slot"] - meas["dedup"]
@@ -391,7 +403,7 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
                      f"step_times{suffix}": step[version]["step_times"],
                      f"staircase{suffix}": step[version]["staircase"],
                      f"table{suffix}": step[version]["table"]})
-    plan["verdict"] = build_verdict(plan, runs, warnings=warnings, bench=bench, runs_path=runs_path,
+    plan["verdict"] = build_verdict(plan, runs, warnings=[*warnings, *left_out], bench=bench, runs_path=runs_path,
                                     bench_path=bench_path).to_json()  # the plain answer, printed first
     return plan
 
@@ -423,8 +435,15 @@ def make_plan(config: PlanConfig) -> Plan:
     doc["throughput_rate"] = config.rate
     if config.batch:
         batches, roles = sorted(set(config.batch)), as_pair_roles(bench)
-        predicted = predicted_block(roles, trace, runs, config.runs, batches, config.kmax, h,
-                                    doc["coverage"]["scale"]) if predictable(roles, runs, config.kmax) else None
+        predicted = None
+        if predictable(roles, runs, config.kmax):
+            try:
+                predicted = predicted_block(roles, trace, runs, config.runs, batches, config.kmax, h,
+                                            doc["coverage"]["scale"])
+            except MoespecError as e:  # the measured map stands without the prediction beside it, and says why
+                doc["verdict"] = build_verdict(doc, runs, warnings=[f"the batch map's prediction is left out: {e}"],
+                                               bench=roles, runs_path=config.runs,
+                                               bench_path=config.bench).to_json()
         doc["batch"] = batch_block(runs, config.runs, batches, config.kmax, h, predicted)
     if config.out:
         write_json(config.out, doc)
