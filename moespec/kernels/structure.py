@@ -23,10 +23,9 @@ each expert's time to within ~6%, where one rate per G misses by up to ~47% and 
 Our native kernels make no call per row (a row task is a tile of rows), and one rate per G fits their experts of
 0.4-126 MB to ~2% in median at G = 1; but a group of G tokens ends each row with G horizontal sums and G stores,
 fixed time per row and token that a row of thousands of weights hides in its bytes and one of tens does not: on a
-2-core Zen 1 EPYC, hot experts of the same 24.6 KB ran 1.9x longer at G = 9 with 528 rows than with 192 (~5 ns per row
-and token, G = 2..16), and the trained pair's experts (rows of 32 and 128 weights) ran 1.3-1.5x longer at nine tokens
-on eight experts than one rate per G predicts. So the profile fits r(G) for our kernels too, from hot experts of
-short and long rows (moespec.measure.device_profile ROW_SHAPES).
+2-core Zen 3 EPYC, eight hot experts of the same 24.6 KB (d x f = 16 x 256 against 64 x 64) ran 1.4x longer a call at
+G = 9 with 528 rows than with 192 (~2 ns per row and token) and 2.1x at G = 1. So the profile fits r(G) for our
+kernels too, from hot experts of short and long rows (moespec.measure.device_profile ROW_SHAPES).
 
 Time of a pass of n tokens at a streaming ceiling C (bytes/s), a roofline per group:
 
