@@ -663,6 +663,29 @@ ENTRIES: dict[str, Entry] = {
         "k_hat*(a) in 33 of 35 plannable"),
     "structure-model/epyc-zen3-scratch/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3-scratch/summary.json"),
+    # ggml's pair at q8_0 on the Zen 3, pinned as pinned-gguf/ (two runs: each profile took three takes)
+    **{key: entry for run, profile, table in (
+        ("run-1", "pinned at 29.2 GB/s, take 3 of 3 kept and flagged (32% of its calls off that level; self-check "
+                  "6.3% / 13.1% per-slot, 4.6% / 10.2% mul_mat_id)",
+         "12 of 16 model-kernels within 10% / 20%, not Qwen3's two (10.9% / 13.7% per-slot, 12.2% / 15.2% "
+         "mul_mat_id) nor the pair's (9.6% / 21.9% per-slot, 10.8% / 19.5% mul_mat_id); 6 of 8 benches at the "
+         "profile's level"),
+        ("run-2", "pinned at 29.0 GB/s, take 3 of 3 kept and flagged (50% of its calls off that level; self-check "
+                  "3.6% / 14.0% per-slot, 3.3% / 7.8% mul_mat_id)",
+         "12 of 16 model-kernels within 10% / 20%, not Mixtral's per-slot (7.9% / 22.4%), the pair's mul_mat_id "
+         "(10.9% / 13.0%) nor 1536 x 512's two (14.3% / 18.3% per-slot, 11.2% / 16.0% mul_mat_id); 2 of 8 benches "
+         "at the profile's level"))
+       for key, entry in validation_run(
+           f"structure-model/epyc-zen3-gguf/{run}", f"q8_0 profile on the Zen 3 EPYC (AVX2), {profile}", table,
+           [(m, "q8_0/", 1) for m in STRUCTURE_MODELS],
+           "the run's own profile, its benches pinned to the profile's level").items()},
+    "structure-model/epyc-zen3-gguf/summary.json": Entry(
+        "ggml's pair at q8_0 on the Zen 3 EPYC, two pinned runs (fewer than the five a target reads): in median over "
+        "them 15 of 16 model-kernels within 10% / 20% (2.2-10.8% in median, at most 19.3%), not the pair's "
+        "mul_mat_id (10.8% / 16.2%); 24 of 32 model-kernel-runs; crossover within one in 16 of 16 model-runs, "
+        "k_hat*(a) in 12 of 14 plannable"),
+    "structure-model/epyc-zen3-gguf/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/epyc-zen3-gguf/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "

@@ -335,9 +335,8 @@ def build_plan(bench: Mapping[str, Any], trace: Trace, tau1: float | None = None
         versions = {"prediction": with_auto(base, policy), "calibrated": with_auto(base, policy)}
         left_out = []
     else:
-        meas, s_pred, band, policy, versions, left_out = _bench_versions(bench, bench_path, ns, scale, tau1, tau1_from,
-                                                               delta, runs, runs_path, tau_runs, tau_outside,
-                                                               measured)
+        meas, s_pred, band, policy, versions, left_out = _bench_versions(
+            bench, bench_path, ns, scale, tau1, tau1_from, delta, runs, runs_path, tau_runs, tau_outside, measured)
     s_meas = meas["slot"] - meas["dedup"]
     step = {v: steps(t, h, v) for v, t in versions.items()}
     stats = reuse_stats(trace, n_max=ns[-1], bootstrap=0)
