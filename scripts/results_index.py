@@ -252,7 +252,7 @@ ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
         command=".venv/bin/moespec demo --out out/demo-s27-N (one folder per run; each group's command is in the file)",
-        machine=CPU, date="2026-12-01 to 2026-12-06"),
+        machine=CPU, date="2026-12-01 to 2026-12-07"),
     # CPU expert kernels
     "cpu/README.md": Entry("write-up of bench-olmoe-bf16-ggml.json (Table 1 with the ceiling per n)",
                            source="cpu/bench-olmoe-bf16-ggml.json"),
