@@ -19,6 +19,9 @@ KMAX = 4
 NS = range(1, KMAX + 2)
 GROWTH = {1: 0.05, 2: 0.25, 4: 0.55, 8: 1.0}  # c per batch size: the first drafted token's price grows with B
 A = [float(a) for a in theory.PAPER_ACCEPTANCES]
+# fits (4) and (E.1) of known coefficients (bench.json's fits.{layer}.{kernel})
+FITS = {"slot": {"t_op_s": 1e-4, "c_u_s_per_byte": 2e-11, "c_re_s_per_byte": 1e-11},
+        "dedup": {"t_op_s": 2e-4, "c_g_s_per_byte": 1.5e-11, "c_t_s_per_token": 3e-4}}
 
 
 def per_n(c: float, scale: float = 1.0) -> dict[str, float]:
@@ -111,9 +114,7 @@ def test_the_prediction_from_the_bench_by_hand():
 
     trace = uniform_trace()
     b, m, scale = 12_582_912.0, trace.m, 8.0
-    fits = {"slot": {"t_op_s": 1e-4, "c_u_s_per_byte": 2e-11, "c_re_s_per_byte": 1e-11},
-            "dedup": {"t_op_s": 2e-4, "c_g_s_per_byte": 1.5e-11, "c_t_s_per_token": 3e-4}}
-    bench = {"fits": {"7": fits}, "layers": [7], "expert_bytes": {"7": b}}
+    bench = {"fits": {"7": FITS}, "layers": [7], "expert_bytes": {"7": b}}
     outside = {str(n): 0.01 + 0.002 * n for n in NS}
     runs = make_runs(verify_time_s={"slot": per_n(0.1), "dedup": per_n(0.1), "outside": outside})
     found = batch_union(trace, [1, 4], KMAX + 1)
@@ -132,7 +133,7 @@ def test_the_prediction_from_the_bench_by_hand():
         predicted_times(bench, found, make_runs(), "runs.json", KMAX, scale)
     from moespec.predict.batch_map import predictable
     assert predictable(bench, runs, KMAX)  # the anchors and a fit of both kernels at every timed layer
-    assert not predictable({**bench, "fits": {"7": {**fits, "dedup": None}}}, runs, KMAX)  # a kernel with no fit
+    assert not predictable({**bench, "fits": {"7": {**FITS, "dedup": None}}}, runs, KMAX)  # a kernel with no fit
     assert not predictable(bench, make_runs(), KMAX)  # no outside times
 
 
@@ -251,10 +252,8 @@ def test_a_prediction_not_positive_is_left_out_and_said(tmp_path, capsys):
     runs = runs_doc()
     runs["verify_time_s"]["outside"] = {str(n): 5.0 if n == 1 else 0.01 for n in NS}
     paths = {name: tmp_path / f"{name}.json" for name in ("bench", "runs")}
-    fits = {"slot": {"t_op_s": 1e-4, "c_u_s_per_byte": 2e-11, "c_re_s_per_byte": 1e-11},
-            "dedup": {"t_op_s": 2e-4, "c_g_s_per_byte": 1.5e-11, "c_t_s_per_token": 3e-4}}
     bench = make_bench()
-    bench["fits"] = {str(layer): fits for layer in bench["layers"]}
+    bench["fits"] = {str(layer): FITS for layer in bench["layers"]}
     paths["bench"].write_text(json.dumps({k: v for k, v in bench.items() if k != "expert_bytes"}))
     paths["runs"].write_text(json.dumps(runs))
     uniform_trace().save(tmp_path / "trace.npz")
@@ -265,7 +264,8 @@ def test_a_prediction_not_positive_is_left_out_and_said(tmp_path, capsys):
     code, err = run_cli(args)
     assert code == 0, err
     plan = load_plan(tmp_path / "plan.json")
-    assert plan["batch"]["predicted"] is None and plan["batch"]["b_stop"] == runs_doc_b_stop()
+    measured = batch_block(runs_doc(), "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))
+    assert plan["batch"]["predicted"] is None and plan["batch"]["b_stop"] == measured["b_stop"]
     [line] = [w for w in plan["verdict"]["warnings"] if "prediction is left out" in w]
     assert "a predicted batch verify time is not positive" in line and "at B = 8, n = 5" in line and "5000.0" in line
     runs["verify_time_s"]["outside"] = {str(n): 0.01 * n for n in NS}  # a line that grows: the prediction is made
@@ -274,7 +274,3 @@ def test_a_prediction_not_positive_is_left_out_and_said(tmp_path, capsys):
                          "--runs", paths["runs"], "--batch", "1,2", "--out", tmp_path / "kept.json"])
     assert code == 0, err
     assert load_plan(tmp_path / "kept.json")["batch"]["predicted"]["per_batch"].keys() == {"1", "2"}
-
-
-def runs_doc_b_stop() -> list:
-    return batch_block(runs_doc(), "runs.json", [1, 2, 4, 8], KMAX, [0.0] * (KMAX + 1))["b_stop"]
