@@ -58,6 +58,10 @@ from moespec.routing.reuse import union_bytes
 POLICY = "auto"  # the policy whose step times the map reads: the kernel the plan runs at each pass
 
 
+class NotPositive(MoespecError):
+    """A predicted batch verify time is not positive: the measured map stands without the prediction beside it."""
+
+
 def _verify_times(block: Mapping[str, Any], where: str, ns: range) -> dict[str, np.ndarray]:
     """slot and dedup verify times over n = 1..kmax + 1 of one batch size (a runs.json's, or one B of its batch)."""
     times = block.get("verify_time_s") or {}
@@ -211,7 +215,7 @@ def byte_ratios(bench: Mapping[str, Any], union: BatchUnion, batch: int, kmax: i
 def predicted_block(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, Any], runs_path: str,
                     batches: Sequence[int], kmax: int, h: Sequence[float], scale: float) -> dict[str, Any]:
     """The batch block's `predicted`: per B the entry of batch_entry on the prediction's verify times with u_B(n)
-    and r(B n) beside it (byte_ratios), and B_stop."""
+    and r(B n) beside it (byte_ratios), and B_stop; NotPositive where a predicted time is not positive."""
     acceptances = [float(a) for a in theory.PAPER_ACCEPTANCES]
     union = batch_union(trace, batches, kmax + 1)
     times = predicted_times(bench, union, runs, runs_path, kmax, scale)
@@ -219,7 +223,7 @@ def predicted_block(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, A
     if times[b][kernel].min() <= 0:
         n = int(np.argmin(times[b][kernel])) + 1
         outside = {k: round(1e3 * float(t), 3) for k, t in runs["verify_time_s"]["outside"].items()}
-        raise MoespecError(f"{runs_path}: a predicted batch verify time is not positive ({kernel} at B = {b}, n = {n}: "
+        raise NotPositive(f"{runs_path}: a predicted batch verify time is not positive ({kernel} at B = {b}, n = {n}: "
                            f"{1e3 * times[b][kernel][n - 1]:.3g} ms; outside times {outside} ms): a noisy outside "
                            f"time (rerun with more --reps), or runs of a smaller model than the bench's fits cover "
                            f"(check --moe-layers)")

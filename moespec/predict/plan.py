@@ -70,7 +70,7 @@ from moespec.predict.measured import (
     saving_row,
 )
 from moespec.predict.acceptance import DEFAULT_RATE
-from moespec.predict.batch_map import batch_block, predictable, predicted_block
+from moespec.predict.batch_map import NotPositive, batch_block, predictable, predicted_block
 from moespec.predict.staircase import for_llama_cpp
 from moespec.predict.verdict import build_verdict
 from moespec.predict.verify import anchored, expert_times, kernel_by_n, layer_times, steps, whole_pass, with_auto
@@ -439,7 +439,7 @@ def make_plan(config: PlanConfig) -> Plan:
             try:
                 predicted = predicted_block(roles, trace, runs, config.runs, batches, config.kmax, h,
                                             doc["coverage"]["scale"])
-            except MoespecError as e:  # the measured map stands without the prediction beside it, and says why
+            except NotPositive as e:  # the measured map stands without the prediction beside it, and says why
                 doc["verdict"] = build_verdict(doc, runs, warnings=[f"the batch map's prediction is left out: {e}"],
                                                bench=roles, runs_path=config.runs,
                                                bench_path=config.bench).to_json()
