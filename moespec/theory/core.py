@@ -118,7 +118,10 @@ def best_draft_length(V: Sequence[Number], a: Number | np.ndarray) -> int | np.n
         T = np.cumsum(powers, axis=-1) / np.asarray(V, dtype=float)
         k = np.argmax(T, axis=-1)
         return k if isinstance(a, np.ndarray) else int(k)
-    T = [throughput(V, q(a), k) for k in range(len(V))]
+    a, g, power, T = q(a), 0, 1, []
+    for v in V:  # G_a(k) = G_a(k - 1) + a^k: T_a(k) for every k in one pass, V checked once
+        g, power = g + power, power * a
+        T.append(g / v)
     return T.index(max(T))
 
 
