@@ -224,9 +224,9 @@ def predicted_block(bench: Mapping[str, Any], trace: Trace, runs: Mapping[str, A
         n = int(np.argmin(times[b][kernel])) + 1
         outside = {k: round(1e3 * float(t), 3) for k, t in runs["verify_time_s"]["outside"].items()}
         raise NotPositive(f"{runs_path}: a predicted batch verify time is not positive ({kernel} at B = {b}, n = {n}: "
-                           f"{1e3 * times[b][kernel][n - 1]:.3g} ms; outside times {outside} ms): a noisy outside "
-                           f"time (rerun with more --reps), or runs of a smaller model than the bench's fits cover "
-                           f"(check --moe-layers)")
+                          f"{1e3 * times[b][kernel][n - 1]:.3g} ms; outside times {outside} ms): a noisy outside "
+                          f"time (rerun with more --reps), or runs of a smaller model than the bench's fits cover "
+                          f"(check --moe-layers)")
     per_batch = {str(b): batch_entry(times[b], h, b, acceptances) | byte_ratios(bench, union, b, kmax)
                  for b in batches}
     return {"per_batch": per_batch,
