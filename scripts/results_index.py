@@ -663,7 +663,7 @@ ENTRIES: dict[str, Entry] = {
         "k_hat*(a) in 33 of 35 plannable"),
     "structure-model/epyc-zen3-scratch/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3-scratch/summary.json"),
-    # ggml's pair at q8_0 on the Zen 3, pinned as pinned-gguf/ (two runs: each profile took three takes)
+    # ggml's pair at q8_0 on the Zen 3, pinned as pinned-gguf/ (five runs: each profile took three takes)
     **{key: entry for run, profile, table in (
         ("run-1", "pinned at 29.2 GB/s, take 3 of 3 kept and flagged (32% of its calls off that level; self-check "
                   "6.3% / 13.1% per-slot, 4.6% / 10.2% mul_mat_id)",
@@ -674,16 +674,26 @@ ENTRIES: dict[str, Entry] = {
                   "3.6% / 14.0% per-slot, 3.3% / 7.8% mul_mat_id)",
          "12 of 16 model-kernels within 10% / 20%, not Mixtral's per-slot (7.9% / 22.4%), the pair's mul_mat_id "
          "(10.9% / 13.0%) nor 1536 x 512's two (14.3% / 18.3% per-slot, 11.2% / 16.0% mul_mat_id); 2 of 8 benches "
-         "at the profile's level"))
+         "at the profile's level"),
+        ("run-3", "pinned at 23.5 GB/s, take 3 of 3 kept and flagged (35% of its calls off that level; self-check "
+                  "5.0% / 15.9% per-slot, 4.5% / 10.6% mul_mat_id)",
+         "16 of 16 model-kernels within 10% / 20%; 7 of 8 benches at the profile's level"),
+        ("run-4", "pinned at 23.3 GB/s, take 3 of 3 kept and flagged (54% of its calls off that level; self-check "
+                  "6.2% / 13.1% per-slot, 3.5% / 9.2% mul_mat_id)",
+         "14 of 16 model-kernels within 10% / 20%, not DeepSeek's two (11.4% / 17.3% per-slot, 10.3% / 13.4% "
+         "mul_mat_id); 8 of 8 benches at the profile's level"),
+        ("run-5", "pinned at 27.9 GB/s, take 3 of 3 kept and flagged (39% of its calls off that level; self-check "
+                  "1.9% / 6.8% per-slot, 1.5% / 12.2% mul_mat_id)",
+         "15 of 16 model-kernels within 10% / 20%, not OLMoE's mul_mat_id (10.1% / 14.1%); 6 of 8 benches at the "
+         "profile's level"))
        for key, entry in validation_run(
            f"structure-model/epyc-zen3-gguf/{run}", f"q8_0 profile on the Zen 3 EPYC (AVX2), {profile}", table,
            [(m, "q8_0/", 1) for m in STRUCTURE_MODELS],
            "the run's own profile, its benches pinned to the profile's level").items()},
     "structure-model/epyc-zen3-gguf/summary.json": Entry(
-        "ggml's pair at q8_0 on the Zen 3 EPYC, two pinned runs (fewer than the five a target reads): in median over "
-        "them 15 of 16 model-kernels within 10% / 20% (2.2-10.8% in median, at most 19.3%), not the pair's "
-        "mul_mat_id (10.8% / 16.2%); 24 of 32 model-kernel-runs; crossover within one in 16 of 16 model-runs, "
-        "k_hat*(a) in 12 of 14 plannable"),
+        "ggml's pair at q8_0 on the Zen 3 EPYC, five pinned runs: in median over them 16 of 16 model-kernels within "
+        "10% / 20% (2.5-8.7% in median, at most 16.7%); 69 of 80 model-kernel-runs; crossover within one in 38 of 40 "
+        "model-runs, k_hat*(a) in 33 of 35 plannable"),
     "structure-model/epyc-zen3-gguf/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3-gguf/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
