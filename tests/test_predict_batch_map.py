@@ -12,7 +12,7 @@ from plan_cases import make_bench, make_runs, uniform_trace
 
 from moespec import MoespecError, theory
 from moespec.formats.planfile import load_plan
-from moespec.predict.batch_map import b_stop, batch_block, batch_entry
+from moespec.predict.batch_map import NotPositive, b_stop, batch_block, batch_entry
 from moespec.predict.plan import build_plan
 
 KMAX = 4
@@ -129,8 +129,13 @@ def test_the_prediction_from_the_bench_by_hand():
             assert times[B]["slot"][n - 1] == pytest.approx(slot) and times[B]["dedup"][n - 1] == pytest.approx(dedup)
     block = predicted_block(bench, trace, runs, "runs.json", [1, 4], KMAX, [0.0] * (KMAX + 1), scale)
     assert set(block["per_batch"]) == {"1", "4"} and len(block["b_stop"]) == len(A)
-    with pytest.raises(MoespecError, match="outside the expert operation"):
+    stalled = make_runs(verify_time_s={"slot": per_n(0.1), "dedup": per_n(0.1),
+                                       "outside": {str(n): 5.0 if n == 1 else 0.01 for n in NS}})
+    with pytest.raises(NotPositive, match="not positive"):  # the one error make_plan turns into a verdict line
+        predicted_block(bench, trace, stalled, "runs.json", [1, 4], KMAX, [0.0] * (KMAX + 1), scale)
+    with pytest.raises(MoespecError, match="outside the expert operation") as other:
         predicted_times(bench, found, make_runs(), "runs.json", KMAX, scale)
+    assert not isinstance(other.value, NotPositive)  # every other error still refuses the plan
     from moespec.predict.batch_map import predictable
     assert predictable(bench, runs, KMAX)  # the anchors and a fit of both kernels at every timed layer
     assert not predictable({**bench, "fits": {"7": {**FITS, "dedup": None}}}, runs, KMAX)  # a kernel with no fit
