@@ -24,7 +24,8 @@ format times) from a profile of that format (`profile --dtypes q8_0,q4_0 --profi
 level of the host (moespec.measure.level; `--pin-gbps` names it, else the host's when the rounds start), and every
 model's benches are then kept at the profile's level, waiting S seconds at most for it: the profile and the benches
 meet one state of a shared host, so what is left of the error is the model's. A profile the profile checks flag (its
-calls met two states) is taken again, PROFILE_TAKES takes at most.
+calls met two states) is taken again, PROFILE_TAKES takes at most (`--takes`: where the host moves every few minutes
+every take comes out flagged, and each costs a profile's ~10 minutes).
 Models: the presets, `pair` (moespec/data/pair/target, its recorded WikiText-2 routing) and `heldout-1536x512`,
 `heldout-3072x1536` (OLMoE-class configs written into the results folder, N = 64, m = 8). A model with published reuse
 (OLMoE, Qwen3, gpt-oss) is routed by its calibrated default trace, the others (DeepSeek-V2-Lite, the held-out shapes)
@@ -77,8 +78,8 @@ LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9
 EXPERT_SHARE = 0.6
 PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
 TARGET = (0.10, 0.20)  # the target: median and largest relative error over n, per model and kernel
-# A profile the profile checks flag (its calls met two states of the host) is taken again, this many takes at most;
-# the first unflagged one is kept (no model's pass takes part in the check)
+# A profile the profile checks flag (its calls met two states of the host) is taken again, this many takes at most
+# (--takes); the first unflagged one is kept, else the last (no model's pass takes part in the check)
 PROFILE_TAKES = 3
 
 
@@ -390,7 +391,11 @@ def main(argv: list[str]) -> int:
                         "(module docstring; default: no pinning)")
     parser.add_argument("--pin-gbps", type=float,
                         help="with `profile --pin-wait`: the level (default the host's when the rounds start)")
+    parser.add_argument("--takes", type=int, default=PROFILE_TAKES,
+                        help=f"with `profile`: takes at most while the profile checks flag it (default {PROFILE_TAKES})")
     args = parser.parse_args(argv)
+    if args.takes < 1:
+        parser.error(f"--takes must be a positive count, got {args.takes}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile_path = Path(args.profile) if args.profile else out / "device.json"
@@ -402,13 +407,13 @@ def main(argv: list[str]) -> int:
     except MoespecError as e:
         parser.error(str(e))
     if args.step == "profile":
-        for take in range(1, PROFILE_TAKES + 1):
+        for take in range(1, args.takes + 1):
             profile = run_profile(ProfileConfig(out=str(profile_path), device=args.device,
                                                 dtypes=tuple(args.dtypes.split(",")), reps=args.reps,
                                                 level_gbps=args.pin_gbps, level_wait_s=args.pin_wait), say=print)
             warnings = profile_checks(profile, str(profile_path))
             for line in warnings:
-                print(f"warning (take {take} of {PROFILE_TAKES}): {line}")
+                print(f"warning (take {take} of {args.takes}): {line}")
             if not warnings:
                 break
     elif args.step == "model":
