@@ -108,6 +108,24 @@ def test_the_table_names_a_profile_that_does_not_load(tmp_path, capsys):
     assert code == 2 and "device.json: not a moespec device profile" in err
 
 
+@pytest.mark.parametrize("flagged, takes, profiles", [(True, 2, 2), (True, 1, 1), (False, 3, 1)])
+def test_a_flagged_profile_is_taken_again_up_to_its_takes(structure_model, tmp_path, flagged, takes, profiles,
+                                                          monkeypatch):
+    """`profile --takes N` re-takes a profile the checks flag, N takes at most, and stops at the first clean one."""
+    taken = []
+    monkeypatch.setattr(structure_model, "run_profile", lambda config, say: taken.append(config) or {})
+    monkeypatch.setattr(structure_model, "profile_checks", lambda profile, where: ["two states"] if flagged else [])
+    assert structure_model.main(["profile", "--takes", str(takes), "--out", str(tmp_path)]) == 0
+    assert len(taken) == profiles and all(c.out == str(tmp_path / "device.json") for c in taken)
+
+
+def test_the_profile_refuses_no_takes_in_one_line(tmp_path, capsys):
+    """`--takes 0` ends in one line and exit 2 before any folder is made."""
+    code, err = run_script(SCRIPT, ["profile", "--takes", "0", "--out", tmp_path / "run"], capsys)
+    assert code == 2 and "--takes must be a positive count, got 0" in err
+    assert not (tmp_path / "run").exists()
+
+
 RECORDED = SCRIPT.with_name("structure_model_recorded.py")
 RUN = SCRIPT.parents[1] / "results" / "structure-model" / "epyc-avx2" / "run-11"  # a recorded CPU run
 
