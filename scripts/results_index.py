@@ -696,6 +696,39 @@ ENTRIES: dict[str, Entry] = {
         "model-runs, k_hat*(a) in 33 of 35 plannable"),
     "structure-model/epyc-zen3-gguf/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3-gguf/summary.json"),
+    # ggml's pair at q4_0 on the Zen 3, pinned as epyc-zen3-gguf/ with one profile take a run (run-1's console output
+    # of the profile not kept)
+    **{key: entry for run, profile, table in (
+        ("run-1", "pinned at 26.9 GB/s, one take, flagged (35% of its calls off that level; self-check 3.0% / 7.7% "
+                  "per-slot, 1.7% / 6.4% mul_mat_id)",
+         "10 of 16 model-kernels within 10% / 20%, not gpt-oss's per-slot (16.4% / 18.9%), gpt-oss's mul_mat_id (16.9% "
+         "/ 22.2%), DeepSeek's per-slot (14.1% / 17.8%), DeepSeek's mul_mat_id (15.5% / 18.3%), Mixtral's per-slot "
+         "(13.2% / 16.3%), Mixtral's mul_mat_id (11.7% / 15.2%); 4 of 8 benches at the profile's level"),
+        ("run-2", "pinned at 27.6 GB/s, one take, flagged (47% of its calls off that level; self-check 6.6% / 9.9% "
+                  "per-slot, 6.1% / 8.3% mul_mat_id)",
+         "13 of 16 model-kernels within 10% / 20%, not gpt-oss's per-slot (10.6% / 14.2%), gpt-oss's mul_mat_id (10.2% "
+         "/ 15.1%), Mixtral's mul_mat_id (10.2% / 13.9%); 2 of 8 benches at the profile's level"),
+        ("run-3", "pinned at 29.2 GB/s, one take, flagged (76% of its calls off that level; self-check 4.9% / 8.1% "
+                  "per-slot, 2.8% / 8.8% mul_mat_id)",
+         "10 of 16 model-kernels within 10% / 20%, not Qwen3's mul_mat_id (11.8% / 15.5%), DeepSeek's per-slot (13.1% "
+         "/ 20.2%), DeepSeek's mul_mat_id (14.7% / 21.7%), Mixtral's per-slot (10.3% / 14.9%), the pair's per-slot "
+         "(6.5% / 23.7%), the pair's mul_mat_id (10.7% / 29.0%); 1 of 8 benches at the profile's level"),
+        ("run-4", "pinned at 24.2 GB/s, one take, flagged (45% of its calls off that level; self-check 4.6% / 8.5% "
+                  "per-slot, 3.4% / 8.7% mul_mat_id)",
+         "12 of 16 model-kernels within 10% / 20%, not gpt-oss's mul_mat_id (12.9% / 18.4%), DeepSeek's per-slot "
+         "(13.5% / 19.4%), DeepSeek's mul_mat_id (15.0% / 19.2%), the pair's mul_mat_id (10.7% / 13.6%); 8 of 8 "
+         "benches at the profile's level"))
+       for key, entry in validation_run(
+           f"structure-model/epyc-zen3-q4_0/{run}", f"q4_0 profile on the Zen 3 EPYC (AVX2), {profile}", table,
+           [(m, "q4_0/", 1) for m in STRUCTURE_MODELS],
+           "the run's own profile, its benches pinned to the profile's level").items()
+       if key != "structure-model/epyc-zen3-q4_0/run-1/log-profile.txt"},
+    "structure-model/epyc-zen3-q4_0/summary.json": Entry(
+        "ggml's pair at q4_0 on the Zen 3 EPYC, four pinned runs: in median over them 13 of 16 model-kernels within "
+        "10% / 20%, not gpt-oss's mul_mat_id (11.6%) nor DeepSeek's two (13.3%, 14.8%); 45 of 64 model-kernel-runs; "
+        "crossover within one in 19 of 32 model-runs, k_hat*(a) in 25 of 28 plannable"),
+    "structure-model/epyc-zen3-q4_0/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/epyc-zen3-q4_0/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "
