@@ -392,7 +392,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pin-gbps", type=float,
                         help="with `profile --pin-wait`: the level (default the host's when the rounds start)")
     parser.add_argument("--takes", type=int, default=PROFILE_TAKES,
-                        help=f"with `profile`: takes at most while the profile checks flag it (default {PROFILE_TAKES})")
+                        help=f"with `profile`: takes at most while the profile checks flag it "
+                             f"(default {PROFILE_TAKES})")
     args = parser.parse_args(argv)
     if args.takes < 1:
         parser.error(f"--takes must be a positive count, got {args.takes}")
