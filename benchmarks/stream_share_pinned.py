@@ -25,31 +25,10 @@ from pathlib import Path
 import structure_model
 from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES
-from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import load_profile
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import kind_rates
 from moespec.measure.level import pinned_of
-
-
-def run_rows(run: Path, dtype: str, shares: dict) -> list[dict]:
-    """The table rows of one run's benches at `dtype`, predicted from its pinned profile at the given shares."""
-    profile = load_profile(run / "device.json")
-    level = pinned_of(profile.get("level"))
-    rates = {kind: r.with_share(shares[kind], profile["ceiling_gbps"])
-             for kind, r in kind_rates(profile["dtypes"][dtype], profile["ceiling_gbps"]).items()}
-    rows = []
-    for name in structure_model.MODELS:
-        registered = structure_model.model_dir(run, name, dtype) / "errors.json"
-        if not registered.exists():
-            continue
-        config = structure_model.configs(name, run, dtype, (1,), profile["device_kind"], profile.get("level"))[1]
-        bench = load_bench(config.out)
-        errors = structure_model.pass_errors(config, bench, rates, profile["cache_bytes"])
-        result = {"model": name, "dtype": dtype, "batches": {"1": {"ceiling_gbps": bench["ceiling_gbps"],
-                                                                   "passes": errors}}}
-        rows += structure_model.table_rows(result, level)
-    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -87,7 +66,10 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         check_output(out / name)
     tables = []
     for run in runs:
-        rows = run_rows(run, args.dtype, shares)
+        profile = load_profile(run / "device.json")
+        rates = {kind: r.with_share(shares[kind], profile["ceiling_gbps"])
+                 for kind, r in kind_rates(profile["dtypes"][args.dtype], profile["ceiling_gbps"]).items()}
+        rows = structure_model.rows_of_run(run, args.dtype, rates)
         table = out / run.name
         write_json(table / "table.json", {"rows": rows, "side_by_side": [], "run": str(run),
                                           "share_from": args.share_from, "command": shlex.join([sys.executable,

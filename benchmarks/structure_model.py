@@ -38,8 +38,9 @@ import argparse
 import json
 import shlex
 import sys
+from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -129,8 +130,11 @@ def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: 
             for batch in batches}
 
 
-def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rates], cache: float) -> dict[str, Any]:
-    """Per kernel and n: each pass's measured median and predicted time (rates[kind], at the ceiling the bench sampled
+def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rates], cache: float,
+                state: Callable[[Rates, float], Rates] | None = None) -> dict[str, Any]:
+    """Per kernel and n: each pass's measured median and predicted time (rates[kind], or state(rates[kind], C) where
+    `state` gives the rates a ceiling of C GB/s finds (a variant of the model; None: the same at every C); at the
+    ceiling the bench sampled
     at that n: the median of the samples after its calls where the bench kept one per call, the buffer the bench's
     placement is against, else between its groups; each expert at its placement where the bench has one), and the
     relative error of the mean over the recorded windows; where the bench kept each round's
@@ -138,6 +142,10 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
     (ceiling_rounds_gbps), also each round's prediction at the sample taken right after that call or group and the
     paired error: the median over rounds of the windows' mean predicted over their mean measured, less 1 (a pass
     compared with the state it met, not the median state of that n)."""
+    def predict(kind: str, ids: np.ndarray, b: float, ceiling: float, placed: list[float] | None) -> float:
+        at = rates[kind] if state is None else state(rates[kind], ceiling)
+        return pass_time(at, kind, ids, b, spec.expert_rows, ceiling, cache, placed)
+
     spec = resolve_model(config.model)
     layers = bench_layers(config.layers, spec)
     trace, _ = bench_trace(spec, config.trace, config.seed)
@@ -163,12 +171,11 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
             for kernel, kind in kinds.items():
                 record = {"source": p.source, "U": p.U, "measured_s": row["median_s"][kernel],
                           "iqr_s": row["iqr_s"][kernel],
-                          "predicted_s": pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, ceiling, cache,
-                                                   placed)}
+                          "predicted_s": predict(kind, p.ids, b, ceiling, placed)}
                 calls = row.get("round_ceiling_gbps", {}).get(kernel) or by_round  # each call's own sample if kept
                 if calls and len(row.get("round_s", {}).get(kernel, [])) == len(calls):
-                    record |= {"round_s": row["round_s"][kernel], "round_ceiling_gbps": calls, "round_predicted_s": [
-                        pass_time(rates[kind], kind, p.ids, b, spec.expert_rows, c, cache, placed) for c in calls]}
+                    record |= {"round_s": row["round_s"][kernel], "round_ceiling_gbps": calls,
+                               "round_predicted_s": [predict(kind, p.ids, b, c, placed) for c in calls]}
                 out[kernel][str(n)]["passes"].append(record)
         for kernel in kinds:
             windows = [q for q in out[kernel][str(n)]["passes"] if q["source"] == "window"]
@@ -251,6 +258,24 @@ def table_rows(result: dict[str, Any], level: float | None) -> list[dict[str, An
             for r in summary_rows(result)]
 
 
+def rows_of_run(run: Path, dtype: str, rates: dict[str, Rates],
+                state: Callable[[Rates, float], Rates] | None = None) -> list[dict[str, Any]]:
+    """The table rows (table_rows) of one run's measured benches at `dtype`, every model it measured, predicted again
+    from `rates` (kind -> Rates; with `state`, as pass_errors takes it) at its profile's cache."""
+    profile = load_profile(run / "device.json")
+    rows = []
+    for name in MODELS:
+        if not (model_dir(run, name, dtype) / "errors.json").exists():
+            continue
+        config = configs(name, run, dtype, (1,), profile["device_kind"], profile.get("level"))[1]
+        bench = load_bench(config.out)
+        errors = pass_errors(config, bench, rates, profile["cache_bytes"], state)
+        result = {"model": name, "dtype": dtype, "batches": {"1": {"ceiling_gbps": bench["ceiling_gbps"],
+                                                                   "passes": errors}}}
+        rows += table_rows(result, pinned_of(profile.get("level")))
+    return rows
+
+
 def step_table(out: Path, profile_path: Path) -> None:
     """table.json and table.md from every model's errors.json, every format; where the profile was pinned, whether
     each bench's ceiling read as the profile's level (else the bench met another state of the host than its
@@ -303,6 +328,14 @@ def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
             else all(abs(measured[a] - predicted[a]) <= 1 for a in measured)}
 
 
+def repeatability(crossings: list[int | None]) -> dict[str, int]:
+    """How far two measurements of one crossover move apart: of the pairs of runs, how many measured crossovers
+    within one of each other (None, no crossover, agrees only with None). The predicted crossover's target is read
+    against this: where the saving's sign at some n lies inside the bench's own noise, two benches disagree too."""
+    pairs = list(combinations(crossings, 2))
+    return {"pairs": len(pairs), "within": sum(a == b if None in (a, b) else abs(a - b) <= 1 for a, b in pairs)}
+
+
 def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
     model and kernel the median over runs of the median and of the largest error over n, with their range, and how
@@ -343,8 +376,9 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     for t in tables:
         for s in t["side_by_side"]:
             sides[s["model"], s["dtype"]].append(within_one(s))
-    lines += ["", "| model | dtype | crossover within one (runs) | k_hat*(a) within one at every a (runs; plans "
-                  "refused) | measured k_hat*(a) over the runs, per a |", "|---|---|---|---|---|"]
+    lines += ["", "| model | dtype | crossover within one (runs) | measured crossover per run (pairs of runs within "
+                  "one) | k_hat*(a) within one at every a (runs; plans refused) | measured k_hat*(a) over the runs, "
+                  "per a |", "|---|---|---|---|---|---|"]
     agree: dict[str, dict[str, Any]] = {}
     for (model, dtype), found in sides.items():
         key_of = model if dtype == "bf16" else f"{model}/{dtype}"  # summary.json's within_one: a model_dir's name
@@ -356,9 +390,13 @@ def step_summary(out: Path, runs: list[Path]) -> None:
                     for s in t["side_by_side"] if (s["model"], s["dtype"]) == (model, dtype)]
         measured = [k for k in measured if k]
         agree[key_of]["measured_k_hat"] = {a: [k[a] for k in measured] for a in (measured[0] if measured else {})}
-        c, k = agree[key_of]["crossover"], agree[key_of]["k_hat"]
-        lines.append(f"| {model} | {dtype} | {c['within']} of {c['runs']} | {k['within']} of {k['runs']}"
-                     + (f" ({k['refused']} refused)" if k["refused"] else "") + " | "
+        crossings = [s["crossover"]["measured"] for t in tables for s in t["side_by_side"]
+                     if (s["model"], s["dtype"]) == (model, dtype)]
+        agree[key_of]["measured_crossover"] = {"runs": crossings, **repeatability(crossings)}
+        c, k, mc = agree[key_of]["crossover"], agree[key_of]["k_hat"], agree[key_of]["measured_crossover"]
+        lines.append(f"| {model} | {dtype} | {c['within']} of {c['runs']} | "
+                     f"{', '.join(map(str, crossings))} ({mc['within']} of {mc['pairs']}) | {k['within']} of "
+                     f"{k['runs']}" + (f" ({k['refused']} refused)" if k["refused"] else "") + " | "
                      + ("; ".join(f"{a}: {min(v)}-{max(v)}" for a, v in agree[key_of]["measured_k_hat"].items())
                         or "-") + " |")
     met = all(r["median_error"]["median"] <= TARGET[0] and r["max_error"]["median"] <= TARGET[1] for r in rows)

@@ -19,13 +19,13 @@ def structure_model():
 
 
 def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]],
-           at_level: bool):
+           at_level: bool, crossover: int | None = 2):
     """A run's table.json: one B = 1 row per (dtype, kernel) of OLMoE with (median, max) errors, its bench at the
-    profile's level or not; k_hat per dtype as (measured, predicted) at one acceptance."""
+    profile's level or not; k_hat per dtype as (measured, predicted) at one acceptance; the measured crossover."""
     folder.mkdir(parents=True)
     rows = [{"model": "olmoe-1b-7b", "dtype": dtype, "batch": 1, "kernel": kernel, "median_error": med,
              "max_error": top, "at_profile_level": at_level} for (dtype, kernel), (med, top) in errors.items()]
-    sides = [{"model": "olmoe-1b-7b", "dtype": dtype, "crossover": {"measured": 2, "predicted": 3},
+    sides = [{"model": "olmoe-1b-7b", "dtype": dtype, "crossover": {"measured": crossover, "predicted": 3},
               "plan": {"measured": {"k_hat": {"0.8": k["measured"]}}, "predicted": {"k_hat": {"0.8": k["predicted"]}}}}
              for dtype, k in k_hat.items()]
     (folder / "table.json").write_text(json.dumps({"rows": rows, "side_by_side": sides}))
@@ -49,8 +49,25 @@ def test_the_summary_keeps_each_format_apart(structure_model, tmp_path):
     assert summary["within_one"]["olmoe-1b-7b/q8_0"]["k_hat"]["within"] == 3
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["k_hat"]["within"] == 0
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["measured_k_hat"] == {"0.8": [2, 2, 2]}
+    assert summary["within_one"]["olmoe-1b-7b/q4_0"]["measured_crossover"] == {"runs": [2, 2, 2], "pairs": 3,
+                                                                              "within": 3}
     assert summary["target_met_in_median"] is False  # q4_0's 30% median
     assert "| olmoe-1b-7b | q4_0 | ggml-mul_mat_id | 30.0%" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("crossings, within", [((6, 4, 2, 2), 1), ((2, 3, 4), 2), ((None, None, 3), 1),
+                                               ((5,), 0)])
+def test_the_summary_reads_the_measured_crossovers_own_repeatability(structure_model, tmp_path, crossings, within):
+    """Per model, the measured crossover of each run and how many pairs of runs measured it within one of each other
+    (no crossover agrees only with none): the floor under the predicted crossover's agreement."""
+    runs = [_table(tmp_path / f"run-{i}", {("q4_0", "ggml-mul_mat_id"): (0.05, 0.1)},
+                   {"q4_0": {"measured": 2, "predicted": 2}}, True, c) for i, c in enumerate(crossings)]
+    structure_model.step_summary(tmp_path, runs)
+    got = json.loads((tmp_path / "summary.json").read_text())["within_one"]["olmoe-1b-7b/q4_0"]["measured_crossover"]
+    pairs = len(crossings) * (len(crossings) - 1) // 2
+    assert got == {"runs": list(crossings), "pairs": pairs, "within": within}
+    shown = ", ".join(map(str, crossings))
+    assert f"| {shown} ({within} of {pairs}) |" in (tmp_path / "summary.md").read_text()
 
 
 def test_the_table_says_which_benches_met_their_profiles_level(structure_model, tmp_path, monkeypatch):

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                   f"at G " + ", ".join(f"{g}: {s:.2f}x" for g, s in zip(scaling["G"], scaling["speedup"])))
     probe, cache = profile["cache_probe"], f"{profile['cache_bytes'] / 2**20:.1f} MiB"
     if probe is None:
-        out.print(f"cache a per-slot re-read finds: the {cache} last-level cache (no probe on {profile['device_kind']})")
+        out.print(f"cache a per-slot re-read finds: the {cache} last-level cache (no probe on "
+                  f"{profile['device_kind']})")
     else:
         out.print(f"cache a per-slot re-read finds: {cache} of the {profile['cache_nominal_bytes'] / 2**20:.0f} MiB "
                   f"last-level cache ({probe['kernel']}, re-reads at "

@@ -1,0 +1,112 @@
+"""Stored runs predicted again with the kernels' loop following the host's state, as the stream does.
+
+The structural model (moespec.kernels.structure) takes a cold group's stream at the bench's ceiling C (s / C) and
+every other term at its profile's value: the loop's excess x, the hot rate kappa, the per-row time r, a cold pass's
+start F and the fixed seconds of a pass, a group, a node and a token, as if the CPU ran its loop at one speed in every
+state of the host. On a shared host the state that slows the stream can slow the loop too (other tenants on the
+cores' siblings, their clocks): a pinned profile taken in a slow state then predicts every bench slow, one taken in a
+fast state every bench fast, and a bench meets its own state. Here each stored run's benches are predicted again from
+the run's own profile with those terms scaled by (C_p / C)^alpha, C_p the profile's ceiling and C the bench's at
+that n (at_state): alpha = 0 is the model as registered, 1 a loop slowed as much as the stream. Nothing is fitted:
+each alpha given is reported, and an alpha picked from these tables would be picked on the models they hold. Each
+alpha's tables and summary are written as structure_model's `table` and `summary` write them, in OUT/alpha-A/
+(crossover and k_hat* are not predicted again):
+
+    .venv/bin/python benchmarks/loop_state.py --runs RUN1,..,RUN5 --dtype q4_0 --alphas 0,0.5,1 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import structure_model
+from moespec import ArgumentError, MoespecError
+from moespec.arguments import show
+from moespec.defaults import BENCH_DTYPES
+from moespec.formats.devicefile import load_profile
+from moespec.formats.files import check_output, provenance, write_json
+from moespec.kernels.structure import Rates, kind_rates
+
+
+def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: float) -> Rates:
+    """`rates` of a profile whose ceiling was profile_gbps GB/s, with every term but the stream's (s / C) scaled by
+    (profile_gbps / ceiling_gbps)^alpha: the loop of a host whose stream reads ceiling_gbps."""
+    for name, value in (("ceiling_gbps", ceiling_gbps), ("profile_gbps", profile_gbps)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ArgumentError(f"{name} must be a positive number of GB/s, got {show(value)}")
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+        raise ArgumentError(f"alpha must be a number >= 0, got {show(alpha)}")
+    k = (profile_gbps / ceiling_gbps) ** alpha
+    scaled = lambda values: tuple(k * v for v in values)  # noqa: E731
+    return replace(rates, hot_s_per_byte=scaled(rates.hot_s_per_byte),
+                   cold_excess_s_per_byte=scaled(rates.cold_excess_s_per_byte), group_s=k * rates.group_s,
+                   pass_s=k * rates.pass_s, node_s=k * rates.node_s, row_s=scaled(rates.row_s),
+                   token_s=k * rates.token_s, ramp_s=scaled(rates.ramp_s),
+                   hot_group_s=None if rates.hot_group_s is None else k * rates.hot_group_s)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    try:
+        return state_tables(parser, argv)
+    except MoespecError as e:  # a profile or bench that does not load, an output that cannot be written: one line
+        parser.error(str(e))
+
+
+def alphas_of(text: str) -> list[float]:
+    """--alphas: comma-separated numbers >= 0."""
+    try:
+        alphas = [float(a) for a in text.split(",")]
+    except ValueError:
+        alphas = []
+    if not alphas or not all(math.isfinite(a) and a >= 0 for a in alphas):
+        raise argparse.ArgumentTypeError(f"give comma-separated numbers >= 0, got {text!r}")
+    return alphas
+
+
+def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """The checks of every argument and output, then each alpha's tables and summary (module docstring)."""
+    parser.add_argument("--runs", required=True, help="structure_model runs' folders, comma-separated")
+    parser.add_argument("--dtype", default="q4_0", choices=BENCH_DTYPES, help="the format to predict (default q4_0)")
+    parser.add_argument("--alphas", type=alphas_of, default=[0.0, 0.5, 1.0],
+                        help="exponents of C_p / C to scale the loop's terms by (default 0,0.5,1)")
+    parser.add_argument("--out", required=True, help="folder of each alpha's tables and summary")
+    args = parser.parse_args(argv)
+    runs = [Path(r) for r in args.runs.split(",") if r]
+    bad = [str(r) for r in runs if not (r / "device.json").is_file() or not (r / "table.json").is_file()]
+    if not runs or bad:
+        parser.error(f"--runs: give runs' folders, each with device.json and table.json (not {', '.join(bad)})")
+    profiles = {run: load_profile(run / "device.json") for run in runs}
+    if missing := [str(run) for run, p in profiles.items() if args.dtype not in p["dtypes"]]:
+        parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {args.dtype}")
+    out = Path(args.out)
+    folders = {alpha: out / f"alpha-{alpha:g}" for alpha in args.alphas}
+    for folder in folders.values():
+        for name in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
+            check_output(folder / name)
+    for alpha, folder in folders.items():
+        tables = []
+        for run, profile in profiles.items():
+            rates = kind_rates(profile["dtypes"][args.dtype], profile["ceiling_gbps"])
+            rows = structure_model.rows_of_run(run, args.dtype, rates, partial(
+                at_state, profile_gbps=profile["ceiling_gbps"], alpha=alpha))
+            table = folder / run.name
+            write_json(table / "table.json", {"rows": rows, "side_by_side": [], "run": str(run), "alpha": alpha,
+                                              "command": shlex.join([sys.executable, *sys.argv]),
+                                              "provenance": provenance()})
+            tables.append(table)
+            print(json.dumps({"alpha": alpha, "run": str(run), "rows": [
+                (r["model"], r["kernel"], round(r["median_error"], 3), round(r["max_error"], 3)) for r in rows]}))
+        structure_model.step_summary(folder, tables)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
