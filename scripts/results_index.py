@@ -240,6 +240,23 @@ def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, 
             **validation_folder(folder, runs, predicted_by, consoles)}
 
 
+def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
+                       counts: tuple[tuple[int, int], ...]) -> dict[str, Entry]:
+    """benchmarks/loop_state.py over one folder's runs at alpha 0, 0.5 and 1: each run's table and each alpha's
+    summary (counts: per alpha, the model-kernels within the target in median and the model-kernel-runs within)."""
+    out = {}
+    for alpha, (met, within) in zip(("0", "0.5", "1"), counts):
+        folder = f"structure-model/loop-state/{host}/alpha-{alpha}"
+        out |= {f"{folder}/run-{r}/table.json": Entry(
+            f"{what}: run-{r}'s {dtype} benches predicted again from its profile, the loop's terms scaled by (C_p / "
+            f"C)^{alpha}") for r in runs}
+        out[f"{folder}/summary.json"] = Entry(
+            f"{what} at alpha = {alpha}: {met} of 16 model-kernels within 10% / 20% in median over {len(runs)} runs, "
+            f"{within} of {16 * len(runs)} model-kernel-runs")
+        out[f"{folder}/summary.md"] = Entry("summary.json as markdown", source=f"{folder}/summary.json")
+    return out
+
+
 def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...]) -> dict[str, Entry]:
     """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1, its profile `what`
     and the run's own, each expert at its placement."""
@@ -717,16 +734,21 @@ ENTRIES: dict[str, Entry] = {
                   "per-slot, 3.4% / 8.7% mul_mat_id)",
          "12 of 16 model-kernels within 10% / 20%, not gpt-oss's mul_mat_id (12.9% / 18.4%), DeepSeek's per-slot "
          "(13.5% / 19.4%), DeepSeek's mul_mat_id (15.0% / 19.2%), the pair's mul_mat_id (10.7% / 13.6%); 8 of 8 "
-         "benches at the profile's level"))
+         "benches at the profile's level"),
+        ("run-5", "pinned at 42.0 GB/s, one take, flagged (96% of its calls off that level; self-check 3.1% / 10.8% "
+                  "per-slot, 5.6% / 11.4% mul_mat_id)",
+         "14 of 16 model-kernels within 10% / 20%, not Qwen3's mul_mat_id (10.9% / 16.5%), 3072 x 1536's per-slot "
+         "(12.3% / 14.9%); 0 of 8 benches at the profile's level"))
        for key, entry in validation_run(
            f"structure-model/epyc-zen3-q4_0/{run}", f"q4_0 profile on the Zen 3 EPYC (AVX2), {profile}", table,
            [(m, "q4_0/", 1) for m in STRUCTURE_MODELS],
            "the run's own profile, its benches pinned to the profile's level").items()
        if key != "structure-model/epyc-zen3-q4_0/run-1/log-profile.txt"},
     "structure-model/epyc-zen3-q4_0/summary.json": Entry(
-        "ggml's pair at q4_0 on the Zen 3 EPYC, four pinned runs: in median over them 13 of 16 model-kernels within "
-        "10% / 20%, not gpt-oss's mul_mat_id (11.6%) nor DeepSeek's two (13.3%, 14.8%); 45 of 64 model-kernel-runs; "
-        "crossover within one in 19 of 32 model-runs, k_hat*(a) in 25 of 28 plannable"),
+        "ggml's pair at q4_0 on the Zen 3 EPYC, five pinned runs: in median over them 13 of 16 model-kernels within "
+        "10% / 20%, not gpt-oss's mul_mat_id (10.2% / 15.1%) nor DeepSeek's two (13.1%, 14.7%); 59 of 80 "
+        "model-kernel-runs; crossover within one in 25 of 40 model-runs (two measured benches within one of each "
+        "other in 50 of 80 pairs of runs), k_hat*(a) in 32 of 35 plannable"),
     "structure-model/epyc-zen3-q4_0/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3-q4_0/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
@@ -790,6 +812,19 @@ ENTRIES: dict[str, Entry] = {
         "12.7% median (s = 1: 18.5% / 24.1%)"),
     "structure-model/pinned-gguf/share-q4_0/summary.md": Entry(
         "summary.json as markdown", source="structure-model/pinned-gguf/share-q4_0/summary.json"),
+    # stored runs predicted again with the loop's terms scaled by (C_p / C)^alpha (benchmarks/loop_state.py)
+    **{key: entry for args in (
+        ("epyc-zen3-q4_0", "q4_0", "the Zen 3 EPYC's q4_0 runs", tuple(range(1, 6)), ((13, 59), (16, 66), (16, 63))),
+        ("epyc-zen3-gguf", "q8_0", "the Zen 3 EPYC's q8_0 runs", tuple(range(1, 6)), ((16, 69), (16, 69), (16, 65))),
+        ("epyc-zen3", "bf16", "the Zen 3 EPYC's bf16 runs", tuple(range(23, 28)), ((14, 67), (15, 69), (12, 55))),
+        ("epyc-zen3-scratch", "bf16", "the Zen 3 EPYC's runs with the scratch capped", tuple(range(1, 6)),
+         ((16, 75), (14, 72), (14, 71))),
+        ("epyc-avx2", "bf16", "the Zen 1 EPYC's runs", tuple(range(1, 13)), ((15, 156), (15, 156), (15, 147))),
+        ("pinned", "bf16", "the pinned bf16 runs (older profiles)", tuple(range(1, 6)), ((6, 28), (3, 24), (2, 19))),
+        ("pinned-gguf", "q8_0", "the pinned q8_0 runs (older profiles)", tuple(range(1, 6)),
+         ((3, 19), (0, 8), (0, 4))),
+        ("xeon", "bf16", "the Xeon VM's runs (older profiles)", tuple(range(1, 8)), ((2, 26), (0, 21), (0, 21))))
+       for key, entry in loop_state_entries(*args).items()},
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
         "profile of the Triton kernels on an H200 (device copy 4210 GB/s; cold 4.16 TB/s at G = 1, 13.7 us a call; the "
