@@ -135,8 +135,8 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
     """Per kernel and n: each pass's measured median and predicted time (rates[kind], or state(rates[kind], C) where
     `state` gives the rates a ceiling of C GB/s finds (a variant of the model; None: the same at every C); at the
     ceiling the bench sampled
-    at that n: the median of the samples after its calls where the bench kept one per call, the buffer the bench's
-    placement is against, else between its groups; each expert at its placement where the bench has one), and the
+    at that n: the median of the samples after its calls where the bench kept one per call and measured its
+    placement against their buffer, else those between its groups; each expert at its placement), and the
     relative error of the mean over the recorded windows; where the bench kept each round's
     times and a ceiling sample per call (round_ceiling_gbps, `bench --call-ceilings`) or per group
     (ceiling_rounds_gbps), also each round's prediction at the sample taken right after that call or group and the
@@ -157,9 +157,11 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
         placed = (bench.get("placement") or {}).get(str(layer))  # the memory behind the bench's weights
         by_round = (bench.get("ceiling_rounds_gbps") or {}).get(str(layer), {}).get(str(n))
         rows = {"chosen": bench["chosen"][str(layer)][str(n)], "window": bench["windows"][str(layer)][str(n)]}
-        # the median sample after this n's calls where the bench kept them: the buffer its placement is against
+        # the median sample after this n's calls where the bench kept them and measured its placement against their
+        # buffer; without a placement those samples stand for no read of the weights, and the samples between its
+        # groups do (the bench's own ceiling)
         samples = [c for source in rows.values() for row in source
-                   for calls in row.get("round_ceiling_gbps", {}).values() for c in calls]
+                   for calls in row.get("round_ceiling_gbps", {}).values() for c in calls] if placed else []
         ceiling = float(np.median(samples)) if samples else bench["ceiling_by_n_gbps"][str(n)]
         seen = {"chosen": 0, "window": 0}
         for kernel in kinds:

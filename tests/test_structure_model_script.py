@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 from cli_cases import run_script
 
+from moespec.kernels.structure import Rates
+from moespec.measure.bench import bench_passes, bench_trace
+from moespec.measure.device_profile import pair_of
+from moespec.model.gguf import resolve_model
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_model.py"
 
 
@@ -182,3 +187,25 @@ def test_a_recorded_run_refuses_a_folder_without_benches_or_profile(tmp_path, ca
     code, err = run_script(RECORDED, [tmp_path, tmp_path / "out"], capsys)
     assert code == 2 and "device.json" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("placed, ceiling", [(False, 20.0), (True, 10.0)])
+def test_a_bench_is_predicted_at_the_samples_its_placement_is_against(structure_model, tmp_path, placed, ceiling):
+    """The samples a bench takes after each call read the buffer its placement is measured against: a bench with a
+    placement is predicted at their median (10 GB/s here), one without at the samples between its groups (20)."""
+    config = structure_model.configs("pair", tmp_path, "bf16", (1,))[1]
+    spec = resolve_model(config.model)
+    plan, _, _ = bench_passes(spec, config, bench_trace(spec, config.trace, config.seed)[0], [0])
+    kernels = list(pair_of("bf16").values())
+
+    def row(p):
+        return {"U": p.U, "median_s": dict.fromkeys(kernels, 1e-3), "iqr_s": dict.fromkeys(kernels, 0.0),
+                "round_s": {k: [1e-3] * 3 for k in kernels}, "round_ceiling_gbps": {k: [10.0] * 3 for k in kernels}}
+    bench = {name: {"0": {str(n): [row(p) for p in passes if p.source == source] for (_, n), passes in plan.items()}}
+             for name, source in (("chosen", "chosen"), ("windows", "window"))}
+    bench |= {"ceiling_by_n_gbps": {str(n): 20.0 for _, n in plan},
+              "placement": {"0": [1.0] * spec.num_experts} if placed else None}
+    rates = Rates((1, 2), (3e-11, 5e-11), (2e-11, 4e-11), 2e-6, 5e-5)
+    out = structure_model.pass_errors(config, bench, {"slot": rates, "dedup": rates}, 0.0)
+    assert {v["ceiling_gbps"] for by in out.values() for v in by.values()} == {ceiling}
+    assert all(len(q["round_predicted_s"]) == 3 for by in out.values() for v in by.values() for q in v["passes"])
