@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 import structure_model
-from moespec import ArgumentError, MoespecError
+from moespec import ArgumentError
 from moespec.arguments import show
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.devicefile import load_profile
@@ -52,14 +52,6 @@ def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: floa
                    hot_group_s=None if rates.hot_group_s is None else k * rates.hot_group_s)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    try:
-        return state_tables(parser, argv)
-    except MoespecError as e:  # a profile or bench that does not load, an output that cannot be written: one line
-        parser.error(str(e))
-
-
 def alphas_of(text: str) -> list[float]:
     """--alphas: comma-separated numbers >= 0."""
     try:
@@ -79,10 +71,7 @@ def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                         help="exponents of C_p / C to scale the loop's terms by (default 0,0.5,1)")
     parser.add_argument("--out", required=True, help="folder of each alpha's tables and summary")
     args = parser.parse_args(argv)
-    runs = [Path(r) for r in args.runs.split(",") if r]
-    bad = [str(r) for r in runs if not (r / "device.json").is_file() or not (r / "table.json").is_file()]
-    if not runs or bad:
-        parser.error(f"--runs: give runs' folders, each with device.json and table.json (not {', '.join(bad)})")
+    runs = structure_model.stored_runs(parser, args.runs)
     profiles = {run: load_profile(run / "device.json") for run in runs}
     if missing := [str(run) for run, p in profiles.items() if args.dtype not in p["dtypes"]]:
         parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {args.dtype}")
@@ -109,4 +98,4 @@ def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(structure_model.stored_main(__doc__, state_tables, sys.argv[1:]))

@@ -23,20 +23,11 @@ import sys
 from pathlib import Path
 
 import structure_model
-from moespec import MoespecError
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.devicefile import load_profile
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import kind_rates
 from moespec.measure.level import pinned_of
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    try:
-        return share_tables(parser, argv)
-    except MoespecError as e:  # a profile or bench that does not load, an output that cannot be written: one line
-        parser.error(str(e))
 
 
 def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
@@ -47,10 +38,7 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     parser.add_argument("--share-from", required=True, help="a device profile whose calls met several host states")
     parser.add_argument("--out", required=True, help="folder of the tables and the summary")
     args = parser.parse_args(argv)
-    runs = [Path(r) for r in args.runs.split(",") if r]
-    bad = [str(r) for r in runs if not (r / "device.json").is_file() or not (r / "table.json").is_file()]
-    if not runs or bad:
-        parser.error(f"--runs: give runs' folders, each with device.json and table.json (not {', '.join(bad)})")
+    runs = structure_model.stored_runs(parser, args.runs)
     source = load_profile(args.share_from)
     if args.dtype not in source["dtypes"] or not source["dtypes"][args.dtype].get("stream_share"):
         parser.error(f"--share-from {args.share_from}: no stream share fitted at {args.dtype}")
@@ -83,4 +71,4 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(structure_model.stored_main(__doc__, share_tables, sys.argv[1:]))

@@ -410,6 +410,26 @@ def step_summary(out: Path, runs: list[Path]) -> None:
           f"{TARGET[1]:.0%}): {'met' if met else 'not met'}")
 
 
+def stored_runs(parser: argparse.ArgumentParser, text: str) -> list[Path]:
+    """--runs of a script over stored runs: folders, comma-separated, each with device.json and table.json (else one
+    line and exit 2)."""
+    runs = [Path(r) for r in text.split(",") if r]
+    bad = [str(r) for r in runs if not (r / "device.json").is_file() or not (r / "table.json").is_file()]
+    if not runs or bad:
+        parser.error(f"--runs: give runs' folders, each with device.json and table.json (not {', '.join(bad)})")
+    return runs
+
+
+def stored_main(doc: str, tables: Callable[[argparse.ArgumentParser, list[str]], int], argv: list[str]) -> int:
+    """main() of a script over stored runs: tables(parser, argv), a file that does not load or an output that cannot
+    be written ending in one line and exit 2."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    try:
+        return tables(parser, argv)
+    except MoespecError as e:
+        parser.error(str(e))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("step", choices=("profile", "model", "table", "summary"))
