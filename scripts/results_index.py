@@ -814,16 +814,16 @@ ENTRIES: dict[str, Entry] = {
         "summary.json as markdown", source="structure-model/pinned-gguf/share-q4_0/summary.json"),
     # stored runs predicted again with the loop's terms scaled by (C_p / C)^alpha (benchmarks/loop_state.py)
     **{key: entry for args in (
-        ("epyc-zen3-q4_0", "q4_0", "the Zen 3 EPYC's q4_0 runs", tuple(range(1, 6)), ((13, 59), (16, 66), (16, 63))),
-        ("epyc-zen3-gguf", "q8_0", "the Zen 3 EPYC's q8_0 runs", tuple(range(1, 6)), ((16, 69), (16, 69), (16, 65))),
-        ("epyc-zen3", "bf16", "the Zen 3 EPYC's bf16 runs", tuple(range(23, 28)), ((14, 67), (15, 69), (12, 55))),
+        ("epyc-zen3-q4_0", "q4_0", "the Zen 3 EPYC's q4_0 runs", tuple(range(1, 6)), ((13, 59), (16, 65), (15, 61))),
+        ("epyc-zen3-gguf", "q8_0", "the Zen 3 EPYC's q8_0 runs", tuple(range(1, 6)), ((16, 69), (16, 68), (16, 65))),
+        ("epyc-zen3", "bf16", "the Zen 3 EPYC's bf16 runs", tuple(range(23, 28)), ((14, 67), (15, 68), (12, 53))),
         ("epyc-zen3-scratch", "bf16", "the Zen 3 EPYC's runs with the scratch capped", tuple(range(1, 6)),
          ((16, 75), (14, 72), (14, 71))),
-        ("epyc-avx2", "bf16", "the Zen 1 EPYC's runs", tuple(range(1, 13)), ((15, 156), (15, 156), (15, 147))),
-        ("pinned", "bf16", "the pinned bf16 runs (older profiles)", tuple(range(1, 6)), ((6, 28), (3, 24), (2, 19))),
+        ("epyc-avx2", "bf16", "the Zen 1 EPYC's runs", tuple(range(1, 13)), ((15, 154), (15, 144), (14, 132))),
+        ("pinned", "bf16", "the pinned bf16 runs (older profiles)", tuple(range(1, 6)), ((16, 58), (13, 50), (11, 47))),
         ("pinned-gguf", "q8_0", "the pinned q8_0 runs (older profiles)", tuple(range(1, 6)),
-         ((3, 19), (0, 8), (0, 4))),
-        ("xeon", "bf16", "the Xeon VM's runs (older profiles)", tuple(range(1, 8)), ((2, 26), (0, 21), (0, 21))))
+         ((3, 22), (3, 18), (2, 13))),
+        ("xeon", "bf16", "the Xeon VM's runs (older profiles)", tuple(range(1, 8)), ((10, 61), (12, 64), (12, 67))))
        for key, entry in loop_state_entries(*args).items()},
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
