@@ -26,6 +26,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import stored_runs
 import structure_model
 from moespec import ArgumentError
 from moespec.arguments import show
@@ -71,7 +72,7 @@ def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                         help="exponents of C_p / C to scale the loop's terms by (default 0,0.5,1)")
     parser.add_argument("--out", required=True, help="folder of each alpha's tables and summary")
     args = parser.parse_args(argv)
-    runs = structure_model.stored_runs(parser, args.runs)
+    runs = stored_runs.stored_runs(parser, args.runs)
     profiles = {run: load_profile(run / "device.json") for run in runs}
     if missing := [str(run) for run, p in profiles.items() if args.dtype not in p["dtypes"]]:
         parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {args.dtype}")
@@ -84,7 +85,7 @@ def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         tables = []
         for run, profile in profiles.items():
             rates = kind_rates(profile["dtypes"][args.dtype], profile["ceiling_gbps"])
-            rows = structure_model.rows_of_run(run, args.dtype, rates, partial(
+            rows = stored_runs.rows_of_run(run, args.dtype, rates, partial(
                 at_state, profile_gbps=profile["ceiling_gbps"], alpha=alpha))
             table = folder / run.name
             write_json(table / "table.json", {"rows": rows, "side_by_side": [], "run": str(run), "alpha": alpha,
@@ -98,4 +99,4 @@ def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(structure_model.stored_main(__doc__, state_tables, sys.argv[1:]))
+    sys.exit(stored_runs.stored_main(__doc__, state_tables, sys.argv[1:]))

@@ -22,6 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import stored_runs
 import structure_model
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.devicefile import load_profile
@@ -38,7 +39,7 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     parser.add_argument("--share-from", required=True, help="a device profile whose calls met several host states")
     parser.add_argument("--out", required=True, help="folder of the tables and the summary")
     args = parser.parse_args(argv)
-    runs = structure_model.stored_runs(parser, args.runs)
+    runs = stored_runs.stored_runs(parser, args.runs)
     source = load_profile(args.share_from)
     if args.dtype not in source["dtypes"] or not source["dtypes"][args.dtype].get("stream_share"):
         parser.error(f"--share-from {args.share_from}: no stream share fitted at {args.dtype}")
@@ -57,7 +58,7 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         profile = load_profile(run / "device.json")
         rates = {kind: r.with_share(shares[kind], profile["ceiling_gbps"])
                  for kind, r in kind_rates(profile["dtypes"][args.dtype], profile["ceiling_gbps"]).items()}
-        rows = structure_model.rows_of_run(run, args.dtype, rates)
+        rows = stored_runs.rows_of_run(run, args.dtype, rates)
         table = out / run.name
         write_json(table / "table.json", {"rows": rows, "side_by_side": [], "run": str(run),
                                           "share_from": args.share_from, "command": shlex.join([sys.executable,
@@ -71,4 +72,4 @@ def share_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(structure_model.stored_main(__doc__, share_tables, sys.argv[1:]))
+    sys.exit(stored_runs.stored_main(__doc__, share_tables, sys.argv[1:]))

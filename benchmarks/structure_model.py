@@ -260,24 +260,6 @@ def table_rows(result: dict[str, Any], level: float | None) -> list[dict[str, An
             for r in summary_rows(result)]
 
 
-def rows_of_run(run: Path, dtype: str, rates: dict[str, Rates],
-                state: Callable[[Rates, float], Rates] | None = None) -> list[dict[str, Any]]:
-    """The table rows (table_rows) of one run's measured benches at `dtype`, every model it measured, predicted again
-    from `rates` (kind -> Rates; with `state`, as pass_errors takes it) at its profile's cache."""
-    profile = load_profile(run / "device.json")
-    rows = []
-    for name in MODELS:
-        if not (model_dir(run, name, dtype) / "errors.json").exists():
-            continue
-        config = configs(name, run, dtype, (1,), profile["device_kind"], profile.get("level"))[1]
-        bench = load_bench(config.out)
-        errors = pass_errors(config, bench, rates, profile["cache_bytes"], state)
-        result = {"model": name, "dtype": dtype, "batches": {"1": {"ceiling_gbps": bench["ceiling_gbps"],
-                                                                   "passes": errors}}}
-        rows += table_rows(result, pinned_of(profile.get("level")))
-    return rows
-
-
 def step_table(out: Path, profile_path: Path) -> None:
     """table.json and table.md from every model's errors.json, every format; where the profile was pinned, whether
     each bench's ceiling read as the profile's level (else the bench met another state of the host than its
@@ -408,26 +390,6 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     print("\n".join(lines))
     print(f"target (median over runs of each model's and kernel's median <= {TARGET[0]:.0%}, max <= "
           f"{TARGET[1]:.0%}): {'met' if met else 'not met'}")
-
-
-def stored_runs(parser: argparse.ArgumentParser, text: str) -> list[Path]:
-    """--runs of a script over stored runs: folders, comma-separated, each with device.json and table.json (else one
-    line and exit 2)."""
-    runs = [Path(r) for r in text.split(",") if r]
-    bad = [str(r) for r in runs if not (r / "device.json").is_file() or not (r / "table.json").is_file()]
-    if not runs or bad:
-        parser.error(f"--runs: give runs' folders, each with device.json and table.json (not {', '.join(bad)})")
-    return runs
-
-
-def stored_main(doc: str, tables: Callable[[argparse.ArgumentParser, list[str]], int], argv: list[str]) -> int:
-    """main() of a script over stored runs: tables(parser, argv), a file that does not load or an output that cannot
-    be written ending in one line and exit 2."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    try:
-        return tables(parser, argv)
-    except MoespecError as e:
-        parser.error(str(e))
 
 
 def main(argv: list[str]) -> int:
