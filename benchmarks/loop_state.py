@@ -22,7 +22,7 @@ import json
 import math
 import shlex
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -35,6 +35,9 @@ from moespec.formats.devicefile import load_profile
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import Rates, kind_rates
 
+# Rates' fields that are not seconds: the grid of G, the stream's share and the bytes a cold pass's start is paid over
+NOT_SECONDS = ("G", "stream_share", "ramp_bytes")
+
 
 def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: float) -> Rates:
     """`rates` of a profile whose ceiling was profile_gbps GB/s, with every term but the stream's (s / C) scaled by
@@ -45,12 +48,8 @@ def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: floa
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
         raise ArgumentError(f"alpha must be a number >= 0, got {show(alpha)}")
     k = (profile_gbps / ceiling_gbps) ** alpha
-    scaled = lambda values: tuple(k * v for v in values)  # noqa: E731
-    return replace(rates, hot_s_per_byte=scaled(rates.hot_s_per_byte),
-                   cold_excess_s_per_byte=scaled(rates.cold_excess_s_per_byte), group_s=k * rates.group_s,
-                   pass_s=k * rates.pass_s, node_s=k * rates.node_s, row_s=scaled(rates.row_s),
-                   token_s=k * rates.token_s, ramp_s=scaled(rates.ramp_s),
-                   hot_group_s=None if rates.hot_group_s is None else k * rates.hot_group_s)
+    scale = lambda v: None if v is None else tuple(k * x for x in v) if isinstance(v, tuple) else k * v  # noqa: E731
+    return replace(rates, **{f.name: scale(getattr(rates, f.name)) for f in fields(rates) if f.name not in NOT_SECONDS})
 
 
 def alphas_of(text: str) -> list[float]:
