@@ -10,7 +10,7 @@ run, never a fitted parameter). It writes the error table
 windows; and over every timed pass; and, paired by round, each call predicted at the ceiling sampled right after it
 (the benches sample one after every call), against that round's times, the median over rounds) and, from the
 measured and the predicted bench (`bench --predict` at the measured bench's ceiling), the crossover and k_hat*(a) of
-`moespec plan` side by side.
+`moespec plan` side by side, with the speedup the predicted k_hat*(a) gives up on the measured bench (plan_sides).
 
 Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
 a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
@@ -38,7 +38,6 @@ import argparse
 import json
 import shlex
 import sys
-from itertools import combinations
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,10 +54,10 @@ from moespec.measure.level import Level, check_level, pinned_of
 from moespec.model.gguf import resolve_model
 from moespec.model.spec import PRESETS
 from moespec.predict.checks import profile_checks
-from moespec.predict.plan import PlanConfig, make_plan
 from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
+from plan_sides import plan_loss, plan_summary, repeatability, within_one
 
 OUT = Path("results/structure-model")
 # Synthesized traces (~6 MB each, seeded: the same bytes on every run; each bench records its sha1) stay out of results/
@@ -77,7 +76,6 @@ LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9
 # tau(1) of the plans that compare k_hat*: the model's expert time at n = 1 over this share of a one-token pass (the
 # same tau(1) for the measured and the predicted bench; only their expert-op times differ)
 EXPERT_SHARE = 0.6
-PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
 TARGET = (0.10, 0.20)  # the issue's target: median and largest relative error over n, per model and kernel
 # A profile the profile checks flag (its calls met two states of the host) is taken again, this many takes at most
 # (--takes); the first unflagged one is kept, else the last (no model's pass takes part in the check)
@@ -192,17 +190,6 @@ def pass_errors(config: BenchConfig, bench: dict[str, Any], rates: dict[str, Rat
     return out
 
 
-def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:
-    """Crossover and k_hat*(a) (AUTO, the prediction (22)) of `moespec plan` on a bench, or why it refused."""
-    try:
-        plan = make_plan(PlanConfig(bench=bench_path, trace=trace, tau1=tau1))
-    except Exception as e:  # noqa: BLE001 - a refusal (too small to time) is a result here
-        return {"refused": " ".join(str(e).split())[:300]}
-    k_hat = {str(row["a"]): row["k_hat"] for row in plan["table"]
-             if row["policy"] == "auto" and any(abs(row["a"] - a) < 1e-9 for a in PLAN_ACCEPTANCES)}
-    return {"crossover": plan["crossover"], "k_hat": k_hat}
-
-
 def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tuple[int, ...]) -> None:
     """Measure (unless done), predict and compare one model in one format on the profile's device kind (module
     docstring); writes errors.json in model_dir."""
@@ -226,8 +213,9 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
                  "noisy": bench["noisy"], "passes": errors,
                  "crossover": {"measured": bench["crossover"], "predicted": load_bench(predicted_out)["crossover"]}}
         if tau1 is not None:
-            entry["plan"] = {"tau1_s": tau1, "measured": plan_summary(config.out, config.trace, tau1),
-                             "predicted": plan_summary(predicted_out, config.trace, tau1)}
+            sides = {side: plan_summary(path, config.trace, tau1)
+                     for side, path in (("measured", config.out), ("predicted", predicted_out))}
+            entry["plan"] = {"tau1_s": tau1, **sides, "loss": plan_loss(sides["measured"], sides["predicted"])}
         result["batches"][str(batch)] = entry
     result["provenance"] = provenance(profile["device"], dtype)
     write_json(model_dir(out, name, dtype) / "errors.json", result)
@@ -300,32 +288,13 @@ def step_table(out: Path, profile_path: Path) -> None:
     print("\n".join(lines))
 
 
-def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
-    """Whether the predicted bench's crossover (B = 1) and k_hat*(a) (every acceptance) lie within one of the measured
-    bench's (None where a plan refused either)."""
-    plan = side.get("plan") or {}
-    measured, predicted = plan.get("measured", {}).get("k_hat"), plan.get("predicted", {}).get("k_hat")
-    crossover = side["crossover"]
-    return {"crossover": None if None in (crossover["measured"], crossover["predicted"])
-            else abs(crossover["measured"] - crossover["predicted"]) <= 1,
-            "k_hat": None if not (measured and predicted)
-            else all(abs(measured[a] - predicted[a]) <= 1 for a in measured)}
-
-
-def repeatability(crossings: list[int | None]) -> dict[str, int]:
-    """How far two measurements of one crossover move apart: of the pairs of runs, how many measured crossovers
-    within one of each other (None, no crossover, agrees only with None). The predicted crossover's target is read
-    against this: where the saving's sign at some n lies inside the bench's own noise, two benches disagree too."""
-    pairs = list(combinations(crossings, 2))
-    return {"pairs": len(pairs), "within": sum(a == b if None in (a, b) else abs(a - b) <= 1 for a, b in pairs)}
-
-
 def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
     model and kernel the median over runs of the median and of the largest error over n, with their range, and how
     many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call, and of the runs whose bench
     met its pinned profile's level (step_table) how many met it; per model the runs whose crossover and k_hat*(a)
-    came within one, and the measured bench's own k_hat*(a) over the runs."""
+    came within one, the measured bench's own k_hat*(a) over the runs and the speedup the predicted k_hat*(a) gives
+    up on the measured bench (plan_loss; runs whose errors.json has it)."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
     rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
                        "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
@@ -362,7 +331,8 @@ def step_summary(out: Path, runs: list[Path]) -> None:
             sides[s["model"], s["dtype"]].append(within_one(s))
     lines += ["", "| model | dtype | crossover within one (runs) | measured crossover per run (pairs of runs within "
                   "one) | k_hat*(a) within one at every a (runs; plans refused) | measured k_hat*(a) over the runs, "
-                  "per a |", "|---|---|---|---|---|---|"]
+                  "per a | speedup given up at the predicted k_hat*(a), largest over a: median (range) over runs |",
+              "|---|---|---|---|---|---|---|"]
     agree: dict[str, dict[str, Any]] = {}
     for (model, dtype), found in sides.items():
         key_of = model if dtype == "bf16" else f"{model}/{dtype}"  # summary.json's within_one: a model_dir's name
@@ -377,12 +347,17 @@ def step_summary(out: Path, runs: list[Path]) -> None:
         crossings = [s["crossover"]["measured"] for t in tables for s in t["side_by_side"]
                      if (s["model"], s["dtype"]) == (model, dtype)]
         agree[key_of]["measured_crossover"] = {"runs": crossings, **repeatability(crossings)}
+        losses = [max(loss.values()) for t in tables for s in t["side_by_side"]
+                  if (s["model"], s["dtype"]) == (model, dtype) and (loss := (s.get("plan") or {}).get("loss"))]
+        agree[key_of]["loss"] = losses
         c, k, mc = agree[key_of]["crossover"], agree[key_of]["k_hat"], agree[key_of]["measured_crossover"]
         lines.append(f"| {model} | {dtype} | {c['within']} of {c['runs']} | "
                      f"{', '.join(map(str, crossings))} ({mc['within']} of {mc['pairs']}) | {k['within']} of "
                      f"{k['runs']}" + (f" ({k['refused']} refused)" if k["refused"] else "") + " | "
                      + ("; ".join(f"{a}: {min(v)}-{max(v)}" for a, v in agree[key_of]["measured_k_hat"].items())
-                        or "-") + " |")
+                        or "-") + " | "
+                     + (f"{np.median(losses):.2%} ({min(losses):.2%}-{max(losses):.2%}; {len(losses)} runs)"
+                        if losses else "-") + " |")
     met = all(r["median_error"]["median"] <= TARGET[0] and r["max_error"]["median"] <= TARGET[1] for r in rows)
     write_json(out / "summary.json", {"runs": [str(r) for r in runs], "target": list(TARGET), "rows": rows,
                                       "within_one": agree, "target_met_in_median": met, "provenance": provenance()})

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +18,27 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_model.p
 
 @pytest.fixture(scope="module")
 def structure_model():
-    spec = importlib.util.spec_from_file_location("structure_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(SCRIPT.parent))  # it imports plan_sides beside it, as Python puts its folder first
+    try:
+        spec = importlib.util.spec_from_file_location("structure_model", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
     return module
 
 
 def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]],
-           at_level: bool, crossover: int | None = 2):
+           at_level: bool, crossover: int | None = 2, loss: float | None = None):
     """A run's table.json: one B = 1 row per (dtype, kernel) of OLMoE with (median, max) errors, its bench at the
-    profile's level or not; k_hat per dtype as (measured, predicted) at one acceptance; the measured crossover."""
+    profile's level or not; k_hat per dtype as (measured, predicted) at one acceptance, and where given the speedup
+    the predicted one gives up; the measured crossover."""
     folder.mkdir(parents=True)
     rows = [{"model": "olmoe-1b-7b", "dtype": dtype, "batch": 1, "kernel": kernel, "median_error": med,
              "max_error": top, "at_profile_level": at_level} for (dtype, kernel), (med, top) in errors.items()]
     sides = [{"model": "olmoe-1b-7b", "dtype": dtype, "crossover": {"measured": crossover, "predicted": 3},
-              "plan": {"measured": {"k_hat": {"0.8": k["measured"]}}, "predicted": {"k_hat": {"0.8": k["predicted"]}}}}
+              "plan": {"measured": {"k_hat": {"0.8": k["measured"]}}, "predicted": {"k_hat": {"0.8": k["predicted"]}},
+                       **({} if loss is None else {"loss": {"0.8": loss, "0.5": 0.0}})}}
              for dtype, k in k_hat.items()]
     (folder / "table.json").write_text(json.dumps({"rows": rows, "side_by_side": sides}))
     return folder
@@ -73,6 +80,28 @@ def test_the_summary_reads_the_measured_crossovers_own_repeatability(structure_m
     assert got == {"runs": list(crossings), "pairs": pairs, "within": within}
     shown = ", ".join(map(str, crossings))
     assert f"| {shown} ({within} of {pairs}) |" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_loss_is_the_measured_speedup_given_up_at_the_predicted_k_hat(structure_model):
+    """plan_loss reads the measured plan's step times at both k_hat*: T_a(k) = G_a(k) V(0) / V(k) (9), exact on a
+    small V; none where a plan refused."""
+    V = [1.0, 1.2, 1.5, 2.0]
+    measured = {"k_hat": {"0.5": 1, "0.8": 2}, "step_times": V}
+    predicted = {"k_hat": {"0.5": 1, "0.8": 3}, "step_times": [1.0, 1.1, 1.2, 1.3]}
+    loss = structure_model.plan_loss(measured, predicted)
+    at = lambda a, k: sum(a ** i for i in range(k + 1)) * V[0] / V[k]  # noqa: E731
+    assert loss == {"0.5": 0.0, "0.8": pytest.approx(1 - at(0.8, 3) / at(0.8, 2))}
+    assert structure_model.plan_loss({"refused": "too small"}, predicted) is None
+
+
+def test_the_summary_reports_the_speedup_given_up_where_the_runs_have_it(structure_model, tmp_path):
+    """Per model: each run's largest loss over a, their median and range; runs without one (older tables) left out."""
+    runs = [_table(tmp_path / f"run-{i}", {("bf16", "dedup"): (0.05, 0.1)}, {"bf16": {"measured": 3, "predicted": 7}},
+                   True, loss=loss) for i, loss in enumerate((0.008, None, 0.002, 0.004))]
+    structure_model.step_summary(tmp_path, runs)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["within_one"]["olmoe-1b-7b"]["loss"] == [0.008, 0.002, 0.004]
+    assert "| 0.40% (0.20%-0.80%; 3 runs) |" in (tmp_path / "summary.md").read_text()
 
 
 def test_the_table_says_which_benches_met_their_profiles_level(structure_model, tmp_path, monkeypatch):

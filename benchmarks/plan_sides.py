@@ -1,0 +1,55 @@
+"""The side by side of benchmarks/structure_model.py: crossover and k_hat*(a) of `moespec plan` on the measured and on
+the predicted bench of one model, whether they agree within one, how far two measured crossovers move apart, and the
+speedup the predicted k_hat*(a) gives up on the measured bench."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+from moespec import theory
+from moespec.predict.plan import PlanConfig, make_plan
+
+PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
+
+
+def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:
+    """Crossover and k_hat*(a) (AUTO, the prediction (22)) of `moespec plan` on a bench, or why it refused."""
+    try:
+        plan = make_plan(PlanConfig(bench=bench_path, trace=trace, tau1=tau1))
+    except Exception as e:  # noqa: BLE001 - a refusal (too small to time) is a result here
+        return {"refused": " ".join(str(e).split())[:300]}
+    k_hat = {str(row["a"]): row["k_hat"] for row in plan["table"]
+             if row["policy"] == "auto" and any(abs(row["a"] - a) < 1e-9 for a in PLAN_ACCEPTANCES)}
+    return {"crossover": plan["crossover"], "k_hat": k_hat, "step_times": plan["step_times"]["auto"]}
+
+
+def plan_loss(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, float] | None:
+    """Per acceptance a: the speedup the measured bench's plan gives up at the predicted k_hat*(a) against its own
+    k_hat*(a), 1 - T_a(k_pred) / T_a(k_meas) (9) on the measured plan's AUTO step times (None where either plan
+    refused): where T_a is flat in k, a k_hat* off by more than one can cost a fraction of a percent."""
+    if "k_hat" not in measured or "k_hat" not in predicted:
+        return None
+    V = measured["step_times"]
+    return {a: 1.0 - float(theory.speedup(V, float(a), predicted["k_hat"][a]) / theory.speedup(V, float(a), k))
+            for a, k in measured["k_hat"].items()}
+
+
+def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
+    """Whether the predicted bench's crossover (B = 1) and k_hat*(a) (every acceptance) lie within one of the measured
+    bench's (None where a plan refused either)."""
+    plan = side.get("plan") or {}
+    measured, predicted = plan.get("measured", {}).get("k_hat"), plan.get("predicted", {}).get("k_hat")
+    crossover = side["crossover"]
+    return {"crossover": None if None in (crossover["measured"], crossover["predicted"])
+            else abs(crossover["measured"] - crossover["predicted"]) <= 1,
+            "k_hat": None if not (measured and predicted)
+            else all(abs(measured[a] - predicted[a]) <= 1 for a in measured)}
+
+
+def repeatability(crossings: list[int | None]) -> dict[str, int]:
+    """How far two measurements of one crossover move apart: of the pairs of runs, how many measured crossovers
+    within one of each other (None, no crossover, agrees only with None). The predicted crossover's target is read
+    against this: where the saving's sign at some n lies inside the bench's own noise, two benches disagree too."""
+    pairs = list(combinations(crossings, 2))
+    return {"pairs": len(pairs), "within": sum(a == b if None in (a, b) else abs(a - b) <= 1 for a, b in pairs)}
