@@ -1,16 +1,27 @@
-"""The side by side of benchmarks/structure_model.py: crossover and k_hat*(a) of `moespec plan` on the measured and on
-the predicted bench of one model, whether they agree within one, how far two measured crossovers move apart, and the
-speedup the predicted k_hat*(a) gives up on the measured bench."""
+"""The side by side of benchmarks/structure_model.py: a predicted bench's op times against the measured bench's;
+crossover and k_hat*(a) of `moespec plan` on the measured and on the predicted bench of one model, whether they agree
+within one, how far two measured crossovers move apart, and the speedup the predicted k_hat*(a) gives up on the
+measured bench."""
 
 from __future__ import annotations
 
 from itertools import combinations
+from collections.abc import Mapping
 from typing import Any
 
 from moespec import theory
 from moespec.predict.plan import PlanConfig, make_plan
 
 PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
+
+
+def bench_errors(measured: Mapping[str, Any], predicted: Mapping[str, Any],
+                 layer: int = 0) -> dict[str, dict[str, float]]:
+    """Per kernel and n: the predicted bench's op time over the measured bench's, less 1 (each the mean over the
+    recorded windows of that n, at MoE layer `layer`)."""
+    got, want = (b["per_layer"][str(layer)]["kernels"] for b in (predicted, measured))
+    return {k: {n: got[k][n]["measured_mean_s"] / v["measured_mean_s"] - 1 for n, v in by_n.items()}
+            for k, by_n in want.items()}
 
 
 def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:

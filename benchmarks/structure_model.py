@@ -57,7 +57,7 @@ from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
-from plan_sides import plan_loss, plan_summary, repeatability, within_one
+from plan_sides import bench_errors, plan_loss, plan_summary, repeatability, within_one
 
 OUT = Path("results/structure-model")
 # Synthesized traces (~6 MB each, seeded: the same bytes on every run; each bench records its sha1) stay out of results/
@@ -206,11 +206,14 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
         predicted_out = config.out.replace("bench-", "predicted-")
         predict_bench(BenchConfig(**{**config.__dict__, "out": predicted_out}), str(profile_path),
                       bench["ceiling_gbps"])
+        from_profile = config.out.replace("bench-", "from-profile-")  # a user's: the profile alone, at its ceiling
+        predict_bench(BenchConfig(**{**config.__dict__, "out": from_profile}), str(profile_path))
         errors = pass_errors(config, bench, rates, profile["cache_bytes"])
         spec = resolve_model(config.model)
         tau1 = spec.L * bench["per_layer"]["0"]["one_token_s"]["measured_s"] / EXPERT_SHARE if batch == 1 else None
         entry = {"ceiling_gbps": bench["ceiling_gbps"], "ceiling_iqr_gbps": bench["ceiling_iqr_gbps"],
                  "noisy": bench["noisy"], "passes": errors,
+                 "from_profile": bench_errors(bench, load_bench(from_profile)),
                  "crossover": {"measured": bench["crossover"], "predicted": load_bench(predicted_out)["crossover"]}}
         if tau1 is not None:
             sides = {side: plan_summary(path, config.trace, tau1)
@@ -223,7 +226,9 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
 
 
 def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per batch and kernel: median and largest |error| over n of the windows' mean time, and over every pass."""
+    """Per batch and kernel: median and largest |error| over n of the windows' mean time, over every pass, paired by
+    call where the bench sampled each, and of `bench --predict` at the profile's own ceiling where errors.json has it
+    (from_profile: what a user with the profile alone is told)."""
     rows = []
     for batch, entry in result["batches"].items():
         for kernel, by_n in entry["passes"].items():
@@ -231,13 +236,16 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             per_pass = [abs(q["predicted_s"] / q["measured_s"] - 1) for v in by_n.values() for q in v["passes"]]
             worst = max(by_n, key=lambda n: abs(by_n[n]["error"]))
             paired = [abs(v["paired_error"]) for v in by_n.values() if "paired_error" in v]
+            alone = [abs(v) for v in entry.get("from_profile", {}).get(kernel, {}).values()]
             rows.append({"model": result["model"], "dtype": result.get("dtype", "bf16"), "batch": int(batch),
                          "kernel": kernel,
                          "median_error": float(np.median(per_n)), "max_error": max(per_n), "max_at_tokens": int(worst),
                          "pass_median_error": float(np.median(per_pass)), "pass_max_error": max(per_pass),
                          "ceiling_gbps": entry["ceiling_gbps"],
                          **({"paired_median_error": float(np.median(paired)), "paired_max_error": max(paired)}
-                            if len(paired) == len(per_n) else {})})
+                            if len(paired) == len(per_n) else {}),
+                         **({"profile_median_error": float(np.median(alone)), "profile_max_error": max(alone)}
+                            if alone else {})})
     return rows
 
 
@@ -264,13 +272,14 @@ def step_table(out: Path, profile_path: Path) -> None:
         sides.append({"model": name, "dtype": dtype, "crossover": entry["crossover"],
                       "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})
     lines = ["| model | dtype | B | kernel | median error over n | max error over n (at tokens) | median / max over "
-             "passes | paired by round: median / max over n | ceiling GB/s |" + (
-                 f" at the profile's {level:.1f} GB/s |" if level else ""), "|---|---|---|---|---|---|---|---|---|"
+             "passes | paired by round: median / max over n | the profile alone: median / max over n | ceiling GB/s |"
+             + (f" at the profile's {level:.1f} GB/s |" if level else ""), "|---|---|---|---|---|---|---|---|---|---|"
              + ("---|" if level else "")]
     lines += [f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | "
               f"{r['max_error']:.1%} "
               f"({r['max_at_tokens']}) | {r['pass_median_error']:.1%} / {r['pass_max_error']:.1%} | "
-              + (f"{r['paired_median_error']:.1%} / {r['paired_max_error']:.1%}" if "paired_max_error" in r else "-")
+              + " | ".join(f"{r[tag + 'median_error']:.1%} / {r[tag + 'max_error']:.1%}" if tag + "max_error" in r
+                           else "-" for tag in ("paired_", "profile_"))
               + f" | {r['ceiling_gbps']:.1f} |" + (f" {'yes' if r['at_profile_level'] else 'no'} |" if level else "")
               for r in rows]
     lines += ["", "| model | dtype | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
@@ -291,24 +300,26 @@ def step_table(out: Path, profile_path: Path) -> None:
 def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
     model and kernel the median over runs of the median and of the largest error over n, with their range, and how
-    many runs met TARGET, unpaired (each n at its bench's ceiling) and paired by call, and of the runs whose bench
-    met its pinned profile's level (step_table) how many met it; per model the runs whose crossover and k_hat*(a)
-    came within one, the measured bench's own k_hat*(a) over the runs and the speedup the predicted k_hat*(a) gives
-    up on the measured bench (plan_loss; runs whose errors.json has it)."""
+    many runs met TARGET, unpaired (each n at its bench's ceiling), paired by call and from the profile alone
+    (summary_rows), and of the runs whose bench met its pinned profile's level (step_table) how many met it; per
+    model the runs whose crossover and k_hat*(a) came within one, the measured bench's own k_hat*(a) over the runs
+    and the speedup the predicted k_hat*(a) gives up on the measured bench (plan_loss; runs whose errors.json has
+    it)."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
     rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
                        "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
-                       "runs within, paired | runs within of those at the profile's level |",
-                       "|---|---|---|---|---|---|---|---|---|"]
+                       "runs within, paired | the profile alone: median / max, medians over runs | runs within, the "
+                       "profile alone | runs within of those at the profile's level |",
+                       "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["model"], r["dtype"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
                   key=lambda k: (BENCH_DTYPES.index(k[1]), MODELS.index(k[0]), k[2]))
     for model, dtype, kernel in keys:
         found = [r for t in tables for r in t["rows"]
                  if (r["model"], r["dtype"], r["kernel"], r["batch"]) == (model, dtype, kernel, 1)]
         row: dict[str, Any] = {"model": model, "dtype": dtype, "kernel": kernel, "runs": len(found)}
-        for tag, med, top in (("", "median_error", "max_error"), ("paired_", "paired_median_error",
-                                                                   "paired_max_error")):
-            if not all(med in r for r in found):  # a run without a ceiling sample per call
+        for tag in ("", "paired_", "profile_"):
+            med, top = tag + "median_error", tag + "max_error"
+            if not all(med in r for r in found):  # a run without a ceiling sample per call, or older
                 row[tag + "median_error"] = row[tag + "max_error"] = row[tag + "runs_within"] = None
                 continue
             medians, maxima = [r[med] for r in found], [r[top] for r in found]
@@ -320,8 +331,9 @@ def step_summary(out: Path, runs: list[Path]) -> None:
                                                                 and r["max_error"] <= TARGET[1] for r in at_level)}
         rows.append(row)
         m, x = row["median_error"], row["max_error"]
-        paired = (f"{row['paired_median_error']['median']:.1%} / {row['paired_max_error']['median']:.1%} | "
-                  f"{row['paired_runs_within']} of {len(found)} |") if row["paired_median_error"] else "- | - |"
+        paired = " ".join(f"{row[tag + 'median_error']['median']:.1%} / {row[tag + 'max_error']['median']:.1%} | "
+                          f"{row[tag + 'runs_within']} of {len(found)} |" if row[tag + "median_error"] else "- | - |"
+                          for tag in ("paired_", "profile_"))
         lines.append(f"| {model} | {dtype} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
                      f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
                      f"{len(found)} | {paired} {row['at_level']['within']} of {row['at_level']['runs']} |")

@@ -35,7 +35,8 @@ def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_h
     the predicted one gives up; the measured crossover."""
     folder.mkdir(parents=True)
     rows = [{"model": "olmoe-1b-7b", "dtype": dtype, "batch": 1, "kernel": kernel, "median_error": med,
-             "max_error": top, "at_profile_level": at_level} for (dtype, kernel), (med, top) in errors.items()]
+             "max_error": top, "profile_median_error": 2 * med, "profile_max_error": 2 * top,
+             "at_profile_level": at_level} for (dtype, kernel), (med, top) in errors.items()]
     sides = [{"model": "olmoe-1b-7b", "dtype": dtype, "crossover": {"measured": crossover, "predicted": 3},
               "plan": {"measured": {"k_hat": {"0.8": k["measured"]}}, "predicted": {"k_hat": {"0.8": k["predicted"]}},
                        **({} if loss is None else {"loss": {"0.8": loss, "0.5": 0.0}})}}
@@ -58,6 +59,8 @@ def test_the_summary_keeps_each_format_apart(structure_model, tmp_path):
     assert by_format["q8_0"]["median_error"] == {"median": pytest.approx(0.07), "range": [0.035, pytest.approx(0.105)]}
     assert by_format["q8_0"]["runs_within"] == 2 and by_format["q4_0"]["runs_within"] == 0  # run 3: 10.5% median
     assert by_format["q8_0"]["at_level"] == {"runs": 2, "within": 1}  # runs 1 and 3 at their profile's level
+    assert by_format["q8_0"]["profile_median_error"]["median"] == pytest.approx(0.14)
+    assert by_format["q8_0"]["profile_runs_within"] == 1 and by_format["q8_0"]["paired_median_error"] is None
     assert summary["within_one"]["olmoe-1b-7b/q8_0"]["k_hat"]["within"] == 3
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["k_hat"]["within"] == 0
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["measured_k_hat"] == {"0.8": [2, 2, 2]}
@@ -102,6 +105,24 @@ def test_the_summary_reports_the_speedup_given_up_where_the_runs_have_it(structu
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["within_one"]["olmoe-1b-7b"]["loss"] == [0.008, 0.002, 0.004]
     assert "| 0.40% (0.20%-0.80%; 3 runs) |" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_bench_from_the_profile_alone_is_scored_against_the_measured_one(structure_model):
+    """bench_errors: per kernel and n, the predicted mean over windows over the measured, less 1; summary_rows reads
+    its median and largest |error| over n (the user's view: bench --predict without a bench), none where it is
+    missing."""
+    def bench(times):
+        return {"per_layer": {"0": {"kernels": {"slot": {n: {"measured_mean_s": t} for n, t in times.items()}}}}}
+
+    got = structure_model.bench_errors(bench({"1": 2.0, "2": 4.0, "3": 5.0}), bench({"1": 2.2, "2": 3.6, "3": 5.0}))
+    assert got == {"slot": {"1": pytest.approx(0.1), "2": pytest.approx(-0.1), "3": 0.0}}
+    passes = {n: {"error": 0.02, "passes": [{"predicted_s": 1.02, "measured_s": 1.0}]} for n in ("1", "2", "3")}
+    entry = {"ceiling_gbps": 30.0, "passes": {"slot": passes}, "crossover": {"measured": 2, "predicted": 2}}
+    result = {"model": "olmoe-1b-7b", "dtype": "bf16", "batches": {"1": entry}}
+    assert "profile_median_error" not in structure_model.summary_rows(result)[0]
+    entry["from_profile"] = got
+    row = structure_model.summary_rows(result)[0]
+    assert (row["profile_median_error"], row["profile_max_error"]) == (pytest.approx(0.1), pytest.approx(0.1))
 
 
 def test_the_table_says_which_benches_met_their_profiles_level(structure_model, tmp_path, monkeypatch):
