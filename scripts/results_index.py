@@ -209,10 +209,13 @@ GGUF_Q4_RUNS = (1, 2)
 
 
 def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str,
-                      consoles: bool = True) -> dict[str, Entry]:
+                      consoles: bool = True, alone: bool = False) -> dict[str, Entry]:
     """The entries of one run of benchmarks/structure_model.py into `folder`: its table, held-out configs, each
-    (model, format folder, B) of `runs`' measured and predicted bench, each model's errors and (`consoles`) console
-    output; `profile` says which profile predicted them."""
+    (model, format folder, B) of `runs`' measured and predicted bench (`alone`: also the one predicted from the
+    profile alone), each model's errors and (`consoles`) console output; `profile` says which profile predicted
+    them."""
+    kinds = {"bench": "measured", "predicted": "predicted (bench --predict at the measured ceiling)",
+             **({"from-profile": "predicted from the profile alone (bench --predict at its ceiling)"} if alone else {})}
     pairs = sorted({(m, sub) for m, sub, _ in runs})
     fmt = lambda sub: f" in {sub[:-1]}, ggml's pair" if sub else ""  # noqa: E731
     return {
@@ -221,9 +224,8 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
                                                       source=f"{folder}/table.json")
            for m in ("heldout-1536x512", "heldout-3072x1536")},
         **{f"{folder}/{m}/{sub}{kind}-B{b}.json": Entry(
-            f"{'measured' if kind == 'bench' else 'predicted (bench --predict at the measured ceiling)'} bench of {m}"
-            f"{fmt(sub)}, MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, {profile}")
-           for m, sub, b in runs for kind in ("bench", "predicted")},
+            f"{what} bench of {m}{fmt(sub)}, MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, "
+            f"{profile}") for m, sub, b in runs for kind, what in kinds.items()},
         **{f"{folder}/{m}/{sub}errors.json": Entry(
             f"{m}{fmt(sub)}: every pass measured and predicted, the error per n") for m, sub in pairs},
         **{f"{folder}/log-{m}{'-' + sub[:-1] if sub else ''}.txt": Entry(
@@ -232,12 +234,13 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
 
 
 def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, str, int]],
-                   predicted_by: str, consoles: bool = True) -> dict[str, Entry]:
+                   predicted_by: str, consoles: bool = True, alone: bool = False) -> dict[str, Entry]:
     """A run of benchmarks/structure_model.py with its own profile: the profile (its claim), the table (its claim),
-    the profile's console output and validation_folder's entries (with the models' console output, `consoles`)."""
+    the profile's console output and validation_folder's entries (with the models' console output, `consoles`; the
+    benches from the profile alone, `alone`)."""
     return {f"{folder}/device.json": Entry(profile), f"{folder}/table.json": Entry(table),
             f"{folder}/log-profile.txt": Entry("console output of moespec profile", source=f"{folder}/device.json"),
-            **validation_folder(folder, runs, predicted_by, consoles)}
+            **validation_folder(folder, runs, predicted_by, consoles, alone)}
 
 
 def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
@@ -257,12 +260,14 @@ def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
     return out
 
 
-def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...]) -> dict[str, Entry]:
-    """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1, its profile `what`
-    and the run's own, each expert at its placement."""
+def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...], sub: str = "",
+                alone: bool = False) -> dict[str, Entry]:
+    """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1 (in format folder
+    `sub`, ggml's pair), its profile `what` and the run's own, each expert at its placement (`alone`: with the
+    benches from the profile alone)."""
     return {path: entry for run, profile, table in runs for path, entry in validation_run(
-        f"{folder}/{run}", f"{what}, {profile}", table, [(m, "", 1) for m in STRUCTURE_MODELS],
-        "the run's own profile, each expert at its placement, its benches pinned to its level").items()}
+        f"{folder}/{run}", f"{what}, {profile}", table, [(m, sub, 1) for m in STRUCTURE_MODELS],
+        "the run's own profile, each expert at its placement, its benches pinned to its level", alone=alone).items()}
 
 
 ENTRIES: dict[str, Entry] = {

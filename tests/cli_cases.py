@@ -5,9 +5,11 @@ traceback, and the files it was given or asked to write are as they were. Shared
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import runpy
 import sys
+from types import ModuleType
 from pathlib import Path
 
 from moespec import cli
@@ -41,6 +43,19 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
         except SystemExit as e:
             code = e.code
     return code, err.getvalue()
+
+
+def load_script(script: Path) -> ModuleType:
+    """A benchmarks/ script imported as a module, its folder first on sys.path while it loads (it imports the scripts
+    beside it, as Python puts its folder first when it runs)."""
+    sys.path.insert(0, str(script.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(script.stem, script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(script.parent))
+    return module
 
 
 def run_script(script: Path, argv: list, capsys) -> tuple[int, str]:

@@ -1,12 +1,10 @@
 """benchmarks/loop_state.py: the model's loop terms scaled with the host's state, and its arguments' checks."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_cases import run_script
+from cli_cases import load_script, run_script
 
 from moespec.kernels.structure import Rates, pass_time
 
@@ -15,14 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_state.py"
 
 @pytest.fixture(scope="module")
 def loop_state():
-    sys.path.insert(0, str(SCRIPT.parent))  # it imports structure_model beside it, as Python puts its folder first
-    try:
-        spec = importlib.util.spec_from_file_location("loop_state", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
+    return load_script(SCRIPT)
 
 
 RATES = Rates((1, 2, 4), (3e-11, 5e-11, 9e-11), (2e-11, 4e-11, 8e-11), 2e-6, 5e-5, node_s=3e-6,

@@ -1,12 +1,10 @@
 """benchmarks/structure_model.py's summary over runs: each model, format and kernel apart, the target read per run."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from cli_cases import run_script
+from cli_cases import load_script, run_script
 
 from moespec.kernels.structure import Rates
 from moespec.measure.bench import bench_passes, bench_trace
@@ -18,14 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_model.p
 
 @pytest.fixture(scope="module")
 def structure_model():
-    sys.path.insert(0, str(SCRIPT.parent))  # it imports plan_sides beside it, as Python puts its folder first
-    try:
-        spec = importlib.util.spec_from_file_location("structure_model", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
+    return load_script(SCRIPT)
 
 
 def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]],
