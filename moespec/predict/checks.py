@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from moespec.defaults import KERNELS
-from moespec.formats.benchfile import TOO_SMALL_SHARE, noise_verdict, too_small
+from moespec.formats.benchfile import FIXED_SHARE, TOO_SMALL_SHARE, noise_verdict, too_small
 from moespec.formats.devicefile import DeviceProfile
 from moespec.formats.files import is_interval, is_number
 from moespec.measure.contention import describe
@@ -64,8 +64,9 @@ def too_small_line(bench: Mapping[str, Any], where: str) -> str | None:
     small = too_small(bench)
     if not small["flag"]:
         return None
-    share = small["share_of_ceiling"]
-    advice = TOO_SMALL_ADVICE if share is not None and share < TOO_SMALL_SHARE else \
+    share, fixed = small["share_of_ceiling"], small["fixed_share"]
+    advice = TOO_SMALL_ADVICE if share is not None and share < TOO_SMALL_SHARE \
+        and (fixed is None or fixed >= FIXED_SHARE) else \
         "re-take the device profile (`moespec profile`) on a quieter machine, or bench the model" \
         if bench.get("predicted") else \
         f"a plan takes its times from verify-only runs (--runs) or refuses: {rerun_bench(bench)}"
