@@ -206,6 +206,18 @@ PINNED_GGUF_RUNS = {
         "the profile's level (2 of them within); crossover within one on 6 of 8, k_hat*(a) on 7 of 7 plannable"),
 }
 GGUF_Q4_RUNS = (1, 2)
+# ggml's pair at q4_0 on the Xeon VM: (run, profile, table) of xeon-q4_0/, and the summary over them
+XEON_Q4_RUNS = (
+    ("run-1", "pinned at 33.3 GB/s, one take, flagged by its self-check (14 of 3437 calls off that level; self-check "
+              "0.8% / 75.9% per-slot, 2.2% / 7.0% mul_mat_id; cache 256 MiB)",
+     "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"),
+    ("run-2", "pinned at 32.9 GB/s, one take, flagged by its self-check (0 of 3437 calls off that level; self-check "
+              "1.9% / 70.8% per-slot, 2.9% / 8.7% mul_mat_id; cache 128 MiB)",
+     "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"))
+XEON_Q4_SUMMARY = (
+    "ggml's pair at q4_0 on the Xeon VM, two runs: 32 of 32 model-kernel-runs within 10% / 20% (0.9-6.9% in median, "
+    "at most 19.1%), 32 of 32 from the profile alone; crossover within one in 16 of 16 model-runs; every predicted "
+    "plan refused (the profiles' self-check, 71-76% on per-slot re-reads, puts eps past 1/2)")
 
 
 def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str,
@@ -756,6 +768,37 @@ ENTRIES: dict[str, Entry] = {
         "other in 50 of 80 pairs of runs), k_hat*(a) in 32 of 35 plannable"),
     "structure-model/epyc-zen3-q4_0/summary.md": Entry(
         "summary.json as markdown", source="structure-model/epyc-zen3-q4_0/summary.json"),
+    # today's model on the Xeon VM (AVX-512, AMX): five bf16 runs and two q4_0 runs, one profile take each, every
+    # model also predicted from the profile alone
+    **placed_runs("structure-model/xeon-bf16", "bf16 profile on the Xeon VM (AVX-512, AMX)", (
+        ("run-1", "pinned at 34.0 GB/s, one take, flagged by its self-check (0 of 3101 calls off that level; "
+                  "self-check 2.1% / 43.3% per-slot, 2.0% / 5.9% dedup; cache 240 MiB)",
+         "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"),
+        ("run-2", "pinned at 31.0 GB/s, one take, flagged by its self-check (0 of 3101 calls off that level; "
+                  "self-check 4.8% / 48.5% per-slot, 1.9% / 5.1% dedup; cache 256 MiB)",
+         "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"),
+        ("run-3", "pinned at 32.7 GB/s, one take, flagged by its self-check (0 of 3094 calls off that level; "
+                  "self-check 3.2% / 39.2% per-slot, 1.8% / 5.2% dedup; cache 80 MiB)",
+         "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"),
+        ("run-4", "pinned at 32.4 GB/s, one take, flagged by its self-check (0 of 3094 calls off that level; "
+                  "self-check 1.0% / 40.5% per-slot, 1.0% / 3.5% dedup; cache 78 MiB)",
+         "15 of 16 model-kernels within 10% / 20%, not the pair's per-slot (13.6% / 18.3%); 15 of 16 predicted "
+         "from the profile alone"),
+        ("run-5", "pinned at 34.5 GB/s, one take, flagged by its self-check (0 of 3094 calls off that level; "
+                  "self-check 1.5% / 36.4% per-slot, 1.2% / 3.3% dedup; cache 48 MiB)",
+         "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone")), alone=True),
+    "structure-model/xeon-bf16/summary.json": Entry(
+        "today's model on the Xeon VM at bf16, five runs: in median over runs 16 of 16 model-kernels within 10% / 20% "
+        "(0.8-8.5% in median, at most 10.7%), 79 of 80 model-kernel-runs, and 16 of 16 from the profile alone; "
+        "crossover within one in 40 of 40 model-runs, k_hat*(a) in 23 of 35 plannable (the speedup given up at "
+        "most 3.2%)"),
+    "structure-model/xeon-bf16/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/xeon-bf16/summary.json"),
+    **placed_runs("structure-model/xeon-q4_0", "q4_0 profile on the Xeon VM (AVX-512, AMX)", XEON_Q4_RUNS, "q4_0/",
+                  alone=True),
+    "structure-model/xeon-q4_0/summary.json": Entry(XEON_Q4_SUMMARY),
+    "structure-model/xeon-q4_0/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/xeon-q4_0/summary.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "

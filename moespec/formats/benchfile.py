@@ -143,7 +143,7 @@ NOISY_SHARE = 0.1  # a bench with more than 10% noisy timings (IQR > noisy.thres
 # (the trained pair's target, hidden 128: a few percent to under a fifth of it on this CPU).
 TOO_SMALL_SHARE = 0.25
 # ... unless the fits say the bytes set the time: a kernel whose loop keeps it under that share (ggml's q4_0 blocks
-# on a 2-core Xeon: 22-27% of a ~33 GB/s ceiling, a pass's fitted fixed time 8-40% of its time at one token) is
+# on a 2-core Xeon: 22-27% of a ~33 GB/s ceiling, a pass's fitted fixed time 4-40% of its time at one token) is
 # timed well; the trained pair's passes are 94-105% fixed time on three CPUs. So the flag needs this much too.
 FIXED_SHARE = 0.75
 
