@@ -871,7 +871,9 @@ ENTRIES: dict[str, Entry] = {
         ("pinned", "bf16", "the pinned bf16 runs (older profiles)", tuple(range(1, 6)), ((16, 58), (13, 50), (11, 47))),
         ("pinned-gguf", "q8_0", "the pinned q8_0 runs (older profiles)", tuple(range(1, 6)),
          ((3, 22), (3, 18), (2, 13))),
-        ("xeon", "bf16", "the Xeon VM's runs (older profiles)", tuple(range(1, 8)), ((10, 61), (12, 64), (12, 67))))
+        ("xeon", "bf16", "the Xeon VM's runs (older profiles)", tuple(range(1, 8)), ((10, 61), (12, 64), (12, 67))),
+        ("xeon-bf16", "bf16", "the Xeon VM's runs on today's model", tuple(range(1, 6)),
+         ((16, 79), (16, 79), (16, 79))))
        for key, entry in loop_state_entries(*args).items()},
     # the Triton kernels on an H200 (gpu-h200/)
     "structure-model/gpu-h200/device.json": Entry(
