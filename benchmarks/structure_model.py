@@ -204,17 +204,17 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
             run_bench(config, say=print)
         bench = load_bench(config.out)
         predicted_out = config.out.replace("bench-", "predicted-")
-        predict_bench(BenchConfig(**{**config.__dict__, "out": predicted_out}), str(profile_path),
-                      bench["ceiling_gbps"])
+        predicted = predict_bench(BenchConfig(**{**config.__dict__, "out": predicted_out}), str(profile_path),
+                                  bench["ceiling_gbps"])
         from_profile = config.out.replace("bench-", "from-profile-")  # a user's: the profile alone, at its ceiling
-        predict_bench(BenchConfig(**{**config.__dict__, "out": from_profile}), str(profile_path))
+        alone = predict_bench(BenchConfig(**{**config.__dict__, "out": from_profile}), str(profile_path))
         errors = pass_errors(config, bench, rates, profile["cache_bytes"])
         spec = resolve_model(config.model)
         tau1 = spec.L * bench["per_layer"]["0"]["one_token_s"]["measured_s"] / EXPERT_SHARE if batch == 1 else None
         entry = {"ceiling_gbps": bench["ceiling_gbps"], "ceiling_iqr_gbps": bench["ceiling_iqr_gbps"],
                  "noisy": bench["noisy"], "passes": errors,
-                 "from_profile": bench_errors(bench, load_bench(from_profile)),
-                 "crossover": {"measured": bench["crossover"], "predicted": load_bench(predicted_out)["crossover"]}}
+                 "from_profile": bench_errors(bench, alone),
+                 "crossover": {"measured": bench["crossover"], "predicted": predicted["crossover"]}}
         if tau1 is not None:
             sides = {side: plan_summary(path, config.trace, tau1)
                      for side, path in (("measured", config.out), ("predicted", predicted_out))}
