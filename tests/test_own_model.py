@@ -21,6 +21,7 @@ import pytest
 
 from moespec.cli import main
 from moespec.defaults import SAMPLE_TEXT
+from moespec.formats import benchfile
 from moespec.formats.benchfile import TOO_SMALL_SHARE, load_bench, too_small
 from moespec.predict.verdict import SAME
 from moespec.formats.planfile import load_plan
@@ -168,11 +169,17 @@ def test_the_recipe_on_the_trained_pair_twice_agrees(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_gguf_recipe(tmp_path, capsys):
+@pytest.mark.parametrize("share", [None, 0.0], ids=["as-measured", "never-too-small"])
+def test_the_gguf_recipe(tmp_path, capsys, monkeypatch, share):
     """The GGUF block: export and bench run here; trace --gguf and the llama.cpp runs need llama-cpp-python (without
     it the bench reads the folder's trace: llama.cpp routes as transformers does, tests/test_llama_tracer.py). The
     bench of the pair's target is too small to time and llama.cpp's runs time dedup alone, so plan refuses in one
-    line naming the verify-only runs of both kernels it would stand on."""
+    line naming the verify-only runs of both kernels it would stand on; a host where the bench is not flagged plans
+    on it, and the run, score and report that follow take llama.cpp's one kernel (forced here by a share of 0), or
+    refuses it in one line where its times fall below the one-token pass."""
+    if share is not None:
+        monkeypatch.setattr(benchfile, "TOO_SMALL_SHARE", share)
+        monkeypatch.setattr(benchfile, "TOO_SMALL_FLOOR", share)
     work, names = tmp_path / "w", {"M": str(TARGET), "G": str(tmp_path / "target.gguf")}
     if not HAVE_LLAMA:
         assert main(concrete(["trace", "--model", "$M", "--out", "w/trace.npz"], names, work)) == 0
@@ -180,6 +187,15 @@ def test_the_gguf_recipe(tmp_path, capsys):
     if not HAVE_LLAMA:
         assert done.ran == ["export", "bench", "report"] and not done.refused, done
         pytest.skip(f"llama-cpp-python is not installed: ran export, bench and report; not {', '.join(done.skipped)}")
+    small = too_small(load_bench(work / "bench.json"))
+    assert share is None or not small["flag"], small  # forced: the fits (eps) stand, so the share alone decided
+    if not small["flag"] and "plan" in done.ran:
+        assert done.ran == ["export", "trace", "bench", "verify", "plan", "run", "score", "staircase", "report"], done
+        assert not done.refused, done
+        return
+    if not small["flag"]:  # a bench this small can fall faster from n = 1 than llama.cpp's one-token pass takes
+        assert list(done.refused) == ["plan"] and "a predicted verify time is not positive" in done.refused["plan"]
+        return
     assert done.ran == ["export", "trace", "bench", "verify", "staircase", "report"], done
     assert list(done.refused) == ["plan"] and "too small to time" in done.refused["plan"], done
     assert "--no-throughput" in done.refused["plan"], done

@@ -215,6 +215,24 @@ def test_a_bench_alone_gives_a_report(job: Path, tmp_path: Path, capsys: pytest.
     assert any("plan.json is present but unreadable" in line for line in page.missing)
 
 
+def test_runs_of_one_kernel_fill_what_they_measured(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """llama.cpp's runs (dedup verify times alone, no saving, dedup throughput rows) against a plan of both kernels:
+    every section renders; Table 3 has a row per n with the dedup error and "-" where nothing was measured."""
+    for name in ("trace.npz", "bench.json", "plan.json"):
+        shutil.copy(job / name, tmp_path / name)
+    runs = json.loads((job / "runs.json").read_text())
+    runs.update(engine="llama.cpp", saving_s={}, crossover=None,
+                throughput=[row for row in runs["throughput"] if row["policy"] == "dedup"],
+                **{key: {"dedup": runs[key]["dedup"]} for key in ("verify_time_s", "verify_time_ci_s")})
+    write_json(tmp_path / "runs.json", runs)
+    page = report(tmp_path, capsys)
+    assert page.sections == SECTIONS
+    per_n = table_with(page, "verify error slot")
+    assert [row[0] for row in per_n] == [str(n) for n in range(2, 10)]
+    assert all(row[3:7] == ["-", "-", "-", "-"] and row[7].endswith("%") for row in per_n), per_n
+    assert all(row[1] != "-" for row in per_n)  # the plan's S_hat(n) stands without a measured saving
+
+
 @pytest.mark.parametrize("make, problem", [(lambda p: p.mkdir(), "no moespec artifact here"),
                                            (lambda p: None, "no such folder")])
 def test_no_artifact_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture, make, problem: str) -> None:

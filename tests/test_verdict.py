@@ -15,7 +15,7 @@ import pytest
 from plan_cases import NS, RUNS_DRAFT, TAU1, make_bench, make_runs, uniform_trace
 
 from moespec import MoespecError, cli, theory
-from moespec.formats.benchfile import TOO_SMALL_SHARE, too_small
+from moespec.formats.benchfile import TOO_SMALL_FLOOR, TOO_SMALL_SHARE, too_small
 from moespec.formats.files import write_json
 from moespec.formats.planfile import load_plan
 from moespec.formats.trace import Trace
@@ -136,21 +136,32 @@ def test_a_bench_far_below_the_ceiling_is_too_small_to_time() -> None:
     assert "larger experts" in line and "--fresh" in line and "--reps" in line
 
 
-@pytest.mark.parametrize("t_op, flagged", [(0.9, True), (0.5, True), (0.3, False)])
-def test_a_bench_under_the_share_is_too_small_only_where_its_fixed_time_sets_it(t_op: float, flagged: bool) -> None:
+@pytest.mark.parametrize("beta, t_op, flagged", [(4.0, 0.9, True), (4.0, 0.5, True), (4.0, 0.3, False),
+                                                 (2.0, 0.3, True), (2.0, -0.2, True)])
+def test_a_bench_under_the_share_is_too_small_only_where_its_fixed_time_sets_it(beta: float, t_op: float,
+                                                                                flagged: bool) -> None:
     """Under TOO_SMALL_SHARE of the ceiling a bench is flagged only where its fits' fixed time t_op is FIXED_SHARE or
     more of a pass at its fewest tokens (the least over the pair, the median over layers): a kernel its own loop
-    holds under the share (ggml's q4_0 blocks) is timed well."""
+    holds under the share (ggml's q4_0 blocks) is timed well. Under TOO_SMALL_FLOOR the share alone flags it, whatever
+    the fits' intercept says."""
     bench = make_bench()
     for kernel in bench["kernels"].values():
-        kernel["beta_gbps"] = {k: 4.0 for k in kernel["beta_gbps"]}  # 20% of the ceiling
+        kernel["beta_gbps"] = {k: beta for k in kernel["beta_gbps"]}  # 20% or 10% of the ceiling
     bench["fits"] = {layer: {k: {"t_op_s": t_op * times["1"]["measured_mean_s"] * (1 if k == "slot" else 2)}
                              for k, times in entry["kernels"].items()} for layer, entry in bench["per_layer"].items()}
+    share = beta / bench["ceiling_gbps"]
+    assert (share < TOO_SMALL_FLOOR) is (beta == 2.0) and TOO_SMALL_FLOOR < 0.2 < TOO_SMALL_SHARE
     small = too_small(bench)
     assert small["fixed_share"] == pytest.approx(min(t_op, 2 * t_op)) and small["flag"] is flagged
-    assert (small["reason"] or "").endswith(f"fixed time is {t_op:.0%} of a pass's at the fewest tokens, so fixed "
-                                            f"per-call costs, not the bytes, set their time") is flagged
-    assert bool(bench_checks(bench, "b.json")) is flagged
+    reason = small["reason"] or ""
+    if share >= TOO_SMALL_FLOOR:
+        assert reason.endswith(f"(median over n; under 25%) and their fixed time is {t_op:.0%} of a pass's at the "
+                               f"fewest tokens, so fixed per-call costs, not the bytes, set their time") is flagged
+    else:
+        assert reason.endswith("the streaming read ceiling (median over n; under 15%), so fixed per-call costs, not "
+                               "the bytes, set their time"), reason
+    lines = bench_checks(bench, "b.json")
+    assert bool(lines) is flagged and all("larger experts" in line for line in lines)
 
 
 def test_a_fit_error_past_its_bound_is_named_with_the_other_cause() -> None:

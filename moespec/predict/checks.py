@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from moespec.defaults import KERNELS
-from moespec.formats.benchfile import FIXED_SHARE, TOO_SMALL_SHARE, noise_verdict, too_small
+from moespec.formats.benchfile import fixed_costs_set_time, noise_verdict, too_small
 from moespec.formats.devicefile import DeviceProfile
 from moespec.formats.files import is_interval, is_number
 from moespec.measure.contention import describe
@@ -65,8 +65,7 @@ def too_small_line(bench: Mapping[str, Any], where: str) -> str | None:
     if not small["flag"]:
         return None
     share, fixed = small["share_of_ceiling"], small["fixed_share"]
-    advice = TOO_SMALL_ADVICE if share is not None and share < TOO_SMALL_SHARE \
-        and (fixed is None or fixed >= FIXED_SHARE) else \
+    advice = TOO_SMALL_ADVICE if fixed_costs_set_time(share, fixed) else \
         "re-take the device profile (`moespec profile`) on a quieter machine, or bench the model" \
         if bench.get("predicted") else \
         f"a plan takes its times from verify-only runs (--runs) or refuses: {rerun_bench(bench)}"

@@ -312,12 +312,18 @@ def score_section(f: Folder) -> str:
     rules = {rule.name: rule for rule in result.rules}
     errors = rules["verify_time"].detail["errors"]
     rows = []
-    for n in errors["slot"]:
-        s, m = plan["saving"][n], runs["saving_s"][n]
-        error = s["predicted_s"] - m["median"]
-        rows.append([n, _ms(s["predicted_s"], "+.3f"), _ms(s["band_s"]), f"{_ms(m['median'], '+.3f')} "
-                     f"[{_ms(m['lo'], '+.3f')}, {_ms(m['hi'], '+.3f')}]", _ms(error, "+.3f"),
-                     "yes" if abs(error) <= s["band_s"] else "no", _pct(errors["slot"][n]), _pct(errors["dedup"][n])])
+    # llama.cpp's runs time one kernel (dedup) and measure no saving: their columns read "-"
+    for n in sorted({n for per_n in errors.values() for n in per_n}, key=int):
+        s, m = plan["saving"].get(n), runs["saving_s"].get(n)
+        predicted = ["-", "-"] if s is None else [_ms(s["predicted_s"], "+.3f"), _ms(s["band_s"])]
+        if s is None or m is None:
+            measured = ["-" if m is None else f"{_ms(m['median'], '+.3f')}", "-", "-"]
+        else:
+            error = s["predicted_s"] - m["median"]
+            measured = [f"{_ms(m['median'], '+.3f')} [{_ms(m['lo'], '+.3f')}, {_ms(m['hi'], '+.3f')}]",
+                        _ms(error, "+.3f"), "yes" if abs(error) <= s["band_s"] else "no"]
+        rows.append([n, *predicted, *measured, *(_pct(errors[k][n]) if n in errors.get(k, {}) else "-"
+                                                 for k in ("slot", "dedup"))])
     table3 = _table(("n", "S_hat ms", "band (18) ± ms", "S measured ms [95%]", "S_hat - S ms", "within (18)",
                      "verify error slot", "verify error dedup"), rows,
                     f"{result.version} version; verify error |tau_hat - tau| / tau, n = 1 left out (tau_hat(1) is the "
