@@ -15,6 +15,14 @@ from moespec.predict.plan import PlanConfig, make_plan
 PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
 
 
+def side_ceilings(measured: Mapping[str, Any]) -> dict[int, float] | float:
+    """The ceilings to predict a measured bench's side at: those it sampled at each n (ceiling_by_n_gbps), where its
+    passes were timed, else its one ceiling: its between-group ceiling can read several percent above those samples,
+    and a plan's k_hat*(a) turns on a few percent of V(k) where T_a(k) (9) is flat."""
+    by_n = measured.get("ceiling_by_n_gbps")
+    return {int(n): float(c) for n, c in by_n.items()} if by_n else float(measured["ceiling_gbps"])
+
+
 def bench_errors(measured: Mapping[str, Any], predicted: Mapping[str, Any],
                  layer: int = 0) -> dict[str, dict[str, float]]:
     """Per kernel and n: the predicted bench's op time over the measured bench's, less 1 (each the mean over the

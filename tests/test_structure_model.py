@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from cli_cases import one_line, refused, run_cli
 
-from moespec import ArgumentError, cli
+from moespec import ArgumentError, MoespecError, cli
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
 from moespec.kernels.peers import GGML_PEERS
@@ -19,6 +19,8 @@ from moespec.measure.contention import default_threads
 from moespec.measure.timing import device_name
 from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, groups, hit_share, pass_time
+from moespec.measure.bench import BenchConfig
+from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import synthesize
 
 RATES = Rates(G=(1, 2, 4), hot_s_per_byte=(1e-11, 2e-11, 4e-11), cold_excess_s_per_byte=(5e-12, 1e-11, 2e-11),
@@ -291,6 +293,28 @@ def test_predicted_bench_validates_and_plans(tmp_path: Path, olmoe_trace: Path) 
     assert half["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
         1e-4 + 8 * (1e-6 + b * (1 / 25e9 + 5e-12)))
     assert half["prediction"]["ceiling_source"] == "given"
+
+
+def test_a_bench_predicted_at_each_ns_ceiling(tmp_path: Path, olmoe_trace: Path) -> None:
+    """A ceiling per n (a measured bench's ceiling_by_n_gbps, for a side by side): each n's passes at its own, the
+    file's ceiling their median; a mapping that misses an n of the bench, or a ceiling not positive, is refused."""
+    profile = write(tmp_path / "device.json", profile_doc())
+    config = BenchConfig(out=str(tmp_path / "bench.json"), model="olmoe-1b-7b", layers=(0,), trace=str(olmoe_trace),
+                         windows=4, u_values=3)
+    ceilings = {n: 25.0 if n == 1 else 50.0 for n in config.n}
+    bench = predict_bench(config, str(profile), ceilings)
+    b = bench["expert_bytes"]["0"]
+    assert bench["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
+        1e-4 + 8 * (1e-6 + b * (1 / 25e9 + 5e-12)))  # n = 1 at 25 GB/s
+    assert bench["ceiling_by_n_gbps"] == {str(n): c for n, c in ceilings.items()} and bench["ceiling_gbps"] == 50.0
+    assert bench["prediction"]["ceiling_source"] == "given per n"
+    at_50 = predict_bench(dataclasses.replace(config, out=str(tmp_path / "at50.json")), str(profile), 50.0)
+    two = [bench["per_layer"]["0"]["kernels"][k]["2"]["measured_mean_s"] for k in ("slot", "dedup")]
+    assert two == pytest.approx([at_50["per_layer"]["0"]["kernels"][k]["2"]["measured_mean_s"]
+                                 for k in ("slot", "dedup")])
+    for bad in ({n: 50.0 for n in range(1, 9)}, {**ceilings, 2: 0.0}, {**ceilings, 2: float("nan")}, {}):
+        with pytest.raises(MoespecError, match="ceiling"):
+            predict_bench(config, str(profile), bad)
 
 
 def test_predicted_bench_reads_the_slot_kernels_own_rates(tmp_path: Path, olmoe_trace: Path) -> None:

@@ -14,7 +14,10 @@ eps is the fits' error on the predicted windows plus that stated error, so the p
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -83,13 +86,16 @@ def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[t
 
 @holds_outputs(lambda config, *args, **kwargs: [config.out])
 @on_own_cores
-def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | None = None,
+def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | Mapping[int, float] | None = None,
                   say: Callable[[str], None] = lambda text: None) -> Bench:
-    """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps
-    (None: the profile's own ceiling). Returns it."""
+    """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps: one
+    ceiling, one per n (a measured bench's ceiling_by_n_gbps: the ceilings its passes were timed at, for a side by
+    side), or None (the profile's own ceiling). Returns it."""
     started = time.perf_counter()
     config.check()
-    if ceiling_gbps is not None and not ceiling_gbps > 0:
+    per_n = dict(ceiling_gbps) if isinstance(ceiling_gbps, Mapping) else None
+    given = list(per_n.values()) if per_n is not None else [] if ceiling_gbps is None else [ceiling_gbps]
+    if not all(isinstance(c, (int, float)) and math.isfinite(c) and c > 0 for c in given) or per_n == {}:
         raise MoespecError(f"--ceiling must be positive GB/s, got {ceiling_gbps!r}")
     profile = load_profile(profile_path)
     check_profile(profile, config)
@@ -99,14 +105,18 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     kinds = {k: role[k] for k in config.kernel_list().split(",")}
     trace, trace_info = bench_trace(spec, config.trace, config.seed)
     plan, u, ns = bench_passes(spec, config, trace, layers)
-    ceiling = profile.ceiling_gbps if ceiling_gbps is None else float(ceiling_gbps)
+    if per_n is not None and set(per_n) != set(ns):
+        raise MoespecError(f"ceiling_gbps: one ceiling per n of the bench ({', '.join(map(str, ns))}), got n = "
+                           f"{', '.join(map(str, sorted(per_n)))}")
+    ceilings = per_n or dict.fromkeys(ns, profile.ceiling_gbps if ceiling_gbps is None else float(ceiling_gbps))
+    ceiling = float(statistics.median(ceilings.values()))
+    source = "profile" if ceiling_gbps is None else "given per n" if per_n else "given"
     say(f"moespec bench --predict: {spec.name} {config.dtype} from {profile_path} ({profile['device']}), at "
-        f"{ceiling:.1f} GB/s ({'the profile' if ceiling_gbps is None else 'given'}); MoE layers "
+        f"{ceiling:.1f} GB/s ({'the median of those ' if per_n else ''}{source}); MoE layers "
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
     rates = kind_rates(profile["dtypes"][config.dtype], profile.ceiling_gbps)
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
-    units = predicted_units(rates, kinds, plan, b, spec.expert_rows, dict.fromkeys(ns, ceiling),
-                            profile["cache_bytes"])
+    units = predicted_units(rates, kinds, plan, b, spec.expert_rows, ceilings, profile["cache_bytes"])
     device_keys = {"device": profile["device"], "device_kind": profile["device_kind"],
                    "ceiling_kind": profile["ceiling_kind"], "ceiling_gbps": ceiling, "ceiling_iqr_gbps": 0.0,
                    "ceiling_before_after_gbps": [ceiling, ceiling],
@@ -122,7 +132,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     doc |= {"predicted": True,
             "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
                            "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
-                           "ceiling_source": "profile" if ceiling_gbps is None else "given",
+                           "ceiling_source": source,
                            "error": stated, "error_source": "profile self-check (largest relative error)",
                            "profile_warnings": profile_checks(profile, str(profile_path), config.dtype),
                            "fit_eps": fit_eps},
