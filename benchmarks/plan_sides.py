@@ -15,12 +15,16 @@ from moespec.predict.plan import PlanConfig, make_plan
 PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
 
 
-def side_ceilings(measured: Mapping[str, Any]) -> dict[int, float] | float:
-    """The ceilings to predict a measured bench's side at: those it sampled at each n (ceiling_by_n_gbps), where its
-    passes were timed, else its one ceiling: its between-group ceiling can read several percent above those samples,
-    and a plan's k_hat*(a) turns on a few percent of V(k) where T_a(k) (9) is flat."""
+def side_state(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """predict_bench's state of a measured bench's side: the ceilings it sampled at each n (ceiling_by_n_gbps), where
+    its passes were timed, else its one ceiling, and each layer's placement where it measured one (the memory its draw
+    of the weights lay in). Its between-group ceiling can read several percent above those samples, and its weights'
+    memory several percent below the ceiling's buffer, while a plan's k_hat*(a) turns on a few percent of V(k) where
+    T_a(k) (9) is flat: the side by side reads the model's error at the state the bench met, as pass_errors does."""
     by_n = measured.get("ceiling_by_n_gbps")
-    return {int(n): float(c) for n, c in by_n.items()} if by_n else float(measured["ceiling_gbps"])
+    placed = {int(layer): p for layer, p in (measured.get("placement") or {}).items() if p is not None}
+    return {"ceiling_gbps": {int(n): float(c) for n, c in by_n.items()} if by_n else float(measured["ceiling_gbps"]),
+            "placement": placed or None}
 
 
 def bench_errors(measured: Mapping[str, Any], predicted: Mapping[str, Any],

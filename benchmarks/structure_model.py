@@ -9,9 +9,9 @@ run, never a fitted parameter). It writes the error table
 (median and largest relative error per model, kernel and batch, over n, of each n's mean time over the recorded
 windows; and over every timed pass; and, paired by round, each call predicted at the ceiling sampled right after it
 (the benches sample one after every call), against that round's times, the median over rounds) and, from the
-measured and the predicted bench (`bench --predict` at the ceilings the measured bench sampled at each n), the
-crossover and k_hat*(a) of `moespec plan` side by side, with the speedup the predicted k_hat*(a) gives up on the
-measured bench (plan_sides).
+measured and the predicted bench (`bench --predict` at the ceilings the measured bench sampled at each n and its
+placement), the crossover and k_hat*(a) of `moespec plan` side by side, with the speedup the predicted k_hat*(a) gives
+up on the measured bench (plan_sides).
 
 Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
 a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
@@ -58,7 +58,7 @@ from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
-from plan_sides import bench_errors, plan_loss, plan_summary, repeatability, side_ceilings, within_one
+from plan_sides import bench_errors, plan_loss, plan_summary, repeatability, side_state, within_one
 
 OUT = Path("results/structure-model")
 # Synthesized traces (~6 MB each, seeded: the same bytes on every run; each bench records its sha1) stay out of results/
@@ -206,7 +206,7 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
         bench = load_bench(config.out)
         predicted_out = config.out.replace("bench-", "predicted-")
         predicted = predict_bench(BenchConfig(**{**config.__dict__, "out": predicted_out}), str(profile_path),
-                                  side_ceilings(bench))
+                                  **side_state(bench))
         from_profile = config.out.replace("bench-", "from-profile-")  # a user's: the profile alone, at its ceiling
         alone = predict_bench(BenchConfig(**{**config.__dict__, "out": from_profile}), str(profile_path))
         errors = pass_errors(config, bench, rates, profile["cache_bytes"])

@@ -317,6 +317,22 @@ def test_a_bench_predicted_at_each_ns_ceiling(tmp_path: Path, olmoe_trace: Path)
             predict_bench(config, str(profile), bad)
 
 
+def test_a_bench_predicted_at_a_measured_placement(tmp_path: Path, olmoe_trace: Path) -> None:
+    """A measured bench's placement (p_e per expert of each layer): each expert's cold bytes read at C p_e, so a
+    placement of 1/2 everywhere is the whole bench at half the ceiling; a layer the bench has not is refused."""
+    profile = write(tmp_path / "device.json", profile_doc())
+    config = BenchConfig(out=str(tmp_path / "bench.json"), model="olmoe-1b-7b", layers=(0,), trace=str(olmoe_trace),
+                         windows=4, u_values=3)
+    half = predict_bench(config, str(profile), 50.0, placement={0: [0.5] * 64})
+    at_25 = predict_bench(dataclasses.replace(config, out=str(tmp_path / "at25.json")), str(profile), 25.0)
+    times = lambda bench: [v["measured_mean_s"] for by_n in bench["per_layer"]["0"]["kernels"].values()  # noqa: E731
+                           for v in by_n.values()]
+    assert times(half) == pytest.approx(times(at_25)) and half["prediction"]["placement"] is True
+    assert at_25["prediction"]["placement"] is False
+    with pytest.raises(MoespecError, match="placement: layers of the bench"):
+        predict_bench(config, str(profile), 50.0, placement={3: [0.5] * 64})
+
+
 def test_predicted_bench_reads_the_slot_kernels_own_rates(tmp_path: Path, olmoe_trace: Path) -> None:
     """A profile whose per-slot kernel has rates of its own (dtypes.bf16.slot: the Triton kernels on a GPU): the slot
     kernel's passes are predicted at those, the dedup kernel's at the entry's."""

@@ -76,12 +76,13 @@ def test_the_summary_reads_the_measured_crossovers_own_repeatability(structure_m
     assert f"| {shown} ({within} of {pairs}) |" in (tmp_path / "summary.md").read_text()
 
 
-def test_the_side_by_side_predicts_at_the_ceilings_of_the_measured_passes(structure_model):
+def test_the_side_by_side_predicts_at_the_state_of_the_measured_passes(structure_model):
     """The predicted side of a measured bench: at the ceiling it sampled at each n where it has them (keys as n), else
-    at its one ceiling."""
-    bench = {"ceiling_gbps": 36.5, "ceiling_by_n_gbps": {"1": 33.3, "2": 33.1}}
-    assert structure_model.side_ceilings(bench) == {1: 33.3, 2: 33.1}
-    assert structure_model.side_ceilings({"ceiling_gbps": 36.5}) == 36.5
+    at its one ceiling; each layer's placement where it measured one."""
+    bench = {"ceiling_gbps": 36.5, "ceiling_by_n_gbps": {"1": 33.3, "2": 33.1}, "placement": {"0": [0.9, 1.0],
+                                                                                              "3": None}}
+    assert structure_model.side_state(bench) == {"ceiling_gbps": {1: 33.3, 2: 33.1}, "placement": {0: [0.9, 1.0]}}
+    assert structure_model.side_state({"ceiling_gbps": 36.5}) == {"ceiling_gbps": 36.5, "placement": None}
 
 
 def test_the_loss_is_the_measured_speedup_given_up_at_the_predicted_k_hat(structure_model):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import torch
@@ -72,14 +72,17 @@ def check_profile(profile: DeviceProfile, config: BenchConfig) -> None:
 
 
 def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[tuple[int, int], list[Any]],
-                    b: dict[int, float], rows: int, ceiling_gbps: dict[int, float],
-                    cache_bytes: float) -> dict[tuple[int, int], dict[str, Any]]:
+                    b: dict[int, float], rows: int, ceiling_gbps: dict[int, float], cache_bytes: float,
+                    placement: Mapping[int, Sequence[float] | None] | None = None
+                    ) -> dict[tuple[int, int], dict[str, Any]]:
     """The bench's units (moespec.measure.bench_rounds.unit_record) with each pass's predicted time in place of its
     timed rounds: one sample per pass and kernel (kinds: name -> slot or dedup, each at rates[kind]; IQR 0), experts of
-    b[layer] bytes and `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n]."""
+    b[layer] bytes and `rows` weight rows, each (layer, n) at the ceiling ceiling_gbps[n], each layer's experts at
+    placement[layer] where given (pass_time)."""
+    at = placement or {}
     return {(layer, n): unit_record(layer, n, list(kinds), passes,
                                     [{k: [pass_time(rates[kind], kind, p.ids, b[layer], rows, ceiling_gbps[n],
-                                                    cache_bytes)]
+                                                    cache_bytes, at.get(layer))]
                                       for k, kind in kinds.items()} for p in passes], [ceiling_gbps[n]])
             for (layer, n), passes in plan.items()}
 
@@ -87,10 +90,12 @@ def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[t
 @holds_outputs(lambda config, *args, **kwargs: [config.out])
 @on_own_cores
 def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | Mapping[int, float] | None = None,
-                  say: Callable[[str], None] = lambda text: None) -> Bench:
+                  say: Callable[[str], None] = lambda text: None,
+                  placement: Mapping[int, Sequence[float] | None] | None = None) -> Bench:
     """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps: one
     ceiling, one per n (a measured bench's ceiling_by_n_gbps: the ceilings its passes were timed at, for a side by
-    side), or None (the profile's own ceiling). Returns it."""
+    side), or None (the profile's own ceiling); with `placement` ({layer: p_e per expert}, a measured bench's: the
+    memory its draw of the weights lay in) each expert's cold bytes at C p_e (pass_time). Returns it."""
     started = time.perf_counter()
     config.check()
     per_n = dict(ceiling_gbps) if isinstance(ceiling_gbps, Mapping) else None
@@ -116,7 +121,10 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
     rates = kind_rates(profile["dtypes"][config.dtype], profile.ceiling_gbps)
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
-    units = predicted_units(rates, kinds, plan, b, spec.expert_rows, ceilings, profile["cache_bytes"])
+    if placement is not None and not set(placement) <= set(layers):
+        raise MoespecError(f"placement: layers of the bench ({', '.join(map(str, layers))}), got "
+                           f"{', '.join(map(str, sorted(placement)))}")
+    units = predicted_units(rates, kinds, plan, b, spec.expert_rows, ceilings, profile["cache_bytes"], placement)
     device_keys = {"device": profile["device"], "device_kind": profile["device_kind"],
                    "ceiling_kind": profile["ceiling_kind"], "ceiling_gbps": ceiling, "ceiling_iqr_gbps": 0.0,
                    "ceiling_before_after_gbps": [ceiling, ceiling],
@@ -132,7 +140,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     doc |= {"predicted": True,
             "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
                            "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
-                           "ceiling_source": source,
+                           "ceiling_source": source, "placement": placement is not None,
                            "error": stated, "error_source": "profile self-check (largest relative error)",
                            "profile_warnings": profile_checks(profile, str(profile_path), config.dtype),
                            "fit_eps": fit_eps},
