@@ -11,8 +11,9 @@ from typing import Any
 
 from moespec import theory
 from moespec.predict.plan import PlanConfig, make_plan
+from moespec.predict.rules import judge_k_hat, judge_loss
 
-PLAN_ACCEPTANCES = (0.2, 0.5, 0.8, 0.95)
+PLAN_ACCEPTANCES = tuple(map(float, theory.PAPER_ACCEPTANCES))  # the 11 acceptances rules 2 and 3 are scored at
 
 
 def side_state(measured: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,14 +61,19 @@ def plan_loss(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, 
 
 def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
     """Whether the predicted bench's crossover (B = 1) and k_hat*(a) (every acceptance) lie within one of the measured
-    bench's (None where a plan refused either)."""
+    bench's, and whether k_hat*(a) meets the paper's rules 2 and 3 (Table 8: within one at 9 of 11 acceptances, scaled
+    to those present, and at most 6% of the measured plan's throughput given up at every one; None where a plan
+    refused either)."""
     plan = side.get("plan") or {}
     measured, predicted = plan.get("measured", {}).get("k_hat"), plan.get("predicted", {}).get("k_hat")
-    crossover = side["crossover"]
+    crossover, loss = side["crossover"], plan.get("loss")
+    both = bool(measured and predicted)
     return {"crossover": None if None in (crossover["measured"], crossover["predicted"])
             else abs(crossover["measured"] - crossover["predicted"]) <= 1,
-            "k_hat": None if not (measured and predicted)
-            else all(abs(measured[a] - predicted[a]) <= 1 for a in measured)}
+            "k_hat": None if not both else all(abs(measured[a] - predicted[a]) <= 1 for a in measured),
+            "paper_rules": None if not (both and loss) else
+            judge_k_hat([{"k_hat": predicted[a], "k_star": k} for a, k in measured.items()])[1]
+            and judge_loss([{"a": float(a), "loss": v} for a, v in loss.items()])[1]}
 
 
 def repeatability(crossings: list[int | None]) -> dict[str, int]:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from cli_cases import load_script, run_script
 
+from moespec import theory
 from moespec.kernels.structure import Rates
 from moespec.measure.bench import bench_passes, bench_trace
 from moespec.measure.device_profile import pair_of
@@ -105,6 +106,26 @@ def test_the_summary_reports_the_speedup_given_up_where_the_runs_have_it(structu
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["within_one"]["olmoe-1b-7b"]["loss"] == [0.008, 0.002, 0.004]
     assert "| 0.40% (0.20%-0.80%; 3 runs) |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("off, loss, every, rules", [(0, 0.01, True, True), (2, 0.01, False, True),
+                                                     (3, 0.01, False, False), (0, 0.07, True, False)])
+def test_k_hat_is_read_at_every_a_and_by_the_papers_rules(structure_model, off, loss, every, rules):
+    """within_one: k_hat*(a) within one at every acceptance, and the paper's rules 2 and 3 (within one at >= 9 of the
+    11, at most 6% given up at every one): two misses pass the rules, three do not, nor a 7% loss; a refused plan or a
+    side without losses decides neither rule."""
+    acceptances = [str(float(a)) for a in theory.PAPER_ACCEPTANCES]
+    measured = dict.fromkeys(acceptances, 2)
+    predicted = {a: 5 if i < off else 2 for i, a in enumerate(acceptances)}
+    side = {"crossover": {"measured": 2, "predicted": 2},
+            "plan": {"measured": {"k_hat": measured}, "predicted": {"k_hat": predicted},
+                     "loss": {a: loss if i == 0 else 0.0 for i, a in enumerate(acceptances)}}}
+    assert len(acceptances) == 11
+    assert structure_model.within_one(side) == {"crossover": True, "k_hat": every, "paper_rules": rules}
+    side["plan"]["loss"] = None
+    assert structure_model.within_one(side)["paper_rules"] is None
+    side["plan"]["predicted"] = {"refused": "too small to time"}
+    assert structure_model.within_one(side) == {"crossover": True, "k_hat": None, "paper_rules": None}
 
 
 def test_a_bench_from_the_profile_alone_is_scored_against_the_measured_one(structure_model):
