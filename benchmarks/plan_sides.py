@@ -37,15 +37,30 @@ def bench_errors(measured: Mapping[str, Any], predicted: Mapping[str, Any],
             for k, by_n in want.items()}
 
 
-def plan_summary(bench_path: str, trace: str, tau1: float) -> dict[str, Any]:
-    """Crossover and k_hat*(a) (AUTO, the prediction (22)) of `moespec plan` on a bench, or why it refused."""
+def plan_summary(bench_path: str, trace: str, tau1: float, version: str = "prediction") -> dict[str, Any]:
+    """Crossover and k_hat*(a) (AUTO) of `moespec plan` on a bench in one version: "prediction" (22), the fits' op
+    times, which a plan of a bench alone answers in, or "measured-time", the bench's own op times as timed (the
+    paper's primary version); or why the plan refused."""
     try:
         plan = make_plan(PlanConfig(bench=bench_path, trace=trace, tau1=tau1))
     except Exception as e:  # noqa: BLE001 - a refusal (too small to time) is a result here
         return {"refused": " ".join(str(e).split())[:300]}
-    k_hat = {str(row["a"]): row["k_hat"] for row in plan["table"]
+    suffix = {"prediction": "", "measured-time": "_measured"}[version]
+    k_hat = {str(row["a"]): row["k_hat"] for row in plan["table" + suffix]
              if row["policy"] == "auto" and any(abs(row["a"] - a) < 1e-9 for a in PLAN_ACCEPTANCES)}
-    return {"crossover": plan["crossover"], "k_hat": k_hat, "step_times": plan["step_times"]["auto"]}
+    return {"version": version, "crossover": plan["crossover" + suffix], "k_hat": k_hat,
+            "step_times": plan["step_times" + suffix]["auto"]}
+
+
+def plan_sides(measured: str, predicted: str, alone: str, trace: str, tau1: float) -> dict[str, Any]:
+    """errors.json's `plan`: the measured bench's plan in its measured-time version (the op times as timed: its
+    fits (4) can miss a one-token pass by more than the structural model does, and the prediction (22) anchors on
+    that pass), the predicted bench's and the profile-alone bench's as a user's plan answers (the prediction), and
+    the speedup each predicted k_hat*(a) gives up on the measured one (plan_loss)."""
+    sides = {"measured": plan_summary(measured, trace, tau1, "measured-time"),
+             "predicted": plan_summary(predicted, trace, tau1), "from_profile": plan_summary(alone, trace, tau1)}
+    return {"tau1_s": tau1, **sides, "loss": plan_loss(sides["measured"], sides["predicted"]),
+            "loss_from_profile": plan_loss(sides["measured"], sides["from_profile"])}
 
 
 def plan_loss(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, float] | None:
@@ -59,14 +74,15 @@ def plan_loss(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, 
             for a, k in measured["k_hat"].items()}
 
 
-def within_one(side: dict[str, Any]) -> dict[str, bool | None]:
-    """Whether the predicted bench's crossover (B = 1) and k_hat*(a) (every acceptance) lie within one of the measured
-    bench's, and whether k_hat*(a) meets the paper's rules 2 and 3 (Table 8: within one at 9 of 11 acceptances, scaled
-    to those present, and at most 6% of the measured plan's throughput given up at every one; None where a plan
-    refused either)."""
+def within_one(side: dict[str, Any], which: str = "predicted") -> dict[str, bool | None]:
+    """Whether the predicted bench's crossover (B = 1) and the k_hat*(a) of side `which` ("predicted", or
+    "from_profile": the profile alone) lie within one of the measured bench's (every acceptance), and whether that
+    k_hat*(a) meets the paper's rules 2 and 3 (Table 8: within one at 9 of 11 acceptances, scaled to those present,
+    and at most 6% of the measured plan's throughput given up at every one); None where a plan refused either or the
+    side is not recorded."""
     plan = side.get("plan") or {}
-    measured, predicted = plan.get("measured", {}).get("k_hat"), plan.get("predicted", {}).get("k_hat")
-    crossover, loss = side["crossover"], plan.get("loss")
+    measured, predicted = plan.get("measured", {}).get("k_hat"), (plan.get(which) or {}).get("k_hat")
+    crossover, loss = side["crossover"], plan.get("loss" if which == "predicted" else f"loss_{which}")
     both = bool(measured and predicted)
     return {"crossover": None if None in (crossover["measured"], crossover["predicted"])
             else abs(crossover["measured"] - crossover["predicted"]) <= 1,
@@ -82,3 +98,27 @@ def repeatability(crossings: list[int | None]) -> dict[str, int]:
     against this: where the saving's sign at some n lies inside the bench's own noise, two benches disagree too."""
     pairs = list(combinations(crossings, 2))
     return {"pairs": len(pairs), "within": sum(a == b if None in (a, b) else abs(a - b) <= 1 for a, b in pairs)}
+
+
+KHAT_VERDICTS = ("k_hat", "paper_rules", "k_hat_alone", "paper_rules_alone")  # agreement's k_hat*(a) counts
+
+
+def agreement(sides: list[dict[str, Any]]) -> dict[str, Any]:
+    """One model's side by sides over runs (table.json's side_by_side entries): per verdict of within_one (the
+    crossover; k_hat*(a) at every a and by the paper's rules, of the predicted bench and of the profile alone) the
+    runs within, refused and in all; the measured crossover per run with its repeatability, the measured bench's own
+    k_hat*(a) per a over the runs (how far two measurements of one model move apart), and each run's largest speedup
+    given up at the predicted k_hat*(a) (runs whose errors.json has it)."""
+    verdicts = [within_one(s) | {f"{k}_alone": v for k, v in within_one(s, "from_profile").items() if k != "crossover"}
+                for s in sides]
+    out: dict[str, Any] = {}
+    for key in ("crossover", *KHAT_VERDICTS):  # the profile alone: the runs that recorded that side
+        got = [v[key] for s, v in zip(sides, verdicts) if not key.endswith("_alone") or "from_profile" in
+               (s.get("plan") or {})]
+        out[key] = {"within": sum(g is True for g in got), "refused": sum(g is None for g in got), "runs": len(got)}
+    measured = [k for s in sides if (k := ((s.get("plan") or {}).get("measured") or {}).get("k_hat"))]
+    out["measured_k_hat"] = {a: [k[a] for k in measured] for a in (measured[0] if measured else {})}
+    crossings = [s["crossover"]["measured"] for s in sides]
+    out["measured_crossover"] = {"runs": crossings, **repeatability(crossings)}
+    out["loss"] = [max(loss.values()) for s in sides if (loss := (s.get("plan") or {}).get("loss"))]
+    return out

@@ -10,8 +10,9 @@ run, never a fitted parameter). It writes the error table
 windows; and over every timed pass; and, paired by round, each call predicted at the ceiling sampled right after it
 (the benches sample one after every call), against that round's times, the median over rounds) and, from the
 measured and the predicted bench (`bench --predict` at the ceilings the measured bench sampled at each n and its
-placement), the crossover and k_hat*(a) of `moespec plan` side by side, with the speedup the predicted k_hat*(a) gives
-up on the measured bench (plan_sides).
+placement), the crossover and k_hat*(a) of `moespec plan` side by side (the measured bench's from its op times as
+timed, the predicted one's and the profile alone's as a user's plan answers), with the speedup the predicted k_hat*(a)
+gives up on the measured bench (plan_sides).
 
 Each step is one command short enough to hold the CPU lock for (each model's measurement is written as it finishes;
 a rerun skips what exists, and a bench interrupted midway resumes from its checkpoint):
@@ -58,7 +59,7 @@ from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
-from plan_sides import bench_errors, plan_loss, plan_summary, repeatability, side_state, within_one
+from plan_sides import KHAT_VERDICTS, agreement, bench_errors, plan_sides, side_state
 
 OUT = Path("results/structure-model")
 # Synthesized traces (~6 MB each, seeded: the same bytes on every run; each bench records its sha1) stay out of results/
@@ -217,9 +218,7 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
                  "from_profile": bench_errors(bench, alone),
                  "crossover": {"measured": bench["crossover"], "predicted": predicted["crossover"]}}
         if tau1 is not None:
-            sides = {side: plan_summary(path, config.trace, tau1)
-                     for side, path in (("measured", config.out), ("predicted", predicted_out))}
-            entry["plan"] = {"tau1_s": tau1, **sides, "loss": plan_loss(sides["measured"], sides["predicted"])}
+            entry["plan"] = plan_sides(config.out, predicted_out, from_profile, config.trace, tau1)
         result["batches"][str(batch)] = entry
     result["provenance"] = provenance(profile["device"], dtype)
     write_json(model_dir(out, name, dtype) / "errors.json", result)
@@ -303,9 +302,8 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     model and kernel the median over runs of the median and of the largest error over n, with their range, and how
     many runs met TARGET, unpaired (each n at its bench's ceiling), paired by call and from the profile alone
     (summary_rows), and of the runs whose bench met its pinned profile's level (step_table) how many met it; per
-    model the runs whose crossover and k_hat*(a) came within one, the measured bench's own k_hat*(a) over the runs
-    and the speedup the predicted k_hat*(a) gives up on the measured bench (plan_loss; runs whose errors.json has
-    it)."""
+    model the side by sides' agreement over runs (plan_sides.agreement: crossover and k_hat*(a), of the predicted
+    bench and of the profile alone, within one and by the paper's rules)."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
     rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
                        "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
@@ -341,38 +339,25 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     sides = {(s["model"], s["dtype"]): [] for t in tables for s in t["side_by_side"]}
     for t in tables:
         for s in t["side_by_side"]:
-            sides[s["model"], s["dtype"]].append(within_one(s))
+            sides[s["model"], s["dtype"]].append(s)
     lines += ["", "| model | dtype | crossover within one (runs) | measured crossover per run (pairs of runs within "
                   "one) | k_hat*(a) within one at every a (runs; plans refused) | k_hat*(a) by the paper's rules 2 "
-                  "and 3 (runs) | measured k_hat*(a) over the runs, per a | speedup given up at the predicted "
-                  "k_hat*(a), largest over a: median (range) over runs |", "|---|---|---|---|---|---|---|---|"]
+                  "and 3 (runs) | the profile alone: within one at every a | the profile alone: rules 2 and 3 | "
+                  "measured k_hat*(a) over the runs, per a | speedup given up at the predicted k_hat*(a), largest over "
+                  "a: median (range) over runs |", "|---|---|---|---|---|---|---|---|---|---|"]
     agree: dict[str, dict[str, Any]] = {}
     for (model, dtype), found in sides.items():
         key_of = model if dtype == "bf16" else f"{model}/{dtype}"  # summary.json's within_one: a model_dir's name
-        agree[key_of] = {key: {"within": sum(f[key] is True for f in found), "refused": sum(f[key] is None
-                                                                                          for f in found),
-                              "runs": len(found)} for key in ("crossover", "k_hat", "paper_rules")}
-        # the measured bench's own k_hat*(a) in each run: how far two measurements of one model move apart
-        measured = [((s.get("plan") or {}).get("measured") or {}).get("k_hat") for t in tables
-                    for s in t["side_by_side"] if (s["model"], s["dtype"]) == (model, dtype)]
-        measured = [k for k in measured if k]
-        agree[key_of]["measured_k_hat"] = {a: [k[a] for k in measured] for a in (measured[0] if measured else {})}
-        crossings = [s["crossover"]["measured"] for t in tables for s in t["side_by_side"]
-                     if (s["model"], s["dtype"]) == (model, dtype)]
-        agree[key_of]["measured_crossover"] = {"runs": crossings, **repeatability(crossings)}
-        losses = [max(loss.values()) for t in tables for s in t["side_by_side"]
-                  if (s["model"], s["dtype"]) == (model, dtype) and (loss := (s.get("plan") or {}).get("loss"))]
-        agree[key_of]["loss"] = losses
-        c, mc = agree[key_of]["crossover"], agree[key_of]["measured_crossover"]
-        lines.append(f"| {model} | {dtype} | {c['within']} of {c['runs']} | "
-                     f"{', '.join(map(str, crossings))} ({mc['within']} of {mc['pairs']}) | "
+        agree[key_of] = a = agreement(found)
+        counts = [a[key] for key in ("crossover", *KHAT_VERDICTS)]
+        lines.append(f"| {model} | {dtype} | {counts[0]['within']} of {counts[0]['runs']} | "
+                     f"{', '.join(map(str, a['measured_crossover']['runs']))} ({a['measured_crossover']['within']} "
+                     f"of {a['measured_crossover']['pairs']}) | "
                      + " | ".join(f"{k['within']} of {k['runs']}" + (f" ({k['refused']} refused)" if k["refused"]
-                                                                      else "")
-                                  for k in (agree[key_of]["k_hat"], agree[key_of]["paper_rules"])) + " | "
-                     + ("; ".join(f"{a}: {min(v)}-{max(v)}" for a, v in agree[key_of]["measured_k_hat"].items())
-                        or "-") + " | "
-                     + (f"{np.median(losses):.2%} ({min(losses):.2%}-{max(losses):.2%}; {len(losses)} runs)"
-                        if losses else "-") + " |")
+                                                                      else "") for k in counts[1:]) + " | "
+                     + ("; ".join(f"{x}: {min(v)}-{max(v)}" for x, v in a["measured_k_hat"].items()) or "-") + " | "
+                     + (f"{np.median(a['loss']):.2%} ({min(a['loss']):.2%}-{max(a['loss']):.2%}; {len(a['loss'])} "
+                        f"runs)" if a["loss"] else "-") + " |")
     met = all(r["median_error"]["median"] <= TARGET[0] and r["max_error"]["median"] <= TARGET[1] for r in rows)
     write_json(out / "summary.json", {"runs": [str(r) for r in runs], "target": list(TARGET), "rows": rows,
                                       "within_one": agree, "target_met_in_median": met, "provenance": provenance()})

@@ -13,11 +13,17 @@ from moespec.measure.device_profile import pair_of
 from moespec.model.gguf import resolve_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_model.py"
+PLAN_SIDES = SCRIPT.with_name("plan_sides.py")
 
 
 @pytest.fixture(scope="module")
 def structure_model():
     return load_script(SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def sides():
+    return load_script(PLAN_SIDES)
 
 
 def _table(folder: Path, errors: dict[tuple[str, str], tuple[float, float]], k_hat: dict[str, dict[str, int]],
@@ -77,25 +83,25 @@ def test_the_summary_reads_the_measured_crossovers_own_repeatability(structure_m
     assert f"| {shown} ({within} of {pairs}) |" in (tmp_path / "summary.md").read_text()
 
 
-def test_the_side_by_side_predicts_at_the_state_of_the_measured_passes(structure_model):
+def test_the_side_by_side_predicts_at_the_state_of_the_measured_passes(sides):
     """The predicted side of a measured bench: at the ceiling it sampled at each n where it has them (keys as n), else
     at its one ceiling; each layer's placement where it measured one."""
     bench = {"ceiling_gbps": 36.5, "ceiling_by_n_gbps": {"1": 33.3, "2": 33.1}, "placement": {"0": [0.9, 1.0],
                                                                                               "3": None}}
-    assert structure_model.side_state(bench) == {"ceiling_gbps": {1: 33.3, 2: 33.1}, "placement": {0: [0.9, 1.0]}}
-    assert structure_model.side_state({"ceiling_gbps": 36.5}) == {"ceiling_gbps": 36.5, "placement": None}
+    assert sides.side_state(bench) == {"ceiling_gbps": {1: 33.3, 2: 33.1}, "placement": {0: [0.9, 1.0]}}
+    assert sides.side_state({"ceiling_gbps": 36.5}) == {"ceiling_gbps": 36.5, "placement": None}
 
 
-def test_the_loss_is_the_measured_speedup_given_up_at_the_predicted_k_hat(structure_model):
+def test_the_loss_is_the_measured_speedup_given_up_at_the_predicted_k_hat(sides):
     """plan_loss reads the measured plan's step times at both k_hat*: T_a(k) = G_a(k) V(0) / V(k) (9), exact on a
     small V; none where a plan refused."""
     V = [1.0, 1.2, 1.5, 2.0]
     measured = {"k_hat": {"0.5": 1, "0.8": 2}, "step_times": V}
     predicted = {"k_hat": {"0.5": 1, "0.8": 3}, "step_times": [1.0, 1.1, 1.2, 1.3]}
-    loss = structure_model.plan_loss(measured, predicted)
+    loss = sides.plan_loss(measured, predicted)
     at = lambda a, k: sum(a ** i for i in range(k + 1)) * V[0] / V[k]  # noqa: E731
     assert loss == {"0.5": 0.0, "0.8": pytest.approx(1 - at(0.8, 3) / at(0.8, 2))}
-    assert structure_model.plan_loss({"refused": "too small"}, predicted) is None
+    assert sides.plan_loss({"refused": "too small"}, predicted) is None
 
 
 def test_the_summary_reports_the_speedup_given_up_where_the_runs_have_it(structure_model, tmp_path):
@@ -110,7 +116,7 @@ def test_the_summary_reports_the_speedup_given_up_where_the_runs_have_it(structu
 
 @pytest.mark.parametrize("off, loss, every, rules", [(0, 0.01, True, True), (2, 0.01, False, True),
                                                      (3, 0.01, False, False), (0, 0.07, True, False)])
-def test_k_hat_is_read_at_every_a_and_by_the_papers_rules(structure_model, off, loss, every, rules):
+def test_k_hat_is_read_at_every_a_and_by_the_papers_rules(sides, off, loss, every, rules):
     """within_one: k_hat*(a) within one at every acceptance, and the paper's rules 2 and 3 (within one at >= 9 of the
     11, at most 6% given up at every one): two misses pass the rules, three do not, nor a 7% loss; a refused plan or a
     side without losses decides neither rule."""
@@ -121,21 +127,62 @@ def test_k_hat_is_read_at_every_a_and_by_the_papers_rules(structure_model, off, 
             "plan": {"measured": {"k_hat": measured}, "predicted": {"k_hat": predicted},
                      "loss": {a: loss if i == 0 else 0.0 for i, a in enumerate(acceptances)}}}
     assert len(acceptances) == 11
-    assert structure_model.within_one(side) == {"crossover": True, "k_hat": every, "paper_rules": rules}
+    assert sides.within_one(side) == {"crossover": True, "k_hat": every, "paper_rules": rules}
     side["plan"]["loss"] = None
-    assert structure_model.within_one(side)["paper_rules"] is None
+    assert sides.within_one(side)["paper_rules"] is None
     side["plan"]["predicted"] = {"refused": "too small to time"}
-    assert structure_model.within_one(side) == {"crossover": True, "k_hat": None, "paper_rules": None}
+    assert sides.within_one(side) == {"crossover": True, "k_hat": None, "paper_rules": None}
 
 
-def test_a_bench_from_the_profile_alone_is_scored_against_the_measured_one(structure_model):
+def test_a_plan_side_is_read_in_the_version_asked(sides, tmp_path):
+    """plan_summary: k_hat*(a) of the AUTO policy at the paper's 11 acceptances and the step times, of the plan's
+    prediction (22) or of its measured-time version; a plan that refuses is a one-line reason."""
+    from plan_cases import MODEL, make_bench
+
+    from moespec.formats.files import write_json
+    from moespec.predict.plan import PlanConfig, make_plan
+    from moespec.routing.synth import synthesize
+
+    bench, trace = tmp_path / "bench.json", tmp_path / "trace.npz"
+    write_json(bench, make_bench())
+    synthesize(MODEL, "calibrated", 2000, 10, seed=0).save(trace)
+    plan = make_plan(PlanConfig(bench=str(bench), trace=str(trace), tau1=0.05))
+    for version, suffix in (("prediction", ""), ("measured-time", "_measured")):
+        got = sides.plan_summary(str(bench), str(trace), 0.05, version)
+        want = {str(r["a"]): r["k_hat"] for r in plan["table" + suffix] if r["policy"] == "auto"}
+        assert got["k_hat"] == want and len(want) == 11 and got["version"] == version
+        assert got["step_times"] == plan["step_times" + suffix]["auto"]
+        assert got["crossover"] == plan["crossover" + suffix]
+    assert "refused" in sides.plan_summary(str(tmp_path / "missing.json"), str(trace), 0.05)
+
+
+def test_the_agreement_counts_the_profile_alone_where_a_run_recorded_it(sides):
+    """agreement over runs: the predicted bench's k_hat*(a) and the profile alone's, each at every a and by the
+    paper's rules; a run without the profile-alone side (an older table) is not counted for it; a refused plan is."""
+    def side(predicted, alone, loss):
+        plan = {"measured": {"k_hat": {"0.8": 3}, "step_times": [1.0]}, "predicted": {"k_hat": {"0.8": predicted}},
+                "loss": {"0.8": loss}}
+        if alone is not None:
+            plan |= {"from_profile": alone, "loss_from_profile": {"0.8": 0.0} if "k_hat" in alone else None}
+        return {"crossover": {"measured": 2, "predicted": 2}, "plan": plan}
+
+    got = sides.agreement([side(7, {"k_hat": {"0.8": 3}}, 0.01), side(3, {"refused": "too uncertain"}, 0.0),
+                           side(4, None, 0.0)])
+    assert got["k_hat"] == {"within": 2, "refused": 0, "runs": 3}
+    assert got["paper_rules"] == {"within": 2, "refused": 0, "runs": 3}
+    assert got["k_hat_alone"] == got["paper_rules_alone"] == {"within": 1, "refused": 1, "runs": 2}
+    assert got["measured_k_hat"] == {"0.8": [3, 3, 3]} and got["loss"] == [0.01, 0.0, 0.0]
+    assert got["crossover"] == {"within": 3, "refused": 0, "runs": 3}
+
+
+def test_a_bench_from_the_profile_alone_is_scored_against_the_measured_one(structure_model, sides):
     """bench_errors: per kernel and n, the predicted mean over windows over the measured, less 1; summary_rows reads
     its median and largest |error| over n (the user's view: bench --predict without a bench), none where it is
     missing."""
     def bench(times):
         return {"per_layer": {"0": {"kernels": {"slot": {n: {"measured_mean_s": t} for n, t in times.items()}}}}}
 
-    got = structure_model.bench_errors(bench({"1": 2.0, "2": 4.0, "3": 5.0}), bench({"1": 2.2, "2": 3.6, "3": 5.0}))
+    got = sides.bench_errors(bench({"1": 2.0, "2": 4.0, "3": 5.0}), bench({"1": 2.2, "2": 3.6, "3": 5.0}))
     assert got == {"slot": {"1": pytest.approx(0.1), "2": pytest.approx(-0.1), "3": 0.0}}
     passes = {n: {"error": 0.02, "passes": [{"predicted_s": 1.02, "measured_s": 1.0}]} for n in ("1", "2", "3")}
     entry = {"ceiling_gbps": 30.0, "passes": {"slot": passes}, "crossover": {"measured": 2, "predicted": 2}}
