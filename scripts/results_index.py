@@ -241,7 +241,8 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
                                                       source=f"{folder}/table.json")
            for m in ("heldout-1536x512", "heldout-3072x1536")},
         **{f"{folder}/{m}/{sub}{kind}-B{b}.json": Entry(
-            f"{what} bench of {m}{fmt(sub)}, MoE layer 0, {'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, "
+            f"{what} bench of {m}{fmt(sub)}, MoE layer 0, "
+            f"{'n = 1..9' if b == 1 else 'passes of 8 windows x n tokens'}, "
             f"{profile}") for m, sub, b in runs for kind, what in kinds.items()},
         **{f"{folder}/{m}/{sub}errors.json": Entry(
             f"{m}{fmt(sub)}: every pass measured and predicted, the error per n") for m, sub in pairs},

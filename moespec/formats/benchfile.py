@@ -191,9 +191,10 @@ def fixed_costs_set_time(share: float | None, fixed: float | None) -> bool:
 def too_small(doc: Mapping[str, Any]) -> dict[str, Any]:
     """bench.json's `too_small`: whether the expert operation of the bench's model is too small to time on its
     machine. Per timed n, the faster of the pair a plan reads (`pair`, ours in version-1 files) as a share of the
-    ceiling sampled at that n; flagged where fixed per-call costs, not the bytes, set the time
-    (fixed_costs_set_time of that median over n and of fixed_share), or where the pair's eps is past the 1/2 the bands (21) need (the fits (4), (E.1) do not describe the
-    times). Returns {flag, share_of_ceiling, fixed_share, eps, reason: one line, or None when not flagged}."""
+    ceiling sampled at that n; flagged where fixed per-call costs, not the bytes, set the time (fixed_costs_set_time
+    of that median over n and of fixed_share), or where the pair's eps is past the 1/2 the bands (21) need (the fits
+    (4), (E.1) do not describe the times). Returns {flag, share_of_ceiling, fixed_share, eps, reason: one line, or
+    None when not flagged}."""
     pair = [k for k in (doc.get("pair") or KERNELS) if k in doc["kernels"]] or \
         [k for k in KERNELS if k in doc["kernels"]]  # a document whose pair plays slot and dedup (as_pair_roles)
     by_n = doc.get("ceiling_by_n_gbps") if isinstance(doc.get("ceiling_by_n_gbps"), Mapping) else {}
