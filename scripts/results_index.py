@@ -213,11 +213,24 @@ XEON_Q4_RUNS = (
      "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"),
     ("run-2", "pinned at 32.9 GB/s, one take, flagged by its self-check (0 of 3437 calls off that level; self-check "
               "1.9% / 70.8% per-slot, 2.9% / 8.7% mul_mat_id; cache 128 MiB)",
-     "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"))
+     "16 of 16 model-kernels within 10% / 20%, and 16 of 16 predicted from the profile alone"),
+    ("run-3", "pinned at 29.2 GB/s, one take, flagged by its "
+              "self-check (221 of 3437 calls off that level; "
+              "self-check 25.7% / 68.4% per-slot, 11.9% / 37.3% mul_mat_id; cache 256 MiB)",
+     "0 of 16 model-kernels within 10% / 20%, and 1 of 16 predicted from the profile alone"),
+    ("run-4", "pinned at 29.7 GB/s, one take, flagged by its "
+              "self-check (232 of 3437 calls off that level; "
+              "self-check 21.4% / 75.9% per-slot, 9.8% / 27.6% mul_mat_id; cache 256 MiB)",
+     "2 of 16 model-kernels within 10% / 20%, and 4 of 16 predicted from the profile alone"),
+    ("run-5", "pinned at 29.8 GB/s, one take, flagged by its "
+              "self-check (522 of 3437 calls off that level; "
+              "self-check 29.1% / 60.5% per-slot, 15.6% / 38.8% mul_mat_id; cache 256 MiB)",
+     "0 of 16 model-kernels within 10% / 20%, and 0 of 16 predicted from the profile alone"))
 XEON_Q4_SUMMARY = (
-    "ggml's pair at q4_0 on the Xeon VM, two runs: 32 of 32 model-kernel-runs within 10% / 20% (0.9-6.9% in median, "
-    "at most 19.1%), 32 of 32 from the profile alone; crossover within one in 16 of 16 model-runs; every predicted "
-    "plan refused (the profiles' self-check, 71-76% on per-slot re-reads, puts eps past 1/2)")
+    "ggml's pair at q4_0 on the Xeon VM, five runs: in median over them 2 of 16 model-kernels within 10% / 20% "
+    "(Qwen3's and 1536 x 512's mul_mat_id), 34 of 80 model-kernel-runs (runs 1-2 all 32, runs 3-5 2 of 48: their profiles "
+    "took the host at 28.5-29.1 GB/s and a slower loop, their benches at 30-33); crossover within one in 40 of 40 "
+    "model-runs; every predicted plan refused (the self-check's 61-76% on per-slot re-reads puts eps past 1/2)")
 
 
 SIDE_AT_CEILING = "at the measured ceiling"
