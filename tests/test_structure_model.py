@@ -312,7 +312,8 @@ def test_a_bench_predicted_at_each_ns_ceiling(tmp_path: Path, olmoe_trace: Path)
     two = [bench["per_layer"]["0"]["kernels"][k]["2"]["measured_mean_s"] for k in ("slot", "dedup")]
     assert two == pytest.approx([at_50["per_layer"]["0"]["kernels"][k]["2"]["measured_mean_s"]
                                  for k in ("slot", "dedup")])
-    for bad in ({n: 50.0 for n in range(1, 9)}, {**ceilings, 2: 0.0}, {**ceilings, 2: float("nan")}, {}):
+    for bad in ({n: 50.0 for n in range(1, 9)}, {**ceilings, 2: 0.0}, {**ceilings, 2: float("nan")}, {},
+                {**ceilings, 2: True}):
         with pytest.raises(MoespecError, match="ceiling"):
             predict_bench(config, str(profile), bad)
 

@@ -100,7 +100,8 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     config.check()
     per_n = dict(ceiling_gbps) if isinstance(ceiling_gbps, Mapping) else None
     given = list(per_n.values()) if per_n is not None else [] if ceiling_gbps is None else [ceiling_gbps]
-    if not all(isinstance(c, (int, float)) and math.isfinite(c) and c > 0 for c in given) or per_n == {}:
+    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
+               for c in given) or per_n == {}:
         raise MoespecError(f"--ceiling must be positive GB/s, got {ceiling_gbps!r}")
     profile = load_profile(profile_path)
     check_profile(profile, config)
