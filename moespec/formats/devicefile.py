@@ -68,8 +68,8 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            hot shapes of our kernels on the CPU, absent in older files)
   self_check {slot|dedup: {median, max, passes}}: relative error of the model on passes of chosen ids of the check
            shape, which no rate was taken from, the worst over the dtypes; self_check_by_dtype {dtype: the same, and
-           each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): the error `bench
-           --predict` states (the dtype's where the file has it, else self_check); its `placement` [p_e]: the
+           each pass} per dtype (the per-slot and deduplicating kernel of that dtype's pair): `bench --predict`
+           states its median (the dtype's where the file has it, else self_check's); its `placement` [p_e]: the
            check weights' read rate per expert over the ceiling buffer's, their passes predicted with it
            (moespec.measure.placement; null or absent: none taken); the rate and cache-probe calls' ceilings were
            taken times their experts' placement before the fit
@@ -85,13 +85,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
+from moespec.arguments import show
 from moespec.defaults import BENCH_DTYPES, DEVICE_KINDS, KERNELS, QUANTIZED, REPS_LIMIT, THREADS_LIMIT
 from moespec.formats.files import (Record, check_contention_record, check_level_record, field, format_problem,
                                    is_number, positive, read_json)
 
 FORMAT_NAME = "moespec-device-profile"
 FORMAT_VERSION = 4
+CHECK_STATISTICS = ("median", "max")  # what self_check records per kernel over its passes
 RATE_KEYS = ("hot_s_per_byte", "cold_excess_s_per_byte")  # per-G lists of a dtype's rates
 
 
@@ -158,12 +160,15 @@ class DeviceProfile(Record):
         """The weight formats the profile timed."""
         return list(self["dtypes"])
 
-    def self_check(self, dtype: str | None = None) -> dict[str, float]:
-        """kind (slot, dedup) -> the largest relative error of the profile's self-check (its stated error): of
+    def self_check(self, dtype: str | None = None, statistic: str = "max") -> dict[str, float]:
+        """kind (slot, dedup) -> the self-check's `statistic` (max: the largest relative error, how far the model
+        can miss; median: the error `bench --predict` states, a median as the paper's eps is) over its passes: of
         `dtype`'s pair where the file has it, else the worst over its dtypes."""
+        if statistic not in CHECK_STATISTICS:
+            raise ArgumentError(f"statistic must be one of {', '.join(CHECK_STATISTICS)}, got {show(statistic)}")
         by_dtype = self.get("self_check_by_dtype") or {}
         check = by_dtype[dtype] if dtype in by_dtype else self["self_check"]
-        return {kernel: float(check[kernel]["max"]) for kernel in KERNELS}
+        return {kernel: float(check[kernel][statistic]) for kernel in KERNELS}
 
 
 def load_profile(path: str | Path) -> DeviceProfile:

@@ -123,7 +123,7 @@ def profile_checks(profile: DeviceProfile, where: str, dtype: str | None = None)
         out.append(f"{where}: its self-check misses by up to {worst:.0%}{f' at {name}' if name in by_dtype else ''} "
                    f"(over {PROFILE_ERROR_LIMIT:.0%}): the host was busy or changing state while it ran, or the "
                    f"model misses this device's kernels (a take on a steady host that misses again); `bench "
-                   f"--predict` adds that error to its eps, and a plan refuses eps past 1/2")
+                   f"--predict` adds the check's median to its eps, and a plan refuses eps past 1/2")
     if out:
         out[-1] += "; re-take it with `moespec profile` on a quieter machine"
     return out

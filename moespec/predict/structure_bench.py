@@ -8,8 +8,11 @@ It predicts the very passes a measured bench would time (moespec.measure.bench.b
 grid and windows of the routing trace, for each layer and n) and derives every key from them with the measured
 bench's own functions (moespec.measure.bench.bench_document: beta(n), the fits (4) and (E.1), r(n), u(n), the
 crossover, per_layer), so `moespec plan` reads it as it reads a measured one. The file says `predicted: true`, and
-`prediction` records the profile, the ceiling the times were predicted at and the model's stated error; each kernel's
-eps is the fits' error on the predicted windows plus that stated error, so the plan's bands (18), (21) carry it.
+`prediction` records the profile, the ceiling the times were predicted at and the model's stated error: the profile
+self-check's median relative error per kernel, a median as the paper's eps is (the median over layers of each fit's
+median error on recorded windows), where the check's largest error would state the worst pass of a shape no model
+has; each kernel's eps is the fits' error on the predicted windows plus that stated error, so the plan's bands (18),
+(21) carry it.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
                    "matmul_peak_gflops": profile["dtypes"][config.dtype]["matmul_peak_gflops"]}
     doc = bench_document(spec, config, kinds, units, layers, ns, u, trace_info,
                          {k: implementation_of(k) for k in kinds}, device_keys)
-    by_kind = profile.self_check(config.dtype)
+    by_kind = profile.self_check(config.dtype, "median")
     stated = {k: by_kind[kind] for k, kind in kinds.items()}
     fit_eps = dict(doc["eps"])
     doc["eps"] = {k: fit_eps[k] + stated[k] for k in fit_eps}
@@ -142,7 +145,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
             "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
                            "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
                            "ceiling_source": source, "placement": placement is not None,
-                           "error": stated, "error_source": "profile self-check (largest relative error)",
+                           "error": stated, "error_source": "profile self-check (median relative error)",
                            "profile_warnings": profile_checks(profile, str(profile_path), config.dtype),
                            "fit_eps": fit_eps},
             "skipped_kernels": {}, "level": None, "contention": None, "resumed_rounds": 0,
