@@ -22,7 +22,6 @@ import json
 import math
 import shlex
 import sys
-from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -35,8 +34,6 @@ from moespec.formats.devicefile import load_profile
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import Rates, kind_rates
 
-# Rates' fields that are not seconds: the grid of G, the stream's share and the bytes a cold pass's start is paid over
-NOT_SECONDS = ("G", "stream_share", "ramp_bytes")
 
 
 def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: float) -> Rates:
@@ -47,9 +44,7 @@ def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: floa
             raise ArgumentError(f"{name} must be a positive number of GB/s, got {show(value)}")
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
         raise ArgumentError(f"alpha must be a number >= 0, got {show(alpha)}")
-    k = (profile_gbps / ceiling_gbps) ** alpha
-    scale = lambda v: None if v is None else tuple(k * x for x in v) if isinstance(v, tuple) else k * v  # noqa: E731
-    return replace(rates, **{f.name: scale(getattr(rates, f.name)) for f in fields(rates) if f.name not in NOT_SECONDS})
+    return rates.loop_scaled((profile_gbps / ceiling_gbps) ** alpha)
 
 
 def alphas_of(text: str) -> list[float]:

@@ -59,6 +59,7 @@ from moespec.predict.checks import profile_checks
 from moespec.kernels.structure import Rates, kind_rates, pass_time
 from moespec.predict.structure_bench import predict_bench
 from moespec.routing.synth import PROFILES, synthesize
+from bench_state import around_bench
 from plan_sides import KHAT_VERDICTS, agreement, bench_errors, plan_sides, side_state
 
 OUT = Path("results/structure-model")
@@ -78,6 +79,7 @@ LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9
 # tau(1) of the plans that compare k_hat*: the model's expert time at n = 1 over this share of a one-token pass (the
 # same tau(1) for the measured and the predicted bench; only their expert-op times differ)
 EXPERT_SHARE = 0.6
+SIDE_TAGS = ("paired_", "profile_", "unprobed_")  # the errors beside the table's own: by call, alone, unprobed
 TARGET = (0.10, 0.20)  # the issue's target: median and largest relative error over n, per model and kernel
 # A profile the profile checks flag (its calls met two states of the host) is taken again, this many takes at most
 # (--takes); the first unflagged one is kept, else the last (no model's pass takes part in the check)
@@ -202,20 +204,24 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
     result: dict[str, Any] = {"model": name, "dtype": dtype, "profile": str(profile_path), "batches": {}}
     for batch, config in configs(name, out, dtype, batches, profile["device_kind"], profile.get("level")).items():
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
-        if not Path(config.out).exists():
-            run_bench(config, say=print)
+        state = around_bench(config.out, profile, dtype, lambda: run_bench(config, say=print))
+        k = state["loop_factor"] if state else None
         bench = load_bench(config.out)
         predicted_out = config.out.replace("bench-", "predicted-")
         predicted = predict_bench(BenchConfig(**{**config.__dict__, "out": predicted_out}), str(profile_path),
-                                  **side_state(bench))
+                                  **side_state(bench), loop_factor=k)
         from_profile = config.out.replace("bench-", "from-profile-")  # a user's: the profile alone, at its ceiling
         alone = predict_bench(BenchConfig(**{**config.__dict__, "out": from_profile}), str(profile_path))
-        errors = pass_errors(config, bench, rates, profile["cache_bytes"])
+        errors = pass_errors(config, bench, rates, profile["cache_bytes"],
+                             None if k is None else lambda r, _: r.loop_scaled(k))
+        unprobed = pass_errors(config, bench, rates, profile["cache_bytes"]) if k is not None else None
         spec = resolve_model(config.model)
         tau1 = spec.L * bench["per_layer"]["0"]["one_token_s"]["measured_s"] / EXPERT_SHARE if batch == 1 else None
         entry = {"ceiling_gbps": bench["ceiling_gbps"], "ceiling_iqr_gbps": bench["ceiling_iqr_gbps"],
                  "noisy": bench["noisy"], "passes": errors,
-                 "from_profile": bench_errors(bench, alone),
+                 "from_profile": bench_errors(bench, alone), "loop_factor": k,
+                 **({"unprobed": {kernel: {n: v["error"] for n, v in by_n.items()} for kernel, by_n in
+                                  unprobed.items()}} if unprobed else {}),
                  "crossover": {"measured": bench["crossover"], "predicted": predicted["crossover"]}}
         if tau1 is not None:
             entry["plan"] = plan_sides(config.out, predicted_out, from_profile, config.trace, tau1)
@@ -227,8 +233,9 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
 
 def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch and kernel: median and largest |error| over n of the windows' mean time, over every pass, paired by
-    call where the bench sampled each, and of `bench --predict` at the profile's own ceiling where errors.json has it
-    (from_profile: what a user with the profile alone is told)."""
+    call where the bench sampled each, of `bench --predict` at the profile's own ceiling where errors.json has it
+    (from_profile: what a user with the profile alone is told) and, where a state probe set the loop's factor, of the
+    model with the profile's loop (unprobed)."""
     rows = []
     for batch, entry in result["batches"].items():
         for kernel, by_n in entry["passes"].items():
@@ -237,6 +244,7 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             worst = max(by_n, key=lambda n: abs(by_n[n]["error"]))
             paired = [abs(v["paired_error"]) for v in by_n.values() if "paired_error" in v]
             alone = [abs(v) for v in entry.get("from_profile", {}).get(kernel, {}).values()]
+            unprobed = [abs(v) for v in entry.get("unprobed", {}).get(kernel, {}).values()]
             rows.append({"model": result["model"], "dtype": result.get("dtype", "bf16"), "batch": int(batch),
                          "kernel": kernel,
                          "median_error": float(np.median(per_n)), "max_error": max(per_n), "max_at_tokens": int(worst),
@@ -245,7 +253,9 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                          **({"paired_median_error": float(np.median(paired)), "paired_max_error": max(paired)}
                             if len(paired) == len(per_n) else {}),
                          **({"profile_median_error": float(np.median(alone)), "profile_max_error": max(alone)}
-                            if alone else {})})
+                            if alone else {}),
+                         **({"unprobed_median_error": float(np.median(unprobed)), "unprobed_max_error": max(unprobed)}
+                            if unprobed else {})})
     return rows
 
 
@@ -272,14 +282,14 @@ def step_table(out: Path, profile_path: Path) -> None:
         sides.append({"model": name, "dtype": dtype, "crossover": entry["crossover"],
                       "crossover_B8": result["batches"].get("8", {}).get("crossover"), "plan": entry.get("plan")})
     lines = ["| model | dtype | B | kernel | median error over n | max error over n (at tokens) | median / max over "
-             "passes | paired by round: median / max over n | the profile alone: median / max over n | ceiling GB/s |"
-             + (f" at the profile's {level:.1f} GB/s |" if level else ""), "|---|---|---|---|---|---|---|---|---|---|"
-             + ("---|" if level else "")]
+             "passes | paired by round: median / max over n | the profile alone: median / max over n | the "
+             "profile's loop (unprobed) | ceiling GB/s |" + (f" at the profile's {level:.1f} GB/s |" if level else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if level else "")]
     lines += [f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['kernel']} | {r['median_error']:.1%} | "
               f"{r['max_error']:.1%} "
               f"({r['max_at_tokens']}) | {r['pass_median_error']:.1%} / {r['pass_max_error']:.1%} | "
               + " | ".join(f"{r[tag + 'median_error']:.1%} / {r[tag + 'max_error']:.1%}" if tag + "max_error" in r
-                           else "-" for tag in ("paired_", "profile_"))
+                           else "-" for tag in SIDE_TAGS)
               + f" | {r['ceiling_gbps']:.1f} |" + (f" {'yes' if r['at_profile_level'] else 'no'} |" if level else "")
               for r in rows]
     lines += ["", "| model | dtype | crossover B=1 measured / predicted | B=8 (tokens) measured / predicted | "
@@ -308,15 +318,15 @@ def step_summary(out: Path, runs: list[Path]) -> None:
     rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
                        "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
                        "runs within, paired | the profile alone: median / max, medians over runs | runs within, the "
-                       "profile alone | runs within of those at the profile's level |",
-                       "|---|---|---|---|---|---|---|---|---|---|---|"]
+                       "profile alone | the profile's loop (unprobed): median / max | runs within, unprobed | runs "
+                       "within of those at the profile's level |", "|---" * 13 + "|"]
     keys = sorted({(r["model"], r["dtype"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
                   key=lambda k: (BENCH_DTYPES.index(k[1]), MODELS.index(k[0]), k[2]))
     for model, dtype, kernel in keys:
         found = [r for t in tables for r in t["rows"]
                  if (r["model"], r["dtype"], r["kernel"], r["batch"]) == (model, dtype, kernel, 1)]
         row: dict[str, Any] = {"model": model, "dtype": dtype, "kernel": kernel, "runs": len(found)}
-        for tag in ("", "paired_", "profile_"):
+        for tag in ("", *SIDE_TAGS):
             med, top = tag + "median_error", tag + "max_error"
             if not all(med in r for r in found):  # a run without a ceiling sample per call, or older
                 row[tag + "median_error"] = row[tag + "max_error"] = row[tag + "runs_within"] = None
@@ -332,7 +342,7 @@ def step_summary(out: Path, runs: list[Path]) -> None:
         m, x = row["median_error"], row["max_error"]
         paired = " ".join(f"{row[tag + 'median_error']['median']:.1%} / {row[tag + 'max_error']['median']:.1%} | "
                           f"{row[tag + 'runs_within']} of {len(found)} |" if row[tag + "median_error"] else "- | - |"
-                          for tag in ("paired_", "profile_"))
+                          for tag in SIDE_TAGS)
         lines.append(f"| {model} | {dtype} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
                      f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
                      f"{len(found)} | {paired} {row['at_level']['within']} of {row['at_level']['runs']} |")

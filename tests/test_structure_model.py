@@ -188,6 +188,25 @@ def test_capped_hot_rate_no_slower_than_the_profiles_cold_rate_exact() -> None:
     assert floor.hot_s_per_byte == pytest.approx((2e-11,))  # the cold rate is never under the stream itself
 
 
+def test_loop_scaled_times_every_term_but_the_stream() -> None:
+    """Rates.loop_scaled(k): x, kappa, r, F and every fixed time times k, the stream s / C and the grid kept, so a pass
+    whose stream is all of the ceiling (s = 1) costs its stream plus k times the rest, exactly; k = 1 is the same."""
+    rates = Rates((1, 2), (2e-11, 3e-11), (1e-11, 2e-11), 2e-6, 1e-4, node_s=5e-6, row_s=(1e-9, 2e-9),
+                  token_s=3e-6, ramp_s=(1e-5, 2e-5), ramp_bytes=1e6, hot_group_s=1e-6)
+    assert rates.loop_scaled(1.0) == rates
+    twice = rates.loop_scaled(2.0)
+    assert twice.G == rates.G and twice.stream_share == rates.stream_share and twice.ramp_bytes == rates.ramp_bytes
+    assert twice.hot_group_s == 2e-6 and twice.row_s == (2e-9, 4e-9) and twice.node_s == 1e-5
+    ids = np.array([[0, 1], [0, 2], [3, 1]])
+    for kind in ("slot", "dedup"):
+        stream = pass_time(rates.loop_scaled(1e-12), kind, ids, 2e6, 100, 40.0, 0)
+        assert pass_time(twice, kind, ids, 2e6, 100, 40.0, 0) - stream == pytest.approx(
+            2 * (pass_time(rates, kind, ids, 2e6, 100, 40.0, 0) - stream))
+    for bad in (0.0, -1.0, float("inf"), True, "2"):
+        with pytest.raises(ArgumentError, match="k must be"):
+            rates.loop_scaled(bad)
+
+
 def test_per_row_interpolated_and_past_the_grid() -> None:
     """r(G) on the profile's G as kappa is: linear between, on the line of the last two past the grid; none: 0."""
     rates = Rates((1, 2, 4), (1e-11, 2e-11, 4e-11), (0.0,) * 3, 0.0, 0.0, row_s=(1e-8, 2e-8, 3e-8))
@@ -332,6 +351,24 @@ def test_a_bench_predicted_at_a_measured_placement(tmp_path: Path, olmoe_trace: 
     assert at_25["prediction"]["placement"] is False
     with pytest.raises(MoespecError, match="placement: layers of the bench"):
         predict_bench(config, str(profile), 50.0, placement={3: [0.5] * 64})
+
+
+def test_a_bench_predicted_at_a_probed_loop(tmp_path: Path, olmoe_trace: Path) -> None:
+    """A loop factor k (moespec.measure.state_probe): every pass at the profile's rates with their loop times k, the
+    stream at the ceiling given; the file records k (null without one); k not a positive number is refused."""
+    profile = write(tmp_path / "device.json", profile_doc())
+    config = BenchConfig(out=str(tmp_path / "bench.json"), model="olmoe-1b-7b", layers=(0,), trace=str(olmoe_trace),
+                         windows=4, u_values=3)
+    slow = predict_bench(config, str(profile), 50.0, loop_factor=1.5)
+    b = slow["expert_bytes"]["0"]
+    assert slow["per_layer"]["0"]["one_token_s"]["measured_s"] == pytest.approx(
+        1.5e-4 + 8 * (1.5e-6 + b * (1 / 50e9 + 1.5 * 5e-12)))  # the loop's terms 1.5x, the stream's not
+    assert slow["prediction"]["loop_factor"] == 1.5
+    plain = predict_bench(dataclasses.replace(config, out=str(tmp_path / "plain.json")), str(profile), 50.0)
+    assert plain["prediction"]["loop_factor"] is None
+    for bad in (0.0, -2.0, float("nan"), True):
+        with pytest.raises(ArgumentError, match="loop_factor"):
+            predict_bench(config, str(profile), 50.0, loop_factor=bad)
 
 
 def test_predicted_bench_reads_the_slot_kernels_own_rates(tmp_path: Path, olmoe_trace: Path) -> None:

@@ -307,7 +307,7 @@ def provenance(device: str = "cpu", dtype: str | None = None) -> dict[str, Any]:
     """Who made a result and how: device, dtype, library versions, the source's git commit (source_commit), UTC
     timestamp and the exact command."""
     versions = {"moespec": __version__, "python": platform.python_version()}
-    for name in ("numpy", "torch", "transformers", "triton"):
+    for name in ("numpy", "torch", "transformers", "triton", "ggml", "llama_cpp"):  # loaded: the kernels timed
         module = sys.modules.get(name)
         if module is not None:
             versions[name] = getattr(module, "__version__", "?")

@@ -72,6 +72,7 @@ stored runs or the H200's worse).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -169,6 +170,19 @@ class Rates:
         kappa = tuple(min(k, max(self.share(g) * stream + x, stream))
                       for g, k, x in zip(self.G, self.hot_s_per_byte, self.cold_excess_s_per_byte))
         return replace(self, hot_s_per_byte=kappa)
+
+    def loop_scaled(self, k: float) -> Rates:
+        """These rates on a host whose loop runs k times as long as the profile's: every term in seconds but the
+        stream's s(G) / C (x, kappa, r, F and the fixed seconds of a pass, group, node, token and hit) times k; G, s
+        and ramp_bytes kept. k = 1 is these rates (moespec.measure.state_probe measures k)."""
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k > 0):
+            raise ArgumentError(f"k must be a positive number, got {show(k)}")
+        times = lambda v: tuple(k * x for x in v)  # noqa: E731
+        return replace(self, hot_s_per_byte=times(self.hot_s_per_byte),
+                       cold_excess_s_per_byte=times(self.cold_excess_s_per_byte), group_s=k * self.group_s,
+                       pass_s=k * self.pass_s, node_s=k * self.node_s, row_s=times(self.row_s),
+                       token_s=k * self.token_s, ramp_s=times(self.ramp_s),
+                       hot_group_s=None if self.hot_group_s is None else k * self.hot_group_s)
 
     def share(self, g: int) -> float:
         """The stream's share s(g) of a cold group of g tokens: interpolated, its last value past the profile's G; 1

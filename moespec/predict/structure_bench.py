@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from moespec import MoespecError
+from moespec import ArgumentError, MoespecError
+from moespec.arguments import show
 from moespec.formats.benchfile import Bench, too_small
 from moespec.formats.devicefile import DeviceProfile, load_profile
 from moespec.formats.files import holds_outputs, sha256_file, write_json
@@ -94,13 +95,18 @@ def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[t
 @on_own_cores
 def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | Mapping[int, float] | None = None,
                   say: Callable[[str], None] = lambda text: None,
-                  placement: Mapping[int, Sequence[float] | None] | None = None) -> Bench:
+                  placement: Mapping[int, Sequence[float] | None] | None = None,
+                  loop_factor: float | None = None) -> Bench:
     """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps: one
     ceiling, one per n (a measured bench's ceiling_by_n_gbps: the ceilings its passes were timed at, for a side by
     side), or None (the profile's own ceiling); with `placement` ({layer: p_e per expert}, a measured bench's: the
-    memory its draw of the weights lay in) each expert's cold bytes at C p_e (pass_time). Returns it."""
+    memory its draw of the weights lay in) each expert's cold bytes at C p_e (pass_time); with `loop_factor` k (a
+    state probe's: moespec.measure.state_probe) the profile's loop terms times k (Rates.loop_scaled). Returns it."""
     started = time.perf_counter()
     config.check()
+    if loop_factor is not None and (isinstance(loop_factor, bool) or not isinstance(loop_factor, (int, float))
+                                    or not (math.isfinite(loop_factor) and loop_factor > 0)):
+        raise ArgumentError(f"loop_factor must be a positive number, got {show(loop_factor)}")
     per_n = dict(ceiling_gbps) if isinstance(ceiling_gbps, Mapping) else None
     given = list(per_n.values()) if per_n is not None else [] if ceiling_gbps is None else [ceiling_gbps]
     if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
@@ -123,7 +129,8 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     say(f"moespec bench --predict: {spec.name} {config.dtype} from {profile_path} ({profile['device']}), at "
         f"{ceiling:.1f} GB/s ({'the median of those ' if per_n else ''}{source}); MoE layers "
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
-    rates = kind_rates(profile["dtypes"][config.dtype], profile.ceiling_gbps)
+    rates = {kind: r.loop_scaled(loop_factor or 1.0)
+             for kind, r in kind_rates(profile["dtypes"][config.dtype], profile.ceiling_gbps).items()}
     b = {layer: spec.expert_bytes(layer, config.dtype) for layer in layers}
     if placement is not None and not set(placement) <= set(layers):
         raise MoespecError(f"placement: layers of the bench ({', '.join(map(str, layers))}), got "
@@ -145,6 +152,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
             "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
                            "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
                            "ceiling_source": source, "placement": placement is not None,
+                           "loop_factor": loop_factor,
                            "error": stated, "error_source": "profile self-check (median relative error)",
                            "profile_warnings": profile_checks(profile, str(profile_path), config.dtype),
                            "fit_eps": fit_eps},

@@ -1,0 +1,48 @@
+"""The host's loop state around each measured bench of benchmarks/structure_model.py: the profile's self-check passes
+timed again just before and just after the bench (moespec.measure.state_probe), and the loop factor k the model
+predicts that bench at (the geometric mean of the two), kept beside the bench as state-B<batch>.json so a stored
+run is predicted again at the state its bench met."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from moespec.formats.devicefile import DeviceProfile
+from moespec.formats.files import provenance, write_json
+from moespec.measure.state_probe import loop_factor, time_probe
+from moespec.measure.timing import timer_for
+
+
+def state_path(bench_out: str) -> Path:
+    """Where a bench's state record lies: beside it, bench-B<batch>.json -> state-B<batch>.json."""
+    path = Path(bench_out)
+    return path.with_name(path.name.replace("bench-", "state-", 1))
+
+
+def around_bench(bench_out: str, profile: DeviceProfile, dtype: str, measure: Callable[[], object],
+                 say: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The state record of the bench at bench_out: where the bench is not yet measured, the probe taken, `measure`
+    run and the probe taken again, written beside it; else the stored record (None where the bench was measured
+    without one). On a GPU the bench is measured without a probe (None)."""
+    path = state_path(bench_out)
+    if Path(bench_out).exists():
+        return json.loads(path.read_text()) if path.exists() else None
+    if profile["device_kind"] != "cpu":
+        measure()
+        return None
+    timer = timer_for("cpu")
+    before = time_probe(profile, dtype, timer)
+    measure()
+    after = time_probe(profile, dtype, timer)
+    sides = {side: loop_factor(profile, dtype, probe) for side, probe in (("before", before), ("after", after))}
+    k = math.sqrt(sides["before"]["k"] * sides["after"]["k"])
+    record = {"loop_factor": k, "before": {"probe": before} | sides["before"],
+              "after": {"probe": after} | sides["after"], "profile": profile.path,
+              "provenance": provenance(profile["device"], dtype)}
+    write_json(path, record)
+    say(f"loop state: k = {sides['before']['k']:.3f} before the bench, {sides['after']['k']:.3f} after "
+        f"({sides['before']['used']} and {sides['after']['used']} probe passes told it)")
+    return record
