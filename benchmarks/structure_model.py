@@ -27,7 +27,9 @@ level of the host (moespec.measure.level; `--pin-gbps` names it, else the host's
 model's benches are then kept at the profile's level, waiting S seconds at most for it: the profile and the benches
 meet one state of a shared host, so what is left of the error is the model's. A profile the profile checks flag (its
 calls met two states) is taken again, PROFILE_TAKES takes at most (`--takes`: where the host moves every few minutes
-every take comes out flagged, and each costs a whole profile's time).
+every take comes out flagged, and each costs a whole profile's time). Each bench measured is bracketed by a probe of
+the host's loop (bench_state.py: the profile's check passes timed again) and predicted at the loop factor k it gives
+(moespec.measure.state_probe); the tables keep the prediction at the profile's own loop beside it (unprobed).
 Models: the presets, `pair` (moespec/data/pair/target, its recorded WikiText-2 routing) and `heldout-1536x512`,
 `heldout-3072x1536` (OLMoE-class configs written into the results folder, N = 64, m = 8). A model with published reuse
 (OLMoE, Qwen3, gpt-oss) is routed by its calibrated default trace, the others (DeepSeek-V2-Lite, the held-out shapes)

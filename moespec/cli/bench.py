@@ -83,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pair at q8_0/q4_0); bench.json then says predicted: true")
     p.add_argument("--ceiling", type=float, metavar="GBPS",
                    help="with --predict: the streaming-read ceiling to predict at, GB/s (default: the profile's)")
+    p.add_argument("--probe", action="store_true",
+                   help="with --predict: time the profile's self-check passes here first (~10 s, no model weights) and "
+                        "predict at this host's state now: the ceiling their calls met and the loop's speed against "
+                        "the profile's (bench.json prediction.probe)")
     p.add_argument("--call-ceilings", action="store_true",
                    help="sample the ceiling after every timed call too (bench.json round_ceiling_gbps: the state each "
                         "call met; one more streaming read a call), and each expert's placement against that "
@@ -105,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
                          call_ceilings=args.call_ceilings)
     if args.ceiling is not None and not args.predict:
         raise MoespecError("--ceiling is the ceiling of a prediction: give --predict DEVICE_JSON with it")
+    if args.probe and (not args.predict or args.ceiling is not None):
+        raise MoespecError("--probe measures the state a prediction is made at: give --predict DEVICE_JSON with it, "
+                           "and no --ceiling")
     if args.call_ceilings and args.predict:
         raise MoespecError("--call-ceilings samples the ceiling after timed calls: a --predict bench times none")
     if args.predict and (args.pin_gbps is not None or args.pin_wait is not None):
@@ -112,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
                            "level to predict at as --ceiling)")
     out = console()
     with writing(args.plot, flag="--plot"):  # locked until drawn
-        bench = predict_bench(config, args.predict, args.ceiling, say=out.print) if args.predict else \
-            run_bench(config, say=out.print)
+        if args.predict:
+            bench = predict_bench(config, args.predict, args.ceiling, say=out.print, probe=args.probe)
+        else:
+            bench = run_bench(config, say=out.print)
         if args.plot:
             save_figure(bandwidth_figure(bench), args.plot)
     for table in bench_tables(bench):
@@ -128,8 +137,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(Text.assemble(("warning: ", "bold red"), line))
     if bench.get("predicted"):
         stated = ", ".join(f"{k} {v:.1%}" for k, v in bench["prediction"]["error"].items())
+        probed = bench["prediction"].get("probe")
+        state = f"; the loop {probed['k']:.3f}x the profile's (probed on {probed['used']} check passes)" \
+            if probed else ""
         out.print(f"predicted, not timed: at {bench['ceiling_gbps']:.1f} GB/s, stated error {stated} "
-                  f"({bench['prediction']['error_source']})")
+                  f"({bench['prediction']['error_source']}){state}")
     out.print(f"wrote {args.out}{' and ' + args.plot if args.plot else ''} in {bench['elapsed_s']:.0f} s")
     rounded = lambda values, digits: {k: round(v, digits) for k, v in values.items()}  # noqa: E731
     print(json.dumps({"model": bench["model"], "device_kind": bench["device_kind"], "dtype": bench["dtype"],

@@ -74,10 +74,11 @@ bench.json (FORMAT_NAME, FORMAT_VERSION; JSON object keys for n, layers and U ar
   elapsed_s, provenance (device, host, dtype, versions, timestamp, command)
   predicted true where the operation times are predicted, not timed (`bench --predict`,
            moespec.predict.structure_bench); absent in a measured bench. prediction {profile, profile_sha256,
-           profile_ceiling_gbps, ceiling_gbps (the median over n), ceiling_source ("profile", "given" or "given per
-           n"), placement (whether a measured bench's placement set the experts' reads; absent before it),
-           loop_factor (the k its loop terms were scaled by, moespec.measure.state_probe; null: none; absent before
-           it), error: {kernel: stated relative error}, error_source, fit_eps: {kernel: the fits' error on the
+           profile_ceiling_gbps, ceiling_gbps (the median over n), ceiling_source ("profile", "given", "given per
+           n" or "probe"), placement (whether a measured bench's placement set the experts' reads; absent before it),
+           loop_factor (the k its loop terms were scaled by, moespec.measure.state_probe; null: none) and probe (`bench
+           --probe`: {k, used, passes, take}, the check passes timed here and the k each gave; null: none; both absent
+           before them), error: {kernel: stated relative error}, error_source, fit_eps: {kernel: the fits' error on the
            predicted windows}, profile_warnings: [the profile's warnings, moespec.predict.checks.profile_checks;
            absent before them]}: eps is fit_eps + error per kernel
 Files written before `bench --device` lack device_kind, ceiling_kind and protocol.timer: they were all measured on

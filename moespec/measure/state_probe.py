@@ -4,8 +4,7 @@ The structural model (moespec.kernels.structure) takes a cold group's stream at 
 so a host whose streaming read moved is predicted at its new rate; every other term (the loop's excess x, the hot
 rate, the per-row time, a cold pass's start, the fixed seconds of a pass, a group, a node and a token) stays at the
 profile's. On a shared host the loop moves too, and not with the stream: on a 2-core Xeon VM ggml's q4_0 passes of
-the self-check's shape ran 1.5x longer in one hour than in another at ceilings 10% apart, and in three profiles taken
-in such a state every held-out model's bench, measured minutes later, ran 15-30% faster than predicted.
+the self-check's shape ran 1.5x longer in one hour than in another at ceilings 10% apart.
 
 The probe times the self-check's passes (moespec.measure.profile_check: both kernels of the format's pair on chosen
 ids of a shape no model has; their rates come from no model) again as the profile timed them (each call after a
@@ -15,8 +14,10 @@ times the time they predict for the profile's own take as that take measured:
 
     pass_time(loop_scaled(k), C_now) = pass_time(rates, C_profile) t_now / t_profile
 
-(the model's own error on a pass cancels in the ratio). k is the median over the passes whose loop is at least
-MIN_LOOP_SHARE of their predicted time (on passes set by the stream alone k is not seen); 1 where no pass is.
+(the model's own error on a pass cancels in the ratio: the probe follows the host from the profile's take on, and
+leaves what the profile's rates miss of its own check passes to its stated error). k is the median over the passes
+whose loop is at least MIN_LOOP_SHARE of their predicted time (on passes set by the stream alone k is not seen); 1
+where no pass is.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ from moespec.measure.bench_rounds import unit_record
 from moespec.measure.contention import on_own_cores
 from moespec.measure.device_profile import pair_of
 from moespec.measure.fits import engine_of, eps_by_engine
-from moespec.measure.timing import cuda_device_name, device_name
+from moespec.measure import state_probe
+from moespec.measure.timing import cuda_device_name, device_name, timer_for
 from moespec.model.load import resolve_device
 from moespec.model.gguf import resolve_model
 from moespec.predict.checks import profile_checks
@@ -96,12 +97,14 @@ def predicted_units(rates: dict[str, Rates], kinds: dict[str, str], plan: dict[t
 def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | Mapping[int, float] | None = None,
                   say: Callable[[str], None] = lambda text: None,
                   placement: Mapping[int, Sequence[float] | None] | None = None,
-                  loop_factor: float | None = None) -> Bench:
+                  loop_factor: float | None = None, probe: bool = False) -> Bench:
     """Write config.out: the bench `config` describes with predicted times (module docstring), at ceiling_gbps: one
     ceiling, one per n (a measured bench's ceiling_by_n_gbps: the ceilings its passes were timed at, for a side by
     side), or None (the profile's own ceiling); with `placement` ({layer: p_e per expert}, a measured bench's: the
     memory its draw of the weights lay in) each expert's cold bytes at C p_e (pass_time); with `loop_factor` k (a
-    state probe's: moespec.measure.state_probe) the profile's loop terms times k (Rates.loop_scaled). Returns it."""
+    state probe's: moespec.measure.state_probe) the profile's loop terms times k (Rates.loop_scaled); with `probe`,
+    at this host's state now: the profile's self-check passes timed here first (state_probe.time_probe, ~10 s, no
+    model's weights), at the median ceiling their calls met and the k they give. Returns it."""
     started = time.perf_counter()
     config.check()
     if loop_factor is not None and (isinstance(loop_factor, bool) or not isinstance(loop_factor, (int, float))
@@ -112,8 +115,19 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
     if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
                for c in given) or per_n == {}:
         raise MoespecError(f"--ceiling must be positive GB/s, got {ceiling_gbps!r}")
+    if probe and (ceiling_gbps is not None or loop_factor is not None):
+        raise MoespecError("--probe measures the ceiling and the loop's state here: give no --ceiling with it")
     profile = load_profile(profile_path)
     check_profile(profile, config)
+    probed = None
+    if probe:
+        if profile["device_kind"] != "cpu":
+            raise MoespecError("--probe times the profile's check passes on the CPU; on a GPU give --ceiling")
+        say("probing this host's state: the profile's self-check passes timed again")
+        take = state_probe.time_probe(profile, config.dtype, timer_for("cpu"))
+        probed = state_probe.loop_factor(profile, config.dtype, take) | {"take": take}
+        ceiling_gbps = float(statistics.median(p["ceiling_gbps"] for p in take))
+        loop_factor = probed["k"]
     spec = resolve_model(config.model)
     layers = bench_layers(config.layers, spec)
     role = {name: kind for kind, name in pair_of(config.dtype).items()}
@@ -125,7 +139,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
                            f"{', '.join(map(str, sorted(per_n)))}")
     ceilings = per_n or dict.fromkeys(ns, profile.ceiling_gbps if ceiling_gbps is None else float(ceiling_gbps))
     ceiling = float(statistics.median(ceilings.values()))
-    source = "profile" if ceiling_gbps is None else "given per n" if per_n else "given"
+    source = "profile" if ceiling_gbps is None else "probe" if probe else "given per n" if per_n else "given"
     say(f"moespec bench --predict: {spec.name} {config.dtype} from {profile_path} ({profile['device']}), at "
         f"{ceiling:.1f} GB/s ({'the median of those ' if per_n else ''}{source}); MoE layers "
         f"{', '.join(map(str, layers))}; n = {', '.join(map(str, ns))}")
@@ -152,7 +166,7 @@ def predict_bench(config: BenchConfig, profile_path: str, ceiling_gbps: float | 
             "prediction": {"profile": str(profile_path), "profile_sha256": sha256_file(profile_path),
                            "profile_ceiling_gbps": profile.ceiling_gbps, "ceiling_gbps": ceiling,
                            "ceiling_source": source, "placement": placement is not None,
-                           "loop_factor": loop_factor,
+                           "loop_factor": loop_factor, "probe": probed,
                            "error": stated, "error_source": "profile self-check (median relative error)",
                            "profile_warnings": profile_checks(profile, str(profile_path), config.dtype),
                            "fit_eps": fit_eps},
