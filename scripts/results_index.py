@@ -240,11 +240,12 @@ SIDE_AT_STATE = "at the ceilings the measured bench sampled per n, its experts a
 
 
 def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str,
-                      consoles: bool = True, alone: bool = False, side: str = SIDE_AT_CEILING) -> dict[str, Entry]:
+                      consoles: bool = True, alone: bool = False, side: str = SIDE_AT_CEILING,
+                      probed: bool = False) -> dict[str, Entry]:
     """The entries of one run of benchmarks/structure_model.py into `folder`: its table, held-out configs, each
     (model, format folder, B) of `runs`' measured and predicted bench (`side`: where it was predicted; `alone`: also
-    the one predicted from the profile alone), each model's errors and (`consoles`) console output; `profile` says
-    which profile predicted them."""
+    the one predicted from the profile alone), each model's errors and (`consoles`) console output, and (`probed`) the
+    state probe around each measured bench; `profile` says which profile predicted them."""
     kinds = {"bench": "measured", "predicted": f"predicted (bench --predict {side})",
              **({"from-profile": "predicted from the profile alone (bench --predict at its ceiling)"} if alone else {})}
     pairs = sorted({(m, sub) for m, sub, _ in runs})
@@ -260,6 +261,10 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
             f"{profile}") for m, sub, b in runs for kind, what in kinds.items()},
         **{f"{folder}/{m}/{sub}errors.json": Entry(
             f"{m}{fmt(sub)}: every pass measured and predicted, the error per n") for m, sub in pairs},
+        **{f"{folder}/{m}/{sub}state-B{b}.json": Entry(
+            f"the state probe around the measured bench of {m}{fmt(sub)} (bench_state.py): the profile's check passes "
+            f"timed just before and after it, and the loop factor k each gave against the profile")
+           for m, sub, b in runs if probed},
         **{f"{folder}/log-{m}{'-' + sub[:-1] if sub else ''}.txt": Entry(
             f"console output of the {m} {sub[:-1] or 'bf16'} step", source=f"{folder}/{m}/{sub}errors.json")
            for m, sub in pairs if consoles}}
@@ -267,13 +272,13 @@ def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: st
 
 def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, str, int]],
                    predicted_by: str, consoles: bool = True, alone: bool = False,
-                   side: str = SIDE_AT_CEILING) -> dict[str, Entry]:
+                   side: str = SIDE_AT_CEILING, probed: bool = False) -> dict[str, Entry]:
     """A run of benchmarks/structure_model.py with its own profile: the profile (its claim), the table (its claim),
     the profile's console output and validation_folder's entries (with the models' console output, `consoles`; the
     benches from the profile alone, `alone`)."""
     return {f"{folder}/device.json": Entry(profile), f"{folder}/table.json": Entry(table),
             f"{folder}/log-profile.txt": Entry("console output of moespec profile", source=f"{folder}/device.json"),
-            **validation_folder(folder, runs, predicted_by, consoles, alone, side)}
+            **validation_folder(folder, runs, predicted_by, consoles, alone, side, probed)}
 
 
 def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
@@ -294,14 +299,14 @@ def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
 
 
 def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...], sub: str = "",
-                alone: bool = False, side: str = SIDE_AT_CEILING) -> dict[str, Entry]:
+                alone: bool = False, side: str = SIDE_AT_CEILING, probed: bool = False) -> dict[str, Entry]:
     """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1 (in format folder
     `sub`, ggml's pair), its profile `what` and the run's own, each expert at its placement (`alone`: with the
     benches from the profile alone; `side`: where the predicted bench was predicted)."""
     return {path: entry for run, profile, table in runs for path, entry in validation_run(
         f"{folder}/{run}", f"{what}, {profile}", table, [(m, sub, 1) for m in STRUCTURE_MODELS],
         "the run's own profile, each expert at its placement, its benches pinned to its level", alone=alone,
-        side=side).items()}
+        side=side, probed=probed).items()}
 
 
 ENTRIES: dict[str, Entry] = {
