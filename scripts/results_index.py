@@ -233,10 +233,31 @@ XEON_Q4_SUMMARY = (
     "model-runs; predicted plans at the self-check's median error: k_hat*(a) within one at every a in 19 of 33 "
     "plannable model-runs, by the paper's rules 2 and 3 in 33 of 33, at most 4.7% of the speedup given up")
 
+# the same protocol with a state probe around each bench: (run, profile, table) of xeon-q4_0-probed/
+XEON_Q4_PROBED_RUNS = (
+    ("run-1", "pinned at 29.1 GB/s, one take (15 of 3437 calls off that level; self-check 13.9% / 91.0% per-slot, "
+              "6.9% / 21.0% mul_mat_id; cache 128 MiB); its benches probed at k = 0.93-1.07",
+     "8 of 16 model-kernels within 10% / 20% at the probe's k, 5 at the profile's loop, 6 predicted from the "
+     "profile alone"),
+    ("run-2", "pinned at 30.5 GB/s, one take (6 of 3437 calls off that level; self-check 8.2% / 80.7% per-slot, "
+              "5.6% / 12.4% mul_mat_id; cache 128 MiB); its benches probed at k = 0.97-1.12",
+     "4 of 16 model-kernels within 10% / 20% at the probe's k, 6 at the profile's loop, 11 predicted from the "
+     "profile alone"))
+XEON_Q4_PROBED_SUMMARY = (
+    "two q4_0 runs with a state probe around each bench: 12 of 32 model-kernel-runs within 10% / 20% at the probe's "
+    "k, 11 at the profile's loop, 17 from the profile alone (the per-slot kernel 10-21% off in median on every model "
+    "but gpt-oss); crossover within one in 16 of 16, k_hat*(a) by the paper's rules 2 and 3 in 14 of 14 plannable")
+XEON_Q4_CROSS = (
+    "each of the seven q4_0 profiles of xeon-q4_0/ and xeon-q4_0-probed/ against each probed run's benches "
+    "(benchmarks/cross_state.py, nothing timed): 79 of 224 model-kernels within 10% / 20% at each profile's loop, 89 "
+    "at the probe's k; the morning profiles 11-16 of 16 a pairing, those whose self-check missed by over 10% in "
+    "median 0-8")
+
 
 SIDE_AT_CEILING = "at the measured ceiling"
 # the side by side of benchmarks/structure_model.py since plan_sides.side_state: the state the measured passes met
 SIDE_AT_STATE = "at the ceilings the measured bench sampled per n, its experts at its placement"
+SIDE_PROBED = SIDE_AT_STATE + ", its loop at the state probe's k"
 
 
 def validation_folder(folder: str, runs: list[tuple[str, str, int]], profile: str,
@@ -828,6 +849,14 @@ ENTRIES: dict[str, Entry] = {
     "structure-model/xeon-q4_0/summary.json": Entry(XEON_Q4_SUMMARY),
     "structure-model/xeon-q4_0/summary.md": Entry(
         "summary.json as markdown", source="structure-model/xeon-q4_0/summary.json"),
+    **placed_runs("structure-model/xeon-q4_0-probed", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
+                  XEON_Q4_PROBED_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
+    "structure-model/xeon-q4_0-probed/summary.json": Entry(XEON_Q4_PROBED_SUMMARY),
+    "structure-model/xeon-q4_0-probed/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/xeon-q4_0-probed/summary.json"),
+    "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
+    "structure-model/xeon-q4_0-probed/cross/cross.md": Entry(
+        "cross.json as markdown", source="structure-model/xeon-q4_0-probed/cross/cross.json"),
     # run-8 predicted again with the rules of run-9 and run-11 (nothing timed)
     **{f"structure-model/epyc-avx2/rows/run-8/{name}": entry for name, entry in {
         "device.json": Entry("run-8's recorded profile, its self-check recomputed with the hot rate for hits only: "
