@@ -36,12 +36,13 @@ from moespec.measure.contention import Cores
 from moespec.measure.device_profile import Weights, pair_of
 from moespec.measure.placement import expert_placement
 from moespec.measure.profile_check import CHECK_EXPERTS, CHECK_SHAPE, check_passes
+from moespec.measure.timing import Timer
 from moespec.model.weights import expert_matrix_bytes, expert_rows
 
 PROBE_REPS = 3  # rounds over the passes: each pass's median of three calls (a call spreads by a few percent)
 MIN_LOOP_SHARE = 0.25  # a pass whose loop is under this share of its predicted time does not tell k
 K_RANGE = (0.25, 4.0)  # a loop 4x slower or faster than the profile's is another host, not another state
-BISECTIONS = 60
+BISECTIONS = 60  # halvings of K_RANGE in log: k to ~1e-17, far inside a timing's spread
 
 
 def _probe_rows(profile: Mapping[str, Any], dtype: str) -> dict[tuple[str, int, int], Mapping[str, Any]]:
@@ -52,7 +53,7 @@ def _probe_rows(profile: Mapping[str, Any], dtype: str) -> dict[tuple[str, int, 
     return {(r["kernel"], r["n"], r["U"]): r for r in check["passes"]}
 
 
-def time_probe(profile: Mapping[str, Any], dtype: str, timer: Any, reps: int = PROBE_REPS,
+def time_probe(profile: Mapping[str, Any], dtype: str, timer: Timer, reps: int = PROBE_REPS,
                threads: int | None = None) -> list[dict[str, Any]]:
     """The self-check's passes of `dtype` timed now on this machine (module docstring): per pass kind, n, U, the
     median seconds and ceiling (GB/s) over `reps` rounds, and the check weights' placement."""
