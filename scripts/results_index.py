@@ -854,6 +854,12 @@ ENTRIES: dict[str, Entry] = {
     "structure-model/xeon-q4_0-probed/summary.json": Entry(XEON_Q4_PROBED_SUMMARY),
     "structure-model/xeon-q4_0-probed/summary.md": Entry(
         "summary.json as markdown", source="structure-model/xeon-q4_0-probed/summary.json"),
+    **placed_runs("structure-model/xeon-bf16-probed", "bf16 profile on the Xeon VM (AVX-512, AMX)", (
+        ("run-1", "pinned at 31.4 GB/s, one take (0 of 3094 calls off that level; self-check 22.7% / 46.9% per-slot, "
+                  "21.2% / 44.1% dedup: flagged by its median; cache 128 MiB); its benches probed at k = 0.70-1.12, "
+                  "8-26 of their calls contended, their weights' placement 0.62-0.86 in median",
+         "0 of 16 model-kernels within 10% / 20% at the probe's k (25% in median), 0 at the profile's loop (31%), 1 "
+         "predicted from the profile alone (15%)"),), alone=True, side=SIDE_PROBED, probed=True),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
     "structure-model/xeon-q4_0-probed/cross/cross.md": Entry(
         "cross.json as markdown", source="structure-model/xeon-q4_0-probed/cross/cross.json"),
