@@ -10,10 +10,13 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from moespec import MoespecError
 from moespec.formats.devicefile import DeviceProfile
 from moespec.formats.files import provenance, write_json
 from moespec.measure.state_probe import loop_factor, time_probe
 from moespec.measure.timing import timer_for
+
+SIDES = ("before", "after")  # a state record's probes, taken just before and just after its bench
 
 
 def state_path(bench_out: str) -> Path:
@@ -22,14 +25,36 @@ def state_path(bench_out: str) -> Path:
     return path.with_name(path.name.replace("bench-", "state-", 1))
 
 
+def read_state(bench_out: str) -> dict[str, Any] | None:
+    """The state record beside the bench at bench_out (None where there is none); one line naming the file where it
+    is not JSON or holds no probe before and after the bench."""
+    path = state_path(bench_out)
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise MoespecError(f"{path}: not a state record ({e})") from None
+    if not all(isinstance(record.get(side), dict) and isinstance(record[side].get("probe"), list)
+               for side in SIDES):
+        raise MoespecError(f"{path}: a state record holds the probe before and after its bench")
+    return record
+
+
+def bracketed(profile: DeviceProfile, dtype: str, probes: dict[str, list]) -> tuple[float, dict[str, Any]]:
+    """(k, each side's loop_factor) of the probes before and after a bench against `profile`: k the geometric mean of
+    the two sides' (a bench between two states met both)."""
+    sides = {side: loop_factor(profile, dtype, probes[side]) for side in SIDES}
+    return math.sqrt(sides["before"]["k"] * sides["after"]["k"]), sides
+
+
 def around_bench(bench_out: str, profile: DeviceProfile, dtype: str, measure: Callable[[], object],
                  say: Callable[[str], None] = print) -> dict[str, Any] | None:
     """The state record of the bench at bench_out: where the bench is not yet measured, the probe taken, `measure`
     run and the probe taken again, written beside it; else the stored record (None where the bench was measured
     without one). On a GPU the bench is measured without a probe (None)."""
-    path = state_path(bench_out)
     if Path(bench_out).exists():
-        return json.loads(path.read_text()) if path.exists() else None
+        return read_state(bench_out)
     if profile["device_kind"] != "cpu":
         measure()
         return None
@@ -37,12 +62,11 @@ def around_bench(bench_out: str, profile: DeviceProfile, dtype: str, measure: Ca
     before = time_probe(profile, dtype, timer)
     measure()
     after = time_probe(profile, dtype, timer)
-    sides = {side: loop_factor(profile, dtype, probe) for side, probe in (("before", before), ("after", after))}
-    k = math.sqrt(sides["before"]["k"] * sides["after"]["k"])
+    k, sides = bracketed(profile, dtype, {"before": before, "after": after})
     record = {"loop_factor": k, "before": {"probe": before} | sides["before"],
               "after": {"probe": after} | sides["after"], "profile": profile.path,
               "provenance": provenance(profile["device"], dtype)}
-    write_json(path, record)
+    write_json(state_path(bench_out), record)
     say(f"loop state: k = {sides['before']['k']:.3f} before the bench, {sides['after']['k']:.3f} after "
         f"({sides['before']['used']} and {sides['after']['used']} probe passes told it)")
     return record

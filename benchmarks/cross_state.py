@@ -12,8 +12,6 @@ model-kernels within the target per pairing and over all, unprobed and probed:
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import shlex
 import sys
 from pathlib import Path
@@ -23,13 +21,12 @@ import numpy as np
 
 import stored_runs
 import structure_model
-from bench_state import state_path
+from bench_state import SIDES, bracketed, read_state
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import DeviceProfile, load_profile
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import kind_rates
-from moespec.measure.state_probe import loop_factor
 
 
 def pairing_rows(profile: DeviceProfile, run: Path, dtype: str, probed: bool) -> tuple[list[dict[str, Any]], list]:
@@ -39,14 +36,10 @@ def pairing_rows(profile: DeviceProfile, run: Path, dtype: str, probed: bool) ->
     rows, ks = [], []
     for name in structure_model.MODELS:
         config = structure_model.configs(name, run, dtype, (1,))[1]
-        record = state_path(config.out)
-        if not Path(config.out).exists() or not record.exists():
+        state = read_state(config.out) if Path(config.out).exists() else None
+        if state is None:
             continue
-        k = None
-        if probed:
-            state = json.loads(record.read_text())
-            k = math.sqrt(math.prod(loop_factor(profile, dtype, state[side]["probe"])["k"]
-                                    for side in ("before", "after")))
+        k = bracketed(profile, dtype, {side: state[side]["probe"] for side in SIDES})[0] if probed else None
         ks.append(k)
         errors = structure_model.pass_errors(config, load_bench(config.out), rates, profile["cache_bytes"],
                                              None if k is None else lambda r, _, k=k: r.loop_scaled(k))

@@ -11,6 +11,7 @@ import pytest
 from cli_cases import load_script
 from test_state_probe import LOOPY, takes
 
+from moespec import MoespecError
 from moespec.formats.devicefile import FORMAT_NAME, FORMAT_VERSION, load_profile
 from moespec.formats.files import write_json
 from moespec.measure.bench import BenchConfig
@@ -89,3 +90,15 @@ def test_a_profile_is_carried_to_its_benchs_state(cross, state, tmp_path, monkey
     assert all(r["max_error"] < 1e-6 for r in pairing["probed"]) and pairing["within"] == [0, 2]
     assert all(0.1 < r["median_error"] < 0.3 for r in pairing["unprobed"])
     assert "| all | | | | 0 of 2 | 2 of 2 |" in (tmp_path / "out" / "cross.md").read_text()
+
+
+def test_a_broken_state_record_is_named_in_one_line(state, tmp_path):
+    """A state record that is not JSON, or holds no probe on one side, is refused naming the file."""
+    bench = tmp_path / "bench-B1.json"
+    path = state.state_path(str(bench))
+    path.write_text("{not json")
+    with pytest.raises(MoespecError, match="state-B1.json: not a state record"):
+        state.read_state(str(bench))
+    path.write_text(json.dumps({"before": {"probe": []}, "after": {}}))
+    with pytest.raises(MoespecError, match="state-B1.json: a state record holds the probe before and after"):
+        state.read_state(str(bench))

@@ -109,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
                          call_ceilings=args.call_ceilings)
     if args.ceiling is not None and not args.predict:
         raise MoespecError("--ceiling is the ceiling of a prediction: give --predict DEVICE_JSON with it")
-    if args.probe and (not args.predict or args.ceiling is not None):
-        raise MoespecError("--probe measures the state a prediction is made at: give --predict DEVICE_JSON with it, "
-                           "and no --ceiling")
+    if args.probe and not args.predict:
+        raise MoespecError("--probe measures the state a prediction is made at: give --predict DEVICE_JSON with it")
     if args.call_ceilings and args.predict:
         raise MoespecError("--call-ceilings samples the ceiling after timed calls: a --predict bench times none")
     if args.predict and (args.pin_gbps is not None or args.pin_wait is not None):
