@@ -24,8 +24,10 @@ from moespec.defaults import BENCH_DTYPES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.measure import device_profile
+from moespec.measure.contention import Cores
 from moespec.measure.level import Level
 from moespec.measure.profile_fit import fit_rates
+from moespec.measure.profile_refit import rows_fit
 from moespec.measure.timing import CpuTimer, flush_bytes
 
 REPS = 7  # the profile's default rounds
@@ -33,10 +35,12 @@ REPS = 7  # the profile's default rounds
 
 def fits(dtype: str) -> tuple[dict, list[float]]:
     """Both fits of one format's freshly timed profile calls, and the calls' ceilings (GB/s)."""
-    items, info = device_profile._items(dtype, None, None)
-    device_profile._time_rounds(items, REPS, CpuTimer(), Level(wait_s=0), lambda text: None)
+    items, info, _ = device_profile._items(dtype, None, None)
+    timer = CpuTimer()
+    device_profile._time_rounds(items, REPS, timer, Level(None, 0), lambda text: None, timer.sampler(),
+                                Cores(None, fit=False))
     by_key = {item.key: item for item in items}
-    rows, g_values = device_profile.rows_fit(dtype, "cpu"), device_profile.G_VALUES
+    rows, g_values = rows_fit(dtype, "cpu"), device_profile.G_VALUES
     out = {"stream_share": fit_rates(by_key, info, g_values, rows),  # no spread suffices below: s = 1
            "all_of_the_stream": fit_rates(by_key, info, g_values, rows, state_spread=float("inf"))}
     return out, [c for item in items for c in (item.ceilings or [])]

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 from cli_cases import one_line, refused
+from tiny_profile import make_tiny
 
 from moespec import ArgumentError, MoespecError, cli
 from moespec.defaults import PAIR_DIR
 from moespec.formats.devicefile import load_profile
 from moespec.kernels import KERNELS
-from moespec.measure import cache_probe, device_profile, level, placement, profile_check, profile_fit
+from moespec.measure import device_profile, level, profile_check, profile_fit
 from moespec.measure.contention import Cores
 from moespec.model.spec import PRESETS
 from moespec.kernels.structure import Rates, kind_rates
@@ -36,21 +37,10 @@ def test_no_profiled_shape_is_a_models() -> None:
     assert not profiled & models
 
 
-TINY = {"RATE_SHAPES": ((256, 128), (128, 192)), "GGUF_RATE_SHAPES": ((256, 128), (128, 192), (96, 96)),
-        "HOT_SHAPES": ((128, 64),), "ROW_SHAPES": ((32, 96), (96, 32)), "G_VALUES": (1, 2, 3),
-        "COLD_BYTES": (1 << 20, 4 << 20), "HOT_BYTES": 96 << 10, "HOT_CACHE_SHARE": 1 / 64, "CHECK_N": (2,),
-        "CHECK_EXPERTS": 8, "CHECK_SHAPE": (192, 64),
-        "STREAM_CHUNKS": (64 << 10,), "THREAD_SCALING_G": (1,), "PROBE_SHAPE": (128, 64)}  # multiples of 32 (GGUF)
-
-
 @pytest.fixture
 def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """TINY's shapes, and cache probe distances of a few of its experts."""
-    for name, value in TINY.items():
-        monkeypatch.setattr(profile_check if name.startswith("CHECK") else device_profile, name, value)
-    monkeypatch.setattr(cache_probe, "PROBE_SHARES", (1 / 256, 1 / 64))  # re-reads at a few tiny experts
-    monkeypatch.setattr(placement, "BLOCK_BYTES", 256 << 10)  # the tiny weights' placement in blocks of 256 KiB,
-    monkeypatch.setattr(placement, "REPS", 2)  # each read twice: a median of two, not of the real five
+    make_tiny(monkeypatch)
 
 
 def test_smoke_run_on_tiny_shapes(tmp_path: Path, tiny: None) -> None:

@@ -10,37 +10,53 @@ import json
 from rich.text import Text
 
 from moespec.cli.args import add_level_flags, bounded
+from moespec import MoespecError
 from moespec.console import console
 from moespec.defaults import BENCH_DTYPES, REPS_LIMIT, THREADS_LIMIT
 from moespec.kernels.structure import kind_rates
 from moespec.measure.device_profile import DEFAULT_REPS, ProfileConfig, run_profile
 from moespec.measure.level import describe
+from moespec.measure.profile_refit import refit_file
 from moespec.predict.checks import profile_checks
 
 OUTPUTS = ("--out",)  # the path flags kept apart before any work (moespec.cli.args.check_paths)
+INPUTS = {"--refit": ()}
+# The timing flags' defaults: --refit, which times nothing, refuses any of them set otherwise
+TIMING_DEFAULTS = {"device": "cpu", "dtypes": "bf16", "reps": DEFAULT_REPS, "threads": None, "pin_gbps": None,
+                   "pin_wait": None}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="where the kernels run: cpu (the native kernels and ggml's pair) or "
-                                                    "cuda (the Triton kernels; bf16, fp32) (default cpu)")
+    p.add_argument("--device", default=TIMING_DEFAULTS["device"],
+                   help="where the kernels run: cpu (the native kernels and ggml's pair) or cuda (the Triton kernels; "
+                        "bf16, fp32) (default cpu)")
     p.add_argument("--out", default="device.json", help="results file (default device.json)")
-    p.add_argument("--dtypes", default="bf16", help=f"weight formats to time, comma-separated, of "
-                                                    f"{', '.join(BENCH_DTYPES)} (default bf16): our native kernels at "
-                                                    f"bf16 and fp32, ggml's pair (ggml-per-slot, ggml-mul_mat_id) at "
-                                                    f"the GGUF formats")
-    p.add_argument("--reps", type=bounded(2, REPS_LIMIT), default=DEFAULT_REPS,
+    p.add_argument("--dtypes", default=TIMING_DEFAULTS["dtypes"],
+                   help=f"weight formats to time, comma-separated, of {', '.join(BENCH_DTYPES)} (default bf16): our "
+                        f"native kernels at bf16 and fp32, ggml's pair (ggml-per-slot, ggml-mul_mat_id) at the GGUF "
+                        f"formats")
+    p.add_argument("--reps", type=bounded(2, REPS_LIMIT), default=TIMING_DEFAULTS["reps"],
                    help=f"timed rounds over every microbenchmark (default {DEFAULT_REPS}, 2..{REPS_LIMIT:,})")
     p.add_argument("--threads", type=bounded(1, THREADS_LIMIT),
                    help="threads of every timed call (default torch's, what `moespec bench` runs on)")
     add_level_flags(p)
+    p.add_argument("--refit", metavar="FILE", help="time nothing: fit the calls a device.json records again under this "
+                                                   "version's model and write the profile to --out")
 
 
 def run(args: argparse.Namespace) -> int:
-    config = ProfileConfig(out=args.out, device=args.device, dtypes=tuple(dict.fromkeys(args.dtypes.split(","))),
-                           reps=args.reps, threads=args.threads, level_gbps=args.pin_gbps,
-                           level_wait_s=args.pin_wait)
     out = console()
-    profile = run_profile(config, say=out.print)
+    if args.refit:
+        given = [f"--{flag.replace('_', '-')}" for flag, value in TIMING_DEFAULTS.items()
+                 if getattr(args, flag) != value]
+        if given:
+            raise MoespecError(f"--refit times nothing: drop {', '.join(given)}")
+        profile = refit_file(args.refit, args.out)
+    else:
+        config = ProfileConfig(out=args.out, device=args.device, dtypes=tuple(dict.fromkeys(args.dtypes.split(","))),
+                               reps=args.reps, threads=args.threads, level_gbps=args.pin_gbps,
+                               level_wait_s=args.pin_wait)
+        profile = run_profile(config, say=out.print)
     for dtype, entry in profile["dtypes"].items():
         c = profile.ceiling_gbps
         by_kind = kind_rates(entry, c) if "slot" in entry else {"both kinds": kind_rates(entry, c)["dedup"]}
@@ -74,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         f"{k} median {v['median']:.1%}, max {v['max']:.1%} over {v['passes']} passes" for k, v in check.items()))
     for line in profile_checks(profile, args.out):
         out.print(Text.assemble(("warning: ", "bold red"), line))
-    out.print(f"wrote {args.out} in {profile['elapsed_s']:.0f} s (ceiling {profile['ceiling_gbps']:.1f} GB/s)")
+    how = f"{args.refit}'s calls fitted again" if args.refit else f"in {profile['elapsed_s']:.0f} s"
+    out.print(f"wrote {args.out}: {how} (ceiling {profile.ceiling_gbps:.1f} GB/s)")
     print(json.dumps({"device": profile["device"], "threads": profile["threads"], "dtypes": profile.dtypes,
                       "ceiling_gbps": round(profile.ceiling_gbps, 2), "self_check": check, "out": args.out}))
     return 0

@@ -77,6 +77,13 @@ device.json (FORMAT_NAME, FORMAT_VERSION):
            pinned_gbps of null or a wait_s of 0: none pinned) and `calls`, the timed calls of the rounds
   protocol {reps, flush_bytes, timer, contention}  contention (optional): the record of the cold calls, each timed as
            the bench times one (moespec.measure.contention.Cores.cold_call, .take)
+  calls    optional (absent in files before it): {dtype: [{key, bytes, rows, info, seconds, ceilings}, ..]} every
+           call the fit read, so the file can be fitted again under a later model without timing anything
+           (moespec.measure.profile_refit.refit): the call's key (its kind first: cold, hot, overhead, check, cache),
+           its expert's bytes and weight rows, info (a rate pass's expert count, an overhead pass's [groups, nodes],
+           a check or cache-probe pass's ids [n, m]), the seconds of each round and the ceilings sampled after it in
+           GB/s (times its experts' placement; none for a hot call)
+  refit    optional: the provenance of a fit taken again from `calls` (absent: the rates are the timing run's)
   elapsed_s, provenance (device, host, dtype, versions, git commit, timestamp, command)
 """
 
@@ -142,6 +149,46 @@ def _per_g(where: str, dtype: str, entry: dict[str, Any], key: str, ok: Callable
     values, count = entry.get(key), len(entry["G"])
     if not (isinstance(values, list) and len(values) == count and all(is_number(v) and ok(v) for v in values)):
         raise _fail(where, f"dtypes.{dtype}.{key} must list {count} numbers{' ' + words if words else ''}, one per G")
+
+
+CALL_KINDS = ("cold", "hot", "overhead", "check", "cache")  # what a recorded call's key starts with
+
+
+def _check_calls(where: str, calls: Any, dtypes: dict[str, Any]) -> None:
+    """device.json `calls` where present: per dtype of the profile, its recorded calls (module docstring)."""
+    if calls is None:
+        return
+    if not isinstance(calls, dict) or not set(calls) <= set(dtypes):
+        raise _fail(where, "calls must be an object keyed by the profile's dtypes")
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    for dtype, record in calls.items():
+        if not isinstance(record, list) or not record:
+            raise _fail(where, f"calls.{dtype} must list the timed calls")
+        for i, call in enumerate(record):
+            at = f"calls.{dtype}[{i}]"
+            if not isinstance(call, dict) or not isinstance(call.get("key"), list) or not call["key"] \
+                    or call["key"][0] not in CALL_KINDS:
+                raise _fail(where, f"{at}.key must be a list starting with one of {', '.join(CALL_KINDS)}")
+            if not all(whole(call.get(k)) and call[k] > 0 for k in ("bytes", "rows")):
+                raise _fail(where, f"{at}: bytes and rows must be whole numbers > 0")
+            seconds, ceilings, info = call.get("seconds"), call.get("ceilings"), call.get("info")
+            if not (isinstance(seconds, list) and seconds and all(is_number(v) and v > 0 for v in seconds)):
+                raise _fail(where, f"{at}.seconds must list positive numbers")
+            if not (isinstance(ceilings, list) and len(ceilings) in (0, len(seconds))
+                    and all(is_number(v) and v > 0 for v in ceilings)):
+                raise _fail(where, f"{at}.ceilings must list one positive number per call, or none")
+            kind = call["key"][0]
+            if kind in ("check", "cache"):
+                ok = isinstance(info, list) and info and all(  # ids [n, m]: m distinct experts per token
+                    isinstance(row, list) and row and all(whole(e) and e >= 0 for e in row)
+                    and len(set(row)) == len(row) for row in info)
+            elif kind == "overhead":
+                ok = isinstance(info, list) and len(info) == 2 and all(whole(v) and v > 0 for v in info)
+            else:
+                ok = whole(info) and info > 0
+            if not ok:
+                raise _fail(where, f"{at}.info = {info!r} does not fit a {kind} call (ids, [groups, nodes] or an "
+                                   f"expert count)")
 
 
 class DeviceProfile(Record):
@@ -213,6 +260,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
                                        and all(is_number(v) and v > 0 for v in placed)):
             raise _fail(where, f"self_check_by_dtype.{dtype}.placement must be null or positive ratios, one per "
                                f"expert")
+    _check_calls(where, doc.get("calls"), dtypes)
     check_level_record(doc, where)
     reps = field(doc, where, "protocol.reps", int)
     if not 1 <= reps <= REPS_LIMIT:

@@ -66,7 +66,6 @@ the read's own noise, on which a regression of time on 1 / C is pulled toward 0 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -87,11 +86,11 @@ from moespec.measure.layer import gguf_blocks, torch_dtype
 from moespec.measure.level import Level, check_level, host_level
 from moespec.measure.timing import StreamRead, Timer, matmul_peak, measure_stream_read, median_iqr, timer_for
 from moespec.model.weights import expert_matrix_bytes, expert_rows
-from moespec.kernels.structure import Rates, kind_rates
-from moespec.measure.cache_probe import PROBE_SHAPE, measured_capacity, probe_cycles, probe_ids
+from moespec.measure.cache_probe import PROBE_SHAPE, probe_cycles, probe_ids
 from moespec.measure import profile_check
 from moespec.measure.placement import expert_placement
-from moespec.measure.profile_fit import STATE_SPREAD, Item, fit_rates
+from moespec.measure.profile_fit import Item
+from moespec.measure.profile_refit import Timed, fit_profile, record_calls, rows_fit
 
 # Synthetic (d, f) shapes, none a model's: row lengths d and f from 640 to 3584 columns, experts of 10-55 MB in bf16.
 RATE_SHAPES = ((2560, 640), (1024, 1920), (1792, 1152), (3584, 2560))
@@ -269,12 +268,6 @@ def _overhead_passes(dtype: str, apart: bool = False) -> list[tuple[str, int, in
     return passes
 
 
-def rows_fit(dtype: str, device: str) -> str | None:
-    """Where a dtype's per-row time is fitted on a device kind (moespec.measure.profile_fit.ROWS): ggml's pair over its
-    cold rate shapes, our native kernels over the hot passes with ROW_SHAPES, the Triton kernels not at all."""
-    return "cold" if dtype in QUANTIZED else "hot" if device == "cpu" else None
-
-
 def hot_shapes(dtype: str, device: str) -> tuple[tuple[int, int], ...]:
     """The hot passes' shapes of a dtype on a device kind: HOT_SHAPES, and ROW_SHAPES where the per-row time is fitted
     over the hot passes (rows_fit)."""
@@ -415,16 +408,6 @@ def _stream_chunks(timer: Timer, reps: int) -> dict[str, Any]:
     return {"chunk_bytes": list(STREAM_CHUNKS), "gbps": gbps, "iqr_gbps": iqr}
 
 
-def _entry(rates: Rates) -> dict[str, Any]:
-    """device.json's rates of one kind (moespec.formats.devicefile `dtypes.<dtype>`)."""
-    entry = {"G": list(rates.G), "hot_s_per_byte": list(rates.hot_s_per_byte),
-             "cold_excess_s_per_byte": list(rates.cold_excess_s_per_byte), "group_s": rates.group_s,
-             "pass_s": rates.pass_s, "node_s": rates.node_s, "token_s": rates.token_s,
-             "stream_share": list(rates.stream_share), "cold_ramp_s": list(rates.ramp_s),
-             "cold_ramp_bytes": rates.ramp_bytes, "hot_group_s": rates.group_hot}
-    return entry | ({"row_s": list(rates.row_s)} if rates.row_s else {})
-
-
 def _check_kernels(config: ProfileConfig) -> None:
     """The kernels each dtype needs run here: ggml's for a GGUF format, ours natively on the CPU."""
     for dtype in config.dtypes:
@@ -454,50 +437,30 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
     before = timer.ceiling()
     say(f"moespec profile: {timer.name}; {', '.join(config.dtypes)}; {config.reps} rounds; ceiling "
         f"{median_iqr(before)[0]:.1f} GB/s")
-    doc_dtypes, checked, probed, scaling, all_ceilings, calls = {}, {}, None, None, list(before), 0
+    timed, peaks, scaling, all_ceilings, calls = {}, {}, None, list(before), 0
     for i, dtype in enumerate(config.dtypes):
         items, info, reads = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
         _time_rounds(items, config.reps, timer, level, say, sample, cores)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
-        check_placement = _place(by_key, reads, timer, sample)
+        timed[dtype] = Timed(by_key, info, _place(by_key, reads, timer, sample))
         say(f"{dtype}: placement of the weights' memory taken")
         calls += sum(len(item.seconds) for item in items)
-        spread = math.inf if level.active else STATE_SPREAD  # pinned: one state by construction, s = 1
-        rates = {"dedup": fit_rates(by_key, info, sizes.g_values, rows_fit(dtype, sizes.device), state_spread=spread,
-                                    apart=sizes.apart)}
-        rates["slot"] = fit_rates(by_key, info, (1,), None, spread, kind="slot", apart=True) if sizes.apart \
-            else rates["dedup"]
-        peak = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
-        doc_dtypes[dtype] = _entry(rates["dedup"]) | {"matmul_peak_gflops": peak}
-        if sizes.apart:
-            doc_dtypes[dtype]["slot"] = _entry(rates["slot"])
-        if i == 0:  # the cache probe's and the thread scaling's calls ran with the first dtype
-            if keys := sorted(k for k in info if k[0] == "cache"):  # fitted once the profile's ceiling is known
-                probed = (dtype, pair_of(dtype)["slot"], *info[keys[0]][:2], [
-                    (info[k][2], by_key[k].seconds, by_key[k].ceilings) for k in keys])
-            if timer.kind == "cpu":
-                first = rate_shapes(dtype)[0]
-                experts = min(k[5] for k in by_key if k[:4] == ("cold", "dedup", *first))
-                scaling = {"G": list(THREAD_SCALING_G), "speedup": [
-                    float(np.median(by_key["threads_1", *first, g].seconds)
-                          / np.median(by_key["cold", "dedup", *first, g, experts].seconds)) for g in THREAD_SCALING_G],
-                    "ceiling_gbps": median_iqr(measure_stream_read(repeats=3, threads=1))[0]}
-        # the check passes' samples (not their weights) for the self-check, which needs the profile's ceiling
-        checked[dtype] = ({k: Item(k, lambda: None, seconds=by_key[k].seconds, ceilings=by_key[k].ceilings)
-                           for k in info if k[0] == "check"}, {k: v for k, v in info.items() if k[0] == "check"},
-                          check_placement)
+        peaks[dtype] = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
+        if i == 0 and timer.kind == "cpu":  # the thread scaling's calls ran with the first dtype
+            first = rate_shapes(dtype)[0]
+            experts = min(k[5] for k in by_key if k[:4] == ("cold", "dedup", *first))
+            scaling = {"G": list(THREAD_SCALING_G), "speedup": [
+                float(np.median(by_key["threads_1", *first, g].seconds)
+                      / np.median(by_key["cold", "dedup", *first, g, experts].seconds)) for g in THREAD_SCALING_G],
+                "ceiling_gbps": median_iqr(measure_stream_read(repeats=3, threads=1))[0]}
     stream = _stream_chunks(timer, config.reps) if timer.kind == "cpu" else None
     after = timer.ceiling()
     ceiling, ceiling_iqr = median_iqr(all_ceilings + after)
-    model = {dtype: kind_rates(entry, ceiling) for dtype, entry in doc_dtypes.items()}  # as a prediction loads them
-    cache, probe = nominal, None
-    if probed:
-        dtype, kernel, expert_bytes, rows, timed = probed
-        cache, probe = measured_capacity(model[dtype]["slot"], kernel, PROBE_SHAPE, timed, expert_bytes, rows, nominal)
-    checks = {dtype: profile_check.self_check(model[dtype], items, check_info, cache, placed)
-              for dtype, (items, check_info, placed) in checked.items()}
+    entries, cache, probe, checks = fit_profile(timed, sizes.g_values, timer.kind, sizes.apart, level.active, ceiling,
+                                                nominal, (pair_of(config.dtypes[0])["slot"], PROBE_SHAPE))
+    doc_dtypes = {dtype: entry | {"matmul_peak_gflops": peaks[dtype]} for dtype, entry in entries.items()}
     doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "device": timer.name, "device_kind": timer.kind,
            "threads": threads, "ceiling_kind": timer.ceiling_kind, "ceiling_gbps": ceiling,
            "ceiling_iqr_gbps": ceiling_iqr, "ceiling_before_after_gbps": [median_iqr(before)[0], median_iqr(after)[0]],
@@ -516,6 +479,7 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
            "level": level.record() | {"calls": calls},
            "protocol": {"reps": config.reps, "flush_bytes": timer.flush_bytes, "timer": timer.timer_name,
                         "late_starts": timer.late_starts, "contention": cores.take()},
+           "calls": {dtype: record_calls(t) for dtype, t in timed.items()},
            "elapsed_s": time.perf_counter() - started,
            "provenance": provenance(timer.name, ",".join(config.dtypes))}
     write_json(config.out, doc)
