@@ -427,7 +427,7 @@ def test_a_burst_meets_each_pass_size_once(burst: tuple[float, float]) -> None:
         calls[0] += 1
         return size[0] * 1e-3 * (2.0 if burst[0] * per_round < calls[0] <= burst[1] * per_round else 1.0)
 
-    layer = SimpleNamespace(shape=(4, 8), run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
+    layer = SimpleNamespace(shape=(4, 8), tensors=[], run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
     timer = SimpleNamespace(flush=lambda: None, time=timed, ceiling=lambda repeats: [30.0])
     inputs = [bench.pass_inputs(plan[0, n], 8, torch.float32, "cpu") for n in ns]
     rounds = [bench_rounds.time_round(inputs, kernels, layer, rep, reps, timer, lambda count: None, Level(wait_s=0),
@@ -457,7 +457,7 @@ def _retime(rounds: list, inputs: list, requested: list, again: Callable[[int], 
     """retime_outliers over `rounds` with every new call of pass size i taking again(i) seconds; (records, calls)."""
     calls: list[int] = []
     size = [0]
-    layer = SimpleNamespace(run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
+    layer = SimpleNamespace(tensors=[], run=lambda kernel, x, ids, w: size.__setitem__(0, ids.shape[0]))
     timer = SimpleNamespace(flush=lambda: None,
                             time=lambda fn: fn() or calls.append(size[0]) or again(size[0]))
     return bench_rounds.retime_outliers(rounds, inputs, ["slot", "dedup"], layer, requested, timer, Level(wait_s=0),

@@ -130,6 +130,20 @@ def test_a_cold_call_flushes_then_reads_the_machine_around_the_timed_call(monkey
     assert steps == ["flush", "reads 0", "call"] and cores.take()["contended"] == 1
 
 
+def test_a_cold_call_reads_its_weights_before_the_flush(monkeypatch, two_cores):
+    """`reads`: the call's weights are read once, then the cache is flushed, then the call is timed; no reads, no
+    read."""
+    fake_snapshots(monkeypatch, [0] * 4)
+    steps = []
+    monkeypatch.setattr(C, "read_pages", lambda parts: steps.append(("read", len(parts))))
+    timer = SimpleNamespace(flush=lambda: steps.append("flush"), time=lambda fn: (fn(), 0.5)[-1])
+    cores = Cores(2, fit=False)
+    weights = [torch.zeros(4), torch.zeros(2)]
+    assert cores.cold_call(timer, lambda: steps.append("call"), weights) == 0.5
+    assert cores.cold_call(timer, lambda: steps.append("call")) == 0.5
+    assert steps == [("read", 2), "flush", "call", "flush", "call"]
+
+
 def test_take_starts_the_counts_again_and_merge_adds_them(monkeypatch, two_cores):
     fake_snapshots(monkeypatch, [1, 1, 0, 0])
     cores = Cores(2, fit=False)

@@ -119,3 +119,15 @@ def test_the_kv_cache_grows_in_huge_pages() -> None:
     assert all(b.data_ptr() % pages.HUGE_PAGE == 0 and b.shape[-2] == 8200 for b in buffers)
     assert torch.equal(got_keys, torch.cat([keys, more_keys], dim=-2))
     assert torch.equal(got_values, torch.cat([values, more_values], dim=-2))
+
+
+@pytest.mark.parametrize("ids, runs", [([[3]], [(3, 4)]), ([[0, 1, 2, 3, 4]], [(0, 5)]),
+                                       ([[4, 0], [1, 4]], [(0, 2), (4, 5)]), ([[6, 2, 3], [3, 2, 6]], [(2, 4), (6, 7)])])
+def test_expert_slices_read_each_expert_once(ids: list[list[int]], runs: list[tuple[int, int]]) -> None:
+    """One slice per run of consecutive ids, of every tensor, whatever the order and repeats of the ids: a pass's
+    experts, each read once (the slices' bytes are the distinct experts' bytes)."""
+    gate_up, down = torch.arange(7 * 6).reshape(7, 2, 3), torch.arange(7 * 3).reshape(7, 3, 1)
+    slices = pages.expert_slices([gate_up, down], torch.tensor(ids))
+    assert [(s.data_ptr() - t.data_ptr()) // t[0].nbytes for t, s in zip([gate_up] * len(runs) + [down] * len(runs),
+                                                                            slices)] == [a for a, _ in runs] * 2
+    assert [len(s) for s in slices] == [b - a for a, b in runs] * 2 and all(s.is_contiguous() for s in slices)

@@ -108,3 +108,16 @@ def huge_page_bytes(t: torch.Tensor) -> int:
         elif inside and head == "AnonHugePages:":
             total += int(line.split()[1]) * 1024
     return total
+
+
+def expert_slices(tensors: list[torch.Tensor], experts: object) -> list[torch.Tensor]:
+    """The slices of `tensors` (each [N, ...], the experts along dim 0) that hold `experts` (ids, any order,
+    repeats allowed): one slice per run of consecutive ids, so a read of them reads each expert's bytes once."""
+    ids = sorted({int(e) for e in torch.as_tensor(experts).reshape(-1).tolist()})
+    runs: list[list[int]] = []
+    for e in ids:
+        if runs and e == runs[-1][1]:
+            runs[-1][1] = e + 1
+        else:
+            runs.append([e, e + 1])
+    return [t[a:b] for t in tensors for a, b in runs]

@@ -1,6 +1,7 @@
 """The bench's rounds (moespec.measure.bench): one round of one layer times every pass size, each pass by every
-kernel after a cache flush, in orders rotated per round; the checkpoint's key and check of a finished round; and the
-rounds gathered per (layer, n) into the records `analyze` reads (moespec.measure.fits).
+kernel after a cache flush (its experts read once before it: memory in place, Cores.cold_call), in orders rotated
+per round; the checkpoint's key and check of a finished round; and the rounds gathered per (layer, n) into the
+records `analyze` reads (moespec.measure.fits).
 
 Shapes: `inputs` [pass size][pass] of Inputs; a round [pass size] of {"times": [pass][kernel] seconds,
 "ceiling_gbps": [samples], "contention": record, and with call samples "call_ceilings_gbps": [pass][kernel] GB/s};
@@ -18,6 +19,7 @@ import numpy as np
 
 from moespec.formats.checkpoint import is_count, require
 from moespec.formats.files import check_contention_record, is_number
+from moespec.kernels import pages
 from moespec.measure.contention import Cores, merge
 from moespec.measure.layer import Inputs, LayerWeights
 from moespec.measure.level import Level
@@ -75,9 +77,9 @@ def time_round(inputs: list[list[Inputs]], kernels: list[str], layer: LayerWeigh
 
 def timed_call(layer: LayerWeights, kernel: str, inp: Inputs, timer: Timer, cores: Cores,
                sample: Callable[[], float] | None) -> tuple[float, float | None]:
-    """One timed call after a cache flush, on the threads `cores` fits: (seconds, the ceiling sampled right after
-    it, or None without `sample`)."""
-    t = cores.cold_call(timer, partial(layer.run, kernel, *inp))
+    """One timed call after a cache flush, its experts read once before it (Cores.cold_call), on the threads `cores`
+    fits: (seconds, the ceiling sampled right after it, or None without `sample`)."""
+    t = cores.cold_call(timer, partial(layer.run, kernel, *inp), pages.expert_slices(layer.tensors, inp[1]))
     return t, sample() if sample else None
 
 

@@ -41,15 +41,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import torch
 
 from moespec import MoespecError
 from moespec.defaults import THREADS_LIMIT
-
-if TYPE_CHECKING:
-    from moespec.measure.timing import Timer
+from moespec.measure.timing import Timer, read_pages
 
 WAIT_SHARE = 0.05  # our threads waiting for a core over 5% of a call (quiet: median 0, 95th percentile ~1%)
 FIT_READS = 3  # the reads a load must show in before the threads are fitted to it
@@ -196,11 +195,15 @@ class Cores:
         self.others_max, self.wait_share_max = max(self.others_max, others), max(self.wait_share_max, share)
         return contended
 
-    def cold_call(self, timer: Timer, fn: Callable[[], object]) -> float:
+    def cold_call(self, timer: Timer, fn: Callable[[], object], reads: Sequence[torch.Tensor] = ()) -> float:
         """Seconds of one call of fn after the timer's cache flush, on the threads `before()` fits, the machine read
         after it: every cold call the bench and the profile time. The reads between the flush and the call are part
         of what a call pays (on a 2-core Zen 1 guest a pass of eight 24.6 KB experts took ~200 us after them and
-        ~230 us straight after the flush), so a profile's fixed costs hold for a bench only when both take them."""
+        ~230 us straight after the flush), so a profile's fixed costs hold for a bench only when both take them.
+        `reads`, the tensors (expert slices) the call reads, are read once before the flush: memory in place, as an
+        engine's experts are (moespec.measure.timing.read_pages)."""
+        if reads:
+            read_pages(list(reads))
         timer.flush()
         self.before()
         seconds = timer.time(fn)

@@ -52,8 +52,9 @@ profile of results/structure-model/gpu-h200 they fitted 1 MiB of a 60 MiB L2, dr
 that ran below the cold rate for reasons of their own, and per-slot re-reads of the check passes ran 20-30% under a
 cold read, as a hit at the slot kernel's hot rate predicts. The ceiling is the timer's: a streaming read on the
 CPU, a device copy on the GPU.
-Every cold call is timed as the bench times one (moespec.measure.contention.Cores.cold_call: a cache flush, the
-machine read, the call, the machine read again; the threads watched, never lowered: device.json protocol.contention),
+Every cold call is timed as the bench times one (moespec.measure.contention.Cores.cold_call: the weights it reads
+read once, a cache flush, the machine read, the call, the machine read again; the threads watched, never lowered:
+device.json protocol.contention),
 so the fixed costs fitted are those a bench's call pays; in rounds whose order is rotated so drift hits every item
 alike; medians and IQRs over rounds. Pinned (`level_gbps`, `level_wait_s`; the CPU only, off unless asked for:
 moespec.measure.level), every call is taken at one bandwidth level of the host: a call whose
@@ -204,6 +205,10 @@ class Weights:
     def rows(self) -> int:
         return expert_rows(self.d, self.f)
 
+    def reads(self, ids: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """The slices of these weights a pass on ids [n, m] reads (pages.expert_slices)."""
+        return tuple(pages.expert_slices([self.gate_up, self.down], ids))
+
     def call(self, kernel: str, ids: np.ndarray, threads: int | None) -> Callable[[], object]:
         """The expert op of `kernel` on ids [n, m] over these weights (inputs drawn once: in the weights' dtype, fp32
         for GGUF blocks, as the bench draws them)."""
@@ -299,13 +304,13 @@ def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
                 runs.append(("slot", 1, _same_experts(1, experts)))
             for kind, g, ids in runs:
                 key = (state, kind, d, f, g, experts)
-                items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold"))
+                items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold", reads=w.reads(ids)))
                 info[key] = (w.expert_bytes, w.rows, experts)
                 if state == "cold":
                     reads[key] = (w, np.arange(experts))
         if scaling and i == 0:
-            items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, counts[0]), 1))
-                      for g in THREAD_SCALING_G]
+            items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, counts[0]), 1),
+                           reads=w.reads(_same_experts(g, counts[0]))) for g in THREAD_SCALING_G]
     return items, info, reads
 
 
@@ -323,7 +328,7 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype, sizes.device)
         for k in cycles:
             ids = probe_ids(k)
-            items.append(Item(("cache", k), w.call(pair["slot"], ids, threads)))
+            items.append(Item(("cache", k), w.call(pair["slot"], ids, threads), reads=w.reads(ids)))
             info[("cache", k)] = (w.expert_bytes, w.rows, ids)
             reads[("cache", k)] = (w, np.unique(ids))
     hot_items, hot_info, _ = _rate_items(dtype, threads, sizes, "hot")
@@ -334,13 +339,13 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
         ids = np.arange(tokens * m, dtype=np.int64).reshape(tokens, m)
         for cold in (True, False):
             key = ("overhead", kind, tokens, m, "cold" if cold else "hot")
-            items.append(Item(key, w.call(pair[kind], ids, threads), cold=cold))
+            items.append(Item(key, w.call(pair[kind], ids, threads), cold=cold, reads=w.reads(ids)))
             nodes = tokens if kind == "slot" and dtype in QUANTIZED else 1  # ggml-per-slot: a node per token
             info[key] = (w.expert_bytes, w.rows, (tokens * m, nodes))
     w = Weights.draw(*profile_check.CHECK_SHAPE, profile_check.CHECK_EXPERTS, dtype, sizes.device)
     for n, u, ids in profile_check.check_passes():
         for kind in KERNELS:
-            items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads)))
+            items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads), reads=w.reads(ids)))
             info[("check", kind, n, u)] = (w.expert_bytes, w.rows, ids)
             reads[("check", kind, n, u)] = (w, np.unique(ids))
     return items, info, reads
@@ -378,7 +383,7 @@ def _time_rounds(items: list[Item], reps: int, timer: Timer, level: Level, say: 
 
     def call(item: Item) -> tuple[float, float | None]:
         if item.cold:
-            return cores.cold_call(timer, item.fn), ceiling()
+            return cores.cold_call(timer, item.fn, item.reads), ceiling()
         timer.warm(item.fn)
         return timer.time(item.fn), None
 

@@ -11,8 +11,9 @@ profile and its validation) takes the ratio of each expert's read to the ceiling
 
 Experts are read in blocks of consecutive ids of at least BLOCK_BYTES (a read that long reaches the streaming rate
 past its threads' start; an expert of more is a block of its own; a layer of less has no placement), each block
-after a cache flush, with one ceiling sample after it, over REPS rounds rotated as the bench's; p_e is its block's
-median ratio. Tensors on a GPU, or with no native reader, have no placement (None): their reads are not the host's
+read once, then timed after a cache flush (a timed call's experts are read once before its flush too:
+moespec.measure.timing.read_pages), with one ceiling sample after it, over REPS rounds rotated as the bench's; p_e
+is its block's median ratio. Tensors on a GPU, or with no native reader, have no placement (None): their reads are not the host's
 memory.
 """
 
@@ -27,7 +28,7 @@ import torch
 from moespec import ArgumentError
 from moespec.arguments import show
 from moespec.kernels import native
-from moespec.measure.timing import Timer, read_gbps
+from moespec.measure.timing import Timer, read_gbps, read_pages
 
 BLOCK_BYTES = 16 << 20  # the CPU's streaming read at 4-16 MiB chunks is within ~3% of its rate at 256 MiB
 REPS = 5  # rounds of reads per block: a median that one disturbed read does not move
@@ -63,8 +64,10 @@ def expert_placement(tensors: Sequence[torch.Tensor], timer: Timer, sample: Call
     ratios: list[list[float]] = [[] for _ in spans]
     for rep in range(reps):
         for i in [(rep + j) % len(spans) for j in range(len(spans))]:
+            block = [t[spans[i].start:spans[i].stop] for t in tensors]
+            read_pages(block)  # the rate of memory in place, as a timed call reads it
             timer.flush()
-            got = read_gbps([t[spans[i].start:spans[i].stop] for t in tensors])
+            got = read_gbps(block)
             ratios[i].append(got / sample())
     out = [0.0] * experts
     for span, values in zip(spans, ratios):

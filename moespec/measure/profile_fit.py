@@ -50,13 +50,15 @@ Key = tuple[Any, ...]
 @dataclass
 class Item:
     """One timed call of a round: what it is (key), its work (fn), whether it runs cold (flushed) or hot (run just
-    before), and the samples: seconds with the ceiling sampled after each cold call."""
+    before), the weights it reads (expert slices, read once before a cold call's flush: Cores.cold_call), and the
+    samples: seconds with the ceiling sampled after each cold call."""
 
     key: Key
     fn: Callable[[], object]
     cold: bool = True
     seconds: list[float] | None = None
     ceilings: list[float] | None = None
+    reads: tuple[Any, ...] = ()
 
 
 def fixed_costs(by_key: dict[Key, Item], info: dict[Key, Any], state: str, rates: Rates,

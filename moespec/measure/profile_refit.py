@@ -63,8 +63,8 @@ def fit_profile(timed: Mapping[str, Timed], g_values: tuple[int, ...], device: s
                 ) -> tuple[dict[str, dict[str, Any]], int, dict[str, Any] | None, dict[str, dict[str, Any]]]:
     """(dtypes' rate entries, cache_bytes, cache_probe, self_check_by_dtype) of device.json from each format's timed
     calls (in the order timed: the first holds the cache probe's passes, `probe` the kernel they ran through and
-    their experts' shape), at the profile's G and ceiling; `pinned`: its calls were taken at one level of the host, so the stream's share is 1,
-    not fitted (moespec.measure.device_profile)."""
+    their experts' shape), at the profile's G and ceiling; `pinned`: its calls were taken at one level of the host,
+    so the stream's share is 1, not fitted (moespec.measure.device_profile)."""
     spread = math.inf if pinned else STATE_SPREAD
     entries, model = {}, {}
     for dtype, t in timed.items():

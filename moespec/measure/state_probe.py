@@ -63,17 +63,17 @@ def time_probe(profile: Mapping[str, Any], dtype: str, timer: Timer, reps: int =
     pair = pair_of(dtype)
     w = Weights.draw(*CHECK_SHAPE, CHECK_EXPERTS, dtype, timer.kind)
     sample = timer.sampler()
-    calls = [(kind, n, u, w.call(pair[kind], ids, threads)) for n, u, ids in check_passes() for kind in KERNELS
-             if (kind, n, u) in recorded]
-    for *_, fn in calls:
+    calls = [(kind, n, u, w.call(pair[kind], ids, threads), w.reads(ids)) for n, u, ids in check_passes()
+             for kind in KERNELS if (kind, n, u) in recorded]
+    for *_, fn, _ in calls:
         fn()  # code and buffers ready
     cores = Cores(threads, fit=False)
     seconds: dict[tuple[str, int, int], list[float]] = {key[:3]: [] for key in calls}
     ceilings: dict[tuple[str, int, int], list[float]] = {key[:3]: [] for key in calls}
     try:
         for _ in range(reps):
-            for kind, n, u, fn in calls:
-                seconds[kind, n, u].append(cores.cold_call(timer, fn))
+            for kind, n, u, fn, reads in calls:
+                seconds[kind, n, u].append(cores.cold_call(timer, fn, reads))
                 ceilings[kind, n, u].append(sample())
     finally:
         cores.release()

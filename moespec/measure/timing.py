@@ -111,6 +111,8 @@ def read_gbps(parts: list[torch.Tensor], threads: int | None = None) -> float:
     """GB/s of one streaming read over the bytes of `parts` (each contiguous, in the CPU's memory, in turn): the
     native reader on `threads` (None: torch's), else a torch sum of each."""
     lib, nbytes = native.load(), sum(t.numel() * t.element_size() for t in parts)
+    if not nbytes:
+        return 0.0
     start = perf_counter()
     for t in parts:
         if lib is not None:
@@ -118,6 +120,17 @@ def read_gbps(parts: list[torch.Tensor], threads: int | None = None) -> float:
         else:
             t.sum()
     return nbytes / (perf_counter() - start) / 1e9
+
+
+def read_pages(parts: list[torch.Tensor], threads: int | None = None) -> None:
+    """Read the bytes of `parts` once (those in the CPU's memory; contiguous): what a timed cold call does before its
+    flush (Cores.cold_call). A host may let memory a guest leaves untouched for seconds go idle, and the first read
+    of it then costs far more than the stream: on a 2-core KVM guest of a Xeon, 400 MB of expert weights untouched for
+    1, 5, 15, 30 and 60 s read in a pass at 24, 22, 16, 14 and 12 GB/s, and read again right after at 28 (the
+    ceiling 30); touching one byte per page took 25-60 ms and left the pass at 18-25. A bench's or an engine's
+    experts are read every few calls, so every timed call reads its own experts once first: the time is the
+    kernel's on memory in place, from the cache flushed after the read."""
+    read_gbps([t for t in parts if t.device.type == "cpu" and t.is_contiguous()], threads)
 
 
 def measure_stream_read(nbytes: int = STREAM_READ_BYTES, repeats: int = CEILING_REPEATS,
