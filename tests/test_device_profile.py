@@ -82,6 +82,17 @@ def test_smoke_run_of_ggml_pair(tmp_path: Path, tiny: None) -> None:
     assert device_profile.Weights.bytes_of(64, 32, "q4_0") == 3 * 64 * 32 // 32 * 18
 
 
+def test_every_cold_call_reads_the_experts_it_reads(tiny: None) -> None:
+    """A cold item's `reads` (read once before its flush) are the expert bytes its call reads, each once: E experts of
+    a rate pass, the distinct experts of a check or probe pass."""
+    items, info, _ = device_profile._items("bf16", None, 64 << 20)
+    for item in items:
+        if item.key[0] in ("cold", "check", "cache"):
+            b, _, third = info[item.key]
+            experts = third if item.key[0] == "cold" else len(np.unique(third))
+            assert sum(t.numel() * t.element_size() for t in item.reads) == b * experts
+
+
 def test_fixed_costs_fit_exact() -> None:
     """fixed_costs recovers a call's, a group's and a node's (ggml's) or a token's (ours) fixed seconds from overhead
     passes built from them, the groups' bytes (at each call's own ceiling) and rows taken out; our kernels' passes (one

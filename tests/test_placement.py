@@ -45,10 +45,14 @@ def test_each_expert_takes_its_blocks_median_ratio(monkeypatch: pytest.MonkeyPat
         calls[first] = calls.get(first, 0) + 1
         return 1000.0 if calls[first] == 1 else rates[first]  # the first read of each block disturbed
 
+    steps: list[str] = []
     monkeypatch.setattr(placement, "read_gbps", read)
-    got = placement.expert_placement([gate_up, down], fake_timer(), lambda: 10.0, reps=5)
+    monkeypatch.setattr(placement, "read_pages", lambda parts: steps.append(f"in place {len(parts)}"))
+    timer = SimpleNamespace(flush=lambda: steps.append("flush"))
+    got = placement.expert_placement([gate_up, down], timer, lambda: 10.0, reps=5)
     assert got == [rates[s.start] / 10.0 for s in spans for _ in s]
     assert all(n == 5 for n in calls.values())
+    assert steps == ["in place 2", "flush"] * 15  # each block read once before its flush, then timed
 
 
 def test_real_reads_give_one_positive_value_per_expert() -> None:
