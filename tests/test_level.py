@@ -371,7 +371,7 @@ def test_bench_repeats_a_round_off_the_level():
     """The bench's rounds: settled before, a reference read after; a round whose read is off is timed again and
     only the kept rounds' samples count."""
     calls = []
-    layer = SimpleNamespace(shape=(4, 8), x_dtype=torch.float32, gate_up=torch.zeros(1),
+    layer = SimpleNamespace(shape=(4, 8), x_dtype=torch.float32, gate_up=torch.zeros(1), tensors=[],
                             run=lambda kernel, *inp: calls.append(kernel))
     timer = SimpleNamespace(flush=lambda: None, time=lambda fn: fn() or 0.001, ceiling=lambda repeats: [30.0])
     two = [passes.Pass("chosen", np.zeros((2, 2), dtype=np.int64), 2)]
