@@ -253,6 +253,23 @@ XEON_Q4_CROSS = (
     "at the probe's k; the morning profiles 11-16 of 16 a pairing, those whose self-check missed by over 10% in "
     "median 0-8")
 
+# the same protocol with every timed call's experts read before its flush: (run, profile, table) of *-in-place/
+XEON_BF16_IN_PLACE_RUNS = (
+    ("run-1", "pinned at 31.1 GB/s, one take (0 of 3094 calls off that level; self-check 5.0% / 36.5% per-slot, "
+              "5.8% / 19.8% dedup; cache 128 MiB), every timed call's experts read before its flush; its benches "
+              "probed at k = 0.81-1.06",
+     "13 of 16 model-kernels within 10% / 20% at the probe's k (the pair 19.2% and 16.3% in median, 1536 x 512's "
+     "per-slot 10.1%), 14 at the profile's loop, 14 predicted from the profile alone; crossover within one in 7 of 8, "
+     "k_hat*(a) by the paper's rules 2 and 3 in 7 of 7 plannable"),)
+IDLE_MEMORY = (
+    "the first cold one-token pass over ~400 MB of bf16 experts left untouched 1, 5, 15, 30 and 60 s: 27.4, 24.5, "
+    "17.3, 14.6 and 13.5 GB/s in median, the same pass right after 28.9-29.3, with the weights read before the flush "
+    "28.3-29.8 (benchmarks/idle_memory.py, two rounds, the Xeon VM in its evening state)")
+IDLE_BEFORE = (
+    "a bf16 profile of the Xeon VM that evening at 43df2ce, before timed calls read their weights first, with every "
+    "call it fitted (calls): its one-token rate passes, each the first read of its weights in a round, streamed at "
+    "10-18 GB/s where the check passes read 25-28; one-thread scaling 1.03x at G = 1; self-check 23.5% / 42.4% in "
+    "median (per-slot / dedup)")
 
 SIDE_AT_CEILING = "at the measured ceiling"
 # the side by side of benchmarks/structure_model.py since plan_sides.side_state: the state the measured passes met
@@ -860,6 +877,10 @@ ENTRIES: dict[str, Entry] = {
                   "8-26 of their calls contended, their weights' placement 0.62-0.86 in median",
          "0 of 16 model-kernels within 10% / 20% at the probe's k (25% in median), 0 at the profile's loop (31%), 1 "
          "predicted from the profile alone (15%)"),), alone=True, side=SIDE_PROBED, probed=True),
+    **placed_runs("structure-model/xeon-bf16-in-place", "bf16 profile on the Xeon VM (AVX-512, AMX)",
+                  XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True),
+    **with_console("structure-model/idle-memory/idle-memory", IDLE_MEMORY),
+    **with_console("structure-model/idle-memory/device-before", IDLE_BEFORE),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
     "structure-model/xeon-q4_0-probed/cross/cross.md": Entry(
         "cross.json as markdown", source="structure-model/xeon-q4_0-probed/cross/cross.json"),
