@@ -261,6 +261,13 @@ XEON_BF16_IN_PLACE_RUNS = (
      "13 of 16 model-kernels within 10% / 20% at the probe's k (the pair 19.2% and 16.3% in median, 1536 x 512's "
      "per-slot 10.1%), 14 at the profile's loop, 14 predicted from the profile alone; crossover within one in 7 of 8, "
      "k_hat*(a) by the paper's rules 2 and 3 in 7 of 7 plannable"),)
+XEON_Q4_IN_PLACE_RUNS = (
+    ("run-1", "pinned at 30.0 GB/s, one take (238 of 3437 calls off that level: its wait ran out; self-check 5.8% / "
+              "51.6% per-slot, 2.5% / 4.9% mul_mat_id; cache 64 MiB), every timed call's experts read before its "
+              "flush; its benches probed at k = 0.85-1.03, Mixtral's at 0.34 before and 1.15 after",
+     "12 of 16 model-kernels within 10% / 20% at the probe's k (Mixtral's two 26-27% fast on the probe taken right "
+     "after a test run: 1-2% at the profile's loop; 1536 x 512 12-16%), 10 at the profile's loop, 11 predicted from "
+     "the profile alone"),)
 IDLE_MEMORY = (
     "the first cold one-token pass over ~400 MB of bf16 experts left untouched 1, 5, 15, 30 and 60 s: 27.4, 24.5, "
     "17.3, 14.6 and 13.5 GB/s in median, the same pass right after 28.9-29.3, with the weights read before the flush "
@@ -879,6 +886,8 @@ ENTRIES: dict[str, Entry] = {
          "predicted from the profile alone (15%)"),), alone=True, side=SIDE_PROBED, probed=True),
     **placed_runs("structure-model/xeon-bf16-in-place", "bf16 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True),
+    **placed_runs("structure-model/xeon-q4_0-in-place", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
+                  XEON_Q4_IN_PLACE_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
     **with_console("structure-model/idle-memory/idle-memory", IDLE_MEMORY),
     **with_console("structure-model/idle-memory/device-before", IDLE_BEFORE),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
