@@ -267,7 +267,13 @@ XEON_Q4_IN_PLACE_RUNS = (
               "flush; its benches probed at k = 0.85-1.03, Mixtral's at 0.34 before and 1.15 after",
      "12 of 16 model-kernels within 10% / 20% at the probe's k (Mixtral's two 26-27% fast on the probe taken right "
      "after a test run: 1-2% at the profile's loop; 1536 x 512 12-16%), 10 at the profile's loop, 11 predicted from "
-     "the profile alone"),)
+     "the profile alone"),
+    ("run-2", "pinned at 30.6 GB/s, one take (60 of 3437 calls off that level; self-check 3.5% / 57.4% per-slot, "
+              "1.7% / 8.2% mul_mat_id; cache 256 MiB), every timed call's experts read before its flush; its benches "
+              "probed at k = 0.88-0.97",
+     "14 of 16 model-kernels within 10% / 20% at the probe's k (the pair 17.5% and 15.1% in median), 13 at the "
+     "profile's loop, 13 predicted from the profile alone; crossover within one in 8 of 8, k_hat*(a) by the paper's "
+     "rules 2 and 3 in 7 of 7 plannable"),)
 IDLE_MEMORY = (
     "the first cold one-token pass over ~400 MB of bf16 experts left untouched 1, 5, 15, 30 and 60 s: 27.4, 24.5, "
     "17.3, 14.6 and 13.5 GB/s in median, the same pass right after 28.9-29.3, with the weights read before the flush "
