@@ -121,4 +121,4 @@ def test_cli_refit_of_a_profile_without_calls(recorded: dict[str, Path], tmp_pat
     del doc["calls"]
     (tmp_path / "old.json").write_text(json.dumps(doc))
     one_line(refused(["profile", "--refit", tmp_path / "old.json", "--out", tmp_path / "d.json"], capsys, tmp_path),
-             "records no timed calls")
+             "old.json:", "records no timed calls")

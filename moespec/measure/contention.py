@@ -39,9 +39,9 @@ import functools
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch

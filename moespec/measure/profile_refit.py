@@ -132,6 +132,9 @@ def refit(doc: Mapping[str, Any]) -> dict[str, Any]:
 def refit_file(path: str | os.PathLike, out: str | os.PathLike) -> DeviceProfile:
     """The device.json at `path` fitted again from its calls (refit), written to `out` (held while it is written)."""
     with writing(out):
-        profile = DeviceProfile(refit(load_profile(path)), out)
+        try:
+            profile = DeviceProfile(refit(load_profile(path)), out)
+        except MoespecError as e:  # refit's own refusal, of this file
+            raise MoespecError(str(e) if str(e).startswith(f"{path}:") else f"{path}: {e}") from None
         write_json(out, profile)
     return profile
