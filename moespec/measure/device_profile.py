@@ -291,8 +291,8 @@ def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
     its sizes: the dedup kernel at each G, and where `apart` the per-slot kernel at G = 1 (one token naming the E
     experts); keys (state, kind, d, f, G, E). With `scaling`, the first shape's dedup passes at THREAD_SCALING_G on
     one thread too, at its fewest experts (keys ("threads_1", d, f, G)); and the weights and experts each cold pass
-    reads (its placement: _place)."""
-    pair, items, info, reads = pair_of(dtype), [], {}, {}
+    reads (its placement: _place), `behind`."""
+    pair, items, info, behind = pair_of(dtype), [], {}, {}
     for i, (d, f) in enumerate(rate_shapes(dtype) if state == "cold" else hot_shapes(dtype, sizes.device)):
         b = Weights.bytes_of(d, f, dtype)
         counts = expert_counts(sizes.cold_bytes, b, 1) if state == "cold" else \
@@ -307,11 +307,11 @@ def _rate_items(dtype: str, threads: int | None, sizes: Sizes, state: str,
                 items.append(Item(key, w.call(pair[kind], ids, threads), cold=state == "cold", reads=w.reads(ids)))
                 info[key] = (w.expert_bytes, w.rows, experts)
                 if state == "cold":
-                    reads[key] = (w, np.arange(experts))
+                    behind[key] = (w, np.arange(experts))
         if scaling and i == 0:
             items += [Item(("threads_1", d, f, g), w.call(pair["dedup"], _same_experts(g, counts[0]), 1),
                            reads=w.reads(_same_experts(g, counts[0]))) for g in THREAD_SCALING_G]
-    return items, info, reads
+    return items, info, behind
 
 
 def _items(dtype: str, threads: int | None, nominal: int | None,
@@ -322,7 +322,7 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
     cache's bytes: the first dtype) the cache probe too, and on the CPU the thread scaling."""
     sizes = sizes or sizes_for("cpu")
     pair = pair_of(dtype)
-    items, info, reads = _rate_items(dtype, threads, sizes, "cold", scaling=bool(nominal) and sizes.device == "cpu")
+    items, info, behind = _rate_items(dtype, threads, sizes, "cold", scaling=bool(nominal) and sizes.device == "cpu")
     if nominal and sizes.probe:  # the cache a per-slot re-read finds (moespec.measure.cache_probe), first dtype's pair
         cycles = probe_cycles(Weights.bytes_of(*PROBE_SHAPE, dtype), nominal)
         w = Weights.draw(*PROBE_SHAPE, max(cycles), dtype, sizes.device)
@@ -330,7 +330,7 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
             ids = probe_ids(k)
             items.append(Item(("cache", k), w.call(pair["slot"], ids, threads), reads=w.reads(ids)))
             info[("cache", k)] = (w.expert_bytes, w.rows, ids)
-            reads[("cache", k)] = (w, np.unique(ids))
+            behind[("cache", k)] = (w, np.unique(ids))
     hot_items, hot_info, _ = _rate_items(dtype, threads, sizes, "hot")
     items += hot_items
     info |= hot_info
@@ -347,11 +347,11 @@ def _items(dtype: str, threads: int | None, nominal: int | None,
         for kind in KERNELS:
             items.append(Item(("check", kind, n, u), w.call(pair[kind], ids, threads), reads=w.reads(ids)))
             info[("check", kind, n, u)] = (w.expert_bytes, w.rows, ids)
-            reads[("check", kind, n, u)] = (w, np.unique(ids))
-    return items, info, reads
+            behind[("check", kind, n, u)] = (w, np.unique(ids))
+    return items, info, behind
 
 
-def _place(by_key: dict[Any, Item], reads: dict[Any, tuple[Weights, np.ndarray]], timer: Timer,
+def _place(by_key: dict[Any, Item], behind: dict[Any, tuple[Weights, np.ndarray]], timer: Timer,
            sample: Callable[[], float]) -> list[float] | None:
     """The placement of every weights drawn (moespec.measure.placement) against the calls' ceiling buffer `sample`:
     each cold rate and cache-probe call's ceiling samples times the harmonic mean of its experts' p_e (the read rate
@@ -359,7 +359,7 @@ def _place(by_key: dict[Any, Item], reads: dict[Any, tuple[Weights, np.ndarray]]
     predicted with them), None where there is no placement (a GPU)."""
     placed: dict[int, list[float] | None] = {}
     check = None
-    for key, (w, experts) in reads.items():
+    for key, (w, experts) in behind.items():
         if id(w) not in placed:
             placed[id(w)] = expert_placement([w.gate_up, w.down], timer, sample)
         p = placed[id(w)]
@@ -444,12 +444,12 @@ def run_profile(config: ProfileConfig, say: Callable[[str], None] = lambda text:
         f"{median_iqr(before)[0]:.1f} GB/s")
     timed, peaks, scaling, all_ceilings, calls = {}, {}, None, list(before), 0
     for i, dtype in enumerate(config.dtypes):
-        items, info, reads = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
+        items, info, behind = _items(dtype, config.threads, nominal if i == 0 else None, sizes)
         say(f"{dtype}: {len(items)} timed calls per round")
         _time_rounds(items, config.reps, timer, level, say, sample, cores)
         by_key = {item.key: item for item in items}
         all_ceilings += [c for item in items for c in item.ceilings]
-        timed[dtype] = Timed(by_key, info, _place(by_key, reads, timer, sample))
+        timed[dtype] = Timed(by_key, info, _place(by_key, behind, timer, sample))
         say(f"{dtype}: placement of the weights' memory taken")
         calls += sum(len(item.seconds) for item in items)
         peaks[dtype] = median_iqr(matmul_peak(timer, torch_dtype(dtype)))[0]
