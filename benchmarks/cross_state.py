@@ -21,7 +21,7 @@ import numpy as np
 
 import stored_runs
 import structure_model
-from bench_state import SIDES, bracketed, read_state
+from bench_state import bracketed, probes_of, read_state
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import DeviceProfile, load_profile
@@ -39,7 +39,7 @@ def pairing_rows(profile: DeviceProfile, run: Path, dtype: str, probed: bool) ->
         state = read_state(config.out) if Path(config.out).exists() else None
         if state is None:
             continue
-        k = bracketed(profile, dtype, {side: state[side]["probe"] for side in SIDES})[0] if probed else None
+        k = bracketed(profile, dtype, probes_of(state))[0] if probed else None
         ks.append(k)
         errors = structure_model.pass_errors(config, load_bench(config.out), rates, profile["cache_bytes"],
                                              None if k is None else lambda r, _, k=k: r.loop_scaled(k))

@@ -72,12 +72,15 @@ TRACES = Path("out/structure-model/traces")
 HELD_OUT = {"heldout-1536x512": (1536, 512), "heldout-3072x1536": (3072, 1536)}
 OLMOE_REUSE = (0.363, 0.762)  # the paper's layer-mean rho(2), rho(9) of OLMoE on WikiText-103 (Section 2)
 MODELS = (*PRESETS, "pair", *HELD_OUT)
-BATCHES = (1, 8)  # n = 1..9 tokens, and passes of 8 windows x n tokens (8..72)
-# Settings per model: a model whose passes read GBs (Mixtral's experts are 352 MB) gets fewer pass sizes at B = 8,
-# windows and rounds, so each model's step holds the lock for under ~10 minutes
-SETTINGS = {"reps": 5, "windows": 8, "u_values": 4, "n8": tuple(range(1, 10))}
-LARGE = {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3, "n8": (1, 5, 9)},
-         "gpt-oss-20b": {"reps": 3, "windows": 6, "u_values": 4, "n8": (1, 3, 5, 7, 9)}}
+BATCHES = (1, 8)  # n = 1..9 tokens, and passes of 8 windows x n tokens (8 to 72)
+# Settings per batch and model: a model whose passes read GBs (Mixtral's experts are 352 MB) gets fewer windows and
+# rounds. A pass of B = 8 windows reads most of the layer (U near N from 8 tokens on), so its windows differ little
+# and each call streams the layer twice (its read before the flush): fewer pass sizes, windows, U values and rounds
+# keep a model's B = 8 step to a few minutes (all nine n took ~17 minutes for OLMoE alone)
+SETTINGS = {1: {"reps": 5, "windows": 8, "u_values": 4, "n": tuple(range(1, 10))},
+            8: {"reps": 3, "windows": 4, "u_values": 2, "n": (1, 3, 5, 7, 9)}}
+LARGE = {1: {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3}, "gpt-oss-20b": {"reps": 3, "windows": 6}},
+         8: {"mixtral-8x7b": {"n": (1, 5, 9)}}}
 # tau(1) of the plans that compare k_hat*: the model's expert time at n = 1 over this share of a one-token pass (the
 # same tau(1) for the measured and the predicted bench; only their expert-op times differ)
 EXPERT_SHARE = 0.6
@@ -125,10 +128,10 @@ def configs(name: str, out: Path, dtype: str, batches: tuple[int, ...], device: 
     `device`, kept at a pinned `level` (a profile's Level.record, its pinned_gbps and wait_s) where one is given."""
     pinned = pinned_of(level)
     model, trace = model_arg(name, out)
-    s = SETTINGS | LARGE.get(name, {})
+    s = {batch: SETTINGS[batch] | LARGE[batch].get(name, {}) for batch in batches}
     return {batch: BenchConfig(out=str(model_dir(out, name, dtype) / f"bench-B{batch}.json"), model=model,
-                               layers=(0,), dtype=dtype, n=tuple(range(1, 10)) if batch == 1 else s["n8"],
-                               trace=trace, reps=s["reps"], windows=s["windows"], u_values=s["u_values"], batch=batch,
+                               layers=(0,), dtype=dtype, n=s[batch]["n"], trace=trace, reps=s[batch]["reps"],
+                               windows=s[batch]["windows"], u_values=s[batch]["u_values"], batch=batch,
                                device=device, call_ceilings=True, level_gbps=pinned,
                                level_wait_s=level["wait_s"] if pinned else None)
             for batch in batches}

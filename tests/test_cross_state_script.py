@@ -67,6 +67,27 @@ def test_the_state_record_is_kept_beside_its_bench(state, tmp_path, monkeypatch)
     assert state.around_bench(str(other), profile, "bf16", lambda: pytest.fail("measured")) is None
 
 
+def test_a_probe_off_by_more_than_the_drift_is_outvoted_by_a_third(state, tmp_path, monkeypatch):
+    """Probes before and after a bench at k = 0.34 and 1.15 (off by more than DRIFT): a third probe is taken right
+    after, k is the median of the three, all three are kept and read back; sides within DRIFT take no third."""
+    profile = load_profile(profile_file(tmp_path / "device.json"))
+    probes = iter([takes(LOOPY, 0.34, 40.0), takes(LOOPY, 1.15, 40.0), takes(LOOPY, 1.1, 38.0)])
+    monkeypatch.setattr(state, "time_probe", lambda *args, **kwargs: next(probes))
+    bench = tmp_path / "olmoe" / "bench-B1.json"
+    bench.parent.mkdir()
+    said = []
+    record = state.around_bench(str(bench), profile, "bf16", lambda: bench.write_text("{}"), say=said.append)
+    assert record["loop_factor"] == pytest.approx(1.1, rel=1e-6) and record[state.AGAIN]["k"] == pytest.approx(1.1)
+    assert "a third probe read 1.100, k = 1.100" in said[0]
+    assert next(probes, None) is None
+    assert state.read_state(str(bench)) == json.loads(json.dumps(record))
+    kept = state.probes_of(state.read_state(str(bench)))
+    assert list(kept) == ["before", "after", state.AGAIN]
+    assert state.bracketed(profile, "bf16", kept)[0] == pytest.approx(1.1, rel=1e-6)
+    assert not state.drifted({"before": {"k": 1.0}, "after": {"k": state.DRIFT}})
+    assert state.drifted({"before": {"k": 1.0}, "after": {"k": state.DRIFT * 1.01}})
+
+
 def test_a_profile_is_carried_to_its_benchs_state(cross, state, tmp_path, monkeypatch, capsys):
     """A run whose bench ran with the loop 1.3x the profile's (a bench predicted at k = 1.3 stands for the measured one)
     and whose probe saw 1.3 around it: predicted with the probe, every error 0; with the profile's loop, 30% or so."""
@@ -93,12 +114,15 @@ def test_a_profile_is_carried_to_its_benchs_state(cross, state, tmp_path, monkey
 
 
 def test_a_broken_state_record_is_named_in_one_line(state, tmp_path):
-    """A state record that is not JSON, or holds no probe on one side, is refused naming the file."""
+    """A state record that is not JSON, or holds no probe on one side (or on its third), is refused naming the
+    file."""
     bench = tmp_path / "bench-B1.json"
     path = state.state_path(str(bench))
     path.write_text("{not json")
     with pytest.raises(MoespecError, match="state-B1.json: not a state record"):
         state.read_state(str(bench))
-    path.write_text(json.dumps({"before": {"probe": []}, "after": {}}))
-    with pytest.raises(MoespecError, match="state-B1.json: a state record holds the probe before and after"):
-        state.read_state(str(bench))
+    for record in ({"before": {"probe": []}, "after": {}}, {"before": {"probe": []}, "after": {"probe": []},
+                                                              "again": {"k": 1.0}}):
+        path.write_text(json.dumps(record))
+        with pytest.raises(MoespecError, match="state-B1.json: a state record holds the probe before and after"):
+            state.read_state(str(bench))

@@ -327,3 +327,19 @@ def test_a_bench_is_predicted_at_the_samples_its_placement_is_against(structure_
     out = structure_model.pass_errors(config, bench, {"slot": rates, "dedup": rates}, 0.0)
     assert {v["ceiling_gbps"] for by in out.values() for v in by.values()} == {ceiling}
     assert all(len(q["round_predicted_s"]) == 3 for by in out.values() for v in by.values() for q in v["passes"])
+
+
+def test_every_model_is_measured_at_n_1_to_9_and_at_passes_up_to_72_tokens(structure_model, tmp_path, monkeypatch):
+    """B = 1 times n = 1..9 for every model; B = 8 passes from 8 to 72 tokens (fewer pass sizes, windows and rounds:
+    each reads most of the layer), Mixtral's fewest; every setting within the bench's own domain."""
+    monkeypatch.setattr(structure_model, "model_arg", lambda name, out: (name, str(out / f"{name}.npz")))
+    for name in structure_model.MODELS:
+        by_batch = structure_model.configs(name, tmp_path, "bf16", structure_model.BATCHES)
+        assert by_batch[1].n == tuple(range(1, 10)) and by_batch[1].batch == 1
+        eight = by_batch[8]
+        assert eight.batch == 8 and min(eight.n) * 8 == 8 and max(eight.n) * 8 == 72
+        assert eight.reps <= by_batch[1].reps and eight.windows <= by_batch[1].windows and eight.u_values >= 2
+        assert len(eight.n) == (3 if name == "mixtral-8x7b" else 5)
+        for config in by_batch.values():
+            Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+            config.check()
