@@ -76,7 +76,7 @@ BATCHES = (1, 8)  # n = 1..9 tokens, and passes of 8 windows x n tokens (8 to 72
 # Settings per batch and model: a model whose passes read GBs (Mixtral's experts are 352 MB) gets fewer windows and
 # rounds. A pass of B = 8 windows reads most of the layer (U near N from 8 tokens on), so its windows differ little
 # and each call streams the layer twice (its read before the flush): fewer pass sizes, windows, U values and rounds
-# keep a model's B = 8 step to a few minutes (all nine n took ~17 minutes for OLMoE alone)
+# keep a model's B = 8 bench near a minute or two, so every run carries it beside B = 1
 SETTINGS = {1: {"reps": 5, "windows": 8, "u_values": 4, "n": tuple(range(1, 10))},
             8: {"reps": 3, "windows": 4, "u_values": 2, "n": (1, 3, 5, 7, 9)}}
 LARGE = {1: {"mixtral-8x7b": {"reps": 3, "windows": 4, "u_values": 3}, "gpt-oss-20b": {"reps": 3, "windows": 6}},
@@ -314,23 +314,23 @@ def step_table(out: Path, profile_path: Path) -> None:
 
 def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
-    model and kernel the median over runs of the median and of the largest error over n, with their range, and how
+    model, batch and kernel (each over the runs that measured it) the median over runs of the median and of the largest error over n, with their range, and how
     many runs met TARGET, unpaired (each n at its bench's ceiling), paired by call and from the profile alone
     (summary_rows), and of the runs whose bench met its pinned profile's level (step_table) how many met it; per
     model the side by sides' agreement over runs (plan_sides.agreement: crossover and k_hat*(a), of the predicted
     bench and of the profile alone, within one and by the paper's rules)."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
-    rows, lines = [], ["| model | dtype | kernel | median error over n: median (range) over runs | max error over n: "
-                       "median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
+    rows, lines = [], ["| model | dtype | B | kernel | median error over n: median (range) over runs | max error over "
+                       "n: median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
                        "runs within, paired | the profile alone: median / max, medians over runs | runs within, the "
                        "profile alone | the profile's loop (unprobed): median / max | runs within, unprobed | runs "
-                       "within of those at the profile's level |", "|---" * 13 + "|"]
-    keys = sorted({(r["model"], r["dtype"], r["kernel"]) for t in tables for r in t["rows"] if r["batch"] == 1},
-                  key=lambda k: (BENCH_DTYPES.index(k[1]), MODELS.index(k[0]), k[2]))
-    for model, dtype, kernel in keys:
+                       "within of those at the profile's level |", "|---" * 14 + "|"]
+    keys = sorted({(r["model"], r["dtype"], r["batch"], r["kernel"]) for t in tables for r in t["rows"]},
+                  key=lambda k: (BENCH_DTYPES.index(k[1]), k[2], MODELS.index(k[0]), k[3]))
+    for model, dtype, batch, kernel in keys:
         found = [r for t in tables for r in t["rows"]
-                 if (r["model"], r["dtype"], r["kernel"], r["batch"]) == (model, dtype, kernel, 1)]
-        row: dict[str, Any] = {"model": model, "dtype": dtype, "kernel": kernel, "runs": len(found)}
+                 if (r["model"], r["dtype"], r["batch"], r["kernel"]) == (model, dtype, batch, kernel)]
+        row: dict[str, Any] = {"model": model, "dtype": dtype, "batch": batch, "kernel": kernel, "runs": len(found)}
         for tag in ("", *SIDE_TAGS):
             med, top = tag + "median_error", tag + "max_error"
             if not all(med in r for r in found):  # a run without a ceiling sample per call, or older
@@ -348,7 +348,7 @@ def step_summary(out: Path, runs: list[Path]) -> None:
         paired = " ".join(f"{row[tag + 'median_error']['median']:.1%} / {row[tag + 'max_error']['median']:.1%} | "
                           f"{row[tag + 'runs_within']} of {len(found)} |" if row[tag + "median_error"] else "- | - |"
                           for tag in SIDE_TAGS)
-        lines.append(f"| {model} | {dtype} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
+        lines.append(f"| {model} | {dtype} | {batch} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
                      f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
                      f"{len(found)} | {paired} {row['at_level']['within']} of {row['at_level']['runs']} |")
     sides = {(s["model"], s["dtype"]): [] for t in tables for s in t["side_by_side"]}

@@ -350,12 +350,15 @@ def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
 
 
 def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...], sub: str = "",
-                alone: bool = False, side: str = SIDE_AT_CEILING, probed: bool = False) -> dict[str, Entry]:
-    """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1 (in format folder
-    `sub`, ggml's pair), its profile `what` and the run's own, each expert at its placement (`alone`: with the
-    benches from the profile alone; `side`: where the predicted bench was predicted)."""
+                alone: bool = False, side: str = SIDE_AT_CEILING, probed: bool = False,
+                batches: dict[str, tuple[int, ...]] | None = None) -> dict[str, Entry]:
+    """validation_run of each (run, profile, table) of `runs` under `folder`: every model at B = 1, or at the batches
+    `batches` names for that run (in format folder `sub`, ggml's pair), its profile `what` and the run's own, each
+    expert at its placement (`alone`: with the benches from the profile alone; `side`: where the predicted bench was
+    predicted)."""
     return {path: entry for run, profile, table in runs for path, entry in validation_run(
-        f"{folder}/{run}", f"{what}, {profile}", table, [(m, sub, 1) for m in STRUCTURE_MODELS],
+        f"{folder}/{run}", f"{what}, {profile}", table,
+        [(m, sub, b) for m in STRUCTURE_MODELS for b in (batches or {}).get(run, (1,))],
         "the run's own profile, each expert at its placement, its benches pinned to its level", alone=alone,
         side=side, probed=probed).items()}
 

@@ -587,3 +587,48 @@ def test_bench_weights_have_the_spec_bytes() -> None:
     assert layer.act == GPT_OSS and layer.gate_up_bias is not None
     assert expert_bytes(layer.gate_up, layer.down, layer.gate_up_bias, layer.down_bias) == \
         tiny_oss.expert_bytes(0, "bf16")
+
+
+class _Clock:
+    """A CPU timer whose first flush touches its buffer's pages (`first_s`), every later one `flush_s`, a ceiling sample
+    `sample_s`; time() returns what the call it wraps cost."""
+
+    def __init__(self, first_s: float, flush_s: float = 0.01, sample_s: float = 0.002, kind: str = "cpu") -> None:
+        self.kind, self.first_s, self.flush_s, self.sample_s = kind, first_s, flush_s, sample_s
+        self.flushes, self.cost = 0, 0.0
+
+    def flush(self) -> None:
+        self.cost = self.first_s if self.flushes == 0 else self.flush_s
+        self.flushes += 1
+
+    def sample(self) -> float:
+        self.cost = self.sample_s
+        return 30.0
+
+    def time(self, fn) -> float:
+        fn()
+        return self.cost
+
+
+def test_the_estimate_counts_what_each_call_pays_around_it_and_not_the_first_flush(monkeypatch) -> None:
+    """The bench's estimate: a first flush 100x the rest leaves it unchanged; a ceiling sample after every call adds
+    its time per call; on a CPU each call's read of its U experts at the ceiling is in it, on a GPU not."""
+    from moespec.measure.passes import Pass
+
+    tiny = dataclasses.replace(resolve("olmoe-1b-7b"), name="tiny-olmoe", hidden=16, expert_width=8)
+    layer = bench.layer_weights(tiny, 0, "bf16", seed=0)
+    m, b = tiny.m, tiny.expert_bytes(0, "bf16")
+    passes = [Pass("chosen", np.arange(n * m).reshape(n, m) % tiny.N, min(n * m, tiny.N)) for n in (1, 3, 9)] * 5
+    kinds = {"slot": "slot", "dedup": "dedup"}
+    monkeypatch.setattr(bench.bench_rounds, "time_round", lambda inputs, kernels, *args: [
+        {"times": [[0.001] * len(kernels)]}, {"times": [[0.011] * len(kernels)]}])
+
+    def estimate(clock: _Clock, sample: bool = False) -> float:
+        return bench._estimate(kinds, layer, passes, m, b, clock, 30.0, clock.sample if sample else None)[0]
+
+    calls, reads = len(passes) * len(kinds), len(kinds) * sum(p.U for p in passes) * b / 30e9
+    base = estimate(_Clock(first_s=1.0))
+    assert base == pytest.approx(estimate(_Clock(first_s=0.01)), rel=1e-12)
+    assert estimate(_Clock(first_s=1.0), sample=True) == pytest.approx(base + calls * 0.002, rel=1e-12)
+    assert estimate(_Clock(first_s=1.0, kind="cuda")) == pytest.approx(base - reads, rel=1e-12)
+    assert base > calls * 0.01 + reads

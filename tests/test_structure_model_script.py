@@ -1,4 +1,5 @@
-"""benchmarks/structure_model.py's summary over runs: each model, format and kernel apart, the target read per run."""
+"""benchmarks/structure_model.py's summary over runs: each model, format, batch and kernel apart, the target read per
+run."""
 
 import json
 from pathlib import Path
@@ -65,7 +66,25 @@ def test_the_summary_keeps_each_format_apart(structure_model, tmp_path):
     assert summary["within_one"]["olmoe-1b-7b/q4_0"]["measured_crossover"] == {"runs": [2, 2, 2], "pairs": 3,
                                                                               "within": 3}
     assert summary["target_met_in_median"] is False  # q4_0's 30% median
-    assert "| olmoe-1b-7b | q4_0 | ggml-mul_mat_id | 30.0%" in (tmp_path / "summary.md").read_text()
+    assert "| olmoe-1b-7b | q4_0 | 1 | ggml-mul_mat_id | 30.0%" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_summary_keeps_each_batch_apart_over_the_runs_that_measured_it(structure_model, tmp_path):
+    """Three runs at B = 1 within the target, one of them also at B = 8 off it: B = 8 is its own row over that one run
+    and sets the target's verdict."""
+    runs = [_table(tmp_path / f"run-{i}", {("bf16", "slot"): (0.05, 0.1)}, {"bf16": {"measured": 2, "predicted": 2}},
+                   True) for i in (1, 2, 3)]
+    table = json.loads((runs[0] / "table.json").read_text())
+    table["rows"].append(table["rows"][0] | {"batch": 8, "median_error": 0.15, "max_error": 0.3})
+    (runs[0] / "table.json").write_text(json.dumps(table))
+    structure_model.step_summary(tmp_path, runs)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    by_batch = {r["batch"]: r for r in summary["rows"]}
+    assert by_batch[1]["runs"] == 3 and by_batch[1]["runs_within"] == 3
+    assert by_batch[8]["runs"] == 1 and by_batch[8]["runs_within"] == 0
+    assert by_batch[8]["median_error"] == {"median": 0.15, "range": [0.15, 0.15]}
+    assert summary["target_met_in_median"] is False
+    assert "| olmoe-1b-7b | bf16 | 8 | slot | 15.0% (15.0%-15.0%)" in (tmp_path / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("crossings, within", [((6, 4, 2, 2), 1), ((2, 3, 4), 2), ((None, None, 3), 1),

@@ -140,13 +140,21 @@ def bench_trace(spec: ModelSpec, path: str | None, seed: int) -> tuple[Trace, di
                    "note": note, "num_tokens": trace.num_tokens, "num_documents": trace.num_documents, "sha1": digest}
 
 
-def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float,
-              timer: Timer) -> tuple[float, dict[str, float]]:
+def _estimate(kinds: dict[str, str], layer: LayerWeights, passes: list[Pass], m: int, b: float, timer: Timer,
+              ceiling_gbps: float, sample: Callable[[], float] | None) -> tuple[float, dict[str, float]]:
     """Seconds the timed calls of `passes` will take (a pass listed once per round it is timed in), from one probe
-    of each kernel on the smallest and the largest pass (its fixed time and seconds per requested byte); also each
-    kernel's probe GB/s on the largest pass."""
+    of each kernel on the smallest and the largest pass (its fixed time and seconds per requested byte), and what
+    each call pays around it: its cache flush (timed after an untimed one: the first touches the flush buffer's pages,
+    ~10x a flush), on a CPU the read of its U experts before the flush at the ceiling, and the ceiling `sample`
+    after it where the bench takes one; also each kernel's probe GB/s on the largest pass."""
     small, large = (f(passes, key=lambda p: (p.ids.size, p.U)) for f in (min, max))
-    total, speeds = len(passes) * len(kinds) * timer.time(timer.flush), {}
+    around = [timer.flush] + ([sample] if sample else [])
+    for fn in around:
+        fn()
+    total = len(passes) * len(kinds) * sum(timer.time(fn) for fn in around)
+    if timer.kind == "cpu":  # Cores.cold_call's read of the call's experts (CPU tensors only)
+        total += len(kinds) * sum(p.U for p in passes) * b / (ceiling_gbps * 1e9)
+    speeds: dict[str, float] = {}
     inputs = [pass_inputs([p], layer.shape[1], layer.x_dtype, layer.gate_up.device) for p in (small, large)]
     warm_up(inputs, list(kinds), layer)
     probe = bench_rounds.time_round(inputs, list(kinds), layer, 0, 1, timer, lambda count: None, Level(wait_s=0),
@@ -186,7 +194,7 @@ def _measure(spec: ModelSpec, config: BenchConfig, kinds: dict[str, str], plan: 
         weights = layer_weights(spec, todo[0], config.dtype, config.seed, timer.device)
         generate = time.perf_counter() - start
         seconds, speeds = _estimate(kinds, weights, [p for layer, _ in pending for p in per_round[layer]], spec.m,
-                                    spec.expert_bytes(todo[0], config.dtype), timer)
+                                    spec.expert_bytes(todo[0], config.dtype), timer, ceiling, sample)
         seconds += generate * (len(todo) - 1)
         estimate = f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
         say(f"estimated time: {estimate} (probe on requested bytes: "
