@@ -260,7 +260,14 @@ XEON_BF16_IN_PLACE_RUNS = (
               "probed at k = 0.81-1.06",
      "13 of 16 model-kernels within 10% / 20% at the probe's k (the pair 19.2% and 16.3% in median, 1536 x 512's "
      "per-slot 10.1%), 14 at the profile's loop, 14 predicted from the profile alone; crossover within one in 7 of 8, "
-     "k_hat*(a) by the paper's rules 2 and 3 in 7 of 7 plannable"),)
+     "k_hat*(a) by the paper's rules 2 and 3 in 7 of 7 plannable"),
+    ("run-2", "pinned at 31.8 GB/s, one take (0 of 3101 calls off that level; self-check 7.6% / 46.8% per-slot, "
+              "7.4% / 8.6% dedup; cache 256 MiB), every timed call's experts read before its flush; its benches, "
+              "B = 1 and B = 8, probed at k = 0.91-1.05",
+     "B = 1: 14 of 16 model-kernels within 10% / 20% at the probe's k (1536 x 512's two 12-13% in median), 14 at the "
+     "profile's loop, 14 from the profile alone; B = 8 (passes of 8 to 72 tokens): 14 of 16 at the probe's k (the "
+     "pair's per-slot 18.4% / 33.8%, 1536 x 512's per-slot 17.4% / 17.8%), 14 at the profile's loop, 13 from the "
+     "profile alone; crossover within one in 8 of 8 at B = 1 and equal in 8 of 8 at B = 8"),)
 XEON_Q4_IN_PLACE_RUNS = (
     ("run-1", "pinned at 30.0 GB/s, one take (238 of 3437 calls off that level: its wait ran out; self-check 5.8% / "
               "51.6% per-slot, 2.5% / 4.9% mul_mat_id; cache 64 MiB), every timed call's experts read before its "
@@ -273,7 +280,29 @@ XEON_Q4_IN_PLACE_RUNS = (
               "probed at k = 0.88-0.97",
      "14 of 16 model-kernels within 10% / 20% at the probe's k (the pair 17.5% and 15.1% in median), 13 at the "
      "profile's loop, 13 predicted from the profile alone; crossover within one in 8 of 8, k_hat*(a) by the paper's "
-     "rules 2 and 3 in 7 of 7 plannable"),)
+     "rules 2 and 3 in 7 of 7 plannable"),
+    ("run-3", "pinned at 34.1 GB/s, one take (402 of 3437 calls off that level: its wait ran out; self-check 3.6% / "
+              "59.7% per-slot, 4.0% / 9.0% mul_mat_id; cache 256 MiB), every timed call's experts read before its "
+              "flush; its benches probed at k = 0.89-1.02",
+     "16 of 16 model-kernels within 10% / 20% at the probe's k, at the profile's loop and from the profile alone"),
+    ("run-4", "pinned at 30.0 GB/s, one take (23 of 3437 calls off that level; self-check 4.5% / 61.7% per-slot, "
+              "1.8% / 7.5% mul_mat_id; cache 256 MiB), every timed call's experts read before its flush; its benches "
+              "probed at k = 0.95-1.07",
+     "15 of 16 model-kernels within 10% / 20% at the probe's k (the pair's mul_mat_id 12.2% / 17.1%), 15 at the "
+     "profile's loop, 14 from the profile alone"),
+    ("run-5", "pinned at 30.3 GB/s, one take (19 of 3437 calls off that level; self-check 4.6% / 45.3% per-slot, "
+              "1.9% / 6.0% mul_mat_id; cache 42 MiB), every timed call's experts read before its flush; its benches "
+              "probed at k = 0.94-1.06",
+     "16 of 16 model-kernels within 10% / 20% at the probe's k, at the profile's loop and from the profile alone"))
+XEON_BF16_IN_PLACE_SUMMARY = (
+    "the two bf16 runs of xeon-bf16-in-place/: B = 1, 13 and 14 of 16 model-kernels within 10% / 20% (1536 x 512 "
+    "10.9-11.7% in median over the two, the pair's 16-19% in run-1); B = 8, one run: 14 of 16; crossover within one "
+    "in 15 of 16 model-runs at B = 1")
+XEON_Q4_IN_PLACE_SUMMARY = (
+    "ggml's pair at q4_0, the five runs of xeon-q4_0-in-place/: in median over them 16 of 16 model-kernels within 10% / "
+    "20% (2.1-8.6% in median, at most 15.7%), 73 of 80 model-kernel-runs; crossover within one in 40 of 40 model-runs; "
+    "k_hat*(a) within one at every a in 23 of 33 plannable model-runs, by the paper's rules 2 and 3 in 32 of 33, at "
+    "most 8.3% of the speedup given up (1% in median)")
 IDLE_MEMORY = (
     "the first cold one-token pass over ~400 MB of bf16 experts left untouched 1, 5, 15, 30 and 60 s: 27.4, 24.5, "
     "17.3, 14.6 and 13.5 GB/s in median, the same pass right after 28.9-29.3, with the weights read before the flush "
@@ -367,7 +396,7 @@ ENTRIES: dict[str, Entry] = {
     "demo-cpu.md": Entry(
         "`make demo` runs on this machine, grouped by code; the latest group is the final code's record",
         command=".venv/bin/moespec demo --out out/demo-s27-N (one folder per run; each group's command is in the file)",
-        machine=CPU, date="2026-12-01 to 2026-12-07"),
+        machine=CPU, date="2026-12-01 to 2026-12-08"),
     # CPU expert kernels
     "cpu/README.md": Entry("write-up of bench-olmoe-bf16-ggml.json (Table 1 with the ceiling per n)",
                            source="cpu/bench-olmoe-bf16-ggml.json"),
@@ -894,9 +923,15 @@ ENTRIES: dict[str, Entry] = {
          "0 of 16 model-kernels within 10% / 20% at the probe's k (25% in median), 0 at the profile's loop (31%), 1 "
          "predicted from the profile alone (15%)"),), alone=True, side=SIDE_PROBED, probed=True),
     **placed_runs("structure-model/xeon-bf16-in-place", "bf16 profile on the Xeon VM (AVX-512, AMX)",
-                  XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True),
+                  XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True, batches={"run-2": (1, 8)}),
+    "structure-model/xeon-bf16-in-place/summary.json": Entry(XEON_BF16_IN_PLACE_SUMMARY),
+    "structure-model/xeon-bf16-in-place/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/xeon-bf16-in-place/summary.json"),
     **placed_runs("structure-model/xeon-q4_0-in-place", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_Q4_IN_PLACE_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
+    "structure-model/xeon-q4_0-in-place/summary.json": Entry(XEON_Q4_IN_PLACE_SUMMARY),
+    "structure-model/xeon-q4_0-in-place/summary.md": Entry(
+        "summary.json as markdown", source="structure-model/xeon-q4_0-in-place/summary.json"),
     **with_console("structure-model/idle-memory/idle-memory", IDLE_MEMORY),
     **with_console("structure-model/idle-memory/device-before", IDLE_BEFORE),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
