@@ -314,11 +314,11 @@ def step_table(out: Path, profile_path: Path) -> None:
 
 def step_summary(out: Path, runs: list[Path]) -> None:
     """summary.json and summary.md over several runs' table.json (each a profile and every model measured anew): per
-    model, batch and kernel (each over the runs that measured it) the median over runs of the median and of the largest error over n, with their range, and how
-    many runs met TARGET, unpaired (each n at its bench's ceiling), paired by call and from the profile alone
-    (summary_rows), and of the runs whose bench met its pinned profile's level (step_table) how many met it; per
-    model the side by sides' agreement over runs (plan_sides.agreement: crossover and k_hat*(a), of the predicted
-    bench and of the profile alone, within one and by the paper's rules)."""
+    model, batch and kernel (each over the runs that measured it) the median over runs of the median and of the
+    largest error over n, with their range, and how many runs met TARGET, unpaired (each n at its bench's ceiling),
+    paired by call and from the profile alone (summary_rows), and of the runs whose bench met its pinned profile's
+    level (step_table) how many met it; per model the side by sides' agreement over runs (plan_sides.agreement:
+    crossover and k_hat*(a), of the predicted bench and of the profile alone, within one and by the paper's rules)."""
     tables = [json.loads((run / "table.json").read_text()) for run in runs]
     rows, lines = [], ["| model | dtype | B | kernel | median error over n: median (range) over runs | max error over "
                        "n: median (range) | runs within 10% / 20% | paired by call: median / max, medians over runs | "
@@ -348,9 +348,10 @@ def step_summary(out: Path, runs: list[Path]) -> None:
         paired = " ".join(f"{row[tag + 'median_error']['median']:.1%} / {row[tag + 'max_error']['median']:.1%} | "
                           f"{row[tag + 'runs_within']} of {len(found)} |" if row[tag + "median_error"] else "- | - |"
                           for tag in SIDE_TAGS)
-        lines.append(f"| {model} | {dtype} | {batch} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-{m['range'][1]:.1%}) | "
-                     f"{x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | {row['runs_within']} of "
-                     f"{len(found)} | {paired} {row['at_level']['within']} of {row['at_level']['runs']} |")
+        lines.append(f"| {model} | {dtype} | {batch} | {kernel} | {m['median']:.1%} ({m['range'][0]:.1%}-"
+                     f"{m['range'][1]:.1%}) | {x['median']:.1%} ({x['range'][0]:.1%}-{x['range'][1]:.1%}) | "
+                     f"{row['runs_within']} of {len(found)} | {paired} {row['at_level']['within']} of "
+                     f"{row['at_level']['runs']} |")
     sides = {(s["model"], s["dtype"]): [] for t in tables for s in t["side_by_side"]}
     for t in tables:
         for s in t["side_by_side"]:

@@ -299,8 +299,8 @@ XEON_BF16_IN_PLACE_SUMMARY = (
     "10.9-11.7% in median over the two, the pair's 16-19% in run-1); B = 8, one run: 14 of 16; crossover within one "
     "in 15 of 16 model-runs at B = 1")
 XEON_Q4_IN_PLACE_SUMMARY = (
-    "ggml's pair at q4_0, the five runs of xeon-q4_0-in-place/: in median over them 16 of 16 model-kernels within 10% / "
-    "20% (2.1-8.6% in median, at most 15.7%), 73 of 80 model-kernel-runs; crossover within one in 40 of 40 model-runs; "
+    "ggml's pair at q4_0, the five runs of xeon-q4_0-in-place/: in median over them 16 of 16 model-kernels within "
+    "10% / 20% (2.1-8.6% in median, at most 15.7%), 73 of 80 model-kernel-runs; crossover within one in 40 of 40 model-runs; "
     "k_hat*(a) within one at every a in 23 of 33 plannable model-runs, by the paper's rules 2 and 3 in 32 of 33, at "
     "most 8.3% of the speedup given up (1% in median)")
 IDLE_MEMORY = (
