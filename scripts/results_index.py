@@ -361,6 +361,12 @@ def validation_run(folder: str, profile: str, table: str, runs: list[tuple[str, 
             **validation_folder(folder, runs, predicted_by, consoles, alone, side, probed)}
 
 
+def summary_entries(folder: str, what: str) -> dict[str, Entry]:
+    """A summary over runs (structure_model.py summary): its summary.json, the claim `what`, and the markdown of it."""
+    return {f"{folder}/summary.json": Entry(what),
+            f"{folder}/summary.md": Entry("summary.json as markdown", source=f"{folder}/summary.json")}
+
+
 def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
                        counts: tuple[tuple[int, int], ...]) -> dict[str, Entry]:
     """benchmarks/loop_state.py over one folder's runs at alpha 0, 0.5 and 1: each run's table and each alpha's
@@ -908,14 +914,10 @@ ENTRIES: dict[str, Entry] = {
         "summary.json as markdown", source="structure-model/xeon-bf16/summary.json"),
     **placed_runs("structure-model/xeon-q4_0", "q4_0 profile on the Xeon VM (AVX-512, AMX)", XEON_Q4_RUNS, "q4_0/",
                   alone=True, side=SIDE_AT_STATE),
-    "structure-model/xeon-q4_0/summary.json": Entry(XEON_Q4_SUMMARY),
-    "structure-model/xeon-q4_0/summary.md": Entry(
-        "summary.json as markdown", source="structure-model/xeon-q4_0/summary.json"),
+    **summary_entries("structure-model/xeon-q4_0", XEON_Q4_SUMMARY),
     **placed_runs("structure-model/xeon-q4_0-probed", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_Q4_PROBED_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
-    "structure-model/xeon-q4_0-probed/summary.json": Entry(XEON_Q4_PROBED_SUMMARY),
-    "structure-model/xeon-q4_0-probed/summary.md": Entry(
-        "summary.json as markdown", source="structure-model/xeon-q4_0-probed/summary.json"),
+    **summary_entries("structure-model/xeon-q4_0-probed", XEON_Q4_PROBED_SUMMARY),
     **placed_runs("structure-model/xeon-bf16-probed", "bf16 profile on the Xeon VM (AVX-512, AMX)", (
         ("run-1", "pinned at 31.4 GB/s, one take (0 of 3094 calls off that level; self-check 22.7% / 46.9% per-slot, "
                   "21.2% / 44.1% dedup: flagged by its median; cache 128 MiB); its benches probed at k = 0.70-1.12, "
@@ -924,14 +926,10 @@ ENTRIES: dict[str, Entry] = {
          "predicted from the profile alone (15%)"),), alone=True, side=SIDE_PROBED, probed=True),
     **placed_runs("structure-model/xeon-bf16-in-place", "bf16 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True, batches={"run-2": (1, 8)}),
-    "structure-model/xeon-bf16-in-place/summary.json": Entry(XEON_BF16_IN_PLACE_SUMMARY),
-    "structure-model/xeon-bf16-in-place/summary.md": Entry(
-        "summary.json as markdown", source="structure-model/xeon-bf16-in-place/summary.json"),
+    **summary_entries("structure-model/xeon-bf16-in-place", XEON_BF16_IN_PLACE_SUMMARY),
     **placed_runs("structure-model/xeon-q4_0-in-place", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_Q4_IN_PLACE_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
-    "structure-model/xeon-q4_0-in-place/summary.json": Entry(XEON_Q4_IN_PLACE_SUMMARY),
-    "structure-model/xeon-q4_0-in-place/summary.md": Entry(
-        "summary.json as markdown", source="structure-model/xeon-q4_0-in-place/summary.json"),
+    **summary_entries("structure-model/xeon-q4_0-in-place", XEON_Q4_IN_PLACE_SUMMARY),
     **with_console("structure-model/idle-memory/idle-memory", IDLE_MEMORY),
     **with_console("structure-model/idle-memory/device-before", IDLE_BEFORE),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
