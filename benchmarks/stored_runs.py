@@ -1,9 +1,11 @@
-"""What the scripts over stored runs of benchmarks/structure_model.py share (stream_share_pinned.py, loop_state.py):
-their --runs check, their one-line main and one run's benches predicted again from given rates."""
+"""What the scripts over stored runs of benchmarks/structure_model.py share (stream_share_pinned.py, loop_state.py,
+placement_share.py): their --runs check, their one-line main and one run's benches predicted again from given rates."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,22 +18,38 @@ from moespec.measure.level import pinned_of
 
 
 def rows_of_run(run: Path, dtype: str, rates: dict[str, Rates],
-                state: Callable[[Rates, float], Rates] | None = None) -> list[dict[str, Any]]:
-    """The table rows (structure_model.table_rows) of one run's measured benches at `dtype`, every model it
+                state: Callable[[Rates, float], Rates] | None = None,
+                view: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                probed: bool = False) -> list[dict[str, Any]]:
+    """The table rows (structure_model.table_rows) of one run's measured benches at `dtype`, every model and batch it
     measured, predicted again from `rates` (kind -> Rates; with `state`, as structure_model.pass_errors takes it) at
-    its profile's cache."""
+    its profile's cache; each bench as view(bench) gives it where `view` is given, and with `probed` at the loop
+    factor the run's state probe gave that bench (errors.json loop_factor: as the run predicted it in place; none
+    where it recorded none)."""
     profile = load_profile(run / "device.json")
     rows = []
     for name in structure_model.MODELS:
-        if not (structure_model.model_dir(run, name, dtype) / "errors.json").exists():
+        path = structure_model.model_dir(run, name, dtype) / "errors.json"
+        if not path.exists():
             continue
-        config = structure_model.configs(name, run, dtype, (1,), profile["device_kind"], profile.get("level"))[1]
-        bench = load_bench(config.out)
-        errors = structure_model.pass_errors(config, bench, rates, profile["cache_bytes"], state)
-        result = {"model": name, "dtype": dtype, "batches": {"1": {"ceiling_gbps": bench["ceiling_gbps"],
-                                                                   "passes": errors}}}
+        recorded = json.loads(path.read_text())["batches"]
+        batches = tuple(int(b) for b in recorded)
+        result: dict[str, Any] = {"model": name, "dtype": dtype, "batches": {}}
+        for batch, config in structure_model.configs(name, run, dtype, batches, profile["device_kind"],
+                                                     profile.get("level")).items():
+            bench = load_bench(config.out)
+            k = recorded[str(batch)].get("loop_factor") if probed else None
+            errors = structure_model.pass_errors(config, bench if view is None else view(bench), rates,
+                                                 profile["cache_bytes"], state if k is None else partial(
+                                                     _probed, state=state, k=k))
+            result["batches"][str(batch)] = {"ceiling_gbps": bench["ceiling_gbps"], "passes": errors}
         rows += structure_model.table_rows(result, pinned_of(profile.get("level")))
     return rows
+
+
+def _probed(rates: Rates, ceiling_gbps: float, state: Callable[[Rates, float], Rates] | None, k: float) -> Rates:
+    """The rates a bench's state finds (`state`, None: `rates`) with the loop k times the profile's."""
+    return (rates if state is None else state(rates, ceiling_gbps)).loop_scaled(k)
 
 
 def stored_runs(parser: argparse.ArgumentParser, text: str) -> list[Path]:

@@ -237,10 +237,10 @@ def step_model(name: str, out: Path, profile_path: Path, dtype: str, batches: tu
 
 
 def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per batch and kernel: median and largest |error| over n of the windows' mean time, over every pass, paired by
-    call where the bench sampled each, of `bench --predict` at the profile's own ceiling where errors.json has it
-    (from_profile: what a user with the profile alone is told) and, where a state probe set the loop's factor, of the
-    model with the profile's loop (unprobed)."""
+    """Per batch and kernel: median and largest |error| over n of the windows' mean time (and the median signed
+    error: + where predicted slow), over every pass, paired by call where the bench sampled each, of `bench --predict`
+    at the profile's own ceiling where errors.json has it (from_profile: what a user with the profile alone is told)
+    and, where a state probe set the loop's factor, of the model with the profile's loop (unprobed)."""
     rows = []
     for batch, entry in result["batches"].items():
         for kernel, by_n in entry["passes"].items():
@@ -253,6 +253,7 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append({"model": result["model"], "dtype": result.get("dtype", "bf16"), "batch": int(batch),
                          "kernel": kernel,
                          "median_error": float(np.median(per_n)), "max_error": max(per_n), "max_at_tokens": int(worst),
+                         "median_signed_error": float(np.median([v["error"] for v in by_n.values()])),
                          "pass_median_error": float(np.median(per_pass)), "pass_max_error": max(per_pass),
                          "ceiling_gbps": entry["ceiling_gbps"],
                          **({"paired_median_error": float(np.median(paired)), "paired_max_error": max(paired)}

@@ -1,0 +1,134 @@
+"""Stored runs predicted again with each bench's placement raised to a power: how much of the measured placement the
+kernels' time follows.
+
+The structural model reads expert e's cold bytes at C p_e (moespec.measure.placement: a plain read of the memory
+behind the expert's block over a read of the ceiling's buffer, right after it). Where the placement was found, a
+2-core guest of a Zen 1 EPYC, the kernels' reads followed it (buffers of one process read at 7-15 GB/s, and a layer's
+per-slot kernel with them). Elsewhere a plain read and a kernel need not meet the memory alike (their access
+patterns, threads and prefetching differ), and a placement that the kernels do not follow adds its spread to every
+prediction. Here each stored run's benches are predicted again, in place (each at the loop factor its run's state probe gave it, as
+the run predicted it), with every p_e raised to the power beta: beta = 1 is the model as registered, 0 memory
+read at the ceiling's rate (at the same ceiling samples).
+Nothing is fitted: each beta given is reported, and a beta picked from these tables would be picked on the models
+they hold. Each beta's tables and summary are written as structure_model's `table` and `summary` write them, in
+OUT/beta-B/ (crossover and k_hat* are not predicted again), and slopes.json holds, per beta, the least-squares line
+of log(predicted / measured) (each model, kernel and batch: the median over n of its windows' mean time) on the log
+of its bench's median p_e: where the kernels' time goes as p^-a, the slope is a - beta, so `follows` = slope + beta
+is a (1: the kernels follow the placement wholly, 0: not at all), read the same from every beta.
+
+    .venv/bin/python benchmarks/placement_share.py --runs RUN1,..,RUN5 --dtype bf16 --betas 0,0.5,1 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import stored_runs
+import structure_model
+from moespec import ArgumentError
+from moespec.arguments import show
+from moespec.defaults import BENCH_DTYPES
+from moespec.formats.benchfile import load_bench
+from moespec.formats.devicefile import load_profile
+from moespec.formats.files import check_output, provenance, write_json
+from moespec.kernels.structure import kind_rates
+
+
+def powered(bench: dict[str, Any], beta: float) -> dict[str, Any]:
+    """`bench` with each layer's placement p_e raised to the power beta (a layer without one kept as it is)."""
+    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
+        raise ArgumentError(f"beta must be a number >= 0, got {show(beta)}")
+    placement = bench.get("placement")
+    if not placement:
+        return bench
+    return bench | {"placement": {layer: None if p is None else [v ** beta for v in p]
+                                  for layer, p in placement.items()}}
+
+
+def betas_of(text: str) -> list[float]:
+    """--betas: comma-separated numbers >= 0."""
+    try:
+        betas = [float(b) for b in text.split(",")]
+    except ValueError:
+        betas = []
+    if not betas or not all(math.isfinite(b) and b >= 0 for b in betas):
+        raise argparse.ArgumentTypeError(f"give comma-separated numbers >= 0, got {text!r}")
+    return betas
+
+
+def follows(points: Sequence[tuple[float, float]], beta: float) -> dict[str, Any]:
+    """The line of log(predicted / measured) on log p over `points` (p, predicted / measured - 1), and the share of
+    the placement the kernels' time follows (slope + beta: module docstring); None where the points' p do not
+    differ."""
+    x = np.log([p for p, _ in points])
+    y = np.log1p([e for _, e in points])
+    if len(points) < 2 or np.ptp(x) == 0:
+        return {"points": len(points), "slope": None, "intercept": None, "follows": None}
+    slope, intercept = np.polyfit(x, y, 1)
+    return {"points": len(points), "slope": float(slope), "intercept": float(intercept),
+            "follows": float(slope + beta)}
+
+
+def signed_points(run: Path, dtype: str, rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(the bench's median p_e, the row's median signed error) per row of `rows` (table rows of `run`) whose bench has
+    a placement."""
+    out = []
+    for r in rows:
+        name = structure_model.model_dir(run, r["model"], dtype) / f"bench-B{r['batch']}.json"
+        placement = (load_bench(name).get("placement") or {}).get("0")
+        if placement:
+            out.append((float(np.median(placement)), r["median_signed_error"]))
+    return out
+
+
+def placement_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """The checks of every argument and output, then each beta's tables and summary, and slopes.json (module
+    docstring)."""
+    parser.add_argument("--runs", required=True, help="structure_model runs' folders, comma-separated")
+    parser.add_argument("--dtype", default="bf16", choices=BENCH_DTYPES, help="the format to predict (default bf16)")
+    parser.add_argument("--betas", type=betas_of, default=[0.0, 0.5, 1.0],
+                        help="powers to raise each placement to (default 0,0.5,1)")
+    parser.add_argument("--out", required=True, help="folder of each beta's tables and summary, and slopes.json")
+    args = parser.parse_args(argv)
+    runs = stored_runs.stored_runs(parser, args.runs)
+    profiles = {run: load_profile(run / "device.json") for run in runs}
+    if missing := [str(run) for run, p in profiles.items() if args.dtype not in p["dtypes"]]:
+        parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {args.dtype}")
+    out = Path(args.out)
+    folders = {beta: out / f"beta-{beta:g}" for beta in args.betas}
+    for folder in folders.values():
+        for name in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
+            check_output(folder / name)
+    check_output(out / "slopes.json")
+    slopes = {}
+    for beta, folder in folders.items():
+        tables, points = [], []
+        for run, profile in profiles.items():
+            rates = kind_rates(profile["dtypes"][args.dtype], profile["ceiling_gbps"])
+            rows = stored_runs.rows_of_run(run, args.dtype, rates, view=partial(powered, beta=beta), probed=True)
+            points += signed_points(run, args.dtype, rows)
+            table = folder / run.name
+            write_json(table / "table.json", {"rows": rows, "side_by_side": [], "run": str(run), "beta": beta,
+                                              "command": shlex.join([sys.executable, *sys.argv]),
+                                              "provenance": provenance()})
+            tables.append(table)
+        structure_model.step_summary(folder, tables)
+        slopes[f"{beta:g}"] = follows(points, beta)
+        print(json.dumps({"beta": beta, **slopes[f"{beta:g}"]}))
+    write_json(out / "slopes.json", {"dtype": args.dtype, "runs": [str(r) for r in runs], "betas": slopes,
+                                     "command": shlex.join([sys.executable, *sys.argv]), "provenance": provenance()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(stored_runs.stored_main(__doc__, placement_tables, sys.argv[1:]))
