@@ -1,20 +1,21 @@
-"""Stored runs predicted again with each bench's placement raised to a power: how much of the measured placement the
-kernels' time follows.
+"""Stored runs predicted again with each bench's placement raised to a power: whether the kernels' time follows the
+measured placement.
 
 The structural model reads expert e's cold bytes at C p_e (moespec.measure.placement: a plain read of the memory
 behind the expert's block over a read of the ceiling's buffer, right after it). Where the placement was found, a
 2-core guest of a Zen 1 EPYC, the kernels' reads followed it (buffers of one process read at 7-15 GB/s, and a layer's
 per-slot kernel with them). Elsewhere a plain read and a kernel need not meet the memory alike (their access
 patterns, threads and prefetching differ), and a placement that the kernels do not follow adds its spread to every
-prediction. Here each stored run's benches are predicted again, in place (each at the loop factor its run's state probe gave it, as
-the run predicted it), with every p_e raised to the power beta: beta = 1 is the model as registered, 0 memory
-read at the ceiling's rate (at the same ceiling samples).
+prediction. Here each stored run's benches are predicted again, in place (each at the loop factor its run's state
+probe gave it, as the run predicted it), with every p_e raised to the power beta: beta = 1 is the model as
+registered, 0 memory read at the ceiling's rate (at the same ceiling samples).
 Nothing is fitted: each beta given is reported, and a beta picked from these tables would be picked on the models
 they hold. Each beta's tables and summary are written as structure_model's `table` and `summary` write them, in
-OUT/beta-B/ (crossover and k_hat* are not predicted again), and slopes.json holds, per beta, the least-squares line
-of log(predicted / measured) (each model, kernel and batch: the median over n of its windows' mean time) on the log
-of its bench's median p_e: where the kernels' time goes as p^-a, the slope is a - beta, so `follows` = slope + beta
-is a (1: the kernels follow the placement wholly, 0: not at all), read the same from every beta.
+OUT/beta-B/ (crossover and k_hat* are not predicted again), and slopes.json holds, per beta, over every model,
+kernel and batch with a placement (each its median signed error over n of its windows' mean time, against its bench's
+median p_e): the least-squares line of log(predicted / measured) on log p (slope 0 where the errors do not follow the
+placement; a placement the kernels do not follow, applied wholly, leaves a slope near -1 times the share of a pass's
+time its cold bytes take) and the root mean square of log(predicted / measured), the spread the predictions leave.
 
     .venv/bin/python benchmarks/placement_share.py --runs RUN1,..,RUN5 --dtype bf16 --betas 0,0.5,1 --out OUT
 """
@@ -66,17 +67,18 @@ def betas_of(text: str) -> list[float]:
     return betas
 
 
-def follows(points: Sequence[tuple[float, float]], beta: float) -> dict[str, Any]:
-    """The line of log(predicted / measured) on log p over `points` (p, predicted / measured - 1), and the share of
-    the placement the kernels' time follows (slope + beta: module docstring); None where the points' p do not
-    differ."""
+def line(points: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """Over `points` (p, predicted / measured - 1): the least-squares line of log(predicted / measured) on log p
+    (slope and intercept None where the points' p do not differ) and the root mean square of log(predicted /
+    measured)."""
+    if not points:
+        raise ArgumentError("points must hold at least one (placement, error)")
     x = np.log([p for p, _ in points])
     y = np.log1p([e for _, e in points])
-    if len(points) < 2 or np.ptp(x) == 0:
-        return {"points": len(points), "slope": None, "intercept": None, "follows": None}
-    slope, intercept = np.polyfit(x, y, 1)
-    return {"points": len(points), "slope": float(slope), "intercept": float(intercept),
-            "follows": float(slope + beta)}
+    slope, intercept = np.polyfit(x, y, 1) if len(points) > 1 and np.ptp(x) > 0 else (None, None)
+    return {"points": len(points), "slope": None if slope is None else float(slope),
+            "intercept": None if intercept is None else float(intercept),
+            "rms_log_error": float(np.sqrt(np.mean(y * y)))}
 
 
 def signed_points(run: Path, dtype: str, rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -123,8 +125,8 @@ def placement_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
                                               "provenance": provenance()})
             tables.append(table)
         structure_model.step_summary(folder, tables)
-        slopes[f"{beta:g}"] = follows(points, beta)
-        print(json.dumps({"beta": beta, **slopes[f"{beta:g}"]}))
+        slopes[f"{beta:g}"] = line(points) if points else None
+        print(json.dumps({"beta": beta, "line": slopes[f"{beta:g}"]}))
     write_json(out / "slopes.json", {"dtype": args.dtype, "runs": [str(r) for r in runs], "betas": slopes,
                                      "command": shlex.join([sys.executable, *sys.argv]), "provenance": provenance()})
     return 0

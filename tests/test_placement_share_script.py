@@ -1,5 +1,5 @@
-"""benchmarks/placement_share.py: stored runs predicted again with each placement raised to a power, the share of it
-the kernels follow, and its arguments' checks."""
+"""benchmarks/placement_share.py: stored runs predicted again with each placement raised to a power, the line of
+their errors on the placement, and its arguments' checks."""
 
 import json
 import math
@@ -33,19 +33,23 @@ def test_a_power_outside_its_domain_is_refused(placement_share, beta):
         placement_share.powered({"placement": {"0": [1.0]}}, beta)
 
 
-@pytest.mark.parametrize("follow, beta", [(0.0, 1.0), (1.0, 1.0), (0.3, 0.0), (0.6, 0.5)])
-def test_the_share_followed_is_read_the_same_at_every_power(placement_share, follow, beta):
-    """Kernels whose time goes as p^-a, predicted with p^-beta: predicted / measured = 1.05 p^(a - beta), so the line
-    has slope a - beta and `follows` gives a back exactly."""
-    points = [(p, 1.05 * p ** (follow - beta) - 1) for p in (0.6, 0.8, 0.9, 1.0)]
-    got = placement_share.follows(points, beta)
-    assert got["follows"] == pytest.approx(follow, abs=1e-12)
+@pytest.mark.parametrize("power", [0.0, -0.4, 0.7])
+def test_the_line_is_exact_on_errors_that_go_as_a_power_of_the_placement(placement_share, power):
+    """predicted / measured = 1.05 p^c: slope c, intercept log 1.05, and the spread their root mean square."""
+    points = [(p, 1.05 * p ** power - 1) for p in (0.6, 0.8, 0.9, 1.0)]
+    got = placement_share.line(points)
+    assert got["slope"] == pytest.approx(power, abs=1e-12)
     assert got["intercept"] == pytest.approx(math.log(1.05), abs=1e-12) and got["points"] == 4
+    logs = [math.log(1.05 * p ** power) for p, _ in points]
+    assert got["rms_log_error"] == pytest.approx(math.sqrt(sum(v * v for v in logs) / 4), rel=1e-12)
 
 
-def test_points_of_one_placement_tell_no_share(placement_share):
-    assert placement_share.follows([(0.9, 0.1), (0.9, 0.2)], 1.0)["follows"] is None
-    assert placement_share.follows([(0.9, 0.1)], 1.0)["slope"] is None
+def test_points_of_one_placement_give_no_line_and_none_are_refused(placement_share):
+    got = placement_share.line([(0.9, 0.1), (0.9, 0.1)])
+    assert got["slope"] is None and got["rms_log_error"] == pytest.approx(math.log(1.1))
+    assert placement_share.line([(0.9, 0.1)])["slope"] is None
+    with pytest.raises(ValueError, match="points"):
+        placement_share.line([])
 
 
 def _run_of_the_pair(tmp_path: Path, placement: list[float] | None) -> Path:
@@ -93,7 +97,7 @@ def test_power_1_gives_the_runs_own_errors_and_a_slower_placement_predicts_slowe
         assert at1[kernel]["median_signed_error"] > at0[kernel]["median_signed_error"] + 0.1
     slopes = json.loads((tmp_path / "fifth-out" / "slopes.json").read_text())
     assert set(slopes["betas"]) == {"0", "1"} and slopes["betas"]["1"]["points"] == 2
-    assert slopes["betas"]["1"]["follows"] is None  # one placement: no line
+    assert slopes["betas"]["1"]["slope"] is None  # one placement: no line
 
 
 @pytest.mark.parametrize("args, needle", [
