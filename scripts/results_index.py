@@ -303,6 +303,10 @@ XEON_Q4_IN_PLACE_SUMMARY = (
     "10% / 20% (2.1-8.6% in median, at most 15.7%), 73 of 80 model-kernel-runs; crossover within one in 40 of 40 model-runs; "
     "k_hat*(a) within one at every a in 23 of 33 plannable model-runs, by the paper's rules 2 and 3 in 32 of 33, at "
     "most 8.3% of the speedup given up (1% in median)")
+PLACEMENT_Q4_SLOPES = (
+    "the five q4_0 runs of xeon-q4_0-in-place/ (70 model-kernel-batches with a placement): log(predicted / "
+    "measured) on log p has slope -0.31, -0.39 and -0.48 at beta 0, 0.5 and 1 (ggml's pair's errors fall as the "
+    "placement rises at every power), root mean square 0.073, 0.069 and 0.067")
 IDLE_MEMORY = (
     "the first cold one-token pass over ~400 MB of bf16 experts left untouched 1, 5, 15, 30 and 60 s: 27.4, 24.5, "
     "17.3, 14.6 and 13.5 GB/s in median, the same pass right after 28.9-29.3, with the weights read before the flush "
@@ -367,21 +371,41 @@ def summary_entries(folder: str, what: str) -> dict[str, Entry]:
             f"{folder}/summary.md": Entry("summary.json as markdown", source=f"{folder}/summary.json")}
 
 
+def rerun_entries(folder: str, name: str, runs: tuple[int, ...], counts: tuple[tuple[int, int], ...],
+                  table: str, summary: str, values: tuple[str, ...] = ("0", "0.5", "1"),
+                  rows: int = 16) -> dict[str, Entry]:
+    """A script over stored runs (benchmarks/stored_runs.py) at each value of its parameter `name`, in
+    folder/NAME-VALUE/: each run's table (`table`, formatted with run and value) and each value's summary
+    (`summary`, formatted with value; counts: per value, the model-kernels (of `rows` a run) within the target in
+    median and the model-kernel-runs within)."""
+    out = {}
+    for value, (met, within) in zip(values, counts):
+        sub = f"{folder}/{name}-{value}"
+        out |= {f"{sub}/run-{r}/table.json": Entry(table.format(run=r, value=value)) for r in runs}
+        out[f"{sub}/summary.json"] = Entry(
+            f"{summary.format(value=value)}: {met} of {rows} model-kernels within 10% / 20% in median over "
+            f"{len(runs)} runs, {within} of {rows * len(runs)} model-kernel-runs")
+        out[f"{sub}/summary.md"] = Entry("summary.json as markdown", source=f"{sub}/summary.json")
+    return out
+
+
 def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
                        counts: tuple[tuple[int, int], ...]) -> dict[str, Entry]:
-    """benchmarks/loop_state.py over one folder's runs at alpha 0, 0.5 and 1: each run's table and each alpha's
-    summary (counts: per alpha, the model-kernels within the target in median and the model-kernel-runs within)."""
-    out = {}
-    for alpha, (met, within) in zip(("0", "0.5", "1"), counts):
-        folder = f"structure-model/loop-state/{host}/alpha-{alpha}"
-        out |= {f"{folder}/run-{r}/table.json": Entry(
-            f"{what}: run-{r}'s {dtype} benches predicted again from its profile, the loop's terms scaled by (C_p / "
-            f"C)^{alpha}") for r in runs}
-        out[f"{folder}/summary.json"] = Entry(
-            f"{what} at alpha = {alpha}: {met} of 16 model-kernels within 10% / 20% in median over {len(runs)} runs, "
-            f"{within} of {16 * len(runs)} model-kernel-runs")
-        out[f"{folder}/summary.md"] = Entry("summary.json as markdown", source=f"{folder}/summary.json")
-    return out
+    """benchmarks/loop_state.py over one folder's runs at alpha 0, 0.5 and 1 (rerun_entries)."""
+    return rerun_entries(f"structure-model/loop-state/{host}", "alpha", runs, counts,
+                         f"{what}: run-{{run}}'s {dtype} benches predicted again from its profile, the loop's terms "
+                         f"scaled by (C_p / C)^{{value}}", f"{what} at alpha = {{value}}")
+
+
+def placement_share_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
+                            counts: tuple[tuple[int, int], ...], slopes: str, rows: int = 16) -> dict[str, Entry]:
+    """benchmarks/placement_share.py over one folder's runs at beta 0, 0.5 and 1 (rerun_entries), and its slopes.json
+    (the claim `slopes`)."""
+    folder = f"structure-model/placement-share/{host}"
+    return rerun_entries(folder, "beta", runs, counts,
+                         f"{what}: run-{{run}}'s {dtype} benches predicted again in place, each expert's placement "
+                         f"p_e raised to the power {{value}}", f"{what} at beta = {{value}}", rows=rows) | {
+        f"{folder}/slopes.json": Entry(slopes)}
 
 
 def placed_runs(folder: str, what: str, runs: tuple[tuple[str, str, str], ...], sub: str = "",
@@ -930,6 +954,9 @@ ENTRIES: dict[str, Entry] = {
     **placed_runs("structure-model/xeon-q4_0-in-place", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_Q4_IN_PLACE_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
     **summary_entries("structure-model/xeon-q4_0-in-place", XEON_Q4_IN_PLACE_SUMMARY),
+    **placement_share_entries(
+        "xeon-q4_0-in-place", "q4_0", "the five q4_0 runs of xeon-q4_0-in-place/", tuple(range(1, 6)),
+        ((16, 74), (16, 73), (16, 73)), PLACEMENT_Q4_SLOPES),
     **with_console("structure-model/idle-memory/idle-memory", IDLE_MEMORY),
     **with_console("structure-model/idle-memory/device-before", IDLE_BEFORE),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),
