@@ -267,7 +267,26 @@ XEON_BF16_IN_PLACE_RUNS = (
      "B = 1: 14 of 16 model-kernels within 10% / 20% at the probe's k (1536 x 512's two 12-13% in median), 14 at the "
      "profile's loop, 14 from the profile alone; B = 8 (passes of 8 to 72 tokens): 14 of 16 at the probe's k (the "
      "pair's per-slot 18.4% / 33.8%, 1536 x 512's per-slot 17.4% / 17.8%), 14 at the profile's loop, 13 from the "
-     "profile alone; crossover within one in 8 of 8 at B = 1 and equal in 8 of 8 at B = 8"),)
+     "profile alone; crossover within one in 8 of 8 at B = 1 and equal in 8 of 8 at B = 8"),
+    ("run-3", "pinned at 40.8 GB/s while its calls read 31.1 in median, one take (1558 of 2653 calls off that level: "
+              "its wait ran out, flagged; self-check 8.5% / 50.9% per-slot, 8.6% / 30.4% dedup; cache 32 MiB), every "
+              "timed call's experts read before its flush; its benches, B = 1 and B = 8, probed at k = 1.03-1.24",
+     "B = 1: 12 of 16 model-kernels within 10% / 20% at the probe's k (the pair 50-54% fast, Qwen3's and 1536 x "
+     "512's per-slot 13-15% in median), 13 at the profile's loop, 12 from the profile alone; B = 8: 10 of 16, 10 and "
+     "9; crossover within one in 7 of 8 at B = 1 and equal in 7 of 8 at B = 8 (the pair's)"),
+    ("run-4", "pinned at 30.2 GB/s, one take (7 of 3101 calls off that level; self-check 7.7% / 42.9% per-slot, "
+              "7.6% / 13.1% dedup; cache 256 MiB), every timed call's experts read before its flush; its benches, "
+              "B = 1 and B = 8, probed at k = 0.79-1.00",
+     "B = 1: 12 of 16 model-kernels within 10% / 20% at the probe's k (the pair 55% slow: its profile's 26 us a "
+     "token; Qwen3's per-slot 10.3%, 1536 x 512's dedup 12.2% in median), 11 at the profile's loop, 12 from the "
+     "profile alone; B = 8: 13 of 16 (the pair 2-5x slow, 1536 x 512's per-slot 11.0%), 11 and 12; crossover within "
+     "one in 8 of 8 at B = 1 and equal in 8 of 8 at B = 8"),
+    ("run-5", "pinned at 34.6 GB/s, one take (39 of 3101 calls off that level; self-check 4.8% / 47.1% per-slot, "
+              "2.9% / 5.3% dedup; cache 256 MiB), every timed call's experts read before its flush; its benches, "
+              "B = 1 and B = 8, probed at k = 0.93-1.07",
+     "B = 1: 16 of 16 model-kernels within 10% / 20% at the probe's k, at the profile's loop and from the profile "
+     "alone; B = 8: 14 of 16 (the pair's per-slot 35.6% / 47.6%, 1536 x 512's per-slot 14.4% / 21.1%), 13 and 13; "
+     "crossover within one in 8 of 8 at B = 1 and equal in 8 of 8 at B = 8"))
 XEON_Q4_IN_PLACE_RUNS = (
     ("run-1", "pinned at 30.0 GB/s, one take (238 of 3437 calls off that level: its wait ran out; self-check 5.8% / "
               "51.6% per-slot, 2.5% / 4.9% mul_mat_id; cache 64 MiB), every timed call's experts read before its "
@@ -295,9 +314,11 @@ XEON_Q4_IN_PLACE_RUNS = (
               "probed at k = 0.94-1.06",
      "16 of 16 model-kernels within 10% / 20% at the probe's k, at the profile's loop and from the profile alone"))
 XEON_BF16_IN_PLACE_SUMMARY = (
-    "the two bf16 runs of xeon-bf16-in-place/: B = 1, 13 and 14 of 16 model-kernels within 10% / 20% (1536 x 512 "
-    "10.9-11.7% in median over the two, the pair's 16-19% in run-1); B = 8, one run: 14 of 16; crossover within one "
-    "in 15 of 16 model-runs at B = 1")
+    "the five bf16 runs of xeon-bf16-in-place/: B = 1, in median over them 13 of 16 model-kernels within 10% / 20% "
+    "(the pair's two 16-19%, 1536 x 512's per-slot 10.1%), 67 of 80 model-kernel-runs (12-16 a run); B = 8, four "
+    "runs: 13 of 16 (the pair's two 27-30%, 1536 x 512's per-slot 15.9%), 51 of 64; crossover within one in 38 of 40 "
+    "model-runs at B = 1; k_hat*(a) within one at every a in 21 of 35 plannable model-runs, by the paper's rules 2 and "
+    "3 in 35 of 35")
 XEON_Q4_IN_PLACE_SUMMARY = (
     "ggml's pair at q4_0, the five runs of xeon-q4_0-in-place/: in median over them 16 of 16 model-kernels within "
     "10% / 20% (2.1-8.6% in median, at most 15.7%), 73 of 80 model-kernel-runs; crossover within one in 40 of 40 model-runs; "
@@ -307,6 +328,10 @@ PLACEMENT_Q4_SLOPES = (
     "the five q4_0 runs of xeon-q4_0-in-place/ (70 model-kernel-batches with a placement): log(predicted / "
     "measured) on log p has slope -0.31, -0.39 and -0.48 at beta 0, 0.5 and 1 (ggml's pair's errors fall as the "
     "placement rises at every power), root mean square 0.073, 0.069 and 0.067")
+PLACEMENT_BF16_SLOPES = (
+    "the five bf16 runs of xeon-bf16-in-place/ (126 model-kernel-batches with a placement): log(predicted / "
+    "measured) on log p has slope -0.05, -0.43 and -0.81 at beta 0, 0.5 and 1 (our kernels' errors do not follow "
+    "the placement; applied wholly it leaves its spread), root mean square 0.060, 0.051 and 0.063")
 IDLE_MEMORY = (
     "the first cold one-token pass over ~400 MB of bf16 experts left untouched 1, 5, 15, 30 and 60 s: 27.4, 24.5, "
     "17.3, 14.6 and 13.5 GB/s in median, the same pass right after 28.9-29.3, with the weights read before the flush "
@@ -371,40 +396,39 @@ def summary_entries(folder: str, what: str) -> dict[str, Entry]:
             f"{folder}/summary.md": Entry("summary.json as markdown", source=f"{folder}/summary.json")}
 
 
-def rerun_entries(folder: str, name: str, runs: tuple[int, ...], counts: tuple[tuple[int, int], ...],
-                  table: str, summary: str, values: tuple[str, ...] = ("0", "0.5", "1"),
-                  rows: int = 16) -> dict[str, Entry]:
+def rerun_entries(folder: str, name: str, runs: tuple[int, ...], table: str,
+                  summaries: dict[str, str]) -> dict[str, Entry]:
     """A script over stored runs (benchmarks/stored_runs.py) at each value of its parameter `name`, in
-    folder/NAME-VALUE/: each run's table (`table`, formatted with run and value) and each value's summary
-    (`summary`, formatted with value; counts: per value, the model-kernels (of `rows` a run) within the target in
-    median and the model-kernel-runs within)."""
+    folder/NAME-VALUE/: each run's table (the claim `table`, formatted with run and value) and each value's summary
+    (summaries: value -> its claim)."""
     out = {}
-    for value, (met, within) in zip(values, counts):
+    for value, claim in summaries.items():
         sub = f"{folder}/{name}-{value}"
         out |= {f"{sub}/run-{r}/table.json": Entry(table.format(run=r, value=value)) for r in runs}
-        out[f"{sub}/summary.json"] = Entry(
-            f"{summary.format(value=value)}: {met} of {rows} model-kernels within 10% / 20% in median over "
-            f"{len(runs)} runs, {within} of {rows * len(runs)} model-kernel-runs")
+        out[f"{sub}/summary.json"] = Entry(claim)
         out[f"{sub}/summary.md"] = Entry("summary.json as markdown", source=f"{sub}/summary.json")
     return out
 
 
 def loop_state_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
                        counts: tuple[tuple[int, int], ...]) -> dict[str, Entry]:
-    """benchmarks/loop_state.py over one folder's runs at alpha 0, 0.5 and 1 (rerun_entries)."""
-    return rerun_entries(f"structure-model/loop-state/{host}", "alpha", runs, counts,
+    """benchmarks/loop_state.py over one folder's runs at alpha 0, 0.5 and 1 (rerun_entries; counts: per alpha, the
+    model-kernels within the target in median and the model-kernel-runs within)."""
+    return rerun_entries(f"structure-model/loop-state/{host}", "alpha", runs,
                          f"{what}: run-{{run}}'s {dtype} benches predicted again from its profile, the loop's terms "
-                         f"scaled by (C_p / C)^{{value}}", f"{what} at alpha = {{value}}")
+                         f"scaled by (C_p / C)^{{value}}", {
+                             alpha: f"{what} at alpha = {alpha}: {met} of 16 model-kernels within 10% / 20% in median "
+                                    f"over {len(runs)} runs, {within} of {16 * len(runs)} model-kernel-runs"
+                             for alpha, (met, within) in zip(("0", "0.5", "1"), counts)})
 
 
-def placement_share_entries(host: str, dtype: str, what: str, runs: tuple[int, ...],
-                            counts: tuple[tuple[int, int], ...], slopes: str, rows: int = 16) -> dict[str, Entry]:
-    """benchmarks/placement_share.py over one folder's runs at beta 0, 0.5 and 1 (rerun_entries), and its slopes.json
-    (the claim `slopes`)."""
+def placement_share_entries(host: str, dtype: str, what: str, runs: tuple[int, ...], summaries: dict[str, str],
+                            slopes: str) -> dict[str, Entry]:
+    """benchmarks/placement_share.py over one folder's runs (rerun_entries; summaries: beta -> what that beta's
+    summary claims), and its slopes.json (the claim `slopes`)."""
     folder = f"structure-model/placement-share/{host}"
-    return rerun_entries(folder, "beta", runs, counts,
-                         f"{what}: run-{{run}}'s {dtype} benches predicted again in place, each expert's placement "
-                         f"p_e raised to the power {{value}}", f"{what} at beta = {{value}}", rows=rows) | {
+    return rerun_entries(folder, "beta", runs, f"{what}: run-{{run}}'s {dtype} benches predicted again in place, each "
+                                               f"expert's placement p_e raised to the power {{value}}", summaries) | {
         f"{folder}/slopes.json": Entry(slopes)}
 
 
@@ -949,14 +973,24 @@ ENTRIES: dict[str, Entry] = {
          "0 of 16 model-kernels within 10% / 20% at the probe's k (25% in median), 0 at the profile's loop (31%), 1 "
          "predicted from the profile alone (15%)"),), alone=True, side=SIDE_PROBED, probed=True),
     **placed_runs("structure-model/xeon-bf16-in-place", "bf16 profile on the Xeon VM (AVX-512, AMX)",
-                  XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True, batches={"run-2": (1, 8)}),
+                  XEON_BF16_IN_PLACE_RUNS, alone=True, side=SIDE_PROBED, probed=True,
+                  batches={f"run-{r}": (1, 8) for r in range(2, 6)}),
     **summary_entries("structure-model/xeon-bf16-in-place", XEON_BF16_IN_PLACE_SUMMARY),
     **placed_runs("structure-model/xeon-q4_0-in-place", "q4_0 profile on the Xeon VM (AVX-512, AMX)",
                   XEON_Q4_IN_PLACE_RUNS, "q4_0/", alone=True, side=SIDE_PROBED, probed=True),
     **summary_entries("structure-model/xeon-q4_0-in-place", XEON_Q4_IN_PLACE_SUMMARY),
     **placement_share_entries(
-        "xeon-q4_0-in-place", "q4_0", "the five q4_0 runs of xeon-q4_0-in-place/", tuple(range(1, 6)),
-        ((16, 74), (16, 73), (16, 73)), PLACEMENT_Q4_SLOPES),
+        "xeon-q4_0-in-place", "q4_0", "the five q4_0 runs of xeon-q4_0-in-place/", tuple(range(1, 6)), {
+            beta: f"the five q4_0 runs of xeon-q4_0-in-place/ at beta = {beta}: 16 of 16 model-kernels within 10% / "
+                  f"20% in median over 5 runs, {within} of 80 model-kernel-runs"
+            for beta, within in (("0", 74), ("0.5", 73), ("1", 73))}, PLACEMENT_Q4_SLOPES),
+    **placement_share_entries(
+        "xeon-bf16-in-place", "bf16", "the five bf16 runs of xeon-bf16-in-place/", tuple(range(1, 6)), {
+            beta: f"the five bf16 runs of xeon-bf16-in-place/ at beta = {beta}: B = 1, {b1} of 16 model-kernels "
+                  f"within 10% / 20% in median over 5 runs, {w1} of 80 model-kernel-runs; B = 8 (four runs), {b8} of "
+                  f"16, {w8} of 64"
+            for beta, b1, w1, b8, w8 in (("0", 14, 74, 13, 52), ("0.5", 14, 74, 13, 53), ("1", 13, 67, 13, 51))},
+        PLACEMENT_BF16_SLOPES),
     **with_console("structure-model/idle-memory/idle-memory", IDLE_MEMORY),
     **with_console("structure-model/idle-memory/device-before", IDLE_BEFORE),
     "structure-model/xeon-q4_0-probed/cross/cross.json": Entry(XEON_Q4_CROSS),

@@ -50,7 +50,9 @@ def test_the_recorded_calls_give_the_same_profile(recorded: dict[str, Path], dty
 
 
 def test_the_rates_come_from_the_calls(recorded: dict[str, Path]) -> None:
-    """A file whose rates were altered is fitted back to the calls' rates; altering a call's times moves them."""
+    """A file whose rates were altered is fitted back to the calls' rates; altering a call's times moves them: cold
+    calls three times as long make a cold pass of the ramp's W bytes cost more at every G (W x_G + F_G: the fit may
+    put the added time in the loop's excess or in the pass's first bytes)."""
     doc = dict(load_profile(recorded["bf16"]))
     altered = copy.deepcopy(doc)
     altered["dtypes"]["bf16"]["cold_excess_s_per_byte"] = [0.0] * 3
@@ -58,8 +60,13 @@ def test_the_rates_come_from_the_calls(recorded: dict[str, Path]) -> None:
     for call in altered["calls"]["bf16"]:
         if call["key"][0] == "cold":
             call["seconds"] = [3 * s for s in call["seconds"]]
-    slower = profile_refit.refit(altered)["dtypes"]["bf16"]["cold_excess_s_per_byte"]
-    assert all(s > x for s, x in zip(slower, doc["dtypes"]["bf16"]["cold_excess_s_per_byte"]))
+
+    def cold_pass(entry: dict) -> list[float]:
+        ramp = entry.get("cold_ramp_s") or [0.0] * len(entry["G"])
+        w = entry.get("cold_ramp_bytes") or 1.0  # without a ramp, the excess alone
+        return [w * x + f for x, f in zip(entry["cold_excess_s_per_byte"], ramp)]
+    slower = cold_pass(profile_refit.refit(altered)["dtypes"]["bf16"])
+    assert all(s > x for s, x in zip(slower, cold_pass(doc["dtypes"]["bf16"])))
 
 
 def test_a_profile_without_calls_cannot_be_refitted(recorded: dict[str, Path]) -> None:
