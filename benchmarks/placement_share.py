@@ -47,7 +47,7 @@ from moespec.kernels.structure import kind_rates
 
 def powered(bench: dict[str, Any], beta: float) -> dict[str, Any]:
     """`bench` with each layer's placement p_e raised to the power beta (a layer without one kept as it is)."""
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
+    if isinstance(beta, bool) or not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
         raise ArgumentError(f"beta must be a number >= 0, got {show(beta)}")
     placement = bench.get("placement")
     if not placement:

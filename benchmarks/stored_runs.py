@@ -53,12 +53,14 @@ def _probed(rates: Rates, ceiling_gbps: float, state: Callable[[Rates, float], R
 
 
 def stored_runs(parser: argparse.ArgumentParser, text: str) -> list[Path]:
-    """--runs of a script over stored runs: folders, comma-separated, each with device.json and table.json (else one
-    line and exit 2)."""
+    """--runs of a script over stored runs: folders, comma-separated, each with device.json and table.json and a name
+    of its own (else one line and exit 2)."""
     runs = [Path(r) for r in text.split(",") if r]
     bad = [str(r) for r in runs if not (r / "device.json").is_file() or not (r / "table.json").is_file()]
     if not runs or bad:
         parser.error(f"--runs: give runs' folders, each with device.json and table.json (not {', '.join(bad)})")
+    if len({r.name for r in runs}) < len(runs):  # each run's table is written under its folder's name
+        parser.error(f"--runs: two runs share a folder name ({', '.join(str(r) for r in runs)})")
     return runs
 
 

@@ -27,7 +27,7 @@ def test_a_power_raises_every_placement_and_keeps_a_bench_without_one(placement_
     assert placement_share.powered({"placement": None}, 0.5) == {"placement": None}
 
 
-@pytest.mark.parametrize("beta", [-0.5, float("nan"), "1"])
+@pytest.mark.parametrize("beta", [-0.5, float("nan"), "1", True])
 def test_a_power_outside_its_domain_is_refused(placement_share, beta):
     with pytest.raises(ValueError, match="beta"):
         placement_share.powered({"placement": {"0": [1.0]}}, beta)
@@ -110,6 +110,15 @@ def test_bad_arguments_end_in_one_line(args, needle, tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     code, err = run_script(SCRIPT, args, capsys)
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_two_runs_of_one_folder_name_are_refused_before_any_table(tmp_path, capsys, monkeypatch):
+    """Each run's table goes under its folder's name: two runs named alike would overwrite one another."""
+    monkeypatch.chdir(tmp_path)
+    runs = [_run_of_the_pair(tmp_path / side, None) for side in ("a", "b")]
+    code, err = run_script(SCRIPT, ["--runs", ",".join(map(str, runs)), "--out", tmp_path / "out"], capsys)
+    assert code == 2 and "two runs share a folder name" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_run_without_the_format_or_a_profile_that_does_not_load_is_named_before_any_table(tmp_path, capsys,
