@@ -30,8 +30,7 @@ import structure_model
 from moespec import ArgumentError
 from moespec.arguments import show
 from moespec.defaults import BENCH_DTYPES
-from moespec.formats.devicefile import load_profile
-from moespec.formats.files import check_output, provenance, write_json
+from moespec.formats.files import provenance, write_json
 from moespec.kernels.structure import Rates, kind_rates
 
 
@@ -47,34 +46,16 @@ def at_state(rates: Rates, ceiling_gbps: float, profile_gbps: float, alpha: floa
     return rates.loop_scaled((profile_gbps / ceiling_gbps) ** alpha)
 
 
-def alphas_of(text: str) -> list[float]:
-    """--alphas: comma-separated numbers >= 0."""
-    try:
-        alphas = [float(a) for a in text.split(",")]
-    except ValueError:
-        alphas = []
-    if not alphas or not all(math.isfinite(a) and a >= 0 for a in alphas):
-        raise argparse.ArgumentTypeError(f"give comma-separated numbers >= 0, got {text!r}")
-    return alphas
-
-
 def state_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """The checks of every argument and output, then each alpha's tables and summary (module docstring)."""
     parser.add_argument("--runs", required=True, help="structure_model runs' folders, comma-separated")
     parser.add_argument("--dtype", default="q4_0", choices=BENCH_DTYPES, help="the format to predict (default q4_0)")
-    parser.add_argument("--alphas", type=alphas_of, default=[0.0, 0.5, 1.0],
+    parser.add_argument("--alphas", type=stored_runs.numbers_of, default=[0.0, 0.5, 1.0],
                         help="exponents of C_p / C to scale the loop's terms by (default 0,0.5,1)")
     parser.add_argument("--out", required=True, help="folder of each alpha's tables and summary")
     args = parser.parse_args(argv)
-    runs = stored_runs.stored_runs(parser, args.runs)
-    profiles = {run: load_profile(run / "device.json") for run in runs}
-    if missing := [str(run) for run, p in profiles.items() if args.dtype not in p["dtypes"]]:
-        parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {args.dtype}")
     out = Path(args.out)
-    folders = {alpha: out / f"alpha-{alpha:g}" for alpha in args.alphas}
-    for folder in folders.values():
-        for name in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
-            check_output(folder / name)
+    profiles, folders = stored_runs.variant_runs(parser, args.runs, args.dtype, out, "alpha", args.alphas)
     for alpha, folder in folders.items():
         tables = []
         for run, profile in profiles.items():

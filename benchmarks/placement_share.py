@@ -40,7 +40,6 @@ from moespec import ArgumentError
 from moespec.arguments import show
 from moespec.defaults import BENCH_DTYPES
 from moespec.formats.benchfile import load_bench
-from moespec.formats.devicefile import load_profile
 from moespec.formats.files import check_output, provenance, write_json
 from moespec.kernels.structure import kind_rates
 
@@ -54,17 +53,6 @@ def powered(bench: dict[str, Any], beta: float) -> dict[str, Any]:
         return bench
     return bench | {"placement": {layer: None if p is None else [v ** beta for v in p]
                                   for layer, p in placement.items()}}
-
-
-def betas_of(text: str) -> list[float]:
-    """--betas: comma-separated numbers >= 0."""
-    try:
-        betas = [float(b) for b in text.split(",")]
-    except ValueError:
-        betas = []
-    if not betas or not all(math.isfinite(b) and b >= 0 for b in betas):
-        raise argparse.ArgumentTypeError(f"give comma-separated numbers >= 0, got {text!r}")
-    return betas
 
 
 def line(points: Sequence[tuple[float, float]]) -> dict[str, Any]:
@@ -98,19 +86,12 @@ def placement_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     docstring)."""
     parser.add_argument("--runs", required=True, help="structure_model runs' folders, comma-separated")
     parser.add_argument("--dtype", default="bf16", choices=BENCH_DTYPES, help="the format to predict (default bf16)")
-    parser.add_argument("--betas", type=betas_of, default=[0.0, 0.5, 1.0],
+    parser.add_argument("--betas", type=stored_runs.numbers_of, default=[0.0, 0.5, 1.0],
                         help="powers to raise each placement to (default 0,0.5,1)")
     parser.add_argument("--out", required=True, help="folder of each beta's tables and summary, and slopes.json")
     args = parser.parse_args(argv)
-    runs = stored_runs.stored_runs(parser, args.runs)
-    profiles = {run: load_profile(run / "device.json") for run in runs}
-    if missing := [str(run) for run, p in profiles.items() if args.dtype not in p["dtypes"]]:
-        parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {args.dtype}")
     out = Path(args.out)
-    folders = {beta: out / f"beta-{beta:g}" for beta in args.betas}
-    for folder in folders.values():
-        for name in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
-            check_output(folder / name)
+    profiles, folders = stored_runs.variant_runs(parser, args.runs, args.dtype, out, "beta", args.betas)
     check_output(out / "slopes.json")
     slopes = {}
     for beta, folder in folders.items():
@@ -127,7 +108,7 @@ def placement_tables(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         structure_model.step_summary(folder, tables)
         slopes[f"{beta:g}"] = line(points) if points else None
         print(json.dumps({"beta": beta, "line": slopes[f"{beta:g}"]}))
-    write_json(out / "slopes.json", {"dtype": args.dtype, "runs": [str(r) for r in runs], "betas": slopes,
+    write_json(out / "slopes.json", {"dtype": args.dtype, "runs": [str(r) for r in profiles], "betas": slopes,
                                      "command": shlex.join([sys.executable, *sys.argv]), "provenance": provenance()})
     return 0
 

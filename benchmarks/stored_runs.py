@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +14,7 @@ import structure_model
 from moespec import MoespecError
 from moespec.formats.benchfile import load_bench
 from moespec.formats.devicefile import load_profile
+from moespec.formats.files import check_output
 from moespec.kernels.structure import Rates
 from moespec.measure.level import pinned_of
 
@@ -62,6 +64,32 @@ def stored_runs(parser: argparse.ArgumentParser, text: str) -> list[Path]:
     if len({r.name for r in runs}) < len(runs):  # each run's table is written under its folder's name
         parser.error(f"--runs: two runs share a folder name ({', '.join(str(r) for r in runs)})")
     return runs
+
+
+def numbers_of(text: str) -> list[float]:
+    """A script's list of values (--alphas, --betas): comma-separated numbers >= 0."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"give comma-separated numbers >= 0, got {text!r}")
+    return values
+
+
+def variant_runs(parser: argparse.ArgumentParser, text: str, dtype: str, out: Path, name: str,
+                 values: list[float]) -> tuple[dict[Path, Any], dict[float, Path]]:
+    """The runs of --runs (stored_runs) with their profiles, each of which must have timed `dtype`, and the folder of
+    each value, out/NAME-VALUE, every output there (each run's table.json, the summary) checked before any work."""
+    runs = stored_runs(parser, text)
+    profiles = {run: load_profile(run / "device.json") for run in runs}
+    if missing := [str(run) for run, p in profiles.items() if dtype not in p["dtypes"]]:
+        parser.error(f"--runs: the profiles of {', '.join(missing)} did not time {dtype}")
+    folders = {value: out / f"{name}-{value:g}" for value in values}
+    for folder in folders.values():
+        for file in [f"{run.name}/table.json" for run in runs] + ["summary.json", "summary.md"]:
+            check_output(folder / file)
+    return profiles, folders
 
 
 def stored_main(doc: str, tables: Callable[[argparse.ArgumentParser, list[str]], int], argv: list[str]) -> int:
